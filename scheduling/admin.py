@@ -1,0 +1,144 @@
+"""Django admin for platform configuration. Every change made here is audited like one made in the API."""
+
+from django.contrib import admin
+
+from portal.audit.services import audit_record
+
+from .models import (
+    Allocation,
+    Gpu,
+    Job,
+    Node,
+    PriorityClass,
+    ProjectQuota,
+    Queue,
+    Quota,
+    ResourcePool,
+    WorkloadPolicy,
+)
+from .services.config import object_state
+
+
+class AuditedAdmin(admin.ModelAdmin):
+    """Writes an audit event (with before and after) for each save and delete in the admin."""
+
+    def save_model(self, request, obj, form, change):
+        before = object_state(type(obj).objects.get(pk=obj.pk)) if change else None
+        super().save_model(request, obj, form, change)
+        name = obj._meta.model_name
+        audit_record(
+            action=f"{name}.{'update' if change else 'create'}",
+            target=obj,
+            actor=request.user,
+            tenant=getattr(obj, "tenant", None),
+            before=before,
+            after=object_state(obj),
+            reason="Django admin",
+        )
+
+    def delete_model(self, request, obj):
+        audit_record(
+            action=f"{obj._meta.model_name}.delete",
+            target=obj,
+            actor=request.user,
+            tenant=getattr(obj, "tenant", None),
+            before=object_state(obj),
+            reason="Django admin",
+        )
+        super().delete_model(request, obj)
+
+    def delete_queryset(self, request, queryset):
+        for obj in queryset:
+            self.delete_model(request, obj)
+
+
+class GpuInline(admin.TabularInline):
+    model = Gpu
+    extra = 0
+    readonly_fields = ["utilization", "memory_used_mb", "sampled_at"]
+
+
+@admin.register(ResourcePool)
+class ResourcePoolAdmin(AuditedAdmin):
+    list_display = ["name", "purpose", "allowed_workload_types"]
+
+
+@admin.register(Node)
+class NodeAdmin(AuditedAdmin):
+    list_display = ["name", "pool", "state", "backend", "last_heartbeat"]
+    list_filter = ["pool", "state"]
+    inlines = [GpuInline]
+
+
+@admin.register(PriorityClass)
+class PriorityClassAdmin(AuditedAdmin):
+    list_display = [
+        "name",
+        "value",
+        "preemptible",
+        "can_preempt",
+        "requires_approval",
+        "max_grant_hours",
+    ]
+
+
+@admin.register(WorkloadPolicy)
+class WorkloadPolicyAdmin(AuditedAdmin):
+    list_display = [
+        "workload_type",
+        "preemptible",
+        "default_runtime_seconds",
+        "max_runtime_seconds",
+        "stop_grace_seconds",
+        "idle_reclaim_enabled",
+    ]
+    filter_horizontal = ["allowed_pools"]
+
+
+@admin.register(Quota)
+class QuotaAdmin(AuditedAdmin):
+    list_display = [
+        "tenant",
+        "pool",
+        "gpu_model",
+        "guaranteed_gpus",
+        "borrow_limit_gpus",
+        "max_running_jobs",
+    ]
+    list_filter = ["pool", "tenant"]
+
+
+@admin.register(ProjectQuota)
+class ProjectQuotaAdmin(AuditedAdmin):
+    list_display = ["project", "pool", "max_gpus"]
+
+
+@admin.register(Queue)
+class QueueAdmin(AuditedAdmin):
+    list_display = ["name", "tenant", "project", "environment", "pool", "strict_fifo", "state"]
+    list_filter = ["tenant", "pool", "environment", "state"]
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):
+    """Read-only: jobs change state only through the lifecycle services."""
+
+    list_display = ["id", "name", "tenant", "queue", "state", "priority_class", "submitted_at"]
+    list_filter = ["state", "workload_type", "tenant"]
+    search_fields = ["name"]
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Allocation)
+class AllocationAdmin(JobAdmin):
+    list_display = ["id", "job", "node", "gpu", "borrowed", "granted_at", "released_at"]
+    list_filter = ["borrowed"]
+    search_fields = []

@@ -1,0 +1,909 @@
+"""The node agent: a single-threaded loop that turns messages into processes and
+processes into reports.
+
+Each pass of :meth:`Agent.tick` takes the waiting messages (``launch``, ``stop``,
+``kill_process``), notices jobs that ended, SIGKILLs jobs whose stop grace is over, starts
+launches that waited for their GPUs, ships new log output, reports exits, sends a heartbeat
+when one is due and flushes the report outbox. Nothing blocks for long, so a grace period
+is enforced on time while other jobs start and stop.
+
+The message source and the report sender are injected: the CLI wires them to the broker
+(:mod:`scheduling.agent.transport`), tests to a local queue and a list.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import socket
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from scheduling.agent import procfs
+from scheduling.agent.gpus import GpuBackend, GpuSample
+from scheduling.agent.protocol import (
+    AGENT_VERSION,
+    DEFAULT_HEARTBEAT_SECONDS,
+    FINISHED_JOB_RETENTION_SECONDS,
+    HEARTBEAT,
+    KILL_PROCESS,
+    LAUNCH,
+    LAUNCH_FAILED,
+    LOG_CHUNK_BYTES,
+    LOG_INTERVAL_SECONDS,
+    NOT_RUNNING_MESSAGE,
+    PROTOCOL_VERSION,
+    REGISTER,
+    STOP,
+    SUPERSEDED,
+    ProtocolError,
+    exited_report,
+    log_report,
+    report,
+    started_report,
+    validate_control_message,
+    validate_node_name,
+)
+from scheduling.agent.runner import (
+    JobPaths,
+    JobRecord,
+    LaunchError,
+    describe_exit,
+    job_argv,
+    job_environment,
+    kill_leftovers,
+    load_record,
+    read_json,
+    resolve_dir,
+    save_record,
+    signal_group,
+    spawn,
+    write_json,
+)
+
+logger = logging.getLogger(__name__)
+
+SendReport = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class AgentConfig:
+    """How one agent runs; the CLI fills it from its options."""
+
+    node: str
+    work_dir: Path
+    pool: str | None = None
+    heartbeat_seconds: float = DEFAULT_HEARTBEAT_SECONDS
+    #: Longest wait for a message in one pass of the loop.
+    poll_seconds: float = 0.5
+    log_interval_seconds: float = LOG_INTERVAL_SECONDS
+    log_chunk_bytes: int = LOG_CHUNK_BYTES
+    #: Log chunks one job may queue per pass (bounds memory and keeps passes short).
+    log_chunks_per_pass: int = 16
+    #: While this many reports wait (broker down), output stays on disk, not in memory.
+    log_backlog_limit: int = 256
+    launch_timeout_seconds: float = 10.0
+    finished_retention_seconds: float = FINISHED_JOB_RETENTION_SECONDS
+    #: Messages handled per pass at most, so deadlines are enforced even under a flood.
+    max_messages_per_pass: int = 100
+
+
+# --- message sources ----------------------------------------------------------------------
+
+
+class IncomingMessage(Protocol):
+    """A received message: its decoded payload, acknowledged once handled."""
+
+    @property
+    def payload(self) -> Any: ...
+
+    def ack(self) -> None: ...
+
+
+class MessageSource(Protocol):
+    """Where control messages come from."""
+
+    def get(self, timeout: float) -> IncomingMessage | None:
+        """The next message, waiting at most ``timeout`` seconds; None if there is none."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class LocalMessage:
+    payload: Any
+    acked: bool = False
+
+    def ack(self) -> None:
+        self.acked = True
+
+
+class LocalMessageSource:
+    """An in-process message source (tests, and embedding without a broker)."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[LocalMessage] = queue.Queue()
+
+    def put(self, payload: Any) -> None:
+        self._queue.put(LocalMessage(payload))
+
+    def get(self, timeout: float) -> LocalMessage | None:
+        try:
+            if timeout <= 0:
+                return self._queue.get_nowait()
+            return self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def close(self) -> None:
+        pass
+
+
+# --- outbox ---------------------------------------------------------------------------------
+
+
+class Outbox:
+    """Reports waiting to be sent, in order, retried with backoff while sending fails.
+
+    ``on_sent`` callbacks run once a report is out, which is when the agent records it as
+    delivered (log offset, exit reported) so nothing is lost if the agent stops first. Only
+    the newest heartbeat is kept: an old sample is worthless once a newer one exists.
+    """
+
+    def __init__(
+        self,
+        send: SendReport,
+        *,
+        max_backoff: float = 30.0,
+        max_size: int = 100_000,
+        on_recovered: Callable[[], None] | None = None,
+    ) -> None:
+        self._send = send
+        self._items: deque[tuple[dict[str, Any], Callable[[], None] | None]] = deque()
+        self._max_backoff = max_backoff
+        self._max_size = max_size
+        self._failures = 0
+        self._retry_at = 0.0
+        self._on_recovered = on_recovered
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @property
+    def healthy(self) -> bool:
+        return self._failures == 0
+
+    @property
+    def retry_in(self) -> float:
+        """Seconds until the next delivery attempt is due (0 when due or empty)."""
+        if not self._items:
+            return float("inf")
+        return max(0.0, self._retry_at - time.monotonic())
+
+    def put(self, item: dict[str, Any], on_sent: Callable[[], None] | None = None) -> None:
+        if item["type"] == HEARTBEAT:
+            self._items = deque(i for i in self._items if i[0]["type"] != HEARTBEAT)
+        self._items.append((item, on_sent))
+        if len(self._items) > self._max_size:
+            dropped, _ = self._items.popleft()
+            logger.error("report outbox full; dropped a %s report", dropped["type"])
+
+    def flush(self, *, force: bool = False) -> bool:
+        """Send what is due, in order; True when the outbox is empty afterwards."""
+        if self._items and not force and time.monotonic() < self._retry_at:
+            return False
+        while self._items:
+            item, on_sent = self._items[0]
+            try:
+                self._send(item)
+            except Exception as exc:  # any broker or transport error: keep it, retry later
+                self._failed(exc)
+                return False
+            self._items.popleft()
+            if self._failures:
+                logger.info("reports are delivered again after %d failures", self._failures)
+                self._failures = 0
+                if self._on_recovered:
+                    self._on_recovered()
+            if on_sent:
+                on_sent()
+        return True
+
+    def _failed(self, exc: Exception) -> None:
+        self._failures += 1
+        backoff = min(self._max_backoff, 2.0 ** (self._failures - 1))
+        self._retry_at = time.monotonic() + backoff
+        logger.warning(
+            "cannot send reports (%s; %d waiting); retrying in %.0f s", exc, len(self), backoff
+        )
+
+
+# --- log chunks -------------------------------------------------------------------------------
+
+
+def utf8_complete_length(data: bytes) -> int:
+    """Length of the longest prefix of ``data`` that does not end inside a UTF-8 character.
+
+    Log chunks are cut there so that a character split across two chunks is not turned
+    into two replacement characters.
+    """
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 == 0x80:  # continuation byte: look further back for the lead byte
+            continue
+        if byte < 0x80:
+            return len(data)
+        needed = 2 if byte & 0xE0 == 0xC0 else 3 if byte & 0xF0 == 0xE0 else 4
+        return len(data) if back >= needed else len(data) - back
+    return len(data)
+
+
+# --- the agent ---------------------------------------------------------------------------------
+
+
+class Agent:
+    """Runs, watches and stops the jobs of one node and reports on them."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        backend: GpuBackend,
+        send_report: SendReport,
+        messages: MessageSource | None = None,
+        *,
+        base_env: dict[str, str] | None = None,
+    ) -> None:
+        validate_node_name(config.node)
+        self.config = config
+        self.backend = backend
+        self.messages = messages
+        self.outbox = Outbox(send_report, on_recovered=self._register)
+        self.gpus = backend.discover()
+        self.jobs: dict[tuple[int, int], JobRecord] = {}
+        self.jobs_dir = Path(config.work_dir) / "jobs"
+        self._base_env = dict(os.environ) if base_env is None else base_env
+        self._kills: list[dict[str, Any]] = []
+        self._next_heartbeat = 0.0
+        self._stop_requested = False
+
+    # --- lifecycle ---
+
+    def start(self) -> None:
+        """Recover the jobs of a previous run, register, send the first heartbeat."""
+        self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        self._recover()
+        self._register()
+        self._heartbeat()
+        self.outbox.flush()
+
+    def run(self) -> None:
+        """Start, then loop until :meth:`request_stop`; jobs keep running afterwards."""
+        self.start()
+        try:
+            while not self._stop_requested:
+                self.tick()
+        finally:
+            self.close()
+
+    def request_stop(self, *_: Any) -> None:
+        """Ask the loop to end after the current pass (safe from a signal handler)."""
+        self._stop_requested = True
+
+    def close(self) -> None:
+        """Deliver what can be delivered now and release the broker and the GPU library.
+
+        Jobs are left running: they are adopted by the next agent on this node.
+        """
+        self.outbox.flush(force=True)
+        if len(self.outbox):
+            logger.warning(
+                "%d reports not delivered; they are re-sent on restart", len(self.outbox)
+            )
+        if self.messages is not None:
+            self.messages.close()
+        self.backend.close()
+
+    def tick(self, timeout: float | None = None) -> None:
+        """One pass of the loop; waits at most ``timeout`` seconds for messages."""
+        self._receive(self._wait_time() if timeout is None else timeout)
+        self._reap()
+        self._enforce_deadlines()
+        self._start_waiting()
+        self._ship_logs()
+        self._report_finished()
+        if time.monotonic() >= self._next_heartbeat:
+            self._heartbeat()
+        self.outbox.flush()
+
+    def _wait_time(self) -> float:
+        """How long the next pass may wait for messages without missing anything due."""
+        if any(
+            r.finished and not r.exit_reported and not r.exit_queued for r in self.jobs.values()
+        ):
+            return 0.0
+        now = time.time()
+        waits = [
+            self.config.poll_seconds,
+            self._next_heartbeat - time.monotonic(),
+            self.outbox.retry_in,
+        ]
+        waits += [
+            r.kill_deadline - now for r in self._running() if r.kill_deadline and not r.killed
+        ]
+        return max(0.0, min(waits))
+
+    # --- messages ---
+
+    def _receive(self, timeout: float) -> None:
+        if self.messages is None:
+            time.sleep(timeout)
+            return
+        message = self.messages.get(timeout)
+        handled = 0
+        while message is not None:
+            self._handle_incoming(message)
+            handled += 1
+            if handled >= self.config.max_messages_per_pass:
+                return
+            message = self.messages.get(0)
+
+    def _handle_incoming(self, message: IncomingMessage) -> None:
+        try:
+            payload = message.payload
+        except Exception as exc:  # undecodable body: drop it, or it would come back forever
+            logger.error("dropping a message that cannot be decoded: %s", exc)
+        else:
+            self.handle_message(payload)
+        try:
+            message.ack()
+        except Exception as exc:  # broker gone: the message comes again, handling is idempotent
+            logger.warning("cannot acknowledge a message: %s", exc)
+
+    def handle_message(self, payload: Any) -> None:
+        """Act on one control message; invalid ones are logged and dropped."""
+        try:
+            message = validate_control_message(payload)
+        except ProtocolError as exc:
+            logger.error("dropping invalid message: %s", exc)
+            return
+        handlers = {LAUNCH: self._launch, STOP: self._stop, KILL_PROCESS: self._kill_process}
+        try:
+            handlers[message["type"]](message)
+        except Exception:  # a bug must not take down the agent and every job's supervision
+            logger.exception("failed to handle %s message %r", message["type"], message)
+
+    # --- launch ---
+
+    def _launch(self, message: dict[str, Any]) -> None:
+        job_id, attempt = message["job_id"], message["attempt"]
+        existing = self.jobs.get((job_id, attempt))
+        if existing is not None:
+            self._answer_duplicate_launch(existing)
+            return
+        newest = max((r.attempt for r in self.jobs.values() if r.job_id == job_id), default=None)
+        if newest is not None and newest > attempt:
+            self._send_exited_now(
+                job_id, attempt, SUPERSEDED, f"attempt {newest} of this job is newer"
+            )
+            return
+        record = JobRecord(
+            job_id=job_id,
+            attempt=attempt,
+            name=message["name"],
+            gpu_indices=list(message["gpu_indices"]),
+        )
+        self.jobs[record.key] = record
+        write_json(self._paths(record).launch, message)
+        self._save(record)
+        problem = self._gpu_problem(message)
+        if problem:
+            self._fail_launch(record, problem)
+            return
+        self._supersede_older_attempts(record, message["grace_seconds"])
+        blockers = self._blockers(record)
+        if blockers:
+            logger.info(
+                "job %s attempt %s waits for %s to release its GPUs",
+                job_id,
+                attempt,
+                ", ".join(f"{r.job_id}-{r.attempt}" for r in blockers),
+            )
+            return
+        self._start(record, message)
+
+    def _answer_duplicate_launch(self, record: JobRecord) -> None:
+        """A launch seen before: repeat the answer, in case the first one was lost."""
+        if record.running:
+            self._send_started(record)
+        elif record.finished and record.exit_reported:
+            self._send_exited(record)
+        # Waiting, or ended with its report still queued: the answer is on its way.
+
+    def _gpu_problem(self, message: dict[str, Any]) -> str | None:
+        """Why the launch's GPUs do not match this node, or None if they do."""
+        gpus = {gpu.index: gpu for gpu in self.gpus}
+        indices = message["gpu_indices"]
+        if len(set(indices)) != len(indices):
+            return f"GPU indices {indices} repeat a GPU"
+        for position, index in enumerate(indices):
+            gpu = gpus.get(index)
+            if gpu is None:
+                return f"GPU {index} does not exist on node {self.config.node} ({len(gpus)} GPUs)"
+            expected = message["gpu_uuids"][position] if message["gpu_uuids"] else gpu.uuid
+            if expected != gpu.uuid:
+                return f"GPU {index} of node {self.config.node} is {gpu.uuid}, not {expected}"
+        return None
+
+    def _supersede_older_attempts(self, record: JobRecord, grace: float) -> None:
+        """A newer attempt means the control side gave up on the older ones here."""
+        for older in list(self.jobs.values()):
+            if older.job_id != record.job_id or older.attempt >= record.attempt:
+                continue
+            if older.waiting:
+                self._finish(older, None, None, "superseded before it started", SUPERSEDED)
+            elif older.running:
+                self._begin_stop(older, SUPERSEDED, grace)
+
+    def _blockers(self, record: JobRecord) -> list[JobRecord]:
+        """Jobs that must end before ``record`` starts: its older attempts, and jobs in
+        their stop grace period on its GPUs (a preempted job checkpointing)."""
+        gpus = set(record.gpu_indices)
+        return [
+            other
+            for other in self._running()
+            if (other.job_id == record.job_id and other.attempt < record.attempt)
+            or (other.stopping and gpus & set(other.gpu_indices))
+        ]
+
+    def _start_waiting(self) -> None:
+        for record in [r for r in self.jobs.values() if r.waiting]:
+            if self._blockers(record):
+                continue
+            message = read_json(self._paths(record).launch)
+            if message is None:
+                self._fail_launch(record, "the launch message was lost")
+            else:
+                self._start(record, message)
+
+    def _start(self, record: JobRecord, message: dict[str, Any]) -> None:
+        paths = self._paths(record)
+        self._warn_if_gpus_busy(record)
+        try:
+            checkpoints = resolve_dir(
+                message["checkpoint_dir"], default=paths.checkpoints, base=paths.root, create=True
+            )
+            cwd = resolve_dir(
+                message["working_dir"], default=paths.root, base=paths.root, create=False
+            )
+            env = job_environment(
+                message, node=self.config.node, checkpoint_dir=checkpoints, base=self._base_env
+            )
+            spawned = spawn(
+                argv=job_argv(message),
+                env=env,
+                cwd=cwd,
+                paths=paths,
+                timeout=self.config.launch_timeout_seconds,
+            )
+        except LaunchError as exc:
+            self._fail_launch(record, str(exc))
+            return
+        record.pid = spawned.pid
+        record.pid_start_ticks = spawned.pid_start_ticks
+        record.command_pid = spawned.command_pid
+        record.started_at = time.time()
+        record.process = spawned.process
+        self._save(record)
+        logger.info(
+            "started job %s attempt %s as process group %s on GPUs %s",
+            record.job_id,
+            record.attempt,
+            record.pid,
+            record.gpu_indices,
+        )
+        self._send_started(record)
+
+    def _warn_if_gpus_busy(self, record: JobRecord) -> None:
+        # The control side owns allocation; a clash means its view is stale. Start anyway
+        # (refusing would strand the job) but leave a trace.
+        gpus = set(record.gpu_indices)
+        for other in self._running():
+            shared = gpus & set(other.gpu_indices)
+            if shared and other is not record:
+                logger.warning(
+                    "job %s attempt %s starts on GPUs %s still used by job %s attempt %s",
+                    record.job_id,
+                    record.attempt,
+                    sorted(shared),
+                    other.job_id,
+                    other.attempt,
+                )
+
+    def _fail_launch(self, record: JobRecord, message: str) -> None:
+        logger.warning(
+            "job %s attempt %s failed to launch: %s", record.job_id, record.attempt, message
+        )
+        try:
+            with self._paths(record).log.open("a") as log:
+                log.write(f"[sluice] launch failed: {message}\n")
+        except OSError:
+            pass  # the report below still carries the message
+        self._finish(record, None, None, message, LAUNCH_FAILED)
+
+    # --- stop ---
+
+    def _stop(self, message: dict[str, Any]) -> None:
+        reason = message["reason"]
+        record = self.jobs.get((message["job_id"], message["attempt"]))
+        if record is None:
+            self._send_exited_now(
+                message["job_id"], message["attempt"], reason, NOT_RUNNING_MESSAGE
+            )
+        elif record.waiting:
+            self._finish(record, None, None, f"stopped ({reason}) before it started", reason)
+        elif record.finished:
+            if record.exit_reported:
+                self._send_exited(record)
+        else:
+            self._begin_stop(record, reason, message["grace_seconds"])
+
+    def _begin_stop(self, record: JobRecord, reason: str, grace: float) -> None:
+        """SIGTERM the job's group now, SIGKILL it when the grace period is over.
+
+        A repeated stop keeps the first reason, and only ever brings the deadline forward.
+        """
+        deadline = time.time() + max(0.0, float(grace))
+        if record.stop_reason is None:
+            record.stop_reason = reason
+            self._signal(record, signal.SIGTERM)
+            logger.info(
+                "stopping job %s attempt %s (%s), SIGKILL in %g s",
+                record.job_id,
+                record.attempt,
+                reason,
+                grace,
+            )
+        if record.kill_deadline is None or deadline < record.kill_deadline:
+            record.kill_deadline = deadline
+        self._save(record)
+
+    def _enforce_deadlines(self) -> None:
+        now = time.time()
+        for record in self._running():
+            if (
+                record.kill_deadline is not None
+                and not record.killed
+                and now >= record.kill_deadline
+            ):
+                logger.info(
+                    "grace period over: killing job %s attempt %s", record.job_id, record.attempt
+                )
+                self._signal(record, signal.SIGKILL)
+                record.killed = True
+                self._save(record)
+
+    def _signal(self, record: JobRecord, signum: int) -> None:
+        # A job this agent did not start is only signalled while its leader is provably the
+        # same process, so a recycled pid is never hit.
+        if record.pid is None:
+            return
+        if record.process is None and not procfs.is_same_process(
+            record.pid, record.pid_start_ticks
+        ):
+            return
+        signal_group(record.pid, signum)
+
+    # --- exits ---
+
+    def _reap(self) -> None:
+        for record in self._running():
+            outcome = self._exit_outcome(record)
+            if outcome is None:
+                continue
+            exit_code, signum, message = outcome
+            left = kill_leftovers(record.pid) if record.pid else 0
+            if left:
+                message += f"; killed {left} process(es) it left behind"
+            self._finish(record, exit_code, signum, message)
+            logger.info("job %s attempt %s ended: %s", record.job_id, record.attempt, message)
+
+    def _exit_outcome(self, record: JobRecord) -> tuple[int | None, int | None, str] | None:
+        """How the job ended, or None while it runs. The wrapper's exit file is the best
+        witness; then the wrapper's own status; then what the agent did to it."""
+        returncode = None
+        if record.process is not None:
+            returncode = record.process.poll()
+            if returncode is None:
+                return None
+        elif procfs.is_same_process(record.pid, record.pid_start_ticks):
+            return None
+        info = read_json(self._paths(record).exit)
+        if info is not None:
+            exit_code, signum = info.get("exit_code"), info.get("signal")
+            words = describe_exit(exit_code, signum)
+        elif returncode is not None:
+            exit_code, signum = (None, -returncode) if returncode < 0 else (returncode, None)
+            words = describe_exit(exit_code, signum)
+        elif record.killed:
+            exit_code, signum = None, int(signal.SIGKILL)
+            words = describe_exit(exit_code, signum)
+        else:
+            exit_code, signum = None, None
+            words = "ended while the agent was down; exit status unknown"
+        if record.stop_reason:
+            words = f"stopped ({record.stop_reason}): {words}"
+            if record.killed:
+                words += " at the end of the grace period"
+        return exit_code, signum, words
+
+    def _finish(
+        self,
+        record: JobRecord,
+        exit_code: int | None,
+        signum: int | None,
+        message: str,
+        stop_reason: str | None = None,
+    ) -> None:
+        record.finished = True
+        record.exit_code = exit_code
+        record.signal = signum
+        record.message = message
+        record.stop_reason = stop_reason or record.stop_reason
+        record.finished_at = time.time()
+        record.kill_deadline = None
+        record.process = None
+        self._save(record)
+
+    def _report_finished(self) -> None:
+        """Queue the ``exited`` report of each ended job, after all of its output."""
+        for record in list(self.jobs.values()):
+            if not record.finished or record.exit_reported or record.exit_queued:
+                continue
+            if len(self.outbox) >= self.config.log_backlog_limit:
+                return
+            if not self._ship_log(record, final=True):
+                continue  # more output than one pass ships; the rest comes next pass
+            record.exit_queued = True
+            self.outbox.put(self._exited(record), on_sent=lambda r=record: self._exit_sent(r))
+
+    def _exit_sent(self, record: JobRecord) -> None:
+        record.exit_reported = True
+        self._save(record)
+
+    # --- logs ---
+
+    def _ship_logs(self) -> None:
+        if len(self.outbox) >= self.config.log_backlog_limit:
+            return
+        now = time.monotonic()
+        for record in self._running():
+            if now >= record.next_log_ship:
+                record.next_log_ship = now + self.config.log_interval_seconds
+                self._ship_log(record, final=False)
+
+    def _ship_log(self, record: JobRecord, *, final: bool) -> bool:
+        """Queue up to one pass worth of new output; True when all output so far is queued.
+
+        ``final`` (the job has ended) also sends a trailing partial UTF-8 character.
+        """
+        path = self._paths(record).log
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            return True
+        if size <= record.log_read_offset:
+            return True
+        with path.open("rb") as log:
+            for _ in range(self.config.log_chunks_per_pass):
+                log.seek(record.log_read_offset)
+                data = log.read(self.config.log_chunk_bytes)
+                if not data:
+                    return True
+                at_end = record.log_read_offset + len(data) >= size
+                length = len(data) if final and at_end else utf8_complete_length(data)
+                if length == 0:
+                    return True
+                self._queue_log(record, data[:length])
+        return record.log_read_offset >= size
+
+    def _queue_log(self, record: JobRecord, data: bytes) -> None:
+        offset = record.log_read_offset
+        end = offset + len(data)
+        record.log_read_offset = end
+        chunk = log_report(
+            node=self.config.node,
+            job_id=record.job_id,
+            attempt=record.attempt,
+            offset=offset,
+            data=data.decode("utf-8", "replace"),
+        )
+        self.outbox.put(chunk, on_sent=lambda: self._log_sent(record, end))
+
+    def _log_sent(self, record: JobRecord, end: int) -> None:
+        record.log_offset = max(record.log_offset, end)
+        self._save(record)
+
+    # --- zombie GPU processes ---
+
+    def _kill_process(self, message: dict[str, Any]) -> None:
+        pid, gpu_index = message["pid"], message["gpu_index"]
+        killed, words = self._kill_zombie(pid)
+        logger.info("kill_process %s on GPU %s (%s): %s", pid, gpu_index, message["reason"], words)
+        self._kills.append({"pid": pid, "gpu_index": gpu_index, "killed": killed, "message": words})
+
+    def _kill_zombie(self, pid: int) -> tuple[bool, str]:
+        if self._belongs_to_job(pid):
+            return False, "belongs to a running job; stop the job instead"
+        if all(pid != p["pid"] for sample in self._sample() for p in sample.processes):
+            return False, "not a GPU process (any more)"
+        if procfs.read_stat(pid) is None:
+            return False, "not visible to the agent (another pid namespace?)"
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return False, "already gone"
+        except PermissionError:
+            return False, "not permitted to kill it"
+        return True, "killed with SIGKILL"
+
+    def _belongs_to_job(self, pid: int) -> bool:
+        """True if ``pid`` is in a running job's process group or descends from its leader
+        (a job's child that started its own session is still the job's)."""
+        leaders = {r.pid for r in self._running()}
+        stat = procfs.read_stat(pid)
+        for _ in range(64):  # bounded walk up the parent chain
+            if stat is None:
+                return False
+            if stat.pgid in leaders or stat.pid in leaders:
+                return True
+            if stat.ppid <= 1:
+                return False
+            stat = procfs.read_stat(stat.ppid)
+        return False
+
+    def _zombies(self, samples: list[GpuSample]) -> list[dict[str, Any]]:
+        return [
+            {
+                "gpu_index": sample.index,
+                "pid": process["pid"],
+                "memory_mb": process["memory_mb"],
+                "name": procfs.process_name(process["pid"]),
+            }
+            for sample in samples
+            for process in sample.processes
+            if not self._belongs_to_job(process["pid"])
+        ]
+
+    # --- reports ---
+
+    def _register(self) -> None:
+        self.outbox.put(
+            report(
+                REGISTER,
+                self.config.node,
+                pool=self.config.pool,
+                hostname=socket.gethostname(),
+                agent_version=AGENT_VERSION,
+                protocol_version=PROTOCOL_VERSION,
+                cpus=os.cpu_count() or 1,
+                memory_mb=procfs.memory_total_mb(),
+                backend=self.backend.name,
+                gpus=[gpu.as_dict() for gpu in self.gpus],
+                jobs=self._job_summaries(),
+            )
+        )
+
+    def _heartbeat(self) -> None:
+        self._next_heartbeat = time.monotonic() + self.config.heartbeat_seconds
+        samples = self._sample()
+        self.outbox.put(
+            report(
+                HEARTBEAT,
+                self.config.node,
+                gpus=[sample.as_dict() for sample in samples],
+                jobs=self._job_summaries(),
+                zombies=self._zombies(samples),
+                kills=self._kills,
+            )
+        )
+        self._kills = []
+
+    def _sample(self) -> list[GpuSample]:
+        holders = {index: r.pid for r in self._running() for index in r.gpu_indices if r.pid}
+        try:
+            return self.backend.sample(holders)
+        except Exception as exc:  # a GPU library hiccup must not stop job supervision
+            logger.warning("cannot sample GPUs: %s", exc)
+            return []
+
+    def _job_summaries(self) -> list[dict[str, Any]]:
+        now = time.time()
+        retention = self.config.finished_retention_seconds
+        return [
+            {
+                "job_id": r.job_id,
+                "attempt": r.attempt,
+                "pid": r.pid,
+                "running": r.running,
+                "stop_reason": r.stop_reason,
+            }
+            for r in self.jobs.values()
+            if r.pid is not None
+            and (r.running or (r.finished_at is not None and now - r.finished_at <= retention))
+        ]
+
+    def _send_started(self, record: JobRecord) -> None:
+        self.outbox.put(
+            started_report(
+                node=self.config.node,
+                job_id=record.job_id,
+                attempt=record.attempt,
+                pid=record.pid or 0,
+                started_at=record.started_at or time.time(),
+            )
+        )
+
+    def _exited(self, record: JobRecord) -> dict[str, Any]:
+        return exited_report(
+            node=self.config.node,
+            job_id=record.job_id,
+            attempt=record.attempt,
+            exit_code=record.exit_code,
+            signal=record.signal,
+            stop_reason=record.stop_reason,
+            message=record.message,
+            finished_at=record.finished_at or time.time(),
+        )
+
+    def _send_exited(self, record: JobRecord) -> None:
+        self.outbox.put(self._exited(record))
+
+    def _send_exited_now(self, job_id: int, attempt: int, stop_reason: str, message: str) -> None:
+        """An ``exited`` answer for a job attempt this agent never ran."""
+        self.outbox.put(
+            exited_report(
+                node=self.config.node,
+                job_id=job_id,
+                attempt=attempt,
+                exit_code=None,
+                signal=None,
+                stop_reason=stop_reason,
+                message=message,
+                finished_at=time.time(),
+            )
+        )
+
+    # --- state ---
+
+    def _recover(self) -> None:
+        """Load the jobs of a previous run. Running ones are adopted (their leader is the
+        same process as recorded); the rest are found ended by the next pass and reported
+        unless they were already."""
+        for root in sorted(p for p in self.jobs_dir.iterdir() if p.is_dir()):
+            record = load_record(JobPaths(root))
+            if record is None or self._paths(record).root != root:
+                continue
+            self.jobs[record.key] = record
+            if record.running and procfs.is_same_process(record.pid, record.pid_start_ticks):
+                logger.info(
+                    "adopted running job %s attempt %s (process group %s)",
+                    record.job_id,
+                    record.attempt,
+                    record.pid,
+                )
+
+    def _running(self) -> Iterator[JobRecord]:
+        return (r for r in list(self.jobs.values()) if r.running)
+
+    def _paths(self, record: JobRecord) -> JobPaths:
+        return JobPaths.for_job(self.config.work_dir, record.job_id, record.attempt)
+
+    def _save(self, record: JobRecord) -> None:
+        save_record(record, self._paths(record))

@@ -1,0 +1,177 @@
+"""Command line of the node agent: ``python -m scheduling.agent --node NAME ...``.
+
+``manage.py agent`` calls :func:`main` with the same arguments. Examples::
+
+    python -m scheduling.agent --node gpu-01 --pool training          # NVML, broker from env
+    python -m scheduling.agent --node sim-01 --simulate 4xA100-40GB,2xL4-24GB
+    python -m scheduling.agent --node sim-01 --simulate 8xH100-80GB --once
+    python -m scheduling.agent --discover                               # print GPUs as JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+from scheduling.agent.agent import Agent, AgentConfig
+from scheduling.agent.gpus import select_backend
+from scheduling.agent.protocol import (
+    CONTROL_QUEUE,
+    DEFAULT_HEARTBEAT_SECONDS,
+    ProtocolError,
+    validate_node_name,
+)
+
+logger = logging.getLogger("scheduling.agent")
+
+ONCE_DELIVERY_ATTEMPTS = 3
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sluice-agent",
+        description="Sluice node agent: reports this node's GPUs, runs and stops jobs.",
+    )
+    parser.add_argument("--node", help="node name (its queue is node.<name>); required")
+    parser.add_argument("--pool", help="resource pool this node belongs to")
+    parser.add_argument(
+        "--broker", help="broker URL (default: $CELERY_BROKER_URL, else filesystem://)"
+    )
+    parser.add_argument(
+        "--broker-dir",
+        help="folder of the filesystem broker (default: $SLUICE_BROKER_DIR, else var/broker)",
+    )
+    parser.add_argument(
+        "--simulate",
+        metavar="SPEC",
+        help="simulate GPUs instead of NVML, e.g. 8xH100-80GB or 4xA100-40GB,2xL4-24GB",
+    )
+    parser.add_argument("--work-dir", help="job directories (default: var/agent/<node>)")
+    parser.add_argument(
+        "--heartbeat",
+        type=float,
+        default=DEFAULT_HEARTBEAT_SECONDS,
+        metavar="SECONDS",
+        help="seconds between heartbeats (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--control-queue", default=CONTROL_QUEUE, help="queue for reports (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--once", action="store_true", help="register, send one heartbeat, then exit"
+    )
+    parser.add_argument(
+        "--discover", action="store_true", help="print the discovered GPUs as JSON and exit"
+    )
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING…")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the agent; returns the process exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _configure_logging(args.log_level)
+    if args.heartbeat <= 0:
+        parser.error("--heartbeat must be positive")
+    if args.discover:
+        return _discover(args)
+    if not args.node:
+        parser.error("--node is required")
+    try:
+        validate_node_name(args.node)
+    except ProtocolError as exc:
+        parser.error(str(exc))
+    return _run(args)
+
+
+def _configure_logging(level: str) -> None:
+    # basicConfig does nothing where logging is configured already (manage.py agent).
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logger.setLevel(level.upper())
+
+
+def _discover(args: argparse.Namespace) -> int:
+    backend = select_backend(node=args.node or socket.gethostname(), simulate=args.simulate)
+    try:
+        gpus = backend.discover()
+        samples = backend.sample({})
+    finally:
+        backend.close()
+    print(
+        json.dumps(
+            {
+                "backend": backend.name,
+                "gpus": [gpu.as_dict() for gpu in gpus],
+                "samples": [sample.as_dict() for sample in samples],
+            },
+            indent=2,
+        )
+    )
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    # Imported here so that --discover works without a broker library.
+    from scheduling.agent.transport import CeleryReportSender, KombuMessageSource
+
+    config = AgentConfig(
+        node=args.node,
+        pool=args.pool,
+        work_dir=Path(args.work_dir or Path("var") / "agent" / args.node),
+        heartbeat_seconds=args.heartbeat,
+    )
+    backend = select_backend(node=args.node, simulate=args.simulate)
+    sender = CeleryReportSender(args.broker, args.broker_dir, control_queue=args.control_queue)
+    try:
+        if args.once:
+            return _run_once(config, backend, sender)
+        messages = KombuMessageSource(args.node, args.broker, args.broker_dir)
+        agent = Agent(config, backend, sender, messages)
+        _install_signal_handlers(agent)
+        logger.info(
+            "agent for node %s: %d %s GPUs, work dir %s",
+            config.node,
+            len(agent.gpus),
+            backend.name,
+            config.work_dir,
+        )
+        agent.run()
+        return 0
+    finally:
+        sender.close()
+
+
+def _run_once(config: AgentConfig, backend, sender) -> int:
+    agent = Agent(config, backend, sender)
+    agent.start()
+    for attempt in range(ONCE_DELIVERY_ATTEMPTS):
+        if agent.outbox.flush(force=True):
+            break
+        time.sleep(0.5 * (attempt + 1))
+    undelivered = len(agent.outbox)
+    agent.close()
+    if undelivered:
+        logger.error("%d reports could not be delivered", undelivered)
+        return 1
+    return 0
+
+
+def _install_signal_handlers(agent: Agent) -> None:
+    """SIGTERM and SIGINT end the loop cleanly; jobs keep running and are adopted by the
+    next agent."""
+    try:
+        signal.signal(signal.SIGTERM, agent.request_stop)
+        signal.signal(signal.SIGINT, agent.request_stop)
+    except ValueError:  # not the main thread (embedded): the caller stops the agent
+        logger.debug("not installing signal handlers outside the main thread")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,380 @@
+"""The wire protocol between the control side (Django, Celery) and the node agents.
+
+Pure standard library: both sides import this module, and GPU nodes have no Django.
+
+Transport
+---------
+The broker URL comes from ``--broker`` or ``CELERY_BROKER_URL`` (default ``filesystem://``,
+the embedded broker that needs no server; its folder comes from ``SLUICE_BROKER_DIR``,
+default ``var/broker``). Both sides build their kombu connection with
+:func:`scheduling.agent.transport.broker_connection` so that the transport options agree.
+
+Control → agent
+~~~~~~~~~~~~~~~
+Plain JSON dicts on the kombu queue ``node.<name>`` (``Connection.SimpleQueue(name)``,
+serializer ``json``); see :func:`node_queue_name` and
+:func:`scheduling.agent.transport.send_control_message`. Three types:
+
+``launch``
+    ``job_id`` int, ``attempt`` int, ``name`` str, ``command`` [str, ...] (argv), ``shell``
+    bool (true: run ``/bin/sh -c command[0] <name> command[1:]...``), ``env`` {str: str},
+    ``working_dir`` str ("" = the job directory), ``gpu_indices`` [int], ``gpu_uuids``
+    [str] (may be empty; when given they must match the node's GPUs at those indices),
+    ``checkpoint_dir`` str ("" = ``<jobdir>/checkpoints``), ``array_index`` int | None,
+    ``grace_seconds`` int, ``sent_at`` float (unix time).
+``stop``
+    ``job_id``, ``attempt``, ``reason`` (one of :data:`STOP_REASONS`), ``grace_seconds``,
+    ``sent_at``. SIGTERM to the job's process group, SIGKILL after the grace period.
+``kill_process``
+    ``pid`` int, ``gpu_index`` int, ``reason`` str: SIGKILL a zombie GPU process (only if it
+    is still a GPU compute process and belongs to no job of the agent). The outcome is in
+    the ``kills`` list of the next heartbeat.
+
+Agent → control
+~~~~~~~~~~~~~~~
+Celery task messages: ``send_task(REPORT_TASK, args=[report], queue=CONTROL_QUEUE)``. Every
+report is a dict with ``type``, ``node``, ``sent_at`` (unix time) and:
+
+``register`` (once at agent start)
+    ``pool`` str | None, ``hostname``, ``agent_version``, ``protocol_version`` int, ``cpus``,
+    ``memory_mb``, ``backend`` ("nvml" | "simulated"), ``gpus`` [{index, uuid, model, name,
+    memory_mb}], ``jobs`` [as in heartbeat].
+``heartbeat`` (every ``--heartbeat`` seconds)
+    ``gpus`` [{index, uuid, utilization (0-100 | None), memory_used_mb, temperature_c,
+    power_w, processes: [{pid, memory_mb}]}] (sample values are None where the GPU does
+    not report them), ``jobs`` [{job_id, attempt, pid, running, stop_reason}] (the jobs
+    the agent holds: running ones, and ones that ended during the last
+    :data:`FINISHED_JOB_RETENTION_SECONDS`, with ``running`` false, so the control side can
+    reconcile a lost ``exited`` report), ``zombies`` [{gpu_index, pid, memory_mb, name}],
+    ``kills`` [{pid, gpu_index, killed: bool, message}] (``kill_process`` outcomes since the
+    previous heartbeat).
+``started``
+    ``job_id``, ``attempt``, ``pid`` (the job's process-group leader), ``started_at``.
+``exited``
+    ``job_id``, ``attempt``, ``exit_code`` int | None, ``signal`` int | None,
+    ``stop_reason`` None | a stop reason | ``"launch_failed"`` | ``"superseded"``,
+    ``message`` str, ``finished_at``. ``exit_code`` and ``signal`` are both None when the
+    process never started or its status could not be known.
+``log``
+    ``job_id``, ``attempt``, ``offset`` (byte offset of ``data`` in the job's log),
+    ``data`` str (UTF-8, invalid bytes replaced; chunks are cut on character boundaries),
+    at most :data:`LOG_CHUNK_BYTES` bytes each. Sent every ~2 s while there is new output,
+    and all remaining output before the ``exited`` report.
+
+Delivery is at least once: after an agent restart or a broker outage a report may come
+twice, so the control side must treat every report idempotently (``log`` by offset,
+``exited`` by a conditional state update). Messages to the agent are acknowledged only
+after they have been handled, and handling them twice is harmless.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping
+from typing import Any
+
+PROTOCOL_VERSION = 1
+AGENT_VERSION = "0.1.0"
+
+#: The Celery task the control side registers to receive every report.
+REPORT_TASK = "scheduling.agent_report"
+#: The Celery queue reports are sent to.
+CONTROL_QUEUE = "control"
+NODE_QUEUE_PREFIX = "node."
+
+# Control → agent message types.
+LAUNCH = "launch"
+STOP = "stop"
+KILL_PROCESS = "kill_process"
+CONTROL_MESSAGE_TYPES = (LAUNCH, STOP, KILL_PROCESS)
+
+# Agent → control report types.
+REGISTER = "register"
+HEARTBEAT = "heartbeat"
+STARTED = "started"
+EXITED = "exited"
+LOG = "log"
+REPORT_TYPES = (REGISTER, HEARTBEAT, STARTED, EXITED, LOG)
+
+# Why a job was stopped (the ``reason`` of a stop message).
+STOP_CANCELLED = "cancelled"
+STOP_PREEMPTED = "preempted"
+STOP_TIMED_OUT = "timed_out"
+STOP_RECLAIMED = "reclaimed"
+STOP_LOST = "lost"
+STOP_REASONS = (STOP_CANCELLED, STOP_PREEMPTED, STOP_TIMED_OUT, STOP_RECLAIMED, STOP_LOST)
+# Stop reasons the agent itself puts on an ``exited`` report.
+LAUNCH_FAILED = "launch_failed"
+#: A newer attempt of the same job was launched on this node, so this one was stopped.
+SUPERSEDED = "superseded"
+EXIT_STOP_REASONS = (*STOP_REASONS, LAUNCH_FAILED, SUPERSEDED)
+
+NOT_RUNNING_MESSAGE = "not running on this node"
+LOG_CHUNK_BYTES = 64 * 1024
+LOG_INTERVAL_SECONDS = 2.0
+DEFAULT_HEARTBEAT_SECONDS = 5.0
+FINISHED_JOB_RETENTION_SECONDS = 300.0
+
+# Node names end up in queue names and file names (filesystem broker), so keep them plain.
+_NODE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+class ProtocolError(ValueError):
+    """A message or report that does not follow the protocol."""
+
+
+def validate_node_name(node: str) -> str:
+    """Return ``node`` if it can name a queue and a directory, else raise ProtocolError."""
+    if not isinstance(node, str) or not _NODE_NAME_RE.match(node):
+        raise ProtocolError(f"invalid node name {node!r}: use letters, digits, '.', '_', '-'")
+    return node
+
+
+def node_queue_name(node: str) -> str:
+    """The queue a node's agent consumes: ``node.<name>``."""
+    return NODE_QUEUE_PREFIX + validate_node_name(node)
+
+
+# --- field checks -------------------------------------------------------------------------
+
+
+def _is_int(value: Any) -> bool:
+    # bool is an int subclass, but True is never a valid job id or pid.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _is_str_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _is_int_list(value: Any) -> bool:
+    return isinstance(value, list) and all(_is_int(v) for v in value)
+
+
+def _is_str_dict(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    )
+
+
+_CHECKS = {
+    "int": (_is_int, "an integer"),
+    "int?": (lambda v: v is None or _is_int(v), "an integer or null"),
+    "number": (_is_number, "a number"),
+    "number?": (lambda v: v is None or _is_number(v), "a number or null"),
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "str?": (lambda v: v is None or isinstance(v, str), "a string or null"),
+    "bool": (lambda v: isinstance(v, bool), "a boolean"),
+    "list": (lambda v: isinstance(v, list), "a list"),
+    "str_list": (_is_str_list, "a list of strings"),
+    "int_list": (_is_int_list, "a list of integers"),
+    "str_dict": (_is_str_dict, "an object of strings"),
+}
+
+_CONTROL_FIELDS: dict[str, dict[str, str]] = {
+    LAUNCH: {
+        "job_id": "int",
+        "attempt": "int",
+        "name": "str",
+        "command": "str_list",
+        "shell": "bool",
+        "env": "str_dict",
+        "working_dir": "str",
+        "gpu_indices": "int_list",
+        "gpu_uuids": "str_list",
+        "checkpoint_dir": "str",
+        "array_index": "int?",
+        "grace_seconds": "number",
+        "sent_at": "number",
+    },
+    STOP: {
+        "job_id": "int",
+        "attempt": "int",
+        "reason": "str",
+        "grace_seconds": "number",
+        "sent_at": "number",
+    },
+    KILL_PROCESS: {"pid": "int", "gpu_index": "int", "reason": "str"},
+}
+
+_REPORT_FIELDS: dict[str, dict[str, str]] = {
+    REGISTER: {
+        "pool": "str?",
+        "hostname": "str",
+        "agent_version": "str",
+        "cpus": "int",
+        "memory_mb": "int",
+        "backend": "str",
+        "gpus": "list",
+        "jobs": "list",
+    },
+    HEARTBEAT: {"gpus": "list", "jobs": "list", "zombies": "list"},
+    STARTED: {"job_id": "int", "attempt": "int", "pid": "int", "started_at": "number"},
+    EXITED: {
+        "job_id": "int",
+        "attempt": "int",
+        "exit_code": "int?",
+        "signal": "int?",
+        "stop_reason": "str?",
+        "message": "str",
+        "finished_at": "number",
+    },
+    LOG: {"job_id": "int", "attempt": "int", "offset": "int", "data": "str"},
+}
+
+
+def _check_fields(message: Mapping[str, Any], fields: Mapping[str, str], what: str) -> None:
+    for field, kind in fields.items():
+        if field not in message:
+            raise ProtocolError(f"{what}: missing field {field!r}")
+        check, description = _CHECKS[kind]
+        if not check(message[field]):
+            raise ProtocolError(f"{what}: {field!r} must be {description}")
+
+
+def validate_control_message(message: Any) -> dict[str, Any]:
+    """Check a control → agent message and return it; raise ProtocolError if invalid.
+
+    Unknown extra fields are allowed (a newer control side may add some).
+    """
+    if not isinstance(message, dict):
+        raise ProtocolError("message must be an object")
+    kind = message.get("type")
+    if kind not in _CONTROL_FIELDS:
+        raise ProtocolError(f"unknown message type {kind!r}")
+    _check_fields(message, _CONTROL_FIELDS[kind], kind)
+    if kind == LAUNCH:
+        if not message["command"]:
+            raise ProtocolError("launch: 'command' must not be empty")
+        if message["shell"] and not message["command"][0].strip():
+            raise ProtocolError("launch: a shell command must not be blank")
+        if message["gpu_uuids"] and len(message["gpu_uuids"]) != len(message["gpu_indices"]):
+            raise ProtocolError("launch: 'gpu_uuids' must match 'gpu_indices' one to one")
+    if kind == STOP and message["reason"] not in STOP_REASONS:
+        raise ProtocolError(f"stop: unknown reason {message['reason']!r}")
+    return message
+
+
+def validate_report(report: Any) -> dict[str, Any]:
+    """Check an agent → control report and return it; raise ProtocolError if invalid."""
+    if not isinstance(report, dict):
+        raise ProtocolError("report must be an object")
+    kind = report.get("type")
+    if kind not in _REPORT_FIELDS:
+        raise ProtocolError(f"unknown report type {kind!r}")
+    _check_fields(report, {"node": "str", "sent_at": "number"}, kind)
+    _check_fields(report, _REPORT_FIELDS[kind], kind)
+    if kind == EXITED and report["stop_reason"] not in (None, *EXIT_STOP_REASONS):
+        raise ProtocolError(f"exited: unknown stop_reason {report['stop_reason']!r}")
+    return report
+
+
+# --- control → agent builders (used by the dispatch loop) ---------------------------------
+
+
+def launch_message(
+    *,
+    job_id: int,
+    attempt: int,
+    name: str,
+    command: list[str],
+    gpu_indices: list[int],
+    gpu_uuids: list[str] | None = None,
+    shell: bool = False,
+    env: Mapping[str, str] | None = None,
+    working_dir: str = "",
+    checkpoint_dir: str = "",
+    array_index: int | None = None,
+    grace_seconds: int = 30,
+    sent_at: float | None = None,
+) -> dict[str, Any]:
+    """Build and validate a ``launch`` message."""
+    return validate_control_message(
+        {
+            "type": LAUNCH,
+            "job_id": job_id,
+            "attempt": attempt,
+            "name": name,
+            "command": list(command),
+            "shell": shell,
+            "env": dict(env or {}),
+            "working_dir": working_dir,
+            "gpu_indices": list(gpu_indices),
+            "gpu_uuids": list(gpu_uuids or []),
+            "checkpoint_dir": checkpoint_dir,
+            "array_index": array_index,
+            "grace_seconds": grace_seconds,
+            "sent_at": time.time() if sent_at is None else sent_at,
+        }
+    )
+
+
+def stop_message(
+    *, job_id: int, attempt: int, reason: str, grace_seconds: int = 30, sent_at: float | None = None
+) -> dict[str, Any]:
+    """Build and validate a ``stop`` message."""
+    return validate_control_message(
+        {
+            "type": STOP,
+            "job_id": job_id,
+            "attempt": attempt,
+            "reason": reason,
+            "grace_seconds": grace_seconds,
+            "sent_at": time.time() if sent_at is None else sent_at,
+        }
+    )
+
+
+def kill_process_message(*, pid: int, gpu_index: int, reason: str) -> dict[str, Any]:
+    """Build and validate a ``kill_process`` message."""
+    return validate_control_message(
+        {"type": KILL_PROCESS, "pid": pid, "gpu_index": gpu_index, "reason": reason}
+    )
+
+
+# --- agent → control builders ---------------------------------------------------------------
+
+
+def report(kind: str, node: str, **fields: Any) -> dict[str, Any]:
+    """Build a report of type ``kind`` from ``node``, stamped with the current time."""
+    return {"type": kind, "node": node, "sent_at": time.time(), **fields}
+
+
+def started_report(*, node: str, job_id: int, attempt: int, pid: int, started_at: float) -> dict:
+    """Build a ``started`` report."""
+    return report(STARTED, node, job_id=job_id, attempt=attempt, pid=pid, started_at=started_at)
+
+
+def exited_report(
+    *,
+    node: str,
+    job_id: int,
+    attempt: int,
+    exit_code: int | None,
+    signal: int | None,
+    stop_reason: str | None,
+    message: str,
+    finished_at: float,
+) -> dict[str, Any]:
+    """Build an ``exited`` report."""
+    return report(
+        EXITED,
+        node,
+        job_id=job_id,
+        attempt=attempt,
+        exit_code=exit_code,
+        signal=signal,
+        stop_reason=stop_reason,
+        message=message,
+        finished_at=finished_at,
+    )
+
+
+def log_report(*, node: str, job_id: int, attempt: int, offset: int, data: str) -> dict:
+    """Build a ``log`` report."""
+    return report(LOG, node, job_id=job_id, attempt=attempt, offset=offset, data=data)

@@ -1,0 +1,388 @@
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from tenants.models import Project, Tenant
+
+from ..choices import WorkloadType
+from ..models import (
+    Allocation,
+    Gpu,
+    Job,
+    JobEvent,
+    Node,
+    PriorityClass,
+    Queue,
+    Quota,
+    ResourcePool,
+    WorkloadPolicy,
+)
+
+# --- platform objects -----------------------------------------------------------------------
+
+
+class PoolSerializer(serializers.ModelSerializer):
+    allowed_workload_types = serializers.ListField(
+        child=serializers.ChoiceField(choices=WorkloadType.choices), required=False, max_length=6
+    )
+
+    class Meta:
+        model = ResourcePool
+        fields = ["id", "name", "purpose", "allowed_workload_types", "description"]
+
+
+class GpuSerializer(serializers.ModelSerializer):
+    node = serializers.CharField(source="node.name", read_only=True)
+
+    class Meta:
+        model = Gpu
+        fields = [
+            "id",
+            "node",
+            "index",
+            "uuid",
+            "model",
+            "memory_mb",
+            "health",
+            "utilization",
+            "memory_used_mb",
+            "temperature_c",
+            "power_w",
+            "sampled_at",
+        ]
+        read_only_fields = fields
+
+
+class NodeSerializer(serializers.ModelSerializer):
+    pool = serializers.SlugRelatedField(slug_field="name", queryset=ResourcePool.objects.all())
+
+    class Meta:
+        model = Node
+        fields = [
+            "id",
+            "name",
+            "pool",
+            "state",
+            "labels",
+            "cpus",
+            "memory_mb",
+            "hostname",
+            "backend",
+            "agent_version",
+            "last_heartbeat",
+            "registered_at",
+            "zombies",
+        ]
+        read_only_fields = [
+            "id",
+            "name",
+            "cpus",
+            "memory_mb",
+            "hostname",
+            "backend",
+            "agent_version",
+            "last_heartbeat",
+            "registered_at",
+            "zombies",
+        ]
+
+
+class PriorityClassSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = PriorityClass
+        fields = [
+            "id",
+            "name",
+            "value",
+            "preemptible",
+            "can_preempt",
+            "requires_approval",
+            "max_grant_hours",
+            "description",
+        ]
+
+
+class WorkloadPolicySerializer(serializers.ModelSerializer):
+    allowed_pools = serializers.SlugRelatedField(
+        slug_field="name", many=True, queryset=ResourcePool.objects.all(), required=False
+    )
+
+    class Meta:
+        model = WorkloadPolicy
+        fields = [
+            "id",
+            "workload_type",
+            "preemptible",
+            "default_runtime_seconds",
+            "max_runtime_seconds",
+            "stop_grace_seconds",
+            "min_runtime_before_preemption_seconds",
+            "requeue_on_preemption",
+            "requeue_on_lost",
+            "idle_reclaim_enabled",
+            "idle_utilization_threshold",
+            "idle_window_seconds",
+            "idle_warning_lead_seconds",
+            "max_session_age_seconds",
+            "extension_cap_seconds",
+            "kill_zombies",
+            "retention_days",
+            "allowed_pools",
+        ]
+
+    def validate(self, attrs):
+        default = attrs.get(
+            "default_runtime_seconds", getattr(self.instance, "default_runtime_seconds", None)
+        )
+        maximum = attrs.get(
+            "max_runtime_seconds", getattr(self.instance, "max_runtime_seconds", None)
+        )
+        if default and maximum and default > maximum:
+            raise serializers.ValidationError(
+                {"default_runtime_seconds": ["Must not exceed max_runtime_seconds."]}
+            )
+        return attrs
+
+
+class QuotaSerializer(serializers.ModelSerializer):
+    tenant = serializers.SlugRelatedField(slug_field="slug", queryset=Tenant.objects.all())
+    pool = serializers.SlugRelatedField(slug_field="name", queryset=ResourcePool.objects.all())
+
+    class Meta:
+        model = Quota
+        fields = [
+            "id",
+            "tenant",
+            "pool",
+            "gpu_model",
+            "guaranteed_gpus",
+            "borrow_limit_gpus",
+            "max_running_jobs",
+        ]
+        validators = []  # uniqueness is checked by the service with a clear message
+
+
+class QueueSerializer(serializers.ModelSerializer):
+    tenant = serializers.SlugRelatedField(slug_field="slug", queryset=Tenant.objects.all())
+    project = serializers.PrimaryKeyRelatedField(
+        queryset=Project.objects.all(), required=False, allow_null=True
+    )
+    pool = serializers.SlugRelatedField(slug_field="name", queryset=ResourcePool.objects.all())
+    default_priority_class = serializers.SlugRelatedField(
+        slug_field="name", queryset=PriorityClass.objects.all()
+    )
+    max_self_service_class = serializers.SlugRelatedField(
+        slug_field="name", queryset=PriorityClass.objects.all()
+    )
+    allowed_workload_types = serializers.ListField(
+        child=serializers.ChoiceField(choices=WorkloadType.choices), required=False, max_length=6
+    )
+
+    class Meta:
+        model = Queue
+        fields = [
+            "id",
+            "tenant",
+            "project",
+            "name",
+            "environment",
+            "pool",
+            "allowed_workload_types",
+            "default_priority_class",
+            "max_self_service_class",
+            "strict_fifo",
+            "state",
+            "description",
+        ]
+        validators = []
+
+
+# --- jobs -----------------------------------------------------------------------------------
+
+
+class AllocationSerializer(serializers.ModelSerializer):
+    node = serializers.CharField(source="node.name")
+    gpu_index = serializers.IntegerField(source="gpu.index")
+    gpu_uuid = serializers.CharField(source="gpu.uuid")
+    gpu_model = serializers.CharField(source="gpu.model")
+
+    class Meta:
+        model = Allocation
+        fields = [
+            "node",
+            "gpu_index",
+            "gpu_uuid",
+            "gpu_model",
+            "borrowed",
+            "granted_at",
+            "released_at",
+        ]
+
+
+class PendingReasonSerializer(serializers.Serializer):
+    code = serializers.CharField()
+    message = serializers.CharField()
+
+
+class JobSerializer(serializers.ModelSerializer):
+    tenant = serializers.CharField(source="tenant.slug")
+    project = serializers.CharField(source="project.slug")
+    project_id = serializers.IntegerField()
+    queue = serializers.CharField(source="queue.name")
+    queue_id = serializers.IntegerField()
+    pool = serializers.CharField(source="queue.pool.name")
+    submitted_by = serializers.CharField(source="submitted_by.username")
+    priority_class = serializers.CharField(source="priority_class.name")
+    base_priority_class = serializers.CharField(source="base_priority_class.name")
+    gpu_model = serializers.ListField(source="gpu_models", child=serializers.CharField())
+    pending_reason = serializers.SerializerMethodField()
+    allocations = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Job
+        fields = [
+            "id",
+            "name",
+            "state",
+            "tenant",
+            "project",
+            "project_id",
+            "queue",
+            "queue_id",
+            "pool",
+            "submitted_by",
+            "workload_type",
+            "priority_class",
+            "base_priority_class",
+            "command",
+            "shell",
+            "env",
+            "working_dir",
+            "gpus_per_node",
+            "nodes",
+            "gpu_model",
+            "min_gpu_memory_mb",
+            "cpus",
+            "memory_mb",
+            "max_runtime_seconds",
+            "checkpoint_dir",
+            "labels",
+            "array_id",
+            "array_index",
+            "dataset",
+            "dataset_version",
+            "code_ref",
+            "parameters",
+            "seed",
+            "submitted_at",
+            "admitted_at",
+            "started_at",
+            "finished_at",
+            "pending_reason",
+            "queue_position",
+            "pool_position",
+            "estimated_start",
+            "exit_code",
+            "exit_signal",
+            "failure_message",
+            "stop_reason",
+            "requeue_count",
+            "preemption_count",
+            "allocations",
+        ]
+        read_only_fields = fields
+
+    @extend_schema_field(PendingReasonSerializer(allow_null=True))
+    def get_pending_reason(self, job):
+        if not job.pending_reason_code:
+            return None
+        return {"code": job.pending_reason_code, "message": job.pending_reason_message}
+
+    @extend_schema_field(AllocationSerializer(many=True))
+    def get_allocations(self, job):
+        # Uses the prefetched active allocations (see the view) to keep the query count flat.
+        allocations = getattr(job, "active_allocations", None)
+        if allocations is None:
+            allocations = job.allocations.filter(released_at__isnull=True).select_related(
+                "node", "gpu"
+            )
+        return AllocationSerializer(allocations, many=True).data
+
+
+class CommandField(serializers.JSONField):
+    """A list of argument strings, or (with shell=true) one shell string."""
+
+
+class JobSubmitSerializer(serializers.Serializer):
+    project = serializers.IntegerField(help_text="Project id.")
+    queue = serializers.IntegerField(help_text="Queue id.")
+    name = serializers.CharField(max_length=120, required=False, allow_blank=True, default="")
+    workload_type = serializers.ChoiceField(choices=WorkloadType.choices)
+    command = CommandField(
+        help_text='Argument list, e.g. ["python", "train.py"]; a string only with shell=true.'
+    )
+    shell = serializers.BooleanField(required=False, default=False)
+    env = serializers.DictField(
+        child=serializers.CharField(allow_blank=True, max_length=8192), required=False, default=dict
+    )
+    working_dir = serializers.CharField(
+        max_length=500, required=False, allow_blank=True, default=""
+    )
+    gpus_per_node = serializers.IntegerField(min_value=0, max_value=64, required=False, default=1)
+    nodes = serializers.IntegerField(min_value=1, max_value=256, required=False, default=1)
+    gpu_model = serializers.JSONField(
+        required=False,
+        default=list,
+        help_text="One model key or a list of acceptable ones; empty = any.",
+    )
+    min_gpu_memory_mb = serializers.IntegerField(min_value=0, required=False, default=0)
+    cpus = serializers.IntegerField(min_value=1, max_value=1024, required=False, default=1)
+    memory_mb = serializers.IntegerField(min_value=0, required=False, default=0)
+    max_runtime_seconds = serializers.IntegerField(
+        min_value=1, required=False, allow_null=True, default=None
+    )
+    priority_class = serializers.CharField(
+        max_length=50, required=False, allow_blank=True, default=""
+    )
+    checkpoint_dir = serializers.CharField(
+        max_length=500, required=False, allow_blank=True, default=""
+    )
+    labels = serializers.DictField(
+        child=serializers.CharField(max_length=200, allow_blank=True), required=False, default=dict
+    )
+    dataset = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    dataset_version = serializers.CharField(
+        max_length=100, required=False, allow_blank=True, default=""
+    )
+    code_ref = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    parameters = serializers.DictField(required=False, default=dict)
+    seed = serializers.IntegerField(required=False, allow_null=True, default=None)
+    array = serializers.IntegerField(
+        min_value=1, max_value=10000, required=False, allow_null=True, default=None
+    )
+
+    def validate_gpu_model(self, value):
+        if isinstance(value, str):
+            value = [value] if value else []
+        if not isinstance(value, list) or not all(
+            isinstance(v, str) and 0 < len(v) <= 40 for v in value
+        ):
+            raise serializers.ValidationError(
+                'Give one GPU model key or a list of them, e.g. "H100-80GB".'
+            )
+        return value
+
+
+class JobBulkSerializer(serializers.Serializer):
+    jobs = JobSubmitSerializer(many=True, allow_empty=False, max_length=10000)
+
+
+class JobActionSerializer(serializers.Serializer):
+    reason = serializers.CharField(max_length=1000, required=False, allow_blank=True, default="")
+
+
+class JobEventSerializer(serializers.ModelSerializer):
+    actor = serializers.CharField(source="actor.username", allow_null=True, default=None)
+
+    class Meta:
+        model = JobEvent
+        fields = ["id", "created_at", "kind", "message", "actor", "data"]

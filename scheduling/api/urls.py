@@ -1,0 +1,15 @@
+from rest_framework.routers import SimpleRouter
+
+from . import views
+
+router = SimpleRouter(trailing_slash="/?")
+router.register("pools", views.PoolViewSet, basename="pool")
+router.register("nodes", views.NodeViewSet, basename="node")
+router.register("gpus", views.GpuViewSet, basename="gpu")
+router.register("quotas", views.QuotaViewSet, basename="quota")
+router.register("queues", views.QueueViewSet, basename="queue")
+router.register("priority-classes", views.PriorityClassViewSet, basename="priority-class")
+router.register("workload-policies", views.WorkloadPolicyViewSet, basename="workload-policy")
+router.register("jobs", views.JobViewSet, basename="job")
+
+urlpatterns = router.urls

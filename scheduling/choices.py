@@ -1,0 +1,91 @@
+"""Names of states and kinds, in the words of DESIGN.md."""
+
+from django.db import models
+
+
+class PoolPurpose(models.TextChoices):
+    TRAINING = "training", "Training"
+    INFERENCE = "inference", "Inference"
+    INTERACTIVE = "interactive", "Interactive"
+    GENERAL = "general", "General"
+
+
+class NodeState(models.TextChoices):
+    READY = "ready", "Ready"
+    DRAINING = "draining", "Draining"
+    CORDONED = "cordoned", "Cordoned"
+    DOWN = "down", "Down"
+
+
+class GpuHealth(models.TextChoices):
+    HEALTHY = "healthy", "Healthy"
+    UNHEALTHY = "unhealthy", "Unhealthy"
+
+
+class Environment(models.TextChoices):
+    PRODUCTION = "production", "Production"
+    STAGING = "staging", "Staging"
+    EXPERIMENT = "experiment", "Experiment"
+
+
+class QueueState(models.TextChoices):
+    OPEN = "open", "Open"
+    CLOSED = "closed", "Closed"
+    DRAINING = "draining", "Draining"
+
+
+class WorkloadType(models.TextChoices):
+    TRAINING = "training", "Training"
+    FINE_TUNING = "fine_tuning", "Fine-tuning"
+    EVALUATION = "evaluation", "Evaluation"
+    INFERENCE = "inference", "Online inference"
+    BATCH_INFERENCE = "batch_inference", "Batch inference"
+    INTERACTIVE = "interactive", "Interactive session"
+
+
+class JobState(models.TextChoices):
+    PENDING = "PENDING", "Pending"
+    HELD = "HELD", "Held"
+    ADMITTED = "ADMITTED", "Admitted"
+    RUNNING = "RUNNING", "Running"
+    STOPPING = "STOPPING", "Stopping"
+    SUCCEEDED = "SUCCEEDED", "Succeeded"
+    FAILED = "FAILED", "Failed"
+    CANCELLED = "CANCELLED", "Cancelled"
+    TIMED_OUT = "TIMED_OUT", "Timed out"
+    RECLAIMED = "RECLAIMED", "Reclaimed"
+    PREEMPTED = "PREEMPTED", "Preempted"
+    LOST = "LOST", "Lost"
+
+
+ACTIVE_STATES = (JobState.ADMITTED, JobState.RUNNING, JobState.STOPPING)
+WAITING_STATES = (JobState.PENDING, JobState.HELD)
+FINAL_STATES = (
+    JobState.SUCCEEDED,
+    JobState.FAILED,
+    JobState.CANCELLED,
+    JobState.TIMED_OUT,
+    JobState.RECLAIMED,
+)
+
+
+class StopReason(models.TextChoices):
+    CANCELLED = "cancelled", "Cancelled"
+    PREEMPTED = "preempted", "Preempted"
+    TIMED_OUT = "timed_out", "Timed out"
+    RECLAIMED = "reclaimed", "Reclaimed (idle)"
+    LOST = "lost", "Node lost"
+
+
+# The end state a stop leads to, once the process has exited.
+STOP_REASON_END_STATE = {
+    StopReason.CANCELLED: JobState.CANCELLED,
+    StopReason.PREEMPTED: JobState.PREEMPTED,
+    StopReason.TIMED_OUT: JobState.TIMED_OUT,
+    StopReason.RECLAIMED: JobState.RECLAIMED,
+    StopReason.LOST: JobState.LOST,
+}
+
+# Workload types that count as "inference" for the never-preempt-inference-by-training rule.
+INFERENCE_TYPES = (WorkloadType.INFERENCE,)
+TRAINING_TYPES = (WorkloadType.TRAINING, WorkloadType.FINE_TUNING)

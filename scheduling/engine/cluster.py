@@ -1,0 +1,300 @@
+"""The GPUs of the cluster as a timeline, indexed so that a query costs O(log nodes).
+
+GPUs are grouped into *slices*: all GPUs of one pool with the same model and memory size.
+A job is placed inside one slice. Inside a slice every node contributes a
+:class:`NodeSlot`. Each GPU has a time from which it is free for good (``af``): ``now``
+when idle, the end of the job holding it, or the end of a job that reserved it. An idle
+GPU reserved for a job starting later has a *hole* until that start: a job ending before
+then may use it now (backfill).
+
+Two lazy-deletion heaps per slice and per job size ``g`` answer the questions of the
+scheduler without scanning nodes:
+
+- ``af_heaps[g]``: (g-th smallest af, GPUs free by then, slot, version): the node where a
+  ``g``-GPU job can start earliest (``now`` if it has ``g`` idle unreserved GPUs, best fit
+  first);
+- ``hole_heaps[g]``: (-longest window, slot, version) for nodes that can run ``g`` GPUs
+  now only by using holes: the job must end before the window closes.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, bisect_right
+from heapq import heapify, heappop, heappush
+
+INF = math.inf
+
+
+class NodeSlot:
+    """The GPUs of one node inside one slice, with their timeline state."""
+
+    __slots__ = (
+        "idx",
+        "node_id",
+        "node_name",
+        "gpu_ids",
+        "af",
+        "hole",
+        "hole_owner",
+        "reserved",
+        "releasing",
+        "version",
+        "free_total",
+        "running",
+    )
+
+    def __init__(self, idx: int, node_id: int, node_name: str, gpu_ids: list[int], now: float):
+        self.idx = idx
+        self.node_id = node_id
+        self.node_name = node_name
+        self.gpu_ids = gpu_ids
+        count = len(gpu_ids)
+        self.af = [now] * count
+        self.hole = [0.0] * count  # start of the reservation of an idle GPU; 0 = none
+        self.hole_owner = [0] * count
+        self.reserved = [False] * count  # promised to a waiting job in this cycle
+        self.releasing = [False] * count  # held by a stopping job
+        self.version = 0
+        self.free_total = 0  # GPUs idle now, reserved or not
+        self.running: list = []  # running-job records holding GPUs here (victim search)
+
+    def idle_unreserved(self, now: float) -> int:
+        """GPUs idle now and promised to nobody."""
+        return sum(1 for value in self.af if value <= now)
+
+
+class SliceIndex:
+    """All node slots of one (pool, GPU model, memory) slice, with the query heaps."""
+
+    __slots__ = (
+        "key",
+        "pool",
+        "model",
+        "memory_mb",
+        "now",
+        "slots",
+        "sizes",
+        "af_heaps",
+        "hole_heaps",
+        "buckets",
+        "idle",
+        "hole_owners",
+        "victim_stats",
+    )
+
+    def __init__(self, pool: str, model: str, memory_mb: int, now: float) -> None:
+        self.key = (pool, model, memory_mb)
+        self.pool = pool
+        self.model = model
+        self.memory_mb = memory_mb
+        self.now = now
+        self.slots: list[NodeSlot] = []
+        self.sizes: list[int] = []
+        self.af_heaps: list[list] = []
+        self.hole_heaps: list[list] = []
+        self.buckets: list[int] = []  # buckets[n] = slots with n GPUs idle now
+        self.idle = 0  # GPUs idle now (reserved or not)
+        self.hole_owners: list[tuple[int, float]] = []  # (job id, start) of reservations
+        self.victim_stats = None  # filled lazily by the preemption search
+
+    # -- building -------------------------------------------------------------------
+
+    def add_slot(self, node_id: int, node_name: str, gpu_ids: list[int]) -> NodeSlot:
+        """Add a node's GPUs of this slice (all idle until running jobs are applied)."""
+        slot = NodeSlot(len(self.slots), node_id, node_name, gpu_ids, self.now)
+        self.slots.append(slot)
+        return slot
+
+    def build(self) -> None:
+        """Create the heaps once every GPU's initial state is known."""
+        largest = max((len(slot.gpu_ids) for slot in self.slots), default=0)
+        self.sizes = sorted(len(slot.gpu_ids) for slot in self.slots)
+        self.af_heaps = [[] for _ in range(largest + 1)]
+        self.hole_heaps = [[] for _ in range(largest + 1)]
+        self.buckets = [0] * (largest + 1)
+        now = self.now
+        for slot in self.slots:
+            ordered = sorted(slot.af)
+            for size, key in enumerate(ordered, 1):
+                if key == INF:
+                    break
+                self.af_heaps[size].append((key, bisect_right(ordered, key), slot.idx, 0))
+            free = sum(1 for value in slot.af if value <= now)
+            slot.free_total = free
+            self.buckets[free] += 1
+            self.idle += free
+        for heap in self.af_heaps:
+            heapify(heap)
+
+    def nodes_with_at_least(self, gpus: int) -> int:
+        """How many nodes of the slice have at least ``gpus`` GPUs (busy or not)."""
+        return len(self.sizes) - bisect_left(self.sizes, gpus)
+
+    # -- keeping the heaps current ----------------------------------------------------
+
+    def refresh(self, slot: NodeSlot) -> None:
+        """Re-index ``slot`` after its GPUs changed; older heap entries become stale."""
+        slot.version += 1
+        version = slot.version
+        idx = slot.idx
+        af = slot.af
+        ordered = sorted(af)
+        heaps = self.af_heaps
+        for size, key in enumerate(ordered, 1):
+            if key == INF:
+                break
+            heappush(heaps[size], (key, bisect_right(ordered, key), idx, version))
+        now = self.now
+        hole = slot.hole
+        free = 0
+        windows = []
+        for pos, value in enumerate(af):
+            if value <= now:
+                free += 1
+            elif hole[pos] > now:
+                windows.append(hole[pos])
+        total = free + len(windows)
+        if windows:
+            # Sizes up to ``free`` are served by the af heap; beyond that the job must
+            # also use holes and end before the shortest hole it uses closes.
+            windows.sort(reverse=True)
+            hole_heaps = self.hole_heaps
+            for size in range(free + 1, total + 1):
+                heappush(hole_heaps[size], (-windows[size - free - 1], idx, version))
+        self.buckets[slot.free_total] -= 1
+        self.buckets[total] += 1
+        self.idle += total - slot.free_total
+        slot.free_total = total
+
+    def _top(self, heap: list):
+        """The best current entry of ``heap``, dropping stale entries (None if empty)."""
+        slots = self.slots
+        while heap:
+            entry = heap[0]
+            if slots[entry[-2]].version == entry[-1]:
+                return entry
+            heappop(heap)
+        return None
+
+    def _gather(self, heap: list, count: int, accept, chosen: dict, popped: list) -> None:
+        """Pop valid entries of distinct slots accepted by ``accept`` into ``chosen``."""
+        slots = self.slots
+        while len(chosen) < count and heap:
+            entry = heappop(heap)
+            if slots[entry[-2]].version != entry[-1]:
+                continue
+            popped.append((heap, entry))
+            if not accept(entry):
+                break  # heap order: nothing further qualifies
+            chosen.setdefault(entry[-2], slots[entry[-2]])
+
+    # -- queries ---------------------------------------------------------------------
+
+    def find_now(self, gpus: int, nodes: int, end: float) -> list[NodeSlot] | None:
+        """Slots that can run ``nodes`` x ``gpus`` now until ``end`` without delaying a
+        reservation; holes first (only short jobs fit there), then best-fit idle GPUs."""
+        if gpus >= len(self.af_heaps):
+            return None
+        now = self.now
+        if nodes == 1:
+            entry = self._top(self.hole_heaps[gpus])
+            if entry is not None and -entry[0] >= end:
+                return [self.slots[entry[1]]]
+            entry = self._top(self.af_heaps[gpus])
+            if entry is not None and entry[0] <= now:
+                return [self.slots[entry[2]]]
+            return None
+        chosen: dict[int, NodeSlot] = {}
+        popped: list = []
+        self._gather(self.hole_heaps[gpus], nodes, lambda e: -e[0] >= end, chosen, popped)
+        self._gather(self.af_heaps[gpus], nodes, lambda e: e[0] <= now, chosen, popped)
+        for heap, entry in popped:
+            heappush(heap, entry)
+        return list(chosen.values()) if len(chosen) >= nodes else None
+
+    def earliest(self, gpus: int, nodes: int) -> tuple[float, list[NodeSlot]] | None:
+        """Earliest time ``nodes`` slots each have ``gpus`` GPUs free for good, and those
+        slots (None if never: not enough nodes, or GPUs held without end)."""
+        if gpus >= len(self.af_heaps):
+            return None
+        heap = self.af_heaps[gpus]
+        if nodes == 1:
+            entry = self._top(heap)
+            if entry is None:
+                return None
+            return entry[0], [self.slots[entry[2]]]
+        chosen: dict[int, NodeSlot] = {}
+        popped: list = []
+        self._gather(heap, nodes, lambda e: True, chosen, popped)
+        start = max((entry[0] for _, entry in popped), default=INF)
+        for _, entry in popped:
+            heappush(heap, entry)
+        if len(chosen) < nodes:
+            return None
+        return start, list(chosen.values())
+
+    def fits_ignoring_reservations(self, gpus: int, nodes: int) -> bool:
+        """Whether the job would fit on the GPUs idle now if nothing were reserved."""
+        return sum(self.buckets[gpus:]) >= nodes if gpus < len(self.buckets) else False
+
+    def largest_idle_block(self) -> int:
+        """The most GPUs idle now on one node of the slice."""
+        for size in range(len(self.buckets) - 1, 0, -1):
+            if self.buckets[size]:
+                return size
+        return 0
+
+    # -- changes -----------------------------------------------------------------------
+
+    def take_now(self, slot: NodeSlot, gpus: int, end: float) -> list[int]:
+        """Start a job on ``gpus`` GPUs of ``slot`` now until ``end``; returns positions."""
+        now = self.now
+        af = slot.af
+        hole = slot.hole
+        in_holes = sorted(
+            (hole[pos], pos) for pos in range(len(af)) if af[pos] > now and hole[pos] >= end
+        )
+        positions = [pos for _, pos in in_holes[:gpus]]
+        if len(positions) < gpus:
+            idle = [pos for pos in range(len(af)) if af[pos] <= now]
+            positions.extend(idle[: gpus - len(positions)])
+        for pos in positions:
+            if af[pos] <= now:
+                af[pos] = end
+            else:
+                hole[pos] = 0.0  # busy now, still promised from the reservation's start
+        self.refresh(slot)
+        return positions
+
+    def choose_reserved(self, slot: NodeSlot, gpus: int, start: float) -> list[int]:
+        """The GPUs a reservation at ``start`` would take: free by then, latest first (so
+        that GPUs idle now stay usable now)."""
+        af = slot.af
+        ready = sorted((af[pos], pos) for pos in range(len(af)) if af[pos] <= start)
+        return [pos for _, pos in ready[-gpus:]]
+
+    def reserve(
+        self, slot: NodeSlot, positions: list[int], start: float, end: float, owner: int
+    ) -> None:
+        """Promise ``positions`` of ``slot`` to job ``owner`` from ``start`` to ``end``."""
+        now = self.now
+        af = slot.af
+        made_hole = False
+        for pos in positions:
+            if af[pos] <= now and start > now:
+                slot.hole[pos] = start
+                slot.hole_owner[pos] = owner
+                made_hole = True
+            af[pos] = end
+            slot.reserved[pos] = True
+        if made_hole:
+            self.hole_owners.append((owner, start))
+        self.refresh(slot)
+
+    def release_at(self, slot: NodeSlot, positions: list[int], when: float) -> None:
+        """GPUs of ``slot`` held by a job that is being stopped become free at ``when``."""
+        for pos in positions:
+            slot.af[pos] = when
+            slot.releasing[pos] = True
+        self.refresh(slot)

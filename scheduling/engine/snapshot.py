@@ -1,0 +1,144 @@
+"""The input of the scheduling engine: an immutable-by-convention picture of the cluster.
+
+The dispatch loop builds a :class:`Snapshot` from the database and hands it to
+:func:`scheduling.engine.plan`. Everything here is plain data; times are epoch seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    """One healthy GPU of a schedulable node."""
+
+    id: int
+    node_id: int
+    index: int
+    model: str
+    memory_mb: int
+
+
+@dataclass(slots=True)
+class NodeInfo:
+    """A schedulable node of a resource pool, with its healthy GPUs only."""
+
+    id: int
+    name: str
+    pool: str
+    gpus: list[GpuInfo]
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaInfo:
+    """A tenant's quota in one pool for one GPU model.
+
+    ``gpu_model == ""`` is a single budget shared by every model of the pool that has no
+    model-specific quota for this tenant (a model-specific quota wins for its model). A
+    tenant without any quota for a pool/model has ``guaranteed == borrow_limit == 0``.
+    ``max_running_jobs`` (None = unlimited) caps the tenant's running jobs under that quota.
+    """
+
+    tenant: str
+    pool: str
+    gpu_model: str
+    guaranteed: int
+    borrow_limit: int
+    max_running_jobs: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueInfo:
+    """A queue: a closed queue dispatches nothing; a strict-FIFO queue's head blocks the rest."""
+
+    id: int
+    name: str
+    tenant: str
+    strict_fifo: bool = False
+    open: bool = True
+
+
+@dataclass(slots=True)
+class PendingJob:
+    """A job waiting for GPUs. ``pool`` is already resolved by the caller.
+
+    ``priority`` is the integer value of the effective priority class, ``preemptible`` the
+    effective flag (class or workload policy), ``gpu_models == ()`` accepts any model, and
+    ``max_runtime_seconds <= 0`` means no limit (the job can then never be backfilled and
+    gets no finite estimate behind it).
+    """
+
+    id: int
+    tenant: str
+    project: str
+    queue_id: int
+    pool: str
+    workload_type: str
+    priority: int
+    priority_class: str
+    preemptible: bool
+    can_preempt: bool
+    gpus_per_node: int
+    nodes: int
+    gpu_models: tuple[str, ...]
+    min_gpu_memory_mb: int
+    submitted_at: float
+    max_runtime_seconds: int
+    allowed_pools: tuple[str, ...] = ()
+    held: bool = False
+
+    @property
+    def gpus(self) -> int:
+        """Total GPUs of the job (``gpus_per_node * nodes``)."""
+        return self.gpus_per_node * self.nodes
+
+
+@dataclass(slots=True)
+class RunningJob:
+    """A job holding GPUs (admitted, running or stopping).
+
+    ``stopping`` jobs free their GPUs within ``grace_seconds`` and are never chosen as
+    victims again. ``preempted_by`` (optional) names the pending job a stopping job was
+    preempted for: its GPUs are then kept for that job instead of being offered to others.
+    """
+
+    id: int
+    tenant: str
+    pool: str
+    workload_type: str
+    priority: int
+    priority_class: str
+    preemptible: bool
+    gpu_ids: tuple[int, ...]
+    gpu_model: str
+    borrowed: bool
+    started_at: float
+    max_runtime_seconds: int
+    min_runtime_before_preemption: int = 0
+    stopping: bool = False
+    grace_seconds: int = 30
+    preempted_by: int | None = None
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """Everything :func:`~scheduling.engine.plan` needs for one scheduling cycle.
+
+    ``usage`` is the decayed GPU-seconds per tenant (see
+    :func:`~scheduling.engine.decay_usage`). ``global_fifo`` is the simulator's baseline
+    policy: one cluster-wide queue in submit order, where the first job that cannot start
+    blocks every later one (no priorities, no fair share, no backfill).
+    """
+
+    now: float
+    nodes: list[NodeInfo]
+    quotas: list[QuotaInfo]
+    queues: list[QueueInfo]
+    running: list[RunningJob]
+    pending: list[PendingJob]
+    usage: dict[str, float] = field(default_factory=dict)
+    backfill: bool = True
+    preemption: bool = True
+    fair_share: bool = True
+    global_fifo: bool = False

@@ -1,0 +1,229 @@
+"""Seed a demo: users, two tenants, pools, classes, policies, queues, quotas, simulated nodes.
+
+Idempotent: running it again changes nothing that exists and adds what is missing.
+"""
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand
+from django.db import transaction
+from django.utils import timezone
+
+from scheduling.choices import Environment, NodeState, PoolPurpose, WorkloadType
+from scheduling.models import Gpu, Node, PriorityClass, Queue, Quota, ResourcePool, WorkloadPolicy
+from tenants.choices import Role
+from tenants.models import Membership, Project, Tenant
+
+User = get_user_model()
+
+DEMO_PASSWORD = "sluice-demo-2026"
+
+PRIORITY_CLASSES = [
+    # name, value, preemptible, can_preempt, requires_approval, max_grant_hours, description
+    ("production-inference", 1000, False, True, True, 72, "Online inference serving customers."),
+    ("release-critical", 800, False, True, True, 24, "Work blocking a release; needs approval."),
+    ("high", 600, False, True, True, 24, "Important work; needs approval."),
+    ("normal", 400, False, False, False, 24, "The default for most work."),
+    ("low", 200, True, False, False, 24, "Preemptible; may borrow idle GPUs."),
+    ("best-effort", 100, True, False, False, 24, "Runs only on otherwise idle GPUs."),
+]
+
+HOUR = 3600
+POLICIES = {
+    # type: (preemptible, default runtime, max runtime, grace, min runtime before preemption, idle reclaim)
+    WorkloadType.TRAINING: (True, 12 * HOUR, 72 * HOUR, 60, 300, False),
+    WorkloadType.FINE_TUNING: (True, 6 * HOUR, 24 * HOUR, 60, 300, False),
+    WorkloadType.EVALUATION: (True, 1 * HOUR, 6 * HOUR, 30, 60, False),
+    WorkloadType.INFERENCE: (False, 24 * HOUR, 30 * 24 * HOUR, 30, 0, False),
+    WorkloadType.BATCH_INFERENCE: (True, 2 * HOUR, 12 * HOUR, 30, 120, False),
+    WorkloadType.INTERACTIVE: (True, 4 * HOUR, 8 * HOUR, 15, 0, True),
+}
+
+POOLS = [
+    (
+        "training",
+        PoolPurpose.TRAINING,
+        [
+            WorkloadType.TRAINING,
+            WorkloadType.FINE_TUNING,
+            WorkloadType.EVALUATION,
+            WorkloadType.BATCH_INFERENCE,
+        ],
+        "H100 nodes for training and fine-tuning.",
+    ),
+    (
+        "inference",
+        PoolPurpose.INFERENCE,
+        [WorkloadType.INFERENCE, WorkloadType.BATCH_INFERENCE, WorkloadType.EVALUATION],
+        "A100 nodes serving models.",
+    ),
+    (
+        "interactive",
+        PoolPurpose.INTERACTIVE,
+        [WorkloadType.INTERACTIVE, WorkloadType.EVALUATION],
+        "Notebooks and development sessions.",
+    ),
+]
+
+NODES = [
+    # name, pool, count, model, memory MiB
+    ("gpu-train-01", "training", 8, "H100-80GB", 81559),
+    ("gpu-train-02", "training", 8, "H100-80GB", 81559),
+    ("gpu-infer-01", "inference", 4, "A100-40GB", 40960),
+    ("gpu-dev-01", "interactive", 4, "L4-24GB", 23034),
+]
+
+TENANTS = [
+    ("nlp", "Language Models", ["llm-pretrain", "chat-finetune", "eval-harness"]),
+    ("vision", "Computer Vision", ["detector", "segmentation"]),
+]
+
+QUOTAS = {
+    # pool: (guaranteed, borrow limit) per tenant
+    "training": (8, 8),
+    "inference": (2, 0),
+    "interactive": (2, 2),
+}
+
+
+class Command(BaseCommand):
+    help = "Create the demo users, tenants, pools, classes, policies, queues, quotas and simulated nodes."
+
+    def _user(self, username, *, staff=False, email=None):
+        user, created = User.objects.get_or_create(
+            username=username,
+            defaults={
+                "email": email or f"{username}@example.com",
+                "is_staff": staff,
+                "is_superuser": staff,
+            },
+        )
+        if created:
+            user.set_password(DEMO_PASSWORD)
+            user.save()
+        return user
+
+    @transaction.atomic
+    def handle(self, *args, **options):
+        self._user("admin", staff=True)
+        classes = {}
+        for name, value, preemptible, can_preempt, approval, hours, description in PRIORITY_CLASSES:
+            classes[name], _ = PriorityClass.objects.get_or_create(
+                name=name,
+                defaults={
+                    "value": value,
+                    "preemptible": preemptible,
+                    "can_preempt": can_preempt,
+                    "requires_approval": approval,
+                    "max_grant_hours": hours,
+                    "description": description,
+                },
+            )
+        pools = {}
+        for name, purpose, types, description in POOLS:
+            pools[name], _ = ResourcePool.objects.get_or_create(
+                name=name,
+                defaults={
+                    "purpose": purpose,
+                    "allowed_workload_types": types,
+                    "description": description,
+                },
+            )
+        for wtype, (preemptible, default, maximum, grace, min_run, idle) in POLICIES.items():
+            WorkloadPolicy.objects.get_or_create(
+                workload_type=wtype,
+                defaults={
+                    "preemptible": preemptible,
+                    "default_runtime_seconds": default,
+                    "max_runtime_seconds": maximum,
+                    "stop_grace_seconds": grace,
+                    "min_runtime_before_preemption_seconds": min_run,
+                    "idle_reclaim_enabled": idle,
+                    "idle_utilization_threshold": 5.0,
+                    "idle_window_seconds": 15 * 60,
+                    "idle_warning_lead_seconds": 5 * 60,
+                    "extension_cap_seconds": 2 * HOUR,
+                    "max_session_age_seconds": 12 * HOUR
+                    if wtype == WorkloadType.INTERACTIVE
+                    else None,
+                },
+            )
+        now = timezone.now()
+        for name, pool, count, model, memory in NODES:
+            node, _ = Node.objects.get_or_create(
+                name=name,
+                defaults={
+                    "pool": pools[pool],
+                    "state": NodeState.READY,
+                    "backend": "simulated",
+                    "cpus": 64,
+                    "memory_mb": 512 * 1024,
+                    "last_heartbeat": now,
+                },
+            )
+            for index in range(count):
+                Gpu.objects.get_or_create(
+                    node=node,
+                    index=index,
+                    defaults={
+                        "uuid": f"GPU-seed-{name}-{index}",
+                        "model": model,
+                        "memory_mb": memory,
+                    },
+                )
+        for slug, title, projects in TENANTS:
+            tenant, _ = Tenant.objects.get_or_create(slug=slug, defaults={"name": title})
+            for role in Role.values:
+                user = self._user(f"{slug}-{role}")
+                Membership.objects.get_or_create(user=user, tenant=tenant, defaults={"role": role})
+            for project_slug in projects:
+                Project.objects.get_or_create(
+                    tenant=tenant,
+                    slug=project_slug,
+                    defaults={"name": project_slug.replace("-", " ").title()},
+                )
+            for pool_name, (guaranteed, borrow) in QUOTAS.items():
+                Quota.objects.get_or_create(
+                    tenant=tenant,
+                    pool=pools[pool_name],
+                    gpu_model="",
+                    defaults={"guaranteed_gpus": guaranteed, "borrow_limit_gpus": borrow},
+                )
+            queues = [
+                ("train", Environment.EXPERIMENT, "training", [], "normal", "normal"),
+                ("train-prod", Environment.PRODUCTION, "training", [], "normal", "high"),
+                (
+                    "serve",
+                    Environment.PRODUCTION,
+                    "inference",
+                    [WorkloadType.INFERENCE, WorkloadType.BATCH_INFERENCE],
+                    "production-inference",
+                    "production-inference",
+                ),
+                (
+                    "notebooks",
+                    Environment.EXPERIMENT,
+                    "interactive",
+                    [WorkloadType.INTERACTIVE],
+                    "normal",
+                    "normal",
+                ),
+            ]
+            for qname, env, pool_name, types, default, ceiling in queues:
+                Queue.objects.get_or_create(
+                    tenant=tenant,
+                    name=qname,
+                    defaults={
+                        "environment": env,
+                        "pool": pools[pool_name],
+                        "allowed_workload_types": types,
+                        "default_priority_class": classes[default],
+                        "max_self_service_class": classes[ceiling],
+                    },
+                )
+        self.stdout.write(
+            self.style.SUCCESS(f"Demo data ready. Logins (password for all: {DEMO_PASSWORD}):")
+        )
+        self.stdout.write("  admin            platform admin")
+        for slug, _, _ in TENANTS:
+            for role in Role.values:
+                self.stdout.write(f"  {slug + '-' + role:<16} {role} of tenant {slug}")

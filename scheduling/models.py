@@ -1,0 +1,389 @@
+"""What and where: pools, nodes, GPUs, quotas, queues, priority classes, policies, jobs."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.db.models import Q
+
+from tenants.models import Project, Tenant, slug_validator
+
+from .choices import (
+    Environment,
+    GpuHealth,
+    JobState,
+    NodeState,
+    PoolPurpose,
+    QueueState,
+    StopReason,
+    WorkloadType,
+)
+
+
+class ResourcePool(models.Model):
+    """A set of GPU nodes with a purpose; it restricts which workload types may run on it."""
+
+    name = models.CharField(max_length=50, unique=True, validators=[slug_validator])
+    purpose = models.CharField(
+        max_length=20, choices=PoolPurpose.choices, default=PoolPurpose.GENERAL
+    )
+    allowed_workload_types = models.JSONField(
+        default=list, blank=True, help_text="Workload types allowed here; empty means all."
+    )
+    description = models.TextField(blank=True, max_length=2000)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def allows(self, workload_type: str) -> bool:
+        return not self.allowed_workload_types or workload_type in self.allowed_workload_types
+
+
+class Node(models.Model):
+    """A GPU machine running a node agent; registered and updated by the agent's reports."""
+
+    name = models.CharField(max_length=100, unique=True, validators=[slug_validator])
+    pool = models.ForeignKey(ResourcePool, on_delete=models.PROTECT, related_name="nodes")
+    state = models.CharField(max_length=10, choices=NodeState.choices, default=NodeState.READY)
+    labels = models.JSONField(default=dict, blank=True)
+    cpus = models.PositiveIntegerField(default=0)
+    memory_mb = models.PositiveIntegerField(default=0)
+    hostname = models.CharField(max_length=255, blank=True)
+    backend = models.CharField(max_length=20, blank=True, help_text="nvml or simulated")
+    agent_version = models.CharField(max_length=40, blank=True)
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+    registered_at = models.DateTimeField(null=True, blank=True)
+    zombies = models.JSONField(
+        default=list, blank=True, help_text="GPU processes of no job, last report."
+    )
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def queue_name(self) -> str:
+        return f"node.{self.name}"
+
+
+class Gpu(models.Model):
+    """One GPU device of a node, with its last utilization and memory sample."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveSmallIntegerField()
+    uuid = models.CharField(max_length=80, unique=True)
+    model = models.CharField(max_length=40, db_index=True, help_text="Normalized, e.g. H100-80GB")
+    memory_mb = models.PositiveIntegerField()
+    health = models.CharField(max_length=10, choices=GpuHealth.choices, default=GpuHealth.HEALTHY)
+    utilization = models.FloatField(null=True, blank=True)
+    memory_used_mb = models.PositiveIntegerField(null=True, blank=True)
+    temperature_c = models.FloatField(null=True, blank=True)
+    power_w = models.FloatField(null=True, blank=True)
+    sampled_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["node__name", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["node", "index"], name="gpu_unique_index_per_node")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node.name}/gpu{self.index} ({self.model})"
+
+
+class PriorityClass(models.Model):
+    """A named priority level with rules about preemption and approval."""
+
+    name = models.CharField(max_length=50, unique=True, validators=[slug_validator])
+    value = models.IntegerField(unique=True)
+    preemptible = models.BooleanField(default=False)
+    can_preempt = models.BooleanField(default=False)
+    requires_approval = models.BooleanField(default=False)
+    max_grant_hours = models.PositiveIntegerField(default=24, validators=[MinValueValidator(1)])
+    description = models.TextField(blank=True, max_length=2000)
+
+    class Meta:
+        ordering = ["-value"]
+        verbose_name_plural = "priority classes"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class WorkloadPolicy(models.Model):
+    """The rules for one workload type: preemption, runtime, grace, idle reclaim, retention."""
+
+    workload_type = models.CharField(max_length=20, choices=WorkloadType.choices, unique=True)
+    preemptible = models.BooleanField(default=True)
+    default_runtime_seconds = models.PositiveIntegerField(
+        default=4 * 3600, validators=[MinValueValidator(1)]
+    )
+    max_runtime_seconds = models.PositiveIntegerField(
+        default=72 * 3600, validators=[MinValueValidator(1)]
+    )
+    stop_grace_seconds = models.PositiveIntegerField(default=30)
+    min_runtime_before_preemption_seconds = models.PositiveIntegerField(default=300)
+    requeue_on_preemption = models.BooleanField(default=True)
+    requeue_on_lost = models.BooleanField(default=True)
+    idle_reclaim_enabled = models.BooleanField(default=False)
+    idle_utilization_threshold = models.FloatField(
+        default=5.0,
+        validators=[MinValueValidator(0), MaxValueValidator(100)],
+        help_text="Percent; a GPU below this is idle.",
+    )
+    idle_window_seconds = models.PositiveIntegerField(default=3600)
+    idle_warning_lead_seconds = models.PositiveIntegerField(default=600)
+    max_session_age_seconds = models.PositiveIntegerField(null=True, blank=True)
+    extension_cap_seconds = models.PositiveIntegerField(
+        default=0, help_text="Runtime extension granted at once; more needs an approval."
+    )
+    kill_zombies = models.BooleanField(default=False)
+    retention_days = models.PositiveIntegerField(
+        default=14, help_text="Days logs and checkpoints are kept."
+    )
+    allowed_pools = models.ManyToManyField(ResourcePool, blank=True, related_name="+")
+
+    class Meta:
+        ordering = ["workload_type"]
+        verbose_name_plural = "workload policies"
+
+    def __str__(self) -> str:
+        return f"policy:{self.workload_type}"
+
+
+class Quota(models.Model):
+    """A tenant's GPUs in a pool, for one GPU model (blank = any model)."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="quotas")
+    pool = models.ForeignKey(ResourcePool, on_delete=models.CASCADE, related_name="quotas")
+    gpu_model = models.CharField(
+        max_length=40, blank=True, help_text="Blank: any model in the pool."
+    )
+    guaranteed_gpus = models.PositiveIntegerField(default=0)
+    borrow_limit_gpus = models.PositiveIntegerField(default=0)
+    max_running_jobs = models.PositiveIntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["tenant__slug", "pool__name", "gpu_model"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "pool", "gpu_model"], name="quota_unique_scope"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant.slug}@{self.pool.name}:{self.gpu_model or 'any'}"
+
+
+class ProjectQuota(models.Model):
+    """An optional cap on a project's GPUs in a pool, inside its tenant's quota."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="quotas")
+    pool = models.ForeignKey(ResourcePool, on_delete=models.CASCADE, related_name="+")
+    max_gpus = models.PositiveIntegerField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["project", "pool"], name="project_quota_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.project}@{self.pool.name} ≤ {self.max_gpus}"
+
+
+class Queue(models.Model):
+    """Where jobs are submitted: a tenant's (optionally a project's) lane into a pool."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="queues")
+    project = models.ForeignKey(
+        Project, null=True, blank=True, on_delete=models.CASCADE, related_name="queues"
+    )
+    name = models.CharField(max_length=50, validators=[slug_validator])
+    environment = models.CharField(
+        max_length=12, choices=Environment.choices, default=Environment.EXPERIMENT
+    )
+    pool = models.ForeignKey(ResourcePool, on_delete=models.PROTECT, related_name="queues")
+    allowed_workload_types = models.JSONField(
+        default=list, blank=True, help_text="Empty means all."
+    )
+    default_priority_class = models.ForeignKey(
+        PriorityClass, on_delete=models.PROTECT, related_name="+"
+    )
+    max_self_service_class = models.ForeignKey(
+        PriorityClass,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="Highest class a member may choose without approval.",
+    )
+    strict_fifo = models.BooleanField(default=False)
+    state = models.CharField(max_length=10, choices=QueueState.choices, default=QueueState.OPEN)
+    description = models.TextField(blank=True, max_length=2000)
+
+    class Meta:
+        ordering = ["tenant__slug", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name"], name="queue_unique_name_per_tenant")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant.slug}/{self.name}"
+
+    def allows(self, workload_type: str) -> bool:
+        return not self.allowed_workload_types or workload_type in self.allowed_workload_types
+
+
+class Job(models.Model):
+    """A unit of GPU work: its spec, where it stands, and what happened to it."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="jobs")
+    project = models.ForeignKey(Project, on_delete=models.PROTECT, related_name="jobs")
+    queue = models.ForeignKey(Queue, on_delete=models.PROTECT, related_name="jobs")
+    submitted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs"
+    )
+    name = models.CharField(max_length=120)
+    workload_type = models.CharField(max_length=20, choices=WorkloadType.choices)
+    base_priority_class = models.ForeignKey(
+        PriorityClass, on_delete=models.PROTECT, related_name="+"
+    )
+    priority_class = models.ForeignKey(
+        PriorityClass,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="Effective class (raises change it).",
+    )
+    state = models.CharField(max_length=10, choices=JobState.choices, default=JobState.PENDING)
+
+    # --- spec ---
+    command = models.JSONField(help_text="Argument list; with shell=true a single shell string.")
+    shell = models.BooleanField(default=False)
+    env = models.JSONField(default=dict, blank=True)
+    working_dir = models.CharField(max_length=500, blank=True)
+    gpus_per_node = models.PositiveSmallIntegerField(default=1)
+    nodes = models.PositiveSmallIntegerField(default=1)
+    gpu_models = models.JSONField(
+        default=list, blank=True, help_text="Acceptable GPU models; empty = any."
+    )
+    min_gpu_memory_mb = models.PositiveIntegerField(default=0)
+    cpus = models.PositiveIntegerField(default=1)
+    memory_mb = models.PositiveIntegerField(default=0)
+    max_runtime_seconds = models.PositiveIntegerField()
+    checkpoint_dir = models.CharField(max_length=500, blank=True)
+    labels = models.JSONField(default=dict, blank=True)
+    array_id = models.CharField(max_length=32, blank=True, db_index=True)
+    array_index = models.PositiveIntegerField(null=True, blank=True)
+    dataset = models.CharField(max_length=200, blank=True)
+    dataset_version = models.CharField(max_length=100, blank=True)
+    code_ref = models.CharField(max_length=200, blank=True, help_text="e.g. a git commit")
+    parameters = models.JSONField(default=dict, blank=True)
+    seed = models.BigIntegerField(null=True, blank=True)
+
+    # --- times ---
+    submitted_at = models.DateTimeField(db_index=True)
+    admitted_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    # --- where it stands (written by the dispatch loop) ---
+    pending_reason_code = models.CharField(max_length=40, blank=True)
+    pending_reason_message = models.TextField(blank=True)
+    queue_position = models.PositiveIntegerField(null=True, blank=True)
+    pool_position = models.PositiveIntegerField(null=True, blank=True)
+    estimated_start = models.DateTimeField(null=True, blank=True)
+
+    # --- outcome and counters ---
+    exit_code = models.IntegerField(null=True, blank=True)
+    exit_signal = models.IntegerField(null=True, blank=True)
+    failure_message = models.TextField(blank=True)
+    requeue_count = models.PositiveIntegerField(default=0)
+    preemption_count = models.PositiveIntegerField(default=0)
+    stop_reason = models.CharField(max_length=12, choices=StopReason.choices, blank=True)
+    stop_requested_at = models.DateTimeField(null=True, blank=True)
+    last_active_at = models.DateTimeField(
+        null=True, blank=True, help_text="Last GPU sample above the idle threshold."
+    )
+    runtime_warnings_sent = models.JSONField(default=list, blank=True)
+    idle_warning_sent_at = models.DateTimeField(null=True, blank=True)
+    idle_exempt_until = models.DateTimeField(null=True, blank=True)
+    log_size = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [
+            models.Index(fields=["state", "queue"]),
+            models.Index(fields=["tenant", "state"]),
+            models.Index(fields=["submitted_by", "-id"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.pk} {self.name}"
+
+    @property
+    def attempt(self) -> int:
+        """Each requeue starts a new attempt; node messages carry it so stale reports are ignored."""
+        return self.requeue_count
+
+    @property
+    def total_gpus(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+
+class Allocation(models.Model):
+    """One GPU held by an admitted job; at most one active allocation per GPU (database constraint)."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="allocations")
+    gpu = models.ForeignKey(Gpu, on_delete=models.PROTECT, related_name="allocations")
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="allocations")
+    borrowed = models.BooleanField(default=False)
+    granted_at = models.DateTimeField()
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["gpu"],
+                condition=Q(released_at__isnull=True),
+                name="allocation_one_active_per_gpu",
+            )
+        ]
+        indexes = [models.Index(fields=["job", "released_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} on {self.gpu_id}"
+
+
+class JobEvent(models.Model):
+    """A line of a job's timeline."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    created_at = models.DateTimeField()
+    kind = models.CharField(max_length=40)
+    message = models.TextField(blank=True)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    data = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} {self.kind}"
+
+
+class TenantUsage(models.Model):
+    """Decayed GPU-seconds per tenant: the fair-share history the engine orders by."""
+
+    tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, related_name="usage")
+    gpu_seconds = models.FloatField(default=0.0)
+    updated_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.tenant.slug}: {self.gpu_seconds:.0f} GPU-s"

@@ -1,0 +1,424 @@
+"""The dispatch loop: load a snapshot, call ``engine.plan``, apply the plan in one transaction.
+
+One leader at a time (a PostgreSQL advisory lock; a file lock on the embedded default).
+Requests are coalesced through the cache: a burst of submits queues one cycle, not one each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from django.conf import settings
+from django.core.cache import cache
+from django.db import connection, transaction
+from django.utils import timezone
+
+from portal.audit.services import audit_record
+
+from .. import engine
+from ..choices import ACTIVE_STATES, GpuHealth, JobState, NodeState, QueueState, StopReason
+from ..models import Allocation, Gpu, Job, Node, Queue, Quota, TenantUsage, WorkloadPolicy
+from .lifecycle import jobs_transition_bulk
+from .messaging import send_node_messages
+from .stopping import job_stop
+
+log = logging.getLogger(__name__)
+
+DISPATCH_REQUESTED_KEY = "sluice:dispatch:requested"
+_LEADER_LOCK_KEY = 0x51_1CE_D15
+PENDING_FIELDS = [
+    "pending_reason_code",
+    "pending_reason_message",
+    "queue_position",
+    "pool_position",
+    "estimated_start",
+]
+
+
+def request_dispatch() -> None:
+    """Ask for a dispatch cycle soon; requests made while one is queued are merged into it."""
+    if cache.add(DISPATCH_REQUESTED_KEY, 1, timeout=30):
+        from ..tasks import dispatch
+
+        dispatch.apply_async(countdown=0.2)
+
+
+@contextlib.contextmanager
+def _leader_lock():
+    """Yield True if this process is the dispatch leader for the duration of the block."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [_LEADER_LOCK_KEY])
+            yield bool(cursor.fetchone()[0])
+        return
+    path = settings.VAR_DIR / "dispatch.lock"
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _epoch(value: datetime | None) -> float:
+    return value.timestamp() if value else 0.0
+
+
+def _from_epoch(value: float | None) -> datetime | None:
+    return datetime.fromtimestamp(value, tz=UTC) if value is not None else None
+
+
+@dataclass
+class Loaded:
+    """The rows a cycle reads, kept for applying the plan without reading them again."""
+
+    snapshot: engine.Snapshot
+    pending: dict[int, Job] = field(default_factory=dict)
+    running: dict[int, Job] = field(default_factory=dict)
+    gpus: dict[int, tuple[int, int, str]] = field(
+        default_factory=dict
+    )  # gpu id -> (node id, index, uuid)
+    node_names: dict[int, str] = field(default_factory=dict)
+    policies: dict[str, WorkloadPolicy] = field(default_factory=dict)
+
+
+def _update_usage(now: datetime, in_use: dict[str, int]) -> dict[str, float]:
+    """Decay and accrue each tenant's fair-share usage since the last cycle; returns it by slug."""
+    from tenants.models import Tenant
+
+    rows = {u.tenant_id: u for u in TenantUsage.objects.all()}
+    slugs = dict(Tenant.objects.values_list("id", "slug"))
+    usage: dict[str, float] = {}
+    changed, created = [], []
+    for tenant_id, slug in slugs.items():
+        row = rows.get(tenant_id)
+        if row is None:
+            created.append(TenantUsage(tenant_id=tenant_id, gpu_seconds=0.0, updated_at=now))
+            usage[slug] = 0.0
+            continue
+        elapsed = max((now - row.updated_at).total_seconds(), 0.0)
+        value = engine.decay_usage(
+            {slug: row.gpu_seconds},
+            elapsed,
+            settings.SLUICE_USAGE_HALF_LIFE_SECONDS,
+            {slug: in_use.get(slug, 0)},
+        )[slug]
+        row.gpu_seconds, row.updated_at = value, now
+        usage[slug] = value
+        changed.append(row)
+    TenantUsage.objects.bulk_update(changed, ["gpu_seconds", "updated_at"], batch_size=500)
+    TenantUsage.objects.bulk_create(created, ignore_conflicts=True)
+    return usage
+
+
+def load_snapshot(now: datetime, *, update_usage: bool = True) -> Loaded:
+    """Read everything the engine needs in a handful of queries."""
+    policies = {
+        p.workload_type: p for p in WorkloadPolicy.objects.prefetch_related("allowed_pools")
+    }
+    nodes: dict[int, engine.NodeInfo] = {}
+    node_names: dict[int, str] = {}
+    node_rows = Node.objects.select_related("pool").values_list("id", "name", "pool__name", "state")
+    for node_id, name, pool, state in node_rows:
+        node_names[node_id] = name
+        if state == NodeState.READY:
+            nodes[node_id] = engine.NodeInfo(id=node_id, name=name, pool=pool, gpus=[])
+    gpus: dict[int, tuple[int, int, str]] = {}
+    for gpu_id, node_id, index, uuid, model, mem, health in Gpu.objects.values_list(
+        "id", "node_id", "index", "uuid", "model", "memory_mb", "health"
+    ):
+        gpus[gpu_id] = (node_id, index, uuid)
+        if node_id in nodes and health == GpuHealth.HEALTHY:
+            nodes[node_id].gpus.append(
+                engine.GpuInfo(id=gpu_id, node_id=node_id, index=index, model=model, memory_mb=mem)
+            )
+
+    queues = [
+        engine.QueueInfo(
+            id=q.id,
+            name=q.name,
+            tenant=q.tenant.slug,
+            strict_fifo=q.strict_fifo,
+            open=q.state != QueueState.CLOSED,
+        )
+        for q in Queue.objects.select_related("tenant")
+    ]
+    quotas = [
+        engine.QuotaInfo(
+            tenant=q.tenant.slug,
+            pool=q.pool.name,
+            gpu_model=q.gpu_model,
+            guaranteed=q.guaranteed_gpus,
+            borrow_limit=q.borrow_limit_gpus,
+            max_running_jobs=q.max_running_jobs,
+        )
+        for q in Quota.objects.select_related("tenant", "pool")
+    ]
+
+    related = ("tenant", "project", "queue", "queue__pool", "priority_class")
+    running_jobs = {
+        j.id: j for j in Job.objects.filter(state__in=ACTIVE_STATES).select_related(*related)
+    }
+    alloc_by_job: dict[int, list[tuple[int, bool, str]]] = defaultdict(list)
+    for job_id, gpu_id, borrowed, model in Allocation.objects.filter(
+        released_at__isnull=True
+    ).values_list("job_id", "gpu_id", "borrowed", "gpu__model"):
+        alloc_by_job[job_id].append((gpu_id, borrowed, model))
+    running, in_use = [], defaultdict(int)
+    for job in running_jobs.values():
+        allocs = alloc_by_job.get(job.id, [])
+        policy = policies.get(job.workload_type)
+        in_use[job.tenant.slug] += len(allocs)
+        running.append(
+            engine.RunningJob(
+                id=job.id,
+                tenant=job.tenant.slug,
+                pool=job.queue.pool.name,
+                workload_type=job.workload_type,
+                priority=job.priority_class.value,
+                priority_class=job.priority_class.name,
+                preemptible=job.priority_class.preemptible
+                and (policy.preemptible if policy else True),
+                gpu_ids=tuple(a[0] for a in allocs),
+                gpu_model=allocs[0][2] if allocs else "",
+                borrowed=any(a[1] for a in allocs),
+                started_at=_epoch(job.admitted_at),
+                max_runtime_seconds=job.max_runtime_seconds,
+                min_runtime_before_preemption=policy.min_runtime_before_preemption_seconds
+                if policy
+                else 0,
+                stopping=job.state == JobState.STOPPING,
+                grace_seconds=policy.stop_grace_seconds if policy else 30,
+            )
+        )
+
+    pending_jobs = {
+        j.id: j
+        for j in Job.objects.filter(state__in=[JobState.PENDING, JobState.HELD]).select_related(
+            *related
+        )
+    }
+    pending = []
+    for job in pending_jobs.values():
+        policy = policies.get(job.workload_type)
+        pending.append(
+            engine.PendingJob(
+                id=job.id,
+                tenant=job.tenant.slug,
+                project=job.project.slug,
+                queue_id=job.queue_id,
+                pool=job.queue.pool.name,
+                workload_type=job.workload_type,
+                priority=job.priority_class.value,
+                priority_class=job.priority_class.name,
+                preemptible=job.priority_class.preemptible
+                and (policy.preemptible if policy else True),
+                can_preempt=job.priority_class.can_preempt,
+                gpus_per_node=job.gpus_per_node,
+                nodes=job.nodes,
+                gpu_models=tuple(job.gpu_models or ()),
+                min_gpu_memory_mb=job.min_gpu_memory_mb,
+                submitted_at=_epoch(job.submitted_at),
+                max_runtime_seconds=job.max_runtime_seconds,
+                held=job.state == JobState.HELD,
+            )
+        )
+    usage = _update_usage(now, in_use) if update_usage else {}
+    snapshot = engine.Snapshot(
+        now=now.timestamp(),
+        nodes=list(nodes.values()),
+        quotas=quotas,
+        queues=queues,
+        running=running,
+        pending=pending,
+        usage=usage,
+    )
+    return Loaded(
+        snapshot=snapshot,
+        pending=pending_jobs,
+        running=running_jobs,
+        gpus=gpus,
+        node_names=node_names,
+        policies=policies,
+    )
+
+
+def _launch_messages(
+    job: Job, allocations: list[Allocation], loaded: Loaded
+) -> list[tuple[str, dict]]:
+    by_node: dict[int, list[int]] = defaultdict(list)
+    for alloc in allocations:
+        by_node[alloc.node_id].append(alloc.gpu_id)
+    policy = loaded.policies.get(job.workload_type)
+    messages = []
+    for node_id, gpu_ids in sorted(by_node.items()):
+        gpu_ids.sort(key=lambda g: loaded.gpus[g][1])
+        messages.append(
+            (
+                loaded.node_names[node_id],
+                {
+                    "type": "launch",
+                    "job_id": job.id,
+                    "attempt": job.attempt,
+                    "name": job.name,
+                    "command": job.command,
+                    "shell": job.shell,
+                    "env": job.env,
+                    "working_dir": job.working_dir,
+                    "gpu_indices": [loaded.gpus[g][1] for g in gpu_ids],
+                    "gpu_uuids": [loaded.gpus[g][2] for g in gpu_ids],
+                    "checkpoint_dir": job.checkpoint_dir,
+                    "array_index": job.array_index,
+                    "grace_seconds": policy.stop_grace_seconds if policy else 30,
+                    "sent_at": time.time(),
+                },
+            )
+        )
+    return messages
+
+
+def _apply_placements(plan: engine.Plan, loaded: Loaded, now: datetime) -> list[tuple[str, dict]]:
+    jobs = [loaded.pending[p.job_id] for p in plan.placements]
+    if not jobs:
+        return []
+    allocations: dict[int, list[Allocation]] = {}
+    rows = []
+    for placement in plan.placements:
+        allocs = [
+            Allocation(
+                job_id=placement.job_id,
+                gpu_id=gpu_id,
+                node_id=loaded.gpus[gpu_id][0],
+                borrowed=placement.borrowed,
+                granted_at=now,
+            )
+            for gpu_id in placement.gpu_ids
+        ]
+        allocations[placement.job_id] = allocs
+        rows.extend(allocs)
+    # The partial unique index refuses a GPU that is already held: double allocation cannot commit.
+    Allocation.objects.bulk_create(rows, batch_size=1000)
+    kinds = {p.job_id: ("borrowed" if p.borrowed else "guaranteed") for p in plan.placements}
+    jobs_transition_bulk(
+        jobs,
+        JobState.ADMITTED,
+        now=now,
+        kind="admitted",
+        message_for=lambda j: f"Admitted as {kinds[j.id]} on {len(allocations[j.id])} GPU(s).",
+        admitted_at=now,
+        pending_reason_code="",
+        pending_reason_message="",
+        queue_position=None,
+        pool_position=None,
+        estimated_start=None,
+    )
+    messages = []
+    for job in jobs:
+        messages.extend(_launch_messages(job, allocations[job.id], loaded))
+    return messages
+
+
+def _apply_preemptions(plan: engine.Plan, loaded: Loaded) -> None:
+    for preemption in plan.preemptions:
+        victim = loaded.running.get(preemption.victim_id)
+        preemptor = loaded.pending.get(preemption.preemptor_id)
+        if victim is None or victim.state == JobState.STOPPING:
+            continue
+        message = (
+            getattr(preemption, "message", "") or f"Preempted by job {preemption.preemptor_id}."
+        )
+        job_stop(
+            job=victim,
+            reason=StopReason.PREEMPTED,
+            message=message,
+            data={"preemptor": preemption.preemptor_id, "kind": preemption.reason},
+        )
+        audit_record(
+            action="job.preempt",
+            target=victim,
+            tenant=victim.tenant,
+            reason=message,
+            before={"state": "RUNNING"},
+            after={
+                "state": "STOPPING",
+                "preemptor": preemption.preemptor_id,
+                "kind": preemption.reason,
+                "preemptor_tenant": preemptor.tenant.slug if preemptor else None,
+            },
+        )
+
+
+def _apply_pending(plan: engine.Plan, loaded: Loaded) -> int:
+    changed = []
+    for job_id, info in plan.pending.items():
+        job = loaded.pending.get(job_id)
+        if job is None:
+            continue
+        values = (
+            info.code,
+            info.message[:2000],
+            info.queue_position,
+            info.pool_position,
+            _from_epoch(info.estimated_start),
+        )
+        current = tuple(getattr(job, f) for f in PENDING_FIELDS)
+        if _same_pending(current, values):
+            continue
+        for name, value in zip(PENDING_FIELDS, values, strict=True):
+            setattr(job, name, value)
+        changed.append(job)
+    Job.objects.bulk_update(changed, PENDING_FIELDS, batch_size=500)
+    return len(changed)
+
+
+def _same_pending(current: tuple, new: tuple) -> bool:
+    if current[:4] != new[:4]:
+        return False
+    a, b = current[4], new[4]
+    if a is None or b is None:
+        return a is b
+    return abs((a - b).total_seconds()) < 1.0
+
+
+def dispatch_cycle(now: datetime | None = None) -> dict:
+    """One cycle. Returns figures for logs and benchmarks; ``skipped`` if another leader runs."""
+    started = time.perf_counter()
+    now = now or timezone.now()
+    messages: list[tuple[str, dict]] = []
+    with transaction.atomic(), _leader_lock() as leader:
+        if not leader:
+            return {"skipped": True}
+        loaded = load_snapshot(now)
+        t_loaded = time.perf_counter()
+        plan = engine.plan(loaded.snapshot)
+        t_planned = time.perf_counter()
+        messages = _apply_placements(plan, loaded, now)
+        _apply_preemptions(plan, loaded)
+        updated = _apply_pending(plan, loaded)
+        transaction.on_commit(lambda: send_node_messages(messages))
+    finished = time.perf_counter()
+    stats = {
+        "skipped": False,
+        "pending": len(loaded.pending),
+        "running": len(loaded.running),
+        "placed": len(plan.placements),
+        "preempted": len(plan.preemptions),
+        "pending_updated": updated,
+        "load_ms": round((t_loaded - started) * 1000, 1),
+        "plan_ms": round((t_planned - t_loaded) * 1000, 1),
+        "apply_ms": round((finished - t_planned) * 1000, 1),
+        "total_ms": round((finished - started) * 1000, 1),
+    }
+    if plan.placements or plan.preemptions:
+        log.info("dispatch: %s", stats)
+    return stats

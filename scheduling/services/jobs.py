@@ -1,0 +1,553 @@
+"""Submitting jobs and the user's own steps on them (cancel, hold, release)."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from portal.audit.services import audit_record
+from portal.errors import BusinessError, NotFoundError, PermissionDeniedError
+from tenants.choices import Role
+from tenants.models import Project
+from tenants.selectors import can_submit_to_project, has_role
+
+from ..choices import JobState, QueueState, StopReason
+from ..models import Job, JobEvent, PriorityClass, Queue, WorkloadPolicy
+from ..selectors import pool_gpu_shapes, quota_for
+from .lifecycle import job_event, job_transition
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+RESERVED_ENV_PREFIXES = ("SLUICE_", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+MAX_COMMAND_BYTES = 64 * 1024
+MAX_JSON_BYTES = 64 * 1024
+MAX_ARRAY = 10_000
+
+
+@dataclass
+class JobSpec:
+    """What a user asks for; the API serializer and the submit form both build one."""
+
+    queue: Queue
+    project: Project
+    name: str
+    workload_type: str
+    command: Any
+    shell: bool = False
+    env: dict = field(default_factory=dict)
+    working_dir: str = ""
+    gpus_per_node: int = 1
+    nodes: int = 1
+    gpu_models: list[str] = field(default_factory=list)
+    min_gpu_memory_mb: int = 0
+    cpus: int = 1
+    memory_mb: int = 0
+    max_runtime_seconds: int | None = None
+    priority_class: PriorityClass | None = None
+    checkpoint_dir: str = ""
+    labels: dict = field(default_factory=dict)
+    dataset: str = ""
+    dataset_version: str = ""
+    code_ref: str = ""
+    parameters: dict = field(default_factory=dict)
+    seed: int | None = None
+    array: int | None = None
+
+
+@dataclass
+class Admission:
+    """How a validated spec would be admitted now: for the submit preview and the checks."""
+
+    pool: str
+    model_quotas: list[dict]
+    preemptible: bool
+    outlook: str  # "guaranteed", "borrowed" or "waits"
+    message: str
+
+
+def _fail(field_name: str, message: str, code: str = "invalid") -> None:
+    raise BusinessError(message, code=code, field=field_name)
+
+
+def _json_size(value) -> int:
+    return len(json.dumps(value, default=str))
+
+
+def _validate_shapes(spec: JobSpec) -> None:
+    """Command, env and metadata: malformed input is refused with the field named."""
+    if spec.shell:
+        if isinstance(spec.command, str):
+            spec.command = [spec.command]
+        if not (
+            isinstance(spec.command, list)
+            and len(spec.command) == 1
+            and isinstance(spec.command[0], str)
+        ):
+            _fail("command", "With shell=true, command must be one shell string.")
+    else:
+        if isinstance(spec.command, str):
+            _fail(
+                "command",
+                'command must be a list of arguments, e.g. ["python", "train.py"]; '
+                "a shell string needs shell=true.",
+            )
+        if not isinstance(spec.command, list) or not all(isinstance(a, str) for a in spec.command):
+            _fail("command", "command must be a list of strings.")
+    if not spec.command or not spec.command[0].strip():
+        _fail("command", "command must not be empty.")
+    if any("\x00" in a for a in spec.command):
+        _fail("command", "command must not contain NUL characters.")
+    if sum(len(a.encode()) for a in spec.command) > MAX_COMMAND_BYTES:
+        _fail("command", f"command is longer than {MAX_COMMAND_BYTES} bytes.")
+    if not isinstance(spec.env, dict):
+        _fail("env", "env must be an object of NAME: value strings.")
+    for key, value in spec.env.items():
+        if not isinstance(key, str) or not ENV_NAME.match(key):
+            _fail("env", f"{key!r} is not a valid environment variable name.")
+        if key.startswith(RESERVED_ENV_PREFIXES):
+            _fail("env", f"{key} is set by Sluice and cannot be given.")
+        if not isinstance(value, str) or "\x00" in value:
+            _fail("env", f"The value of {key} must be a string.")
+    if _json_size(spec.env) > MAX_JSON_BYTES:
+        _fail("env", "env is too large.")
+    for name in ("labels", "parameters"):
+        value = getattr(spec, name)
+        if not isinstance(value, dict):
+            _fail(name, f"{name} must be an object.")
+        if _json_size(value) > MAX_JSON_BYTES:
+            _fail(name, f"{name} is too large (over {MAX_JSON_BYTES} bytes).")
+    if any(not isinstance(v, str) for v in spec.labels.values()):
+        _fail("labels", "label values must be strings.")
+    if spec.gpus_per_node < 0 or spec.nodes < 1:
+        _fail("gpus_per_node", "gpus_per_node must be ≥ 0 and nodes ≥ 1.")
+    if spec.nodes > 1 and spec.gpus_per_node < 1:
+        _fail("nodes", "A multi-node job needs at least one GPU per node.")
+    if spec.array is not None and not (1 <= spec.array <= MAX_ARRAY):
+        _fail("array", f"array must be between 1 and {MAX_ARRAY}.")
+
+
+def _check_access(user, spec: JobSpec) -> None:
+    queue, project = spec.queue, spec.project
+    if queue.tenant_id != project.tenant_id:
+        _fail("queue", f"Queue {queue} belongs to another tenant than project {project}.")
+    if queue.project_id and queue.project_id != project.pk:
+        _fail("queue", f"Queue {queue} only takes jobs of project {queue.project}.")
+    if not has_role(user, project.tenant_id, Role.MEMBER):
+        raise PermissionDeniedError(f"Viewers cannot submit jobs to {project.tenant}.")
+    if not can_submit_to_project(user, project):
+        _fail(
+            "project",
+            f"You may not submit to project {project}: it is restricted or inactive; "
+            "ask a tenant admin for the submit right.",
+            code="forbidden_project",
+        )
+    if queue.state != QueueState.OPEN:
+        _fail(
+            "queue", f"Queue {queue} is {queue.state}: it takes no new jobs.", code="queue_closed"
+        )
+
+
+def _check_priority(user, spec: JobSpec) -> PriorityClass:
+    queue = spec.queue
+    chosen = spec.priority_class or queue.default_priority_class
+    ceiling = queue.max_self_service_class
+    if chosen.value > ceiling.value and not has_role(user, queue.tenant_id, Role.ADMIN):
+        _fail(
+            "priority_class",
+            f"Priority class {chosen.name} ({chosen.value}) is above this queue's self-service "
+            f"maximum {ceiling.name} ({ceiling.value}). Submit at {ceiling.name} or lower and "
+            "request a priority raise for the job.",
+            code="priority_needs_approval",
+        )
+    return chosen
+
+
+def _check_runtime(spec: JobSpec, policy: WorkloadPolicy) -> int:
+    runtime = spec.max_runtime_seconds or policy.default_runtime_seconds
+    if runtime < 1:
+        _fail("max_runtime_seconds", "max_runtime_seconds must be at least 1.")
+    if runtime > policy.max_runtime_seconds:
+        _fail(
+            "max_runtime_seconds",
+            f"max_runtime_seconds {runtime} is above the {spec.workload_type} policy's maximum of "
+            f"{policy.max_runtime_seconds} s ({policy.max_runtime_seconds / 3600:g} h).",
+        )
+    return runtime
+
+
+def _check_placement(spec: JobSpec, policy: WorkloadPolicy, preemptible: bool) -> Admission:
+    """Pool, model, size and quota: can this job ever run, and how would it run now?"""
+    queue, pool = spec.queue, spec.queue.pool
+    wt = spec.workload_type
+    if not queue.allows(wt):
+        _fail(
+            "workload_type",
+            f"Queue {queue} does not take {wt} jobs; it takes "
+            f"{', '.join(queue.allowed_workload_types)}.",
+        )
+    if not pool.allows(wt):
+        _fail(
+            "workload_type",
+            f"Pool {pool} does not run {wt} jobs; it runs "
+            f"{', '.join(pool.allowed_workload_types)}.",
+        )
+    allowed_pools = [p.name for p in policy.allowed_pools.all()]
+    if allowed_pools and pool.name not in allowed_pools:
+        _fail(
+            "workload_type", f"The {wt} policy allows pools {', '.join(allowed_pools)}, not {pool}."
+        )
+    shapes = pool_gpu_shapes(pool)  # {model: (max GPUs on one node, memory MiB, total GPUs)}
+    if spec.gpus_per_node == 0:
+        return Admission(pool.name, [], preemptible, "guaranteed", "Needs no GPU.")
+    if not shapes:
+        _fail("gpu_model", f"Pool {pool} has no GPUs registered yet.")
+    unknown = [m for m in spec.gpu_models if m not in shapes]
+    if unknown and len(unknown) == len(spec.gpu_models):
+        _fail(
+            "gpu_model",
+            f"GPU model {', '.join(unknown)} is not in pool {pool}; models there: "
+            f"{', '.join(sorted(shapes))}.",
+        )
+    candidates = [m for m in (spec.gpu_models or sorted(shapes)) if m in shapes]
+    candidates = [m for m in candidates if shapes[m][1] >= spec.min_gpu_memory_mb]
+    if not candidates:
+        _fail(
+            "min_gpu_memory_mb",
+            f"No GPU in pool {pool} has {spec.min_gpu_memory_mb} MiB; the largest has "
+            f"{max(s[1] for s in shapes.values())} MiB.",
+        )
+    fits_node = [m for m in candidates if shapes[m][0] >= spec.gpus_per_node]
+    if not fits_node:
+        _fail(
+            "gpus_per_node",
+            f"{spec.gpus_per_node} GPUs per node is more than any node of pool {pool} has "
+            f"(at most {max(shapes[m][0] for m in candidates)}).",
+        )
+    total = spec.gpus_per_node * spec.nodes
+    quotas, best = [], None
+    for model in fits_node:
+        quota = quota_for(spec.project.tenant, pool, model)
+        limit = quota["guaranteed"] + quota["borrow_limit"]
+        quotas.append({"gpu_model": model, **quota})
+        if (
+            total <= shapes[model][2]
+            and total <= limit
+            and (preemptible or total <= quota["guaranteed"])
+        ):
+            best = best or (model, quota)
+    if best is None:
+        q = quotas[0]
+        if not preemptible and all(total <= x["guaranteed"] + x["borrow_limit"] for x in quotas):
+            _fail(
+                "gpus_per_node",
+                f"This job is not preemptible, so it must fit the guaranteed quota: it needs {total} GPUs, "
+                f"{spec.project.tenant} is guaranteed {q['guaranteed']} {q['gpu_model']} in pool {pool}. "
+                "Use a preemptible priority class to borrow idle GPUs.",
+                code="exceeds_guarantee",
+            )
+        _fail(
+            "gpus_per_node",
+            f"The job needs {total} GPUs; {spec.project.tenant} may use at most "
+            f"{q['guaranteed']} guaranteed + {q['borrow_limit']} borrowed {q['gpu_model']} in pool {pool} "
+            f"(the pool has {shapes[q['gpu_model']][2]}).",
+            code="exceeds_quota_limit",
+        )
+    model, quota = best
+    used = quota["used"]
+    if used + total <= quota["guaranteed"]:
+        outlook, msg = (
+            "guaranteed",
+            f"Runs as guaranteed: {used}+{total} ≤ {quota['guaranteed']} {model}.",
+        )
+    elif preemptible:
+        outlook, msg = (
+            "borrowed",
+            (
+                f"Runs as borrowed (reclaimable): {used}+{total} > {quota['guaranteed']} "
+                f"guaranteed, borrowing up to {quota['borrow_limit']} when GPUs are idle."
+            ),
+        )
+    else:
+        outlook, msg = (
+            "waits",
+            (
+                f"Waits for quota: {used}/{quota['guaranteed']} guaranteed {model} in use, "
+                "and this job is not preemptible so it cannot borrow."
+            ),
+        )
+    return Admission(pool.name, quotas, preemptible, outlook, msg)
+
+
+def _project_cap(spec: JobSpec) -> None:
+    cap = spec.project.quotas.filter(pool=spec.queue.pool).first()
+    total = spec.gpus_per_node * spec.nodes
+    if cap and total > cap.max_gpus:
+        _fail(
+            "gpus_per_node",
+            f"Project {spec.project} may use at most {cap.max_gpus} GPUs in pool "
+            f"{spec.queue.pool}; the job needs {total}.",
+            code="exceeds_project_cap",
+        )
+
+
+def job_validate(*, user, spec: JobSpec) -> tuple[dict, Admission]:
+    """Every check of DESIGN §4 step 1; returns the Job field values and the admission outlook."""
+    _validate_shapes(spec)
+    _check_access(user, spec)
+    policy = (
+        WorkloadPolicy.objects.filter(workload_type=spec.workload_type)
+        .prefetch_related("allowed_pools")
+        .first()
+    )
+    if policy is None:
+        _fail(
+            "workload_type",
+            f"No policy is configured for {spec.workload_type} jobs; ask a platform admin.",
+        )
+    priority = _check_priority(user, spec)
+    runtime = _check_runtime(spec, policy)
+    preemptible = priority.preemptible and policy.preemptible
+    admission = _check_placement(spec, policy, preemptible)
+    _project_cap(spec)
+    values = {
+        "tenant_id": spec.project.tenant_id,
+        "project": spec.project,
+        "queue": spec.queue,
+        "submitted_by": user,
+        "name": spec.name or spec.command[0][:120],
+        "workload_type": spec.workload_type,
+        "base_priority_class": priority,
+        "priority_class": priority,
+        "command": spec.command,
+        "shell": spec.shell,
+        "env": spec.env,
+        "working_dir": spec.working_dir,
+        "gpus_per_node": spec.gpus_per_node,
+        "nodes": spec.nodes,
+        "gpu_models": spec.gpu_models,
+        "min_gpu_memory_mb": spec.min_gpu_memory_mb,
+        "cpus": spec.cpus,
+        "memory_mb": spec.memory_mb,
+        "max_runtime_seconds": runtime,
+        "checkpoint_dir": spec.checkpoint_dir,
+        "labels": spec.labels,
+        "dataset": spec.dataset,
+        "dataset_version": spec.dataset_version,
+        "code_ref": spec.code_ref,
+        "parameters": spec.parameters,
+        "seed": spec.seed,
+    }
+    return values, admission
+
+
+def _request_dispatch_on_commit() -> None:
+    from .dispatch import request_dispatch
+
+    transaction.on_commit(request_dispatch)
+
+
+@transaction.atomic
+def job_submit(*, user, spec: JobSpec) -> Job:
+    """Validate and store one job as PENDING (or an array, see ``job_submit_bulk``)."""
+    if spec.array:
+        return job_submit_bulk(user=user, specs=[spec])[0]
+    values, _ = job_validate(user=user, spec=spec)
+    now = timezone.now()
+    job = Job.objects.create(submitted_at=now, **values)
+    JobEvent.objects.create(
+        job=job,
+        created_at=now,
+        kind="submitted",
+        actor=user,
+        message=f"Submitted to queue {spec.queue} by {user.username}.",
+    )
+    audit_record(
+        action="job.submit",
+        target=job,
+        actor=user,
+        tenant=job.tenant,
+        after={
+            "queue": str(spec.queue),
+            "gpus": job.total_gpus,
+            "priority_class": job.priority_class.name,
+        },
+    )
+    _request_dispatch_on_commit()
+    return job
+
+
+@transaction.atomic
+def job_submit_bulk(*, user, specs: list[JobSpec]) -> list[Job]:
+    """Validate every spec first, then store all (or none). ``array: N`` expands to N jobs."""
+    if not specs:
+        _fail("jobs", "Give at least one job.")
+    prepared: list[tuple[dict, JobSpec]] = []
+    errors: dict[str, list[str]] = {}
+    for i, spec in enumerate(specs):
+        try:
+            values, _ = job_validate(user=user, spec=spec)
+        except BusinessError as exc:
+            if exc.status_code != 400:
+                raise
+            for key, msgs in (exc.errors or {"non_field_errors": [exc.message]}).items():
+                errors[f"jobs[{i}].{key}"] = msgs
+            continue
+        prepared.append((values, spec))
+    if errors:
+        first = next(iter(errors.values()))[0]
+        raise BusinessError(f"No job was submitted: {first}", errors=errors)
+    total = sum(spec.array or 1 for _, spec in prepared)
+    if total > MAX_ARRAY:
+        _fail("jobs", f"At most {MAX_ARRAY} jobs per request; this asks for {total}.")
+    now = timezone.now()
+    rows: list[Job] = []
+    for values, spec in prepared:
+        if spec.array:
+            array_id = uuid.uuid4().hex
+            for index in range(spec.array):
+                rows.append(
+                    Job(
+                        submitted_at=now,
+                        array_id=array_id,
+                        array_index=index,
+                        **{**values, "name": f"{values['name']}[{index}]"},
+                    )
+                )
+        else:
+            rows.append(Job(submitted_at=now, **values))
+    jobs = Job.objects.bulk_create(rows, batch_size=500)
+    if any(j.pk is None for j in jobs):  # backends without RETURNING: fetch the ids back
+        jobs = list(Job.objects.filter(submitted_by=user, submitted_at=now).order_by("id"))
+    JobEvent.objects.bulk_create(
+        [
+            JobEvent(
+                job=j,
+                created_at=now,
+                kind="submitted",
+                actor=user,
+                message=f"Submitted to queue {j.queue} by {user.username} (bulk).",
+            )
+            for j in jobs
+        ],
+        batch_size=1000,
+    )
+    for tenant in {j.tenant for j in jobs}:
+        ids = [j.pk for j in jobs if j.tenant_id == tenant.pk]
+        audit_record(
+            action="job.submit_bulk",
+            target_type="scheduling.job",
+            target_id=ids[0],
+            target_label=f"{len(ids)} jobs {ids[0]}..{ids[-1]}",
+            actor=user,
+            tenant=tenant,
+            after={"count": len(ids), "first_id": ids[0], "last_id": ids[-1]},
+        )
+    _request_dispatch_on_commit()
+    return jobs
+
+
+# --- the owner's (or an admin's) steps ------------------------------------------------------
+
+
+def _may_manage(user, job: Job) -> bool:
+    return (
+        job.submitted_by_id == user.pk
+        and has_role(user, job.tenant_id, Role.MEMBER)
+        or has_role(user, job.tenant_id, Role.ADMIN)
+    )
+
+
+def _require_manage(user, job: Job) -> None:
+    if not has_role(user, job.tenant_id, Role.VIEWER):
+        raise NotFoundError("Job not found.")
+    if not _may_manage(user, job):
+        raise PermissionDeniedError("Only the job's owner or a tenant admin may do this.")
+
+
+def _audit_if_not_owner(user, job: Job, action: str, before: str, reason: str = "") -> None:
+    if job.submitted_by_id != user.pk:
+        audit_record(
+            action=action,
+            target=job,
+            actor=user,
+            tenant=job.tenant,
+            before={"state": before},
+            after={"state": job.state},
+            reason=reason,
+        )
+
+
+@transaction.atomic
+def job_cancel(*, user, job: Job, reason: str = "") -> Job:
+    """Cancel: a waiting job ends at once; a placed one is stopped with its grace period."""
+    _require_manage(user, job)
+    job = Job.objects.select_for_update().get(pk=job.pk)
+    before = job.state
+    who = f"Cancelled by {user.username}" + (f": {reason}" if reason else ".")
+    if job.state in (JobState.PENDING, JobState.HELD):
+        job_transition(
+            job,
+            JobState.CANCELLED,
+            message=who,
+            actor=user,
+            finished_at=timezone.now(),
+            pending_reason_code="",
+            queue_position=None,
+            pool_position=None,
+            estimated_start=None,
+        )
+    elif job.state in (JobState.ADMITTED, JobState.RUNNING):
+        from .stopping import job_stop
+
+        job_stop(job=job, reason=StopReason.CANCELLED, message=who, actor=user)
+    elif job.state == JobState.STOPPING:
+        job_event(job, "cancel_requested", f"{who} The job is already stopping.", actor=user)
+    else:
+        _fail("state", f"Job {job.pk} has already ended ({job.state}).", code="already_ended")
+    _audit_if_not_owner(user, job, "job.cancel", before, reason)
+    _request_dispatch_on_commit()
+    return job
+
+
+@transaction.atomic
+def job_hold(*, user, job: Job, reason: str = "") -> Job:
+    """Hold a pending job: the scheduler skips it until released."""
+    _require_manage(user, job)
+    if job.state != JobState.PENDING:
+        _fail("state", f"Only pending jobs can be held; job {job.pk} is {job.state}.")
+    job_transition(
+        job,
+        JobState.HELD,
+        message=f"Held by {user.username}." + (f" {reason}" if reason else ""),
+        actor=user,
+        pending_reason_code="HELD",
+        pending_reason_message=f"Held by {user.username}.",
+        estimated_start=None,
+    )
+    _audit_if_not_owner(user, job, "job.hold", JobState.PENDING, reason)
+    return job
+
+
+@transaction.atomic
+def job_release(*, user, job: Job, reason: str = "") -> Job:
+    """Release a held job back into its queue (it keeps its original submit time)."""
+    _require_manage(user, job)
+    if job.state != JobState.HELD:
+        _fail("state", f"Only held jobs can be released; job {job.pk} is {job.state}.")
+    job_transition(
+        job,
+        JobState.PENDING,
+        kind="released",
+        message=f"Released by {user.username}.",
+        actor=user,
+        pending_reason_code="",
+        pending_reason_message="",
+    )
+    _audit_if_not_owner(user, job, "job.release", JobState.HELD, reason)
+    _request_dispatch_on_commit()
+    return job

@@ -1,0 +1,145 @@
+"""The one place job states change: legal transitions only, each with a timeline event."""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+
+from portal.errors import BusinessError
+
+from ..choices import JobState as S
+from ..models import Job, JobEvent
+
+# DESIGN §5. A preempted or lost job whose policy allows requeue goes back to PENDING.
+TRANSITIONS: dict[str, frozenset[str]] = {
+    S.PENDING: frozenset({S.ADMITTED, S.HELD, S.CANCELLED}),
+    S.HELD: frozenset({S.PENDING, S.CANCELLED}),
+    # ADMITTED -> PENDING: stuck launch requeued; -> SUCCEEDED/FAILED: the exit report overtook "started".
+    S.ADMITTED: frozenset({S.RUNNING, S.STOPPING, S.SUCCEEDED, S.FAILED, S.LOST, S.PENDING}),
+    S.RUNNING: frozenset({S.STOPPING, S.SUCCEEDED, S.FAILED, S.LOST}),
+    S.STOPPING: frozenset(
+        {S.CANCELLED, S.PREEMPTED, S.TIMED_OUT, S.RECLAIMED, S.SUCCEEDED, S.FAILED, S.LOST}
+    ),
+    S.PREEMPTED: frozenset({S.PENDING}),
+    S.LOST: frozenset({S.PENDING}),
+    S.SUCCEEDED: frozenset(),
+    S.FAILED: frozenset(),
+    S.CANCELLED: frozenset(),
+    S.TIMED_OUT: frozenset(),
+    S.RECLAIMED: frozenset(),
+}
+
+
+class IllegalTransition(BusinessError):
+    def __init__(self, job: Job, to_state: str) -> None:
+        super().__init__(
+            f"Job {job.pk} cannot go from {job.state} to {to_state}.",
+            code="illegal_transition",
+            field="state",
+        )
+
+
+class ConcurrentChange(BusinessError):
+    """The job changed state under us (another worker got there first)."""
+
+    def __init__(self, job: Job) -> None:
+        super().__init__(f"Job {job.pk} changed state meanwhile; try again.", code="conflict")
+        self.status_code = 409
+
+
+def can_transition(from_state: str, to_state: str) -> bool:
+    return to_state in TRANSITIONS[from_state]
+
+
+@transaction.atomic
+def job_transition(
+    job: Job,
+    to_state: str,
+    *,
+    kind: str | None = None,
+    message: str = "",
+    actor=None,
+    data: dict | None = None,
+    now=None,
+    **fields,
+) -> Job:
+    """Move ``job`` to ``to_state`` if legal, set ``fields``, and write a ``JobEvent``.
+
+    The update is conditional on the state we read, so two workers racing on the same job
+    cannot both win: the loser gets ``ConcurrentChange``.
+    """
+    if not can_transition(job.state, to_state):
+        raise IllegalTransition(job, to_state)
+    now = now or timezone.now()
+    updated = Job.objects.filter(pk=job.pk, state=job.state).update(state=to_state, **fields)
+    if updated != 1:
+        raise ConcurrentChange(job)
+    from_state = job.state
+    job.state = to_state
+    for key, value in fields.items():
+        setattr(job, key, value)
+    JobEvent.objects.create(
+        job=job,
+        created_at=now,
+        kind=kind or to_state.lower(),
+        message=message,
+        actor=actor if getattr(actor, "is_authenticated", False) else None,
+        data={"from": from_state, "to": to_state, **(data or {})},
+    )
+    return job
+
+
+def job_event(
+    job: Job, kind: str, message: str = "", *, actor=None, data: dict | None = None, now=None
+) -> JobEvent:
+    """A timeline line that is not a state change (a warning, a log note, a raise)."""
+    return JobEvent.objects.create(
+        job=job,
+        created_at=now or timezone.now(),
+        kind=kind,
+        message=message,
+        actor=actor if getattr(actor, "is_authenticated", False) else None,
+        data=data or {},
+    )
+
+
+@transaction.atomic
+def jobs_transition_bulk(
+    jobs: list[Job], to_state: str, *, kind: str, message_for, now=None, **fields
+) -> None:
+    """The bulk form of ``job_transition`` for the dispatch loop: same checks, one UPDATE per state.
+
+    Every job must be in a state that may go to ``to_state``; if any changed meanwhile the
+    whole batch fails (the caller's transaction rolls back) instead of half-applying.
+    """
+    now = now or timezone.now()
+    by_state: dict[str, list[Job]] = {}
+    for job in jobs:
+        if not can_transition(job.state, to_state):
+            raise IllegalTransition(job, to_state)
+        by_state.setdefault(job.state, []).append(job)
+    for from_state, group in by_state.items():
+        ids = [j.pk for j in group]
+        updated = 0
+        for start in range(0, len(ids), 900):  # SQLite allows ~1000 variables a statement
+            chunk = ids[start : start + 900]
+            updated += Job.objects.filter(pk__in=chunk, state=from_state).update(
+                state=to_state, **fields
+            )
+        if updated != len(ids):
+            raise ConcurrentChange(group[0])
+    events = []
+    for job in jobs:
+        events.append(
+            JobEvent(
+                job=job,
+                created_at=now,
+                kind=kind,
+                message=message_for(job),
+                data={"from": job.state, "to": to_state},
+            )
+        )
+        job.state = to_state
+        for key, value in fields.items():
+            setattr(job, key, value)
+    JobEvent.objects.bulk_create(events, batch_size=1000)

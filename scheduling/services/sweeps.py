@@ -1,0 +1,26 @@
+"""The periodic control checks run by beat. Each check is idempotent and safe to run twice."""
+
+from __future__ import annotations
+
+import logging
+
+from django.utils import timezone
+
+from .nodes import nodes_sweep_lost
+
+log = logging.getLogger(__name__)
+
+# Later features append (name, function(now) -> result) here; order matters little.
+CHECKS: list = [("lost_nodes", nodes_sweep_lost)]
+
+
+def control_sweep(now=None) -> dict:
+    now = now or timezone.now()
+    results = {}
+    for name, check in CHECKS:
+        try:
+            results[name] = check(now)
+        except Exception:  # one failing check must not stop the others
+            log.exception("control check %s failed", name)
+            results[name] = "error"
+    return results

@@ -1,0 +1,17 @@
+from django.urls import path
+
+from . import views
+
+urlpatterns = [
+    path("jobs/", views.job_list, name="job-list"),
+    path("jobs/new/", views.job_submit, name="job-submit"),
+    path("jobs/new/preview", views.job_submit_preview, name="job-submit-preview"),
+    path("jobs/<int:pk>/", views.job_detail, name="job-detail"),
+    path("jobs/<int:pk>/log", views.job_log, name="job-log"),
+    path("jobs/<int:pk>/<slug:step>", views.job_action, name="job-action"),
+    path("queues/", views.queue_list, name="queue-list"),
+    path("queues/<int:pk>/", views.queue_detail, name="queue-detail"),
+    path("quotas/", views.quota_index, name="quota-index"),
+    path("quotas/<slug:slug>/", views.quota_page, name="quota"),
+    path("nodes/", views.node_list, name="node-list"),
+]

@@ -1,0 +1,89 @@
+"""Reads, always scoped to the user asking. Objects outside a user's tenants do not exist for them."""
+
+from __future__ import annotations
+
+from django.contrib.auth import get_user_model
+from django.db.models import QuerySet
+
+from portal.errors import NotFoundError
+
+from .choices import ROLE_RANK, Role
+from .models import Membership, Project, Tenant
+
+User = get_user_model()
+
+
+def is_platform_admin(user) -> bool:
+    return bool(user and user.is_authenticated and user.is_active and user.is_staff)
+
+
+def tenants_visible_to(user) -> QuerySet[Tenant]:
+    if is_platform_admin(user):
+        return Tenant.objects.all()
+    if not user or not user.is_authenticated:
+        return Tenant.objects.none()
+    return Tenant.objects.filter(memberships__user=user, active=True).distinct()
+
+
+def tenant_get(user, slug: str) -> Tenant:
+    tenant = tenants_visible_to(user).filter(slug=slug).first()
+    if tenant is None:
+        raise NotFoundError("Tenant not found.")
+    return tenant
+
+
+def projects_visible_to(user) -> QuerySet[Project]:
+    qs = Project.objects.select_related("tenant")
+    if is_platform_admin(user):
+        return qs
+    if not user or not user.is_authenticated:
+        return qs.none()
+    return qs.filter(tenant__memberships__user=user, tenant__active=True)
+
+
+def memberships_of_tenant(user, tenant: Tenant) -> QuerySet[Membership]:
+    if not (is_platform_admin(user) or role_in(user, tenant)):
+        return Membership.objects.none()
+    return Membership.objects.filter(tenant=tenant).select_related("user", "tenant")
+
+
+def role_in(user, tenant: Tenant) -> str | None:
+    """The user's role in the tenant, or None. Cached per request on the user object."""
+    if not user or not user.is_authenticated:
+        return None
+    cache = getattr(user, "_sluice_roles", None)
+    if cache is None:
+        cache = dict(Membership.objects.filter(user=user).values_list("tenant_id", "role"))
+        user._sluice_roles = cache
+    return cache.get(tenant.pk if isinstance(tenant, Tenant) else tenant)
+
+
+def has_role(user, tenant: Tenant | int, role: str) -> bool:
+    """Platform admins have every role; others need a membership of at least ``role``."""
+    if is_platform_admin(user):
+        return True
+    actual = role_in(user, tenant)
+    return actual is not None and ROLE_RANK[Role(actual)] >= ROLE_RANK[Role(role)]
+
+
+def can_submit_to_project(user, project: Project) -> bool:
+    """Members may submit to open projects; restricted projects need the guardian permission."""
+    if not has_role(user, project.tenant_id, Role.MEMBER):
+        return False
+    if not project.active:
+        return False
+    if not project.restricted or has_role(user, project.tenant_id, Role.ADMIN):
+        return True
+    return user.has_perm("tenants.submit_project", project)
+
+
+def users_visible_to(user) -> QuerySet:
+    """Platform admins see all users; others see the users of their own tenants."""
+    if is_platform_admin(user):
+        return User.objects.all().order_by("username")
+    if not user or not user.is_authenticated:
+        return User.objects.none()
+    tenant_ids = Membership.objects.filter(user=user).values("tenant_id")
+    return (
+        User.objects.filter(memberships__tenant_id__in=tenant_ids).distinct().order_by("username")
+    )
