@@ -1,8 +1,8 @@
-from rest_framework.routers import SimpleRouter
+from portal.api.routers import OptionalSlashRouter
 
 from . import views
 
-router = SimpleRouter(trailing_slash="/?")
+router = OptionalSlashRouter()
 router.register("pools", views.PoolViewSet, basename="pool")
 router.register("nodes", views.NodeViewSet, basename="node")
 router.register("gpus", views.GpuViewSet, basename="gpu")

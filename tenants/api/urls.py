@@ -1,9 +1,10 @@
 from django.urls import path
-from rest_framework.routers import SimpleRouter
+
+from portal.api.routers import OptionalSlashRouter
 
 from . import views
 
-router = SimpleRouter(trailing_slash="/?")
+router = OptionalSlashRouter()
 router.register("users", views.UserViewSet, basename="user")
 router.register("tenants", views.TenantViewSet, basename="tenant")
 router.register("projects", views.ProjectViewSet, basename="project")

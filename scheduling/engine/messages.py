@@ -1,0 +1,152 @@
+"""Human messages of pending reasons and preemptions, with the numbers behind them.
+
+Messages do not repeat the reason code (the UI shows ``code: message``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from .quota import Account
+from .snapshot import PendingJob
+
+
+def duration(seconds: float) -> str:
+    """A short, rounded duration: ``45 s``, ``12 min``, ``3.5 h``, ``2.0 d``."""
+    if math.isinf(seconds):
+        return "an unknown time"
+    seconds = max(seconds, 0.0)
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
+def shape(job: PendingJob) -> str:
+    """``4 GPUs on one node`` or ``2 nodes x 8 GPUs``."""
+    if job.nodes == 1:
+        plural = "s" if job.gpus_per_node != 1 else ""
+        return f"{job.gpus_per_node} GPU{plural} on one node"
+    return f"{job.nodes} nodes x {job.gpus_per_node} GPUs"
+
+
+def models(job: PendingJob) -> str:
+    """The GPU models the job accepts, in words."""
+    wanted = "/".join(job.gpu_models) if job.gpu_models else "any model"
+    if job.min_gpu_memory_mb:
+        wanted += f" with at least {job.min_gpu_memory_mb} MB"
+    return wanted
+
+
+def queue_closed(queue_name: str) -> str:
+    return f"queue {queue_name} is closed"
+
+
+def held() -> str:
+    return "the job is held; release it to queue it again"
+
+
+def no_matching_nodes(job: PendingJob, pool_known: bool) -> str:
+    if job.gpus_per_node < 1 or job.nodes < 1:
+        return f"invalid size: {job.nodes} node(s) x {job.gpus_per_node} GPU(s)"
+    if not pool_known:
+        return f"pool {job.pool} has no schedulable node with healthy GPUs"
+    return f"no node in pool {job.pool} can hold {shape(job)} of {models(job)}"
+
+
+def exceeds_quota(job: PendingJob, account: Account) -> str:
+    gpus = job.gpus
+    if account.max_running == 0:
+        return f"{account.tenant} may run no jobs on {account.label} in pool {job.pool}"
+    if not job.preemptible and gpus <= account.limit:
+        return (
+            f"non-preemptible job needs {gpus} {account.label} but {account.tenant} is "
+            f"guaranteed only {account.guaranteed} in pool {job.pool}; non-preemptible "
+            f"work must fit within the guarantee"
+        )
+    return (
+        f"job needs {gpus} GPUs but {account.tenant} may use at most {account.limit} "
+        f"{account.label} in pool {job.pool} (guaranteed {account.guaranteed} + "
+        f"borrowing {account.borrow_limit})"
+    )
+
+
+def quota_wait(job: PendingJob, account: Account, idle: int) -> str:
+    if account.max_running is not None and account.jobs >= account.max_running:
+        return (
+            f"{account.tenant} runs {account.jobs}/{account.max_running} jobs allowed on "
+            f"{account.label} in pool {account.pool}"
+        )
+    text = (
+        f"{account.tenant} uses {account.used}/{account.guaranteed} guaranteed "
+        f"{account.label} in pool {account.pool}; borrowing allowed "
+        f"{account.borrow_limit}, idle {idle}; job needs {job.gpus}"
+    )
+    if not job.preemptible and account.used + job.gpus > account.guaranteed:
+        text += "; non-preemptible work must fit within the guarantee"
+    return text
+
+
+def gpus_wait(job: PendingJob, model: str, idle: int, largest: int) -> str:
+    return (
+        f"needs {shape(job)} of {model} in pool {job.pool}; largest idle block "
+        f"{largest}, {idle} idle in pool"
+    )
+
+
+def reserved_gpus(job: PendingJob, owners: list[tuple[int, float]], now: float) -> str:
+    if owners:
+        owner, start = owners[0]
+        return (
+            f"idle GPUs in pool {job.pool} are reserved for earlier jobs (e.g. job "
+            f"{owner}, starting in {duration(start - now)}) and this job would hold them "
+            f"longer than that"
+        )
+    return f"idle GPUs in pool {job.pool} are reserved for earlier jobs"
+
+
+def reserved_quota(account: Account) -> str:
+    return (
+        f"{account.tenant}'s {account.label} quota in pool {account.pool} is promised to "
+        f"its earlier waiting jobs"
+    )
+
+
+def pool_blocked(job: PendingJob, blocker: int) -> str:
+    return f"pool {job.pool} does not backfill: job {blocker} must start first"
+
+
+def preemption_wait(victim_ids: Iterable[int], start: float, now: float) -> str:
+    ids = ", ".join(str(victim) for victim in sorted(victim_ids))
+    return f"preempting job(s) {ids}; their GPUs are free within {duration(start - now)}"
+
+
+def releasing_wait(start: float, now: float) -> str:
+    return f"waiting for GPUs of stopping jobs, free within {duration(start - now)}"
+
+
+def queue_head(queue_name: str, head_id: int, head_code: str) -> str:
+    return f"strict-FIFO queue {queue_name}: job {head_id} ({head_code}) must start first"
+
+
+def fifo_head(head_id: int, head_code: str) -> str:
+    return f"global FIFO: job {head_id} ({head_code}) must start first"
+
+
+def preempted_for_priority(job: PendingJob, victim_class: str) -> str:
+    return (
+        f"preempted by job {job.id} of class {job.priority_class}, higher than "
+        f"{victim_class}"
+    )
+
+
+def reclaimed(job: PendingJob, account: Account) -> str:
+    return (
+        f"borrowed GPUs reclaimed for job {job.id}: {account.tenant} uses "
+        f"{account.used}/{account.guaranteed} guaranteed {account.label} in pool "
+        f"{account.pool}"
+    )

@@ -1,0 +1,120 @@
+"""Shared fixtures: the base users of CONVENTIONS.md and a small cluster ("world")."""
+
+from dataclasses import dataclass
+
+import pytest
+from rest_framework.test import APIClient
+
+from scheduling.choices import WorkloadType
+from scheduling.services import messaging
+from tenants.choices import Role
+from tests import factories as f
+
+
+@dataclass
+class World:
+    """Two tenants; in ``tenant``: an admin, a member and a viewer; an outsider in ``other``."""
+
+    platform_admin: object
+    tenant: object
+    other: object
+    tenant_admin: object
+    member: object
+    viewer: object
+    outsider: object
+    project: object
+    other_project: object
+    pool: object
+    queue: object
+    other_queue: object
+    normal: object
+    low: object
+    high: object
+    nodes: list
+
+
+@pytest.fixture(autouse=True)
+def _clear_outbox():
+    messaging.OUTBOX.clear()
+    yield
+    messaging.OUTBOX.clear()
+
+
+@pytest.fixture
+def world(db) -> World:
+    tenant = f.TenantFactory(slug="nlp", name="Language")
+    other = f.TenantFactory(slug="vision", name="Vision")
+    users = {}
+    for role in Role.values:
+        users[role] = f.UserFactory(username=f"nlp-{role}")
+        f.MembershipFactory(user=users[role], tenant=tenant, role=role)
+    outsider = f.UserFactory(username="vision-member")
+    f.MembershipFactory(user=outsider, tenant=other, role=Role.ADMIN)
+    platform_admin = f.UserFactory(username="root", is_staff=True, is_superuser=True)
+    pool = f.PoolFactory(name="training")
+    normal = f.PriorityClassFactory(name="normal", value=400)
+    low = f.PriorityClassFactory(name="low", value=200, preemptible=True)
+    high = f.PriorityClassFactory(name="high", value=600, can_preempt=True, requires_approval=True)
+    for wt in WorkloadType.values:
+        f.policy(wt)
+    nodes = []
+    for n in range(2):
+        node = f.NodeFactory(name=f"gpu-{n + 1:02d}", pool=pool)
+        for i in range(8):
+            f.GpuFactory(node=node, index=i, uuid=f"GPU-{node.name}-{i}")
+        nodes.append(node)
+    for t in (tenant, other):
+        f.QuotaFactory(tenant=t, pool=pool, guaranteed_gpus=8, borrow_limit_gpus=8)
+    project = f.ProjectFactory(tenant=tenant, slug="llm")
+    other_project = f.ProjectFactory(tenant=other, slug="detector")
+    queue = f.QueueFactory(
+        tenant=tenant,
+        name="train",
+        pool=pool,
+        default_priority_class=normal,
+        max_self_service_class=normal,
+    )
+    other_queue = f.QueueFactory(
+        tenant=other,
+        name="train",
+        pool=pool,
+        default_priority_class=normal,
+        max_self_service_class=normal,
+    )
+    return World(
+        platform_admin=platform_admin,
+        tenant=tenant,
+        other=other,
+        tenant_admin=users[Role.ADMIN],
+        member=users[Role.MEMBER],
+        viewer=users[Role.VIEWER],
+        outsider=outsider,
+        project=project,
+        other_project=other_project,
+        pool=pool,
+        queue=queue,
+        other_queue=other_queue,
+        normal=normal,
+        low=low,
+        high=high,
+        nodes=nodes,
+    )
+
+
+@pytest.fixture
+def api():
+    """An API client factory: ``api(user)`` returns a client authenticated as that user."""
+
+    def make(user=None):
+        client = APIClient()
+        if user is not None:
+            client.force_authenticate(user=user)
+        return client
+
+    return make
+
+
+@pytest.fixture
+def outbox():
+    """Messages sent to node agents during the test, as (node name, message)."""
+    return messaging.OUTBOX
