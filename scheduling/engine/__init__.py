@@ -1,0 +1,27 @@
+"""The scheduling algorithm as pure Python: a snapshot in, a plan out (DESIGN.md §6).
+
+No Django and nothing else of the project is imported here, so the dispatch loop, the
+benchmarks and the simulator can all run the very same code.
+"""
+
+from . import reasons
+from .plan import PendingInfo, Placement, Plan, Preemption, plan
+from .snapshot import GpuInfo, NodeInfo, PendingJob, QueueInfo, QuotaInfo, RunningJob, Snapshot
+from .usage import decay_usage
+
+__all__ = [
+    "GpuInfo",
+    "NodeInfo",
+    "PendingInfo",
+    "PendingJob",
+    "Placement",
+    "Plan",
+    "Preemption",
+    "QueueInfo",
+    "QuotaInfo",
+    "RunningJob",
+    "Snapshot",
+    "decay_usage",
+    "plan",
+    "reasons",
+]

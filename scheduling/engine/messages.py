@@ -138,10 +138,7 @@ def fifo_head(head_id: int, head_code: str) -> str:
 
 
 def preempted_for_priority(job: PendingJob, victim_class: str) -> str:
-    return (
-        f"preempted by job {job.id} of class {job.priority_class}, higher than "
-        f"{victim_class}"
-    )
+    return f"preempted by job {job.id} of class {job.priority_class}, higher than {victim_class}"
 
 
 def reclaimed(job: PendingJob, account: Account) -> str:

@@ -182,9 +182,7 @@ def _positions_on(record: RunningRecord, slot: NodeSlot) -> list[int]:
     return []
 
 
-def find_victims(
-    slice_: SliceIndex, preemptor: Preemptor, now: float
-) -> VictimChoice | None:
+def find_victims(slice_: SliceIndex, preemptor: Preemptor, now: float) -> VictimChoice | None:
     """The best victim set in ``slice_`` for the preemptor's job, or None."""
     job = preemptor.job
     gpus, nodes = job.gpus_per_node, job.nodes

@@ -142,9 +142,9 @@ class Quotas:
         self.guaranteed_total: dict[str, int] = {}
         for quota in quotas:
             self._quotas[(quota.tenant, quota.pool, quota.gpu_model)] = quota
-            self.guaranteed_total[quota.tenant] = self.guaranteed_total.get(
-                quota.tenant, 0
-            ) + max(quota.guaranteed, 0)
+            self.guaranteed_total[quota.tenant] = self.guaranteed_total.get(quota.tenant, 0) + max(
+                quota.guaranteed, 0
+            )
         self._accounts: dict[tuple[str, str, str], Account] = {}
         self._resolved: dict[tuple[str, str, str], Account] = {}
 

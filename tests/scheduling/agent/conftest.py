@@ -1,4 +1,4 @@
-"""Fixtures for the node agent tests: an agent wired to an in-memory queue and report list.
+"""Fixtures for the node agent tests: agents wired to an in-memory queue and report list.
 
 Nothing here needs Django or a broker; jobs are real processes, killed after each test.
 """
@@ -7,67 +7,21 @@ from __future__ import annotations
 
 import signal
 import sys
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from scheduling.agent.agent import Agent, AgentConfig, LocalMessageSource
-from scheduling.agent.gpus import SimulatedBackend
-from scheduling.agent.protocol import launch_message, stop_message
-from scheduling.agent.runner import JobPaths, signal_group
+# Without pytest-django (``-p no:django``) nothing puts the repository root on sys.path.
+ROOT = Path(__file__).resolve().parents[3]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
-PYTHON = sys.executable
-
-
-@dataclass
-class Harness:
-    """An agent, the messages it reads and the reports it sent."""
-
-    agent: Agent
-    source: LocalMessageSource
-    reports: list[dict[str, Any]] = field(default_factory=list)
-
-    def send(self, message: dict[str, Any]) -> None:
-        self.source.put(message)
-
-    def of_type(self, kind: str, job_id: int | None = None, **match: Any) -> list[dict]:
-        return [
-            r
-            for r in self.reports
-            if r["type"] == kind
-            and (job_id is None or r.get("job_id") == job_id)
-            and all(r.get(k) == v for k, v in match.items())
-        ]
-
-    def wait_for(self, predicate: Callable[[], Any], timeout: float = 15.0) -> Any:
-        """Run the agent's loop until ``predicate()`` is truthy; return its value."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = predicate()
-            if value:
-                return value
-            self.agent.tick(0.02)
-        raise AssertionError(f"timed out; reports: {[r['type'] for r in self.reports]}")
-
-    def wait_report(self, kind: str, job_id: int | None = None, **match: Any) -> dict:
-        return self.wait_for(lambda: (self.of_type(kind, job_id, **match) or [None])[0])
-
-    def paths(self, job_id: int, attempt: int = 1) -> JobPaths:
-        return JobPaths.for_job(self.agent.config.work_dir, job_id, attempt)
-
-    def log_text(self, job_id: int, attempt: int = 1) -> str:
-        """The job's output as received through ``log`` reports, in offset order."""
-        chunks = sorted(
-            (r["offset"], r["data"]) for r in self.of_type("log", job_id, attempt=attempt)
-        )
-        return "".join(data for _, data in chunks)
-
-    def wait_file_contains(self, path: Path, text: str, timeout: float = 15.0) -> None:
-        self.wait_for(lambda: path.exists() and text in path.read_text(), timeout)
+from scheduling.agent.agent import Agent, AgentConfig, LocalMessageSource  # noqa: E402
+from scheduling.agent.gpus import SimulatedBackend  # noqa: E402
+from scheduling.agent.runner import signal_group  # noqa: E402
+from tests.scheduling.agent.helpers import Harness  # noqa: E402
 
 
 @pytest.fixture
@@ -111,44 +65,3 @@ def make_agent(tmp_path: Path) -> Iterator[Callable[..., Harness]]:
                 signal_group(record.pid, signal.SIGKILL)
             if record.process is not None:
                 record.process.wait(timeout=5)
-
-
-def launch(job_id: int, command: list[str], **fields: Any) -> dict[str, Any]:
-    """A launch message with test defaults: attempt 1, GPU 0, a short grace period."""
-    fields.setdefault("attempt", 1)
-    fields.setdefault("name", f"job-{job_id}")
-    fields.setdefault("gpu_indices", [0])
-    fields.setdefault("grace_seconds", 5)
-    return launch_message(job_id=job_id, command=command, **fields)
-
-
-def stop(job_id: int, reason: str = "cancelled", **fields: Any) -> dict[str, Any]:
-    fields.setdefault("attempt", 1)
-    fields.setdefault("grace_seconds", 5)
-    return stop_message(job_id=job_id, reason=reason, **fields)
-
-
-def python_job(code: str) -> list[str]:
-    return [PYTHON, "-c", code]
-
-
-#: A job that waits until a file appears, then exits with the code written in it.
-WAIT_FOR_FILE = """
-import os, sys, time
-path = sys.argv[1]
-print("waiting", flush=True)
-while not os.path.exists(path):
-    time.sleep(0.02)
-sys.exit(int(open(path).read() or 0))
-"""
-
-
-def waiting_job(trigger: Path) -> list[str]:
-    return [PYTHON, "-c", WAIT_FOR_FILE, str(trigger)]
-
-
-#: A job that ignores SIGTERM and says so once the handler is in place.
-IGNORES_SIGTERM = (
-    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-    "print('ready', flush=True); time.sleep(600)"
-)

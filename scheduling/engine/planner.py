@@ -1,0 +1,548 @@
+"""One scheduling cycle: the pending jobs in order, each placed, reserved or explained.
+
+Every pending job is considered once, in scheduling order (see :mod:`.order`):
+
+1. jobs that can never start as things are (closed queue, held, no node can ever hold
+   them, bigger than their quota) are explained and get no estimate;
+2. jobs behind the unplaced head of a strict-FIFO queue wait for it;
+3. the others are admitted against their quota (guaranteed, or borrowed on idle GPUs) and
+   placed now if GPUs are idle and taking them delays no earlier reservation;
+4. a job that fits its guarantee but finds no GPUs gets a reservation on the timeline at
+   its earliest start (conservative backfill: every such job is protected, the first
+   blocked job of a pool being the one DESIGN.md calls "the reservation"), unless
+   preempting victims gets it running sooner;
+5. jobs waiting for quota (or to borrow idle GPUs) get an estimate from the same
+   timeline but reserve no GPUs.
+
+Estimates are the reservation times: an upper bound as long as running jobs end by their
+limits and no more important work arrives, computed with one query per job.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+
+from . import messages, reasons
+from .cluster import NodeSlot, SliceIndex
+from .order import class_order, fair_share_order, fifo_order
+from .preemption import Preemptor, RunningRecord, VictimChoice, find_victims, might_have_victims
+from .quota import BORROWED, GUARANTEED, Account, Quotas
+from .results import PendingInfo, Placement, Plan, Preemption
+from .snapshot import PendingJob, QueueInfo, RunningJob, Snapshot
+
+INF = math.inf
+
+
+@dataclass(slots=True)
+class Option:
+    """One way to run a job: a slice of GPUs and the quota account it counts against."""
+
+    slice: SliceIndex
+    account: Account
+
+
+@dataclass(slots=True)
+class Slot:
+    """The earliest start of a job on the timeline, and where."""
+
+    start: float
+    option: Option
+    nodes: list[NodeSlot]
+    positions: list[list[int]]
+    releasing: bool  # uses GPUs of jobs being stopped
+
+
+class Planner:
+    """Plans one cycle for a snapshot; use :func:`scheduling.engine.plan`."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
+        self.now = snapshot.now
+        self.result = Plan()
+        self.queues: dict[int, QueueInfo] = {queue.id: queue for queue in snapshot.queues}
+        self.quotas = Quotas(snapshot.quotas, self.now)
+        self.running_gpus: dict[str, int] = defaultdict(int)
+        self.slices: dict[tuple[str, str, int], SliceIndex] = {}
+        self.pool_slices: dict[str, list[SliceIndex]] = defaultdict(list)
+        self._gpu_location: dict[int, tuple[SliceIndex, NodeSlot, int]] = {}
+        # Stopping jobs preempted for a pending job: their GPUs wait for that job.
+        self._claims: dict[int, list[tuple[SliceIndex, NodeSlot, list[int], float]]] = {}
+        self._waiting: list[tuple[PendingJob, str, str, float | None]] = []
+        self._shape_cache: dict[tuple, list[SliceIndex]] = {}
+        self._option_cache: dict[tuple, list[Option]] = {}
+        self._hopeless: set[tuple] = set()  # preemption searches known to fail
+        self._queue_heads: dict[int, tuple[int, str, float]] = {}
+        self._fifo_head: tuple[int, str, float] | None = None
+        self._pool_floor: dict[str, float] = {}  # no-backfill pools: nothing starts before
+        self._pool_blocker: dict[str, int] = {}
+        self._build_cluster()
+        self._build_running()
+
+    # -- building the cycle's state ---------------------------------------------------------
+
+    def _build_cluster(self) -> None:
+        now = self.now
+        for node in self.snapshot.nodes:
+            by_kind: dict[tuple[str, int], list] = defaultdict(list)
+            for gpu in sorted(node.gpus, key=lambda gpu: gpu.index):
+                by_kind[(gpu.model, gpu.memory_mb)].append(gpu.id)
+            for (model, memory), gpu_ids in by_kind.items():
+                key = (node.pool, model, memory)
+                slice_ = self.slices.get(key)
+                if slice_ is None:
+                    slice_ = self.slices[key] = SliceIndex(node.pool, model, memory, now)
+                    self.pool_slices[node.pool].append(slice_)
+                slot = slice_.add_slot(node.id, node.name, gpu_ids)
+                for pos, gpu_id in enumerate(gpu_ids):
+                    self._gpu_location[gpu_id] = (slice_, slot, pos)
+
+    def _end_of(self, job: RunningJob) -> float:
+        """When a running job's GPUs are free at the latest (always after now)."""
+        grace = max(job.grace_seconds, 1)
+        if job.stopping:
+            return self.now + grace
+        if job.max_runtime_seconds <= 0:
+            return INF
+        end = job.started_at + job.max_runtime_seconds
+        # Past its limit: the runtime control stops it with its grace period.
+        return end if end > self.now else self.now + grace
+
+    def _build_running(self) -> None:
+        pending_ids = {job.id for job in self.snapshot.pending}
+        for job in self.snapshot.running:
+            end = self._end_of(job)
+            record = RunningRecord(job, end)
+            self.quotas.account(job.tenant, job.pool, job.gpu_model).add_running(
+                len(job.gpu_ids), end
+            )
+            self.running_gpus[job.tenant] += len(job.gpu_ids)
+            claimed = job.stopping and job.preempted_by in pending_ids
+            by_slot: dict[int, tuple[SliceIndex, NodeSlot, list[int]]] = {}
+            for gpu_id in job.gpu_ids:
+                location = self._gpu_location.get(gpu_id)
+                if location is None:
+                    continue  # unhealthy GPU or node out of service: not schedulable anyway
+                slice_, slot, pos = location
+                slot.af[pos] = INF if claimed else end
+                slot.releasing[pos] = job.stopping
+                by_slot.setdefault(id(slot), (slice_, slot, []))[2].append(pos)
+            record.placement = list(by_slot.values())
+            for slice_, slot, positions in record.placement:
+                slot.running.append(record)
+                if claimed:
+                    self._claims.setdefault(job.preempted_by, []).append(
+                        (slice_, slot, positions, end)
+                    )
+        for slice_ in self.slices.values():
+            slice_.build()
+
+    # -- the cycle ---------------------------------------------------------------------------
+
+    def run(self) -> Plan:
+        """Consider every pending job once, in order, and return the plan."""
+        for job in self._order():
+            self._consider(job)
+        self._publish_waiting()
+        return self.result
+
+    def _order(self):
+        snapshot = self.snapshot
+        if snapshot.global_fifo:
+            return fifo_order(snapshot.pending)
+        if snapshot.fair_share:
+            return fair_share_order(snapshot.pending, self._share)
+        return class_order(snapshot.pending)
+
+    def _share(self, tenant: str) -> float:
+        """Weighted fair share: usage history plus GPUs held now, per guaranteed GPU."""
+        usage = self.snapshot.usage.get(tenant, 0.0) + self.running_gpus.get(tenant, 0)
+        return usage / max(1, self.quotas.guaranteed_total.get(tenant, 0))
+
+    def _consider(self, job: PendingJob) -> None:
+        self._release_claims(job.id)
+        queue = self.queues.get(job.queue_id)
+        if queue is not None and not queue.open:
+            self._wait(job, reasons.QUEUE_CLOSED, messages.queue_closed(queue.name), None)
+            return
+        if job.held:
+            self._wait(job, reasons.HELD, messages.held(), None)
+            return
+        slices = self._slices_for(job)
+        if not slices:
+            known = bool(self.pool_slices.get(job.pool))
+            message = messages.no_matching_nodes(job, known)
+            self._wait(job, reasons.NO_MATCHING_NODES, message, None)
+            return
+        options = self._options_for(job, slices)
+        if not options:
+            account = self.quotas.account(job.tenant, job.pool, slices[0].model)
+            message = messages.exceeds_quota(job, account)
+            self._wait(job, reasons.EXCEEDS_QUOTA_LIMIT, message, None)
+            return
+        if self._blocked_by_head(job, queue, options):
+            return
+        outcome = self._schedule(job, options)
+        if outcome is not None:
+            self._remember_head(job, queue, *outcome)
+
+    def _wait(self, job: PendingJob, code: str, message: str, start: float | None) -> None:
+        if start is not None and math.isinf(start):
+            start = None
+        self._waiting.append((job, code, message, start))
+
+    def _publish_waiting(self) -> None:
+        """Positions are counted among the jobs that stay pending, in scheduling order."""
+        queue_positions: dict[int, int] = defaultdict(int)
+        pool_positions: dict[str, int] = defaultdict(int)
+        pending = self.result.pending
+        for job, code, message, start in self._waiting:
+            queue_positions[job.queue_id] += 1
+            pool_positions[job.pool] += 1
+            pending[job.id] = PendingInfo(
+                job_id=job.id,
+                code=code,
+                message=message,
+                queue_position=queue_positions[job.queue_id],
+                pool_position=pool_positions[job.pool],
+                estimated_start=start,
+            )
+
+    # -- what could ever run the job ----------------------------------------------------------
+
+    def _slices_for(self, job: PendingJob) -> list[SliceIndex]:
+        """Slices of the job's pool where it could ever fit, in preference order."""
+        key = (job.pool, job.gpu_models, job.min_gpu_memory_mb, job.gpus_per_node, job.nodes)
+        cached = self._shape_cache.get(key)
+        if cached is not None:
+            return cached
+        found = []
+        if job.gpus_per_node >= 1 and job.nodes >= 1:
+            wanted = {model: rank for rank, model in enumerate(job.gpu_models)}
+            for slice_ in self.pool_slices.get(job.pool, ()):
+                if wanted and slice_.model not in wanted:
+                    continue
+                if slice_.memory_mb < job.min_gpu_memory_mb:
+                    continue
+                if slice_.nodes_with_at_least(job.gpus_per_node) < job.nodes:
+                    continue
+                found.append((wanted.get(slice_.model, 0), slice_.model, slice_.memory_mb, slice_))
+        found.sort(key=lambda item: item[:3])
+        result = self._shape_cache[key] = [item[3] for item in found]
+        return result
+
+    def _options_for(self, job: PendingJob, slices: list[SliceIndex]) -> list[Option]:
+        """The slices whose quota could ever admit the job, with their accounts."""
+        key = (job.tenant, job.preemptible, job.gpus, id(slices))
+        cached = self._option_cache.get(key)
+        if cached is not None:
+            return cached
+        options = []
+        for slice_ in slices:
+            account = self.quotas.account(job.tenant, slice_.pool, slice_.model)
+            if account.could_ever_fit(job.gpus, job.preemptible):
+                options.append(Option(slice_, account))
+        self._option_cache[key] = options
+        return options
+
+    # -- strict FIFO ------------------------------------------------------------------------
+
+    def _blocked_by_head(
+        self, job: PendingJob, queue: QueueInfo | None, options: list[Option]
+    ) -> bool:
+        head = self._fifo_head if self.snapshot.global_fifo else None
+        if head is not None:
+            message = messages.fifo_head(head[0], head[1])
+        elif queue is not None and queue.strict_fifo and queue.id in self._queue_heads:
+            head = self._queue_heads[queue.id]
+            message = messages.queue_head(queue.name, head[0], head[1])
+        else:
+            return False
+        start = self._estimate_without_gpus(job, options, head[2])
+        self._wait(job, reasons.BLOCKED_BY_QUEUE_HEAD, message, start)
+        return True
+
+    def _remember_head(
+        self, job: PendingJob, queue: QueueInfo | None, code: str, start: float | None
+    ) -> None:
+        """An unplaced job that could run blocks the rest of a strict-FIFO queue."""
+        floor = INF if start is None else start
+        if self.snapshot.global_fifo and self._fifo_head is None:
+            self._fifo_head = (job.id, code, floor)
+        if queue is not None and queue.strict_fifo and queue.id not in self._queue_heads:
+            self._queue_heads[queue.id] = (job.id, code, floor)
+
+    # -- scheduling one job --------------------------------------------------------------------
+
+    def _schedule(self, job: PendingJob, options: list[Option]) -> tuple[str, float | None] | None:
+        """Place the job now, or record why it waits; returns (code, estimate) if it waits."""
+        gpus, nodes, total = job.gpus_per_node, job.nodes, job.gpus
+        runtime = job.max_runtime_seconds if job.max_runtime_seconds > 0 else INF
+        end = self.now + runtime
+        floor = self._pool_floor.get(job.pool)
+        admitted: list[tuple[Option, str]] = []
+        for option in options:
+            mode = option.account.mode(total, job.preemptible)
+            if mode is not None:
+                admitted.append((option, mode))
+        admitted.sort(key=lambda item: item[1] != GUARANTEED)  # stable: guaranteed first
+        quota_promised = gpus_promised = False
+        for option, mode in admitted:
+            if floor is None:
+                if not option.account.fits_now(total, mode, end):
+                    quota_promised = True
+                    continue
+                chosen = option.slice.find_now(gpus, nodes, end)
+                if chosen is not None:
+                    self._place(job, option, chosen, mode, end)
+                    return None
+            gpus_promised |= option.slice.fits_ignoring_reservations(gpus, nodes)
+        guaranteed = [option for option, mode in admitted if mode == GUARANTEED]
+        if guaranteed:
+            return self._wait_for_gpus(
+                job, guaranteed, runtime, floor, quota_promised, gpus_promised
+            )
+        if admitted:
+            borrowing = [option for option, _ in admitted]
+            return self._wait_to_borrow(
+                job, borrowing, runtime, floor, quota_promised, gpus_promised
+            )
+        account = options[0].account
+        message = messages.quota_wait(job, account, options[0].slice.idle)
+        start = self._estimate_without_gpus(job, options, floor)
+        self._wait(job, reasons.WAITING_FOR_QUOTA, message, start)
+        return reasons.WAITING_FOR_QUOTA, start
+
+    def _place(
+        self, job: PendingJob, option: Option, chosen: list[NodeSlot], mode: str, end: float
+    ) -> None:
+        gpu_ids: list[int] = []
+        for slot in chosen:
+            positions = option.slice.take_now(slot, job.gpus_per_node, end)
+            gpu_ids.extend(slot.gpu_ids[pos] for pos in positions)
+        option.account.start(job.gpus, end)
+        self.running_gpus[job.tenant] += job.gpus
+        self.result.placements.append(
+            Placement(
+                job_id=job.id,
+                gpu_ids=tuple(gpu_ids),
+                node_ids=tuple(slot.node_id for slot in chosen),
+                borrowed=mode == BORROWED,
+                gpu_model=option.slice.model,
+            )
+        )
+
+    def _wait_for_gpus(
+        self,
+        job: PendingJob,
+        options: list[Option],
+        runtime: float,
+        floor: float | None,
+        quota_promised: bool,
+        gpus_promised: bool,
+    ) -> tuple[str, float | None]:
+        """The job fits its guarantee but not the idle GPUs: preempt, or reserve."""
+        slot = self._earliest(job, options, floor, with_positions=True)
+        if self.snapshot.preemption and (slot is None or not slot.releasing):
+            outcome = self._preempt(job, options, runtime, True, slot)
+            if outcome is not None:
+                return outcome
+        if not self.snapshot.backfill:
+            self._pool_blocker.setdefault(job.pool, job.id)
+        if slot is None:
+            if not self.snapshot.backfill:
+                self._pool_floor[job.pool] = INF
+            message = self._gpus_message(job, options[0])
+            self._wait(job, reasons.WAITING_FOR_GPUS, message, None)
+            return reasons.WAITING_FOR_GPUS, None
+        self._reserve(job, slot, runtime)
+        if not self.snapshot.backfill:
+            self._pool_floor[job.pool] = max(self._pool_floor.get(job.pool, 0.0), slot.start)
+        code, message = self._gpu_wait_reason(job, slot, quota_promised, gpus_promised)
+        self._wait(job, code, message, slot.start)
+        return code, slot.start
+
+    def _wait_to_borrow(
+        self,
+        job: PendingJob,
+        options: list[Option],
+        runtime: float,
+        floor: float | None,
+        quota_promised: bool,
+        gpus_promised: bool,
+    ) -> tuple[str, float | None]:
+        """Beyond its guarantee a job only borrows idle GPUs: it reserves none, except
+        GPUs being freed for it by a preemption (or a lower, borrowed class it preempts)."""
+        slot = self._earliest(job, options, floor, with_positions=True)
+        if slot is not None and slot.releasing:
+            self._reserve(job, slot, runtime)
+            message = messages.releasing_wait(slot.start, self.now)
+            self._wait(job, reasons.WAITING_FOR_PREEMPTION, message, slot.start)
+            return reasons.WAITING_FOR_PREEMPTION, slot.start
+        if self.snapshot.preemption and job.can_preempt:
+            outcome = self._preempt(job, options, runtime, False, slot)
+            if outcome is not None:
+                return outcome
+        if gpus_promised or quota_promised:
+            code = reasons.RESERVED_FOR_HIGHER_PRIORITY
+            message = self._reserved_message(job, options[0], quota_promised)
+        else:
+            code = reasons.WAITING_FOR_QUOTA
+            message = messages.quota_wait(job, options[0].account, options[0].slice.idle)
+        start = self._estimate_without_gpus(job, options, floor)
+        self._wait(job, code, message, start)
+        return code, start
+
+    def _gpu_wait_reason(
+        self, job: PendingJob, slot: Slot, quota_promised: bool, gpus_promised: bool
+    ) -> tuple[str, str]:
+        if slot.releasing:
+            return reasons.WAITING_FOR_PREEMPTION, messages.releasing_wait(slot.start, self.now)
+        if gpus_promised or quota_promised:
+            message = self._reserved_message(job, slot.option, quota_promised)
+            return reasons.RESERVED_FOR_HIGHER_PRIORITY, message
+        return reasons.WAITING_FOR_GPUS, self._gpus_message(job, slot.option)
+
+    def _reserved_message(self, job: PendingJob, option: Option, quota_promised: bool) -> str:
+        blocker = self._pool_blocker.get(job.pool)
+        if not self.snapshot.backfill and blocker is not None and blocker != job.id:
+            return messages.pool_blocked(job, blocker)
+        if quota_promised:
+            return messages.reserved_quota(option.account)
+        return messages.reserved_gpus(job, option.slice.hole_owners, self.now)
+
+    def _gpus_message(self, job: PendingJob, option: Option) -> str:
+        slice_ = option.slice
+        return messages.gpus_wait(job, slice_.model, slice_.idle, slice_.largest_idle_block())
+
+    # -- the timeline -----------------------------------------------------------------------
+
+    def _earliest(
+        self, job: PendingJob, options: list[Option], floor: float | None, with_positions: bool
+    ) -> Slot | None:
+        """The earliest start over the job's options (GPUs and quota), or None if never."""
+        best: Slot | None = None
+        lowest = self.now if floor is None else floor
+        for option in options:
+            found = option.slice.earliest(job.gpus_per_node, job.nodes)
+            if found is None:
+                continue
+            gpu_start, chosen = found
+            start = max(gpu_start, lowest)
+            if best is not None and start >= best.start:
+                continue
+            start = max(start, option.account.earliest(job.gpus, job.preemptible))
+            if math.isinf(start) or (best is not None and start >= best.start):
+                continue
+            best = Slot(start, option, chosen, [], False)
+        if best is not None and with_positions:
+            slice_ = best.option.slice
+            for slot in best.nodes:
+                positions = slice_.choose_reserved(slot, job.gpus_per_node, best.start)
+                best.positions.append(positions)
+                best.releasing |= any(slot.releasing[pos] for pos in positions)
+        return best
+
+    def _reserve(self, job: PendingJob, slot: Slot, runtime: float) -> None:
+        """Promise the slot's GPUs and quota to the job."""
+        end = slot.start + runtime
+        slice_ = slot.option.slice
+        for node_slot, positions in zip(slot.nodes, slot.positions, strict=True):
+            slice_.reserve(node_slot, positions, slot.start, end, job.id)
+        slot.option.account.reserve(job.gpus, slot.start, end)
+
+    def _estimate_without_gpus(
+        self, job: PendingJob, options: list[Option], floor: float | None
+    ) -> float | None:
+        """Estimate for a job that reserves no GPUs; it still queues for its own quota."""
+        slot = self._earliest(job, options, floor, with_positions=False)
+        if slot is None:
+            return None
+        runtime = job.max_runtime_seconds if job.max_runtime_seconds > 0 else INF
+        slot.option.account.reserve(job.gpus, slot.start, slot.start + runtime)
+        return slot.start
+
+    def _release_claims(self, job_id: int) -> None:
+        """GPUs kept for this job by an earlier preemption become usable when it is its
+        turn (by itself first, since it is considered right now)."""
+        claims = self._claims.pop(job_id, None)
+        if not claims:
+            return
+        for slice_, slot, positions, when in claims:
+            slice_.release_at(slot, positions, when)
+
+    # -- preemption ------------------------------------------------------------------------
+
+    def _preempt(
+        self,
+        job: PendingJob,
+        options: list[Option],
+        runtime: float,
+        within_guarantee: bool,
+        slot: Slot | None,
+    ) -> tuple[str, float] | None:
+        """Stop victims for the job if that gets it running sooner than waiting."""
+        preemptor = Preemptor(job, within_guarantee)
+        best: tuple[VictimChoice, Option] | None = None
+        for option in options:
+            key = preemptor.cache_key(option.slice)
+            if key in self._hopeless:
+                continue
+            choice = None
+            if might_have_victims(option.slice, preemptor, self.now):
+                choice = find_victims(option.slice, preemptor, self.now)
+            if choice is None:
+                self._hopeless.add(key)
+            elif best is None or choice.cost < best[0].cost:
+                best = (choice, option)
+        if best is None:
+            return None
+        choice, option = best
+        release = {
+            record.job.id: self.now + max(record.job.grace_seconds, 1) for record in choice.victims
+        }
+        start = max(max(release.values()), option.account.earliest(job.gpus, job.preemptible))
+        if slot is not None and slot.start <= start:
+            return None  # waiting is as fast as preempting
+        for record in choice.victims:
+            self._stop(record, job, release[record.job.id], within_guarantee, option.account)
+        positions = [
+            option.slice.choose_reserved(node_slot, job.gpus_per_node, start)
+            for node_slot in choice.slots
+        ]
+        self._reserve(job, Slot(start, option, choice.slots, positions, True), runtime)
+        message = messages.preemption_wait(release, start, self.now)
+        self._wait(job, reasons.WAITING_FOR_PREEMPTION, message, start)
+        return reasons.WAITING_FOR_PREEMPTION, start
+
+    def _stop(
+        self,
+        record: RunningRecord,
+        job: PendingJob,
+        when: float,
+        within_guarantee: bool,
+        account: Account,
+    ) -> None:
+        record.stopping = True
+        record.end = when
+        for slice_, slot, positions in record.placement:
+            slice_.release_at(slot, positions, when)
+        victim = record.job
+        if Preemptor(job, within_guarantee).is_reclaim(record):
+            reason, message = reasons.PREEMPT_RECLAIM, messages.reclaimed(job, account)
+        else:
+            reason = reasons.PREEMPT_PRIORITY
+            message = messages.preempted_for_priority(job, victim.priority_class)
+        self.result.preemptions.append(
+            Preemption(victim_id=victim.id, preemptor_id=job.id, reason=reason, message=message)
+        )
+
+
+def plan(snapshot: Snapshot) -> Plan:
+    """Decide what starts now, what is preempted, and why every other pending job waits.
+
+    Pure function of the snapshot (no I/O, no clock): see DESIGN.md §6 and
+    :mod:`scheduling.engine.planner` for the rules.
+    """
+    return Planner(snapshot).run()
