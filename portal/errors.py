@@ -31,8 +31,14 @@ class PermissionDeniedError(BusinessError):
 
     status_code = 403
 
-    def __init__(self, message: str = "You do not have permission to do this.") -> None:
-        super().__init__(message, code="permission_denied")
+    def __init__(
+        self,
+        message: str = "You do not have permission to do this.",
+        *,
+        code: str = "permission_denied",
+        field: str | None = None,
+    ) -> None:
+        super().__init__(message, code=code, field=field)
 
 
 class NotFoundError(BusinessError):

@@ -259,6 +259,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # One enum name for the workload types, wherever a serializer lists them.
+    "ENUM_NAME_OVERRIDES": {"WorkloadTypeEnum": "scheduling.choices.WorkloadType"},
 }
 
 LOGGING = {

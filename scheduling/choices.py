@@ -89,3 +89,25 @@ STOP_REASON_END_STATE = {
 # Workload types that count as "inference" for the never-preempt-inference-by-training rule.
 INFERENCE_TYPES = (WorkloadType.INFERENCE,)
 TRAINING_TYPES = (WorkloadType.TRAINING, WorkloadType.FINE_TUNING)
+
+
+class RaiseState(models.TextChoices):
+    PENDING = "pending", "Pending"
+    APPROVED = "approved", "Approved"
+    REJECTED = "rejected", "Rejected"
+    EXPIRED = "expired", "Expired"
+    REVOKED = "revoked", "Revoked"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+# States in which a job may be raised, and in which a granted class still matters to it.
+RAISABLE_STATES = (JobState.PENDING, JobState.HELD, JobState.ADMITTED, JobState.RUNNING)
+LIVE_STATES = (*RAISABLE_STATES, JobState.STOPPING, JobState.PREEMPTED, JobState.LOST)
+
+
+class NotificationKind(models.TextChoices):
+    RAISE_REQUESTED = "raise_requested", "Raise requested"
+    RAISE_APPROVED = "raise_approved", "Raise approved"
+    RAISE_REJECTED = "raise_rejected", "Raise rejected"
+    RAISE_EXPIRED = "raise_expired", "Raise expired"
+    RAISE_REVOKED = "raise_revoked", "Raise revoked"

@@ -15,7 +15,9 @@ from .choices import (
     JobState,
     NodeState,
     PoolPurpose,
+    NotificationKind,
     QueueState,
+    RaiseState,
     StopReason,
     WorkloadType,
 )
@@ -387,3 +389,125 @@ class TenantUsage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant.slug}: {self.gpu_seconds:.0f} GPU-s"
+
+
+class PriorityRaise(models.Model):
+    """A request to run one job, or a project's jobs during a window, at a higher class.
+
+    Exactly one of ``job`` and ``project`` is set. A project raise (a release push) covers
+    the project's jobs from ``window_start`` to ``window_end``, including jobs submitted
+    while it is active. An approved raise is a grant that ends at ``expires_at``; while it
+    lasts the covered jobs run at ``to_class`` (their ``priority_class``), and afterwards they
+    go back to their ``base_priority_class`` (or the highest other grant still active).
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="priority_raises")
+    job = models.ForeignKey(
+        Job, null=True, blank=True, on_delete=models.CASCADE, related_name="priority_raises"
+    )
+    project = models.ForeignKey(
+        Project, null=True, blank=True, on_delete=models.CASCADE, related_name="priority_raises"
+    )
+    from_class = models.ForeignKey(
+        PriorityClass,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="The job's class when requested; empty for a project raise.",
+    )
+    to_class = models.ForeignKey(PriorityClass, on_delete=models.PROTECT, related_name="+")
+    reason = models.TextField(max_length=2000)
+    hours = models.FloatField(
+        null=True, blank=True, help_text="Requested duration; empty: the class's maximum."
+    )
+    window_start = models.DateTimeField(null=True, blank=True)
+    window_end = models.DateTimeField(null=True, blank=True)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="priority_raises"
+    )
+    state = models.CharField(
+        max_length=10, choices=RaiseState.choices, default=RaiseState.PENDING, db_index=True
+    )
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    comment = models.TextField(blank=True, max_length=2000)
+    expires_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    ended_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="Who revoked or cancelled it; empty when it expired.",
+    )
+    ended_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(job__isnull=False, project__isnull=True)
+                | Q(job__isnull=True, project__isnull=False, window_end__isnull=False),
+                name="priority_raise_one_scope",
+            )
+        ]
+        indexes = [
+            models.Index(fields=["tenant", "state"]),
+            models.Index(fields=["state", "expires_at"]),
+            models.Index(fields=["project", "state"]),
+        ]
+
+    def __str__(self) -> str:
+        scope = f"job {self.job_id}" if self.job_id else f"project {self.project_id}"
+        return f"raise {self.pk}: {scope} to {self.to_class.name}"
+
+    @property
+    def is_project_raise(self) -> bool:
+        return self.project_id is not None
+
+
+class TenantRaiseCeiling(models.Model):
+    """The highest class a tenant's admins may approve raises to; above it, platform admins.
+
+    No row for a tenant: its admins approve nothing, every raise goes to platform admins.
+    """
+
+    tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, related_name="raise_ceiling")
+    ceiling = models.ForeignKey(PriorityClass, on_delete=models.PROTECT, related_name="+")
+
+    def __str__(self) -> str:
+        return f"{self.tenant.slug}: up to {self.ceiling.name}"
+
+
+class Notification(models.Model):
+    """A message to one user in the portal (and by e-mail when mail is enabled)."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="notifications"
+    )
+    created_at = models.DateTimeField()
+    kind = models.CharField(max_length=30, choices=NotificationKind.choices)
+    message = models.TextField(max_length=2000)
+    link = models.CharField(max_length=300, blank=True)
+    read_at = models.DateTimeField(null=True, blank=True)
+    job = models.ForeignKey(
+        Job, null=True, blank=True, on_delete=models.CASCADE, related_name="notifications"
+    )
+    priority_raise = models.ForeignKey(
+        PriorityRaise,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="notifications",
+    )
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["user", "read_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.user_id} {self.kind}"

@@ -4,23 +4,26 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from django.db.models import Count, Max, Q, QuerySet, Sum
+from django.db.models import Count, F, Max, Q, QuerySet, Sum
 
 from tenants.choices import Role
 from tenants.models import Membership, Tenant
 from tenants.selectors import has_role, is_platform_admin
 
-from .choices import ACTIVE_STATES, JobState, NodeState
+from .choices import ACTIVE_STATES, JobState, NodeState, RaiseState
 from .models import (
     Allocation,
     Gpu,
     Job,
     JobEvent,
     Node,
+    Notification,
     PriorityClass,
+    PriorityRaise,
     Queue,
     Quota,
     ResourcePool,
+    TenantRaiseCeiling,
     WorkloadPolicy,
 )
 
@@ -247,3 +250,145 @@ def dashboard_summary(user) -> dict:
         ]
         or 0,
     }
+
+
+# --- priority raises ------------------------------------------------------------------------
+
+_RAISE_RELATED = (
+    "tenant",
+    "job",
+    "project",
+    "project__tenant",
+    "from_class",
+    "to_class",
+    "requested_by",
+    "decided_by",
+    "ended_by",
+)
+
+
+def raise_ceiling_of(tenant: Tenant | int) -> PriorityClass | None:
+    """The highest class the tenant's admins may approve; None: they approve nothing."""
+    tenant_id = tenant.pk if isinstance(tenant, Tenant) else tenant
+    row = TenantRaiseCeiling.objects.filter(tenant_id=tenant_id).select_related("ceiling").first()
+    return row.ceiling if row else None
+
+
+def raises_visible_to(user) -> QuerySet[PriorityRaise]:
+    """Every raise of the user's tenants (all for platform admins); others' do not exist (404)."""
+    qs = PriorityRaise.objects.select_related(*_RAISE_RELATED)
+    if is_platform_admin(user):
+        return qs
+    if not _authenticated(user):
+        return qs.none()
+    return qs.filter(tenant_id__in=_member_tenant_ids(user))
+
+
+def raises_listed_for(user) -> QuerySet[PriorityRaise]:
+    """What a user's list of raises shows: their own requests and raises on their jobs; for a
+    tenant admin also every raise of that tenant; for a platform admin all of them."""
+    qs = raises_visible_to(user)
+    if is_platform_admin(user) or not _authenticated(user):
+        return qs
+    return qs.filter(
+        Q(requested_by=user)
+        | Q(job__submitted_by=user)
+        | Q(tenant_id__in=_member_tenant_ids(user, Role.ADMIN))
+    )
+
+
+def raise_refusal(user, raise_: PriorityRaise, step: str) -> str | None:
+    """Why ``user`` may not take ``step`` (approve, reject, revoke, cancel) on the raise, or None.
+
+    Tenant admins decide raises up to their tenant's ceiling class, platform admins any
+    class; nobody decides their own request. The requester cancels a pending request and
+    may give back (revoke) a grant early.
+    """
+    own = raise_.requested_by_id == user.pk
+    if step == "cancel":
+        return None if own else "Only the requester may cancel a raise request."
+    if step == "revoke" and own:
+        return None
+    if own:
+        return "You cannot approve or reject your own raise request; another approver must."
+    if is_platform_admin(user):
+        return None
+    tenant = raise_.tenant
+    if not has_role(user, tenant, Role.ADMIN):
+        return (
+            f"Only admins of {tenant.slug} (up to its ceiling class) and platform admins "
+            "may decide raises."
+        )
+    ceiling = raise_ceiling_of(tenant)
+    if ceiling is None:
+        return (
+            f"Tenant {tenant.slug} has no raise ceiling: only platform admins may decide its raises."
+        )
+    if raise_.to_class.value > ceiling.value:
+        return (
+            f"Class {raise_.to_class.name} is above {tenant.slug}'s ceiling {ceiling.name}: "
+            "a platform admin must decide this raise."
+        )
+    return None
+
+
+def _decidable(user, state: str) -> QuerySet[PriorityRaise]:
+    qs = raises_visible_to(user).filter(state=state)
+    if not is_platform_admin(user):
+        qs = qs.filter(
+            tenant_id__in=_member_tenant_ids(user, Role.ADMIN),
+            tenant__raise_ceiling__ceiling__value__gte=F("to_class__value"),
+        )
+    return qs
+
+
+def raises_decidable_by(user) -> QuerySet[PriorityRaise]:
+    """Pending raises the user may approve or reject (never their own), oldest first."""
+    return _decidable(user, RaiseState.PENDING).exclude(requested_by=user).order_by("id")
+
+
+def raises_revocable_by(user) -> QuerySet[PriorityRaise]:
+    """Active grants the user may revoke as an approver, soonest to expire first."""
+    return _decidable(user, RaiseState.APPROVED).order_by("expires_at", "id")
+
+
+def raise_approvers(raise_: PriorityRaise) -> list:
+    """Who is asked to decide a raise: the tenant's admins when the class is within its
+    ceiling, else (or when no other admin can) the platform admins. Never the requester."""
+    from django.contrib.auth import get_user_model
+
+    ceiling = raise_ceiling_of(raise_.tenant_id)
+    users = []
+    if ceiling is not None and raise_.to_class.value <= ceiling.value:
+        users = list(
+            get_user_model()
+            .objects.filter(
+                memberships__tenant_id=raise_.tenant_id,
+                memberships__role=Role.ADMIN,
+                is_active=True,
+            )
+            .exclude(pk=raise_.requested_by_id)
+        )
+    if not users:
+        users = list(
+            get_user_model()
+            .objects.filter(is_staff=True, is_active=True)
+            .exclude(pk=raise_.requested_by_id)
+        )
+    return users
+
+
+# --- notifications --------------------------------------------------------------------------
+
+
+def notifications_of(user) -> QuerySet[Notification]:
+    if not _authenticated(user):
+        return Notification.objects.none()
+    return Notification.objects.filter(user=user).order_by("-id")
+
+
+def notifications_unread_count(user) -> int:
+    """The number in the top bar (one query)."""
+    if not _authenticated(user):
+        return 0
+    return Notification.objects.filter(user=user, read_at__isnull=True).count()

@@ -87,3 +87,12 @@ def users_visible_to(user) -> QuerySet:
     return (
         User.objects.filter(memberships__tenant_id__in=tenant_ids).distinct().order_by("username")
     )
+
+
+def administers_any_tenant(user) -> bool:
+    """Platform admins, and admins of at least one active tenant (approvals inbox, audit log)."""
+    if is_platform_admin(user):
+        return True
+    if not user or not user.is_authenticated:
+        return False
+    return Membership.objects.filter(user=user, role=Role.ADMIN, tenant__active=True).exists()

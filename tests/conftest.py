@@ -101,12 +101,23 @@ def world(db) -> World:
     )
 
 
+class FreshUserAPIClient(APIClient):
+    """Authenticates each request as the user loaded anew, as the server does: nothing cached
+    on a user object (roles, permissions) carries over from one request to the next."""
+
+    def request(self, **kwargs):
+        user = self.handler._force_user
+        if user is not None:
+            self.handler._force_user = type(user)._default_manager.get(pk=user.pk)
+        return super().request(**kwargs)
+
+
 @pytest.fixture
 def api():
     """An API client factory: ``api(user)`` returns a client authenticated as that user."""
 
     def make(user=None):
-        client = APIClient()
+        client = FreshUserAPIClient()
         if user is not None:
             client.force_authenticate(user=user)
         return client
@@ -118,3 +129,12 @@ def api():
 def outbox():
     """Messages sent to node agents during the test, as (node name, message)."""
     return messaging.OUTBOX
+
+
+@pytest.fixture
+def dispatch_requests(monkeypatch):
+    """Replaces "request a dispatch cycle" with a recorder, so tests of submit, cancel and
+    friends do not run the engine; each on-commit request appends one entry."""
+    calls: list[int] = []
+    monkeypatch.setattr("scheduling.services.dispatch.request_dispatch", lambda: calls.append(1))
+    return calls

@@ -6,6 +6,7 @@ from django.utils import timezone
 
 from scheduling.choices import Environment, JobState, NodeState, WorkloadType
 from scheduling.models import (
+    Allocation,
     Gpu,
     Job,
     Node,
@@ -156,3 +157,30 @@ def policy(workload_type=WorkloadType.TRAINING, **overrides) -> WorkloadPolicy:
     }
     obj, _ = WorkloadPolicy.objects.update_or_create(workload_type=workload_type, defaults=values)
     return obj
+
+
+class AllocationFactory(factory.django.DjangoModelFactory):
+    """One GPU held by a job (as the dispatch loop would write it)."""
+
+    class Meta:
+        model = Allocation
+
+    job = factory.SubFactory(JobFactory)
+    gpu = factory.SubFactory(GpuFactory)
+    node = factory.SelfAttribute("gpu.node")
+    granted_at = factory.LazyFunction(timezone.now)
+
+
+def placed_job(*, gpus, state=JobState.RUNNING, **job_fields) -> Job:
+    """A job that holds ``gpus`` (one node's worth), in an active state, allocations included."""
+    now = timezone.now()
+    job = JobFactory(
+        state=state,
+        gpus_per_node=len(gpus),
+        admitted_at=now,
+        started_at=now if state != JobState.ADMITTED else None,
+        **job_fields,
+    )
+    for gpu in gpus:
+        AllocationFactory(job=job, gpu=gpu, granted_at=now)
+    return job

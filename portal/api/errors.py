@@ -10,29 +10,29 @@ from rest_framework.views import exception_handler as drf_exception_handler
 from portal.errors import BusinessError
 
 
-def _flatten(detail) -> dict[str, list[str]]:
+def _flatten(detail, path: str = "") -> dict[str, list[str]]:
+    """Field messages keyed by where they belong: ``field``, ``field.key`` inside an object,
+    ``field[i].sub`` inside a list (DRF reports list items by position, as a list or a dict)."""
     if isinstance(detail, dict):
         out: dict[str, list[str]] = {}
         for key, value in detail.items():
-            if isinstance(value, dict):
-                for sub, msgs in _flatten(value).items():
-                    out[f"{key}.{sub}"] = msgs
-            elif isinstance(value, list):
-                msgs: list[str] = []
-                for i, item in enumerate(value):
-                    if isinstance(item, dict):
-                        for sub, sub_msgs in _flatten(item).items():
-                            out[f"{key}[{i}].{sub}"] = sub_msgs
-                    else:
-                        msgs.append(str(item))
-                if msgs:
-                    out[key] = msgs
+            if isinstance(key, int):
+                sub = f"{path}[{key}]"
             else:
-                out[key] = [str(value)]
+                sub = f"{path}.{key}" if path else str(key)
+            out.update(_flatten(value, sub))
         return out
     if isinstance(detail, list):
-        return {"non_field_errors": [str(d) for d in detail]}
-    return {}
+        out, messages = {}, []
+        for i, item in enumerate(detail):
+            if isinstance(item, (dict, list)):
+                out.update(_flatten(item, f"{path}[{i}]"))
+            else:
+                messages.append(str(item))
+        if messages:
+            out[path or "non_field_errors"] = messages
+        return out
+    return {path or "non_field_errors": [str(detail)]}
 
 
 def exception_handler(exc, context):

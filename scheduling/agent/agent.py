@@ -315,9 +315,9 @@ class Agent:
         self._receive(self._wait_time() if timeout is None else timeout)
         self._reap()
         self._enforce_deadlines()
-        self._start_waiting()
         self._ship_logs()
         self._report_finished()
+        self._start_waiting()
         if time.monotonic() >= self._next_heartbeat:
             self._heartbeat()
         self.outbox.flush()
@@ -453,13 +453,21 @@ class Agent:
 
     def _blockers(self, record: JobRecord) -> list[JobRecord]:
         """Jobs that must end before ``record`` starts: its older attempts, and jobs in
-        their stop grace period on its GPUs (a preempted job checkpointing)."""
+        their stop grace period on its GPUs (a preempted job checkpointing). A blocker that
+        ended blocks until its ``exited`` report is queued, so the control side hears of
+        the GPUs' release before it hears of their next job."""
         gpus = set(record.gpu_indices)
         return [
             other
-            for other in self._running()
-            if (other.job_id == record.job_id and other.attempt < record.attempt)
-            or (other.stopping and gpus & set(other.gpu_indices))
+            for other in list(self.jobs.values())
+            if other.pid is not None
+            and not other.exit_queued
+            and not other.exit_reported
+            and other.stop_reason is not None
+            and (
+                (other.job_id == record.job_id and other.attempt < record.attempt)
+                or gpus & set(other.gpu_indices)
+            )
         ]
 
     def _start_waiting(self) -> None:
@@ -608,7 +616,7 @@ class Agent:
             if outcome is None:
                 continue
             exit_code, signum, message = outcome
-            left = kill_leftovers(record.pid) if record.pid else 0
+            left = kill_leftovers(record.pid, record.pid_start_ticks) if record.pid else 0
             if left:
                 message += f"; killed {left} process(es) it left behind"
             self._finish(record, exit_code, signum, message)

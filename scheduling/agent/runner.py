@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -116,10 +116,8 @@ class JobRecord:
         return self.running and self.stop_reason is not None
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        for name in self._RUNTIME:
-            data.pop(name, None)
-        return data
+        # Not dataclasses.asdict: it would deep-copy the Popen object.
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in self._RUNTIME}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> JobRecord:
@@ -357,15 +355,23 @@ def signal_group(pgid: int, signum: int) -> bool:
     return True
 
 
-def kill_leftovers(pgid: int) -> int:
+def kill_leftovers(pgid: int, start_ticks: int | None) -> int:
     """SIGKILL what is left of a finished job's process group; return how many were left.
 
     A job ends when its command ends (as under Slurm); background processes it left behind
-    would otherwise keep GPUs busy as zombies. Only a group that still has members is
-    signalled, so that a recycled group id is never hit.
+    would otherwise keep GPUs busy as zombies. ``start_ticks`` is when the job's leader
+    started: nothing is signalled if the pid now names another process, and only members
+    of the job's session that started after the job are counted, so that a recycled id
+    is never hit.
     """
-    # The job's leader started a new session, so its processes have session == pgid too.
-    members = [m for m in procfs.group_members(pgid) if m.session == pgid]
+    leader = procfs.read_stat(pgid)
+    if leader is not None and leader.alive and leader.start_ticks != start_ticks:
+        return 0
+    members = [
+        m
+        for m in procfs.group_members(pgid)
+        if m.session == pgid and (start_ticks is None or m.start_ticks >= start_ticks)
+    ]
     if members:
         signal_group(pgid, signal.SIGKILL)
     return len(members)

@@ -308,6 +308,15 @@ class JobSerializer(serializers.ModelSerializer):
         return AllocationSerializer(allocations, many=True).data
 
 
+class StrictCharField(serializers.CharField):
+    """A JSON string and nothing else: numbers and booleans are refused, not turned into text."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
 class CommandField(serializers.JSONField):
     """A list of argument strings, or (with shell=true) one shell string."""
 
@@ -322,7 +331,7 @@ class JobSubmitSerializer(serializers.Serializer):
     )
     shell = serializers.BooleanField(required=False, default=False)
     env = serializers.DictField(
-        child=serializers.CharField(allow_blank=True, max_length=8192), required=False, default=dict
+        child=StrictCharField(allow_blank=True, max_length=8192), required=False, default=dict
     )
     working_dir = serializers.CharField(
         max_length=500, required=False, allow_blank=True, default=""
@@ -347,7 +356,7 @@ class JobSubmitSerializer(serializers.Serializer):
         max_length=500, required=False, allow_blank=True, default=""
     )
     labels = serializers.DictField(
-        child=serializers.CharField(max_length=200, allow_blank=True), required=False, default=dict
+        child=StrictCharField(max_length=200, allow_blank=True), required=False, default=dict
     )
     dataset = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
     dataset_version = serializers.CharField(

@@ -42,6 +42,7 @@ class NodeSlot:
         "version",
         "free_total",
         "running",
+        "victim_view",
     )
 
     def __init__(self, idx: int, node_id: int, node_name: str, gpu_ids: list[int], now: float):
@@ -58,6 +59,7 @@ class NodeSlot:
         self.version = 0
         self.free_total = 0  # GPUs idle now, reserved or not
         self.running: list = []  # running-job records holding GPUs here (victim search)
+        self.victim_view = None  # cached by the victim search, valid for one version
 
     def idle_unreserved(self, now: float) -> int:
         """GPUs idle now and promised to nobody."""
@@ -81,6 +83,7 @@ class SliceIndex:
         "idle",
         "hole_owners",
         "victim_stats",
+        "_no_fit",
     )
 
     def __init__(self, pool: str, model: str, memory_mb: int, now: float) -> None:
@@ -97,6 +100,9 @@ class SliceIndex:
         self.idle = 0  # GPUs idle now (reserved or not)
         self.hole_owners: list[tuple[int, float]] = []  # (job id, start) of reservations
         self.victim_stats = None  # filled lazily by the preemption search
+        # (gpus, nodes) -> shortest end for which find_now failed. Idle GPUs and holes
+        # only ever shrink during a cycle, so a longer job cannot fit either.
+        self._no_fit: dict[tuple[int, int], float] = {}
 
     # -- building -------------------------------------------------------------------
 
@@ -194,8 +200,14 @@ class SliceIndex:
     def find_now(self, gpus: int, nodes: int, end: float) -> list[NodeSlot] | None:
         """Slots that can run ``nodes`` x ``gpus`` now until ``end`` without delaying a
         reservation; holes first (only short jobs fit there), then best-fit idle GPUs."""
-        if gpus >= len(self.af_heaps):
+        if gpus >= len(self.af_heaps) or end >= self._no_fit.get((gpus, nodes), INF):
             return None
+        found = self._find_now(gpus, nodes, end)
+        if found is None:
+            self._no_fit[(gpus, nodes)] = end
+        return found
+
+    def _find_now(self, gpus: int, nodes: int, end: float) -> list[NodeSlot] | None:
         now = self.now
         if nodes == 1:
             entry = self._top(self.hole_heaps[gpus])

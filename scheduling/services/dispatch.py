@@ -20,6 +20,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from portal.audit.services import audit_record
+from scheduling.agent.protocol import launch_message
 
 from .. import engine
 from ..choices import ACTIVE_STATES, GpuHealth, JobState, NodeState, QueueState, StopReason
@@ -253,38 +254,40 @@ def load_snapshot(now: datetime, *, update_usage: bool = True) -> Loaded:
     )
 
 
+def launch_messages(
+    job: Job, gpus_by_node: dict[str, list[tuple[int, str]]], grace: int
+) -> list[tuple[str, dict]]:
+    """One ``launch`` per node of the job, with that node's GPU indices and UUIDs."""
+    messages = []
+    for node_name, gpus in sorted(gpus_by_node.items()):
+        gpus = sorted(gpus)
+        message = launch_message(
+            job_id=job.id,
+            attempt=job.attempt,
+            name=job.name,
+            command=job.command,
+            shell=job.shell,
+            env=job.env,
+            working_dir=job.working_dir,
+            gpu_indices=[g[0] for g in gpus],
+            gpu_uuids=[g[1] for g in gpus],
+            checkpoint_dir=job.checkpoint_dir,
+            array_index=job.array_index,
+            grace_seconds=grace,
+        )
+        messages.append((node_name, message))
+    return messages
+
+
 def _launch_messages(
     job: Job, allocations: list[Allocation], loaded: Loaded
 ) -> list[tuple[str, dict]]:
-    by_node: dict[int, list[int]] = defaultdict(list)
+    gpus_by_node: dict[str, list[tuple[int, str]]] = defaultdict(list)
     for alloc in allocations:
-        by_node[alloc.node_id].append(alloc.gpu_id)
+        node_id, index, uuid = loaded.gpus[alloc.gpu_id]
+        gpus_by_node[loaded.node_names[node_id]].append((index, uuid))
     policy = loaded.policies.get(job.workload_type)
-    messages = []
-    for node_id, gpu_ids in sorted(by_node.items()):
-        gpu_ids.sort(key=lambda g: loaded.gpus[g][1])
-        messages.append(
-            (
-                loaded.node_names[node_id],
-                {
-                    "type": "launch",
-                    "job_id": job.id,
-                    "attempt": job.attempt,
-                    "name": job.name,
-                    "command": job.command,
-                    "shell": job.shell,
-                    "env": job.env,
-                    "working_dir": job.working_dir,
-                    "gpu_indices": [loaded.gpus[g][1] for g in gpu_ids],
-                    "gpu_uuids": [loaded.gpus[g][2] for g in gpu_ids],
-                    "checkpoint_dir": job.checkpoint_dir,
-                    "array_index": job.array_index,
-                    "grace_seconds": policy.stop_grace_seconds if policy else 30,
-                    "sent_at": time.time(),
-                },
-            )
-        )
-    return messages
+    return launch_messages(job, gpus_by_node, policy.stop_grace_seconds if policy else 30)
 
 
 def _apply_placements(plan: engine.Plan, loaded: Loaded, now: datetime) -> list[tuple[str, dict]]:

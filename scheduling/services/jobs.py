@@ -21,6 +21,7 @@ from ..choices import JobState, QueueState, StopReason
 from ..models import Job, JobEvent, PriorityClass, Queue, WorkloadPolicy
 from ..selectors import pool_gpu_shapes, quota_for
 from .lifecycle import job_event, job_transition
+from .raises import effective_class_for, higher_class, project_grant_classes
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 RESERVED_ENV_PREFIXES = ("SLUICE_", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
@@ -139,12 +140,14 @@ def _check_access(user, spec: JobSpec) -> None:
         _fail("queue", f"Queue {queue} only takes jobs of project {queue.project}.")
     if not has_role(user, project.tenant_id, Role.MEMBER):
         raise PermissionDeniedError(f"Viewers cannot submit jobs to {project.tenant}.")
+    if not project.active:
+        _fail("project", f"Project {project} is inactive: it takes no new jobs.")
     if not can_submit_to_project(user, project):
-        _fail(
-            "project",
-            f"You may not submit to project {project}: it is restricted or inactive; "
+        raise PermissionDeniedError(
+            f"You may not submit to project {project}: it is restricted; "
             "ask a tenant admin for the submit right.",
             code="forbidden_project",
+            field="project",
         )
     if queue.state != QueueState.OPEN:
         _fail(
@@ -358,6 +361,8 @@ def job_submit(*, user, spec: JobSpec) -> Job:
         return job_submit_bulk(user=user, specs=[spec])[0]
     values, _ = job_validate(user=user, spec=spec)
     now = timezone.now()
+    # A project raise active now (a release push) applies to new jobs from the start.
+    values["priority_class"] = effective_class_for(spec.project, values["priority_class"], now)
     job = Job.objects.create(submitted_at=now, **values)
     JobEvent.objects.create(
         job=job,
@@ -405,8 +410,10 @@ def job_submit_bulk(*, user, specs: list[JobSpec]) -> list[Job]:
     if total > MAX_ARRAY:
         _fail("jobs", f"At most {MAX_ARRAY} jobs per request; this asks for {total}.")
     now = timezone.now()
+    granted = project_grant_classes({spec.project.pk for _, spec in prepared}, now)
     rows: list[Job] = []
     for values, spec in prepared:
+        values["priority_class"] = higher_class(values["priority_class"], granted.get(spec.project.pk))
         if spec.array:
             array_id = uuid.uuid4().hex
             for index in range(spec.array):

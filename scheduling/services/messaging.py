@@ -1,15 +1,17 @@
 """Messages to node agents (queue ``node.<name>``); the format is in scheduling.agent.protocol.
 
 Always called from ``transaction.on_commit``: a message never leaves for a change that was
-rolled back.
+rolled back. Builders for the messages are the protocol module's (``launch_message``,
+``stop_message``, ``kill_process_message``), shared with the agent that reads them.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 
 from django.conf import settings
+
+from scheduling.agent.protocol import validate_control_message
 
 log = logging.getLogger(__name__)
 
@@ -17,28 +19,22 @@ log = logging.getLogger(__name__)
 OUTBOX: list[tuple[str, dict]] = []
 
 
-def node_queue_name(node_name: str) -> str:
-    return f"node.{node_name}"
-
-
-def send_node_message(node_name: str, message: dict) -> None:
-    message = {**message, "sent_at": message.get("sent_at") or time.time()}
-    if settings.SLUICE_NODE_TRANSPORT == "memory":
-        OUTBOX.append((node_name, message))
+def send_node_messages(messages: list[tuple[str, dict]]) -> None:
+    """Publish (node name, message) pairs over one broker connection."""
+    if not messages:
         return
-    from scheduling.agent.transport import broker_connection
+    if settings.SLUICE_NODE_TRANSPORT == "memory":
+        OUTBOX.extend((node, validate_control_message(message)) for node, message in messages)
+        return
+    from scheduling.agent.transport import broker_connection, send_control_message
 
     try:
         with broker_connection(settings.CELERY_BROKER_URL, settings.SLUICE_BROKER_DIR) as conn:
-            queue = conn.SimpleQueue(node_queue_name(node_name))
-            try:
-                queue.put(message, serializer="json")
-            finally:
-                queue.close()
-    except Exception:  # the broker is down: the sweeps resend (stuck launch, stop deadlines)
-        log.exception("could not send %s to node %s", message.get("type"), node_name)
+            for node, message in messages:
+                send_control_message(conn, node, message)
+    except Exception:  # the broker is down: the sweeps resend (stuck launches, stop deadlines)
+        log.exception("could not send %d message(s) to node agents", len(messages))
 
 
-def send_node_messages(messages: list[tuple[str, dict]]) -> None:
-    for node_name, message in messages:
-        send_node_message(node_name, message)
+def send_node_message(node_name: str, message: dict) -> None:
+    send_node_messages([(node_name, message)])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from portal.audit.services import audit_record
+from scheduling.agent.protocol import stop_message
 
 from ..choices import (
     ACTIVE_STATES,
@@ -41,14 +41,7 @@ def _dispatch_on_commit() -> None:
 
 def _stop_orphan(node_name: str, job_id: int, attempt: int, why: str) -> None:
     """The agent runs something the portal no longer places there: stop it (nothing keeps GPUs it should not)."""
-    message = {
-        "type": "stop",
-        "job_id": job_id,
-        "attempt": attempt,
-        "reason": StopReason.LOST,
-        "grace_seconds": 10,
-        "sent_at": time.time(),
-    }
+    message = stop_message(job_id=job_id, attempt=attempt, reason=StopReason.LOST, grace_seconds=10)
     log.warning("stopping orphan job %s attempt %s on %s: %s", job_id, attempt, node_name, why)
     transaction.on_commit(lambda: send_node_message(node_name, message))
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import time
-
 from django.db import transaction
 from django.utils import timezone
+
+from scheduling.agent.protocol import stop_message
 
 from ..choices import JobState
 from ..models import Job, WorkloadPolicy
@@ -23,17 +23,7 @@ def stop_messages(job: Job, reason: str, grace: int) -> list[tuple[str, dict]]:
         set(job.allocations.filter(released_at__isnull=True).values_list("node__name", flat=True))
     )
     return [
-        (
-            name,
-            {
-                "type": "stop",
-                "job_id": job.pk,
-                "attempt": job.attempt,
-                "reason": reason,
-                "grace_seconds": grace,
-                "sent_at": time.time(),
-            },
-        )
+        (name, stop_message(job_id=job.pk, attempt=job.attempt, reason=reason, grace_seconds=grace))
         for name in nodes
     ]
 

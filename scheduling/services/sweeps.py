@@ -7,11 +7,13 @@ import logging
 from django.utils import timezone
 
 from .nodes import nodes_sweep_lost
+from .raises import priority_raises_expire
 
 log = logging.getLogger(__name__)
 
 # Later features append (name, function(now) -> result) here; order matters little.
 CHECKS: list = [("lost_nodes", nodes_sweep_lost)]
+CHECKS.append(("raise_expiry", priority_raises_expire))
 
 
 def control_sweep(now=None) -> dict:

@@ -63,6 +63,17 @@ class Harness:
         self.wait_for(lambda: path.exists() and text in path.read_text(), timeout)
 
 
+def wait_until(predicate: Callable[[], Any], timeout: float = 15.0) -> Any:
+    """Poll ``predicate`` without running any agent (e.g. while no agent is up)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError("timed out")
+
+
 def launch(job_id: int, command: list[str], **fields: Any) -> dict[str, Any]:
     """A launch message with test defaults: attempt 1, GPU 0, a short grace period."""
     fields.setdefault("attempt", 1)

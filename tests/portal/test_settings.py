@@ -1,0 +1,61 @@
+"""Production settings: no default secret, and clean under ``manage.py check --deploy``."""
+
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(args: list[str], tmp_path: Path, **env_overrides) -> subprocess.CompletedProcess:
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(tmp_path),
+        "SLUICE_VAR_DIR": str(tmp_path / "var"),
+        "DEBUG": "0",
+        **env_overrides,
+    }
+    return subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_settings_refuse_to_load_without_secret_key_when_debug_is_off(tmp_path):
+    result = _run(["-c", "import portal.settings"], tmp_path)
+
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr
+    assert "SECRET_KEY is not set" in result.stderr
+
+
+def test_settings_load_without_secret_key_in_debug(tmp_path):
+    result = _run(
+        ["-c", "import portal.settings as s; print(s.SECRET_KEY.startswith('django-insecure'))"],
+        tmp_path,
+        DEBUG="1",
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "True"
+
+
+def test_bad_boolean_in_environment_is_a_clear_error(tmp_path):
+    result = _run(["-c", "import portal.settings"], tmp_path, DEBUG="maybe")
+
+    assert result.returncode != 0
+    assert "DEBUG must be a boolean" in result.stderr
+
+
+def test_check_deploy_passes_with_secret_key_and_allowed_hosts(tmp_path):
+    result = _run(
+        ["manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        tmp_path,
+        SECRET_KEY=secrets.token_urlsafe(64),
+        ALLOWED_HOSTS="sluice.example.com",
+        DJANGO_SETTINGS_MODULE="portal.settings",
+    )
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no issues" in result.stdout

@@ -1,0 +1,124 @@
+"""Agent restarts: running jobs are adopted, exits meanwhile are reported exactly once."""
+
+import json
+import os
+import signal
+
+from scheduling.agent import procfs
+from tests.scheduling.agent.helpers import (
+    IGNORES_SIGTERM,
+    launch,
+    python_job,
+    stop,
+    wait_until,
+    waiting_job,
+)
+
+
+def test_restarted_agent_adopts_a_running_job_and_reports_its_exit(make_agent, tmp_path):
+    work = tmp_path / "work"
+    trigger = tmp_path / "go"
+    first = make_agent(work_dir=work)
+    first.send(launch(1, waiting_job(trigger)))
+    started = first.wait_report("started", 1)
+    first.wait_for(lambda: first.log_text(1) == "waiting\n")
+    first.agent.close()  # the agent stops; the job does not
+    assert procfs.is_same_process(started["pid"], None)
+
+    second = make_agent(work_dir=work)
+    register = second.of_type("register")[0]
+    assert register["jobs"] == [
+        {"job_id": 1, "attempt": 1, "pid": started["pid"], "running": True, "stop_reason": None}
+    ]
+    assert second.of_type("heartbeat")[0]["jobs"][0]["running"] is True
+    trigger.write_text("4")
+    exited = second.wait_report("exited", 1)
+    # The wrapper wrote the exit code down, so it survives the change of agent.
+    assert (exited["exit_code"], exited["signal"]) == (4, None)
+    # Output already shipped by the first agent is not shipped again.
+    assert not second.of_type("log", 1)
+    assert not second.of_type("started", 1)
+
+
+def test_job_that_ended_while_the_agent_was_down_is_reported_once(make_agent, tmp_path):
+    work = tmp_path / "work"
+    trigger = tmp_path / "go"
+    first = make_agent(work_dir=work)
+    first.send(launch(2, waiting_job(trigger)))
+    first.wait_report("started", 2)
+    first.agent.close()
+    trigger.write_text("0")
+    exit_file = first.paths(2).exit
+    wait_until(exit_file.exists)
+
+    second = make_agent(work_dir=work)
+    exited = second.wait_report("exited", 2)
+    assert exited["exit_code"] == 0
+    assert json.loads(second.paths(2).state.read_text())["exit_reported"] is True
+
+    third = make_agent(work_dir=work)
+    third.agent.tick(0.2)
+    third.agent.tick(0.2)
+    assert not third.of_type("exited")
+    # ... but it still knows the job: a duplicate stop gets the exit again.
+    third.send(stop(2))
+    assert third.wait_report("exited", 2)["exit_code"] == 0
+
+
+def test_stop_deadline_survives_a_restart(make_agent, tmp_path):
+    work = tmp_path / "work"
+    first = make_agent(work_dir=work)
+    first.send(launch(3, python_job(IGNORES_SIGTERM)))
+    first.wait_report("started", 3)
+    first.wait_file_contains(first.paths(3).log, "ready")
+    first.send(stop(3, "timed_out", grace_seconds=0.5))
+    first.agent.tick(0)
+    first.agent.close()
+
+    second = make_agent(work_dir=work)
+    exited = second.wait_report("exited", 3)
+    # Not the new agent's child, and killed with its wrapper: the agent knows it sent SIGKILL.
+    assert exited["stop_reason"] == "timed_out" and exited["signal"] == 9
+
+
+def test_unreported_exit_and_unsent_output_are_sent_after_a_restart(make_agent, tmp_path):
+    work = tmp_path / "work"
+
+    def broker_down(report):
+        raise ConnectionError("broker down")
+
+    first = make_agent(work_dir=work, send_report=broker_down)
+    first.send(launch(4, python_job("print('precious output')")))
+    first.wait_for(lambda: first.agent.jobs.get((4, 1)) and first.agent.jobs[(4, 1)].finished)
+    first.agent.close()
+
+    second = make_agent(work_dir=work)
+    exited = second.wait_report("exited", 4)
+    assert exited["exit_code"] == 0
+    assert second.log_text(4) == "precious output\n"
+    # Started was never delivered; the exit says all the control side needs.
+    assert second.reports.index(second.of_type("log", 4)[0]) < second.reports.index(exited)
+
+
+def test_a_pid_reused_by_another_process_is_not_adopted(make_agent, tmp_path):
+    work = tmp_path / "work"
+    first = make_agent(work_dir=work)
+    first.send(launch(5, ["sleep", "600"]))
+    first.wait_report("started", 5)
+    first.agent.close()
+    state_path = first.paths(5).state
+    state = json.loads(state_path.read_text())
+    real_ticks = state["pid_start_ticks"]
+    state["pid_start_ticks"] = real_ticks - 1  # as if the pid now named another process
+    state_path.write_text(json.dumps(state))
+
+    second = make_agent(work_dir=work)
+    exited = second.wait_report("exited", 5)
+    assert exited["exit_code"] is None
+    assert "exit status unknown" in exited["message"]
+    # And the process it did not recognise was left alone.
+    assert procfs.is_same_process(state["pid"], real_ticks)
+    second.send(stop(5))  # answered from the record, the process is not signalled
+    second.wait_for(lambda: len(second.of_type("exited", 5)) == 2)
+    assert procfs.is_same_process(state["pid"], real_ticks)
+    os.killpg(state["pid"], signal.SIGKILL)

@@ -1,0 +1,252 @@
+"""The agent over a real kombu broker: memory:// in process, filesystem:// in a subprocess
+that imports no Django."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from scheduling.agent import procfs
+from scheduling.agent.agent import Agent, AgentConfig
+from scheduling.agent.gpus import SimulatedBackend
+from scheduling.agent.protocol import REPORT_TASK, launch_message, stop_message, validate_report
+from scheduling.agent.transport import (
+    CeleryReportSender,
+    KombuMessageSource,
+    broker_connection,
+    send_control_message,
+)
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def read_reports(url, broker_dir, queue_name, *, until=None, timeout=15.0, agent=None):
+    """Celery task messages on ``queue_name``, unwrapped to reports (ticking ``agent``)."""
+    reports = []
+    deadline = time.monotonic() + timeout
+    with broker_connection(url, broker_dir) as connection:
+        queue = connection.SimpleQueue(queue_name, accept=["json"])
+        try:
+            while time.monotonic() < deadline:
+                if agent is not None:
+                    agent.tick(0.02)
+                try:
+                    message = queue.get(timeout=0.05)
+                except queue.Empty:
+                    if until is None:
+                        break
+                    continue
+                assert message.headers["task"] == REPORT_TASK
+                args, kwargs, _ = message.payload
+                reports.append(validate_report(args[0]))
+                message.ack()
+                if until is not None and until(reports):
+                    return reports
+        finally:
+            queue.close()
+    if until is not None:
+        raise AssertionError(f"timed out; got {[r['type'] for r in reports]}")
+    return reports
+
+
+def of_type(reports, kind):
+    return [r for r in reports if r["type"] == kind]
+
+
+def test_agent_over_kombu_memory_transport(tmp_path):
+    url = "memory://"
+    node = f"mem-{uuid.uuid4().hex[:8]}"
+    control = f"control-{node}"  # the memory broker is shared by the whole test process
+    sender = CeleryReportSender(url, control_queue=control)
+    agent = Agent(
+        AgentConfig(node=node, work_dir=tmp_path / "work", heartbeat_seconds=60, poll_seconds=0.05),
+        SimulatedBackend("2xL4", node),
+        sender,
+        KombuMessageSource(node, url),
+    )
+    agent.start()
+    try:
+        with broker_connection(url) as connection:
+            message = launch_message(
+                job_id=1,
+                attempt=1,
+                name="hello",
+                command=[sys.executable, "-c", "import os; print(os.environ['SLUICE_NODE'])"],
+                gpu_indices=[1],
+            )
+            send_control_message(connection, node, message)
+        reports = read_reports(
+            url, None, control, agent=agent, until=lambda rs: of_type(rs, "exited")
+        )
+    finally:
+        agent.close()
+        sender.close()
+    kinds = [r["type"] for r in reports]
+    assert kinds[:2] == ["register", "heartbeat"]
+    assert kinds.index("started") < kinds.index("log") < kinds.index("exited")
+    assert of_type(reports, "exited")[0]["exit_code"] == 0
+    assert of_type(reports, "log")[0]["data"] == f"{node}\n"
+
+
+def _agent_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO", "CELERY"))}
+    env.update(PYTHONPATH=str(ROOT), SLUICE_BROKER_DIR=str(tmp_path / "broker"), **extra)
+    return env
+
+
+def _imported_modules(importtime_stderr: str) -> set[str]:
+    """Module names from ``python -X importtime`` output."""
+    names = set()
+    for line in importtime_stderr.splitlines():
+        if line.startswith("import time:") and "|" in line:
+            names.add(line.rsplit("|", 1)[1].strip())
+    return names
+
+
+def _run_once(tmp_path: Path, python_args: list[str], **extra_env: str):
+    return subprocess.run(
+        [sys.executable, *python_args]
+        + ["--node", "fs-node", "--pool", "general", "--simulate", "2xA100-40GB", "--once"]
+        + ["--broker", "filesystem://", "--work-dir", str(tmp_path / "work")],
+        cwd=tmp_path,
+        env=_agent_env(tmp_path, **extra_env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+#: Runs the agent in a process where Django cannot be imported, as on a GPU node without it.
+WITHOUT_DJANGO = (
+    "import runpy, sys; sys.modules['django'] = None; "
+    "sys.argv[0] = 'agent'; runpy.run_module('scheduling.agent', run_name='__main__')"
+)
+
+
+def test_once_over_the_filesystem_broker_without_django(tmp_path):
+    result = _run_once(tmp_path, ["-c", WITHOUT_DJANGO])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert not (tmp_path / "control").exists()  # exchange tables stay in the broker folder
+
+    reports = read_reports("filesystem://", tmp_path / "broker", "control")
+    assert [r["type"] for r in reports] == ["register", "heartbeat"]
+    register, heartbeat = reports
+    assert register["node"] == "fs-node" and register["pool"] == "general"
+    assert [g["model"] for g in register["gpus"]] == ["A100-40GB", "A100-40GB"]
+    assert len(heartbeat["gpus"]) == 2
+
+
+@pytest.mark.parametrize("django_settings", [None, "portal.settings"])
+def test_agent_never_sets_django_up(tmp_path, django_settings):
+    # Where Django is installed, kombu's JSON module probes django.utils.functional (to
+    # encode lazy strings); nothing else of Django may load: no settings, apps or database,
+    # even with DJANGO_SETTINGS_MODULE set (Celery's Django fix-up is off in the agent).
+    extra = {"DJANGO_SETTINGS_MODULE": django_settings} if django_settings else {}
+    result = _run_once(tmp_path, ["-X", "importtime", "-m", "scheduling.agent"], **extra)
+    assert result.returncode == 0, result.stderr[-3000:]
+    modules = _imported_modules(result.stderr)
+    assert "celery" in modules and "scheduling.agent.cli" in modules  # the probe works
+    django = {m for m in modules if m == "django" or m.startswith("django.")}
+    assert all(
+        m == "django" or m.startswith("django.utils.") or m == "django.utils" for m in django
+    )
+    assert "django.conf" not in modules and not any(m.startswith("portal") for m in modules)
+    assert len(read_reports("filesystem://", tmp_path / "broker", "control")) == 2
+
+
+def test_agent_process_runs_jobs_and_leaves_them_running_on_sigterm(tmp_path):
+    broker_dir = tmp_path / "broker"
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "scheduling.agent", "--node", "fs-loop", "--simulate", "2xL4"]
+        + ["--broker", "filesystem://", "--work-dir", str(tmp_path / "work")]
+        + ["--heartbeat", "0.5"],
+        cwd=tmp_path,
+        env=_agent_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    job_pid = None
+    try:
+        with broker_connection("filesystem://", broker_dir) as connection:
+            send_control_message(
+                connection,
+                "fs-loop",
+                launch_message(
+                    job_id=1, attempt=1, name="quick", command=["echo", "hi"], gpu_indices=[0]
+                ),
+            )
+            send_control_message(
+                connection,
+                "fs-loop",
+                launch_message(
+                    job_id=2, attempt=1, name="long", command=["sleep", "600"], gpu_indices=[1]
+                ),
+            )
+            send_control_message(
+                connection, "fs-loop", stop_message(job_id=3, attempt=1, reason="cancelled")
+            )
+        reports = read_reports(
+            "filesystem://",
+            broker_dir,
+            "control",
+            timeout=30,
+            until=lambda rs: len(of_type(rs, "exited")) == 2 and len(of_type(rs, "started")) == 2,
+        )
+        exits = {r["job_id"]: r for r in of_type(reports, "exited")}
+        assert exits[1]["exit_code"] == 0
+        assert exits[3]["stop_reason"] == "cancelled"
+        assert [r["data"] for r in of_type(reports, "log")] == ["hi\n"]
+        job_pid = next(r["pid"] for r in of_type(reports, "started") if r["job_id"] == 2)
+
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(timeout=15) == 0
+        # The agent went away cleanly; its job did not.
+        assert procfs.is_same_process(job_pid, None)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+        if job_pid:
+            os.killpg(job_pid, signal.SIGKILL)
+    output = agent.stdout.read()
+    assert "Traceback" not in output, output
+
+
+def test_message_source_survives_an_unreachable_broker(caplog):
+    # Nothing listens on this port: the source backs off instead of raising or blocking.
+    source = KombuMessageSource("n1", "redis://127.0.0.1:1/0")
+    began = time.monotonic()
+    assert source.get(0.2) is None
+    assert source.get(0.2) is None
+    assert time.monotonic() - began < 10
+    assert "broker unavailable" in caplog.text
+    source.close()
+
+
+def test_sender_raises_when_the_broker_is_unreachable():
+    sender = CeleryReportSender("redis://127.0.0.1:1/0")
+    with pytest.raises(Exception):  # noqa: B017 - any transport error; the outbox retries
+        sender({"type": "heartbeat", "node": "n1", "sent_at": 0.0})
+    sender.close()
+
+
+def test_discover_prints_gpus_as_json(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "scheduling.agent", "--discover", "--simulate", "2xH200"],
+        cwd=tmp_path,
+        env=_agent_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["backend"] == "simulated"
+    assert [g["model"] for g in data["gpus"]] == ["H200-141GB", "H200-141GB"]
