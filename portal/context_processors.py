@@ -1,3 +1,6 @@
+from django.utils.functional import SimpleLazyObject
+
+
 def navigation(request):
     """Values every page's navigation needs (kept cheap: no queries unless logged in)."""
     user = getattr(request, "user", None)
@@ -10,4 +13,11 @@ def navigation(request):
         notifications_unread_count = None
     if notifications_unread_count is not None:
         unread = notifications_unread_count(user)
-    return {"nav_unread_notifications": unread, "nav_is_platform_admin": user.is_staff}
+    from tenants.selectors import administers_any_tenant
+
+    return {
+        "nav_unread_notifications": unread,
+        "nav_is_platform_admin": user.is_staff,
+        # Approvals and audit links: evaluated (one query) only when a template asks.
+        "nav_is_approver": SimpleLazyObject(lambda: administers_any_tenant(user)),
+    }

@@ -11,6 +11,7 @@ api_v1 = [
     path("auth/token", TokenView.as_view(), name="api-token"),
     path("", include("tenants.api.urls")),
     path("", include("scheduling.api.urls")),
+    path("", include("portal.audit.api.urls")),
 ]
 
 urlpatterns = [
@@ -23,4 +24,5 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("", include("tenants.urls")),
     path("", include("scheduling.urls")),
+    path("", include("portal.audit.urls")),
 ]

@@ -10,10 +10,12 @@ from .models import (
     Job,
     Node,
     PriorityClass,
+    PriorityRaise,
     ProjectQuota,
     Queue,
     Quota,
     ResourcePool,
+    TenantRaiseCeiling,
     WorkloadPolicy,
 )
 from .services.config import object_state
@@ -142,3 +144,37 @@ class AllocationAdmin(JobAdmin):
     list_display = ["id", "job", "node", "gpu", "borrowed", "granted_at", "released_at"]
     list_filter = ["borrowed"]
     search_fields = []
+
+
+@admin.register(TenantRaiseCeiling)
+class TenantRaiseCeilingAdmin(admin.ModelAdmin):
+    """Saved through the same audited service as ``/api/v1/tenants/{slug}/raise-ceiling``."""
+
+    list_display = ["tenant", "ceiling"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["tenant"] if obj else []
+
+    def save_model(self, request, obj, form, change):
+        from .services.raises import tenant_raise_ceiling_set
+
+        row = tenant_raise_ceiling_set(actor=request.user, tenant=obj.tenant, ceiling=obj.ceiling)
+        obj.pk = row.pk
+
+    def delete_model(self, request, obj):
+        from .services.raises import tenant_raise_ceiling_set
+
+        tenant_raise_ceiling_set(actor=request.user, tenant=obj.tenant, ceiling=None)
+
+    def delete_queryset(self, request, queryset):
+        for obj in queryset:
+            self.delete_model(request, obj)
+
+
+@admin.register(PriorityRaise)
+class PriorityRaiseAdmin(JobAdmin):
+    """Read-only: raises change only through their services (API, approvals inbox)."""
+
+    list_display = ["id", "tenant", "job", "project", "to_class", "state", "expires_at"]
+    list_filter = ["state", "tenant"]
+    search_fields = ["reason"]

@@ -4,6 +4,7 @@ import shlex
 from django import forms
 
 from .choices import JobState, WorkloadType
+from .selectors import priority_classes_visible_to
 
 
 class JobSubmitForm(forms.Form):
@@ -84,3 +85,28 @@ class JobFilterForm(forms.Form):
 
 def pretty_json(value) -> str:
     return json.dumps(value, indent=2, sort_keys=True)
+
+
+class RaiseRequestForm(forms.Form):
+    """The job page's small "request a raise" form; the service checks the rest."""
+
+    to_class = forms.ModelChoiceField(queryset=None, label="Target class", empty_label=None)
+    reason = forms.CharField(max_length=2000, widget=forms.Textarea(attrs={"rows": 2}))
+    hours = forms.FloatField(
+        required=False, label="Hours", help_text="Empty: the longest the class allows."
+    )
+
+    def __init__(self, *args, user, job, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Only classes above the job's current one are offered.
+        self.fields["to_class"].queryset = (
+            priority_classes_visible_to(user)
+            .filter(value__gt=job.priority_class.value)
+            .order_by("value")
+        )
+
+
+class RaiseStepForm(forms.Form):
+    """Approve, reject, revoke or cancel a raise, with an optional comment."""
+
+    comment = forms.CharField(max_length=2000, required=False)

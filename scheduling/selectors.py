@@ -321,9 +321,7 @@ def raise_refusal(user, raise_: PriorityRaise, step: str) -> str | None:
         )
     ceiling = raise_ceiling_of(tenant)
     if ceiling is None:
-        return (
-            f"Tenant {tenant.slug} has no raise ceiling: only platform admins may decide its raises."
-        )
+        return f"Tenant {tenant.slug} has no raise ceiling: only platform admins may decide its raises."
     if raise_.to_class.value > ceiling.value:
         return (
             f"Class {raise_.to_class.name} is above {tenant.slug}'s ceiling {ceiling.name}: "

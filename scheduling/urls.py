@@ -14,4 +14,10 @@ urlpatterns = [
     path("quotas/", views.quota_index, name="quota-index"),
     path("quotas/<slug:slug>/", views.quota_page, name="quota"),
     path("nodes/", views.node_list, name="node-list"),
+    path("jobs/<int:pk>/raise/", views.raise_request, name="raise-request"),
+    path("approvals/", views.approvals, name="approvals"),
+    path("raises/<int:pk>/<slug:step>", views.raise_action, name="raise-action"),
+    path("notifications/", views.notification_list, name="notification-list"),
+    path("notifications/<int:pk>/read", views.notification_read, name="notification-read"),
+    path("notifications/read-all", views.notifications_read_all, name="notifications-read-all"),
 ]

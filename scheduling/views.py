@@ -1,23 +1,37 @@
 """Pages: submit, my jobs, job detail, queues, quotas, nodes."""
 
+import logging
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db.models import Prefetch
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from portal.errors import BusinessError
 from portal.forms import add_business_error
-from tenants.selectors import projects_visible_to, tenant_get, tenants_visible_to
+from tenants.selectors import (
+    administers_any_tenant,
+    projects_visible_to,
+    tenant_get,
+    tenants_visible_to,
+)
 
 from . import selectors
 from .choices import ACTIVE_STATES, JobState
-from .forms import JobFilterForm, JobSubmitForm, pretty_json
+from .forms import JobFilterForm, JobSubmitForm, RaiseRequestForm, RaiseStepForm, pretty_json
 from .models import Allocation, WorkloadPolicy
+from .raise_impact import raise_impacts
 from .services import jobs as job_services
+from .services import notifications as notification_services
+from .services import raises as raise_services
 from .services.jobs import JobSpec
+
+log = logging.getLogger(__name__)
 
 
 def _submit_form(request, data=None):
@@ -239,3 +253,113 @@ def node_list(request):
         rows.append({"node": node, "gpus": gpus})
     template = "scheduling/_nodes_table.html" if request.htmx else "scheduling/node_list.html"
     return render(request, template, {"rows": rows, "is_admin": request.user.is_staff})
+
+
+# --- priority raises, approvals inbox, notifications ----------------------------------------
+
+RAISE_STEPS = {
+    "approve": (raise_services.priority_raise_approve, "approved"),
+    "reject": (raise_services.priority_raise_reject, "rejected"),
+    "revoke": (raise_services.priority_raise_revoke, "revoked"),
+    "cancel": (raise_services.priority_raise_cancel, "cancelled"),
+}
+
+
+@login_required
+def raise_request(request, pk):
+    """Ask for a higher class for a job (the job page's form posts here; errors show here)."""
+    job = _job_or_404(request.user, pk)
+    form = RaiseRequestForm(request.POST or None, user=request.user, job=job)
+    if request.method == "POST" and form.is_valid():
+        try:
+            raise_ = raise_services.priority_raise_request(
+                user=request.user, job=job, **form.cleaned_data
+            )
+            messages.success(
+                request, f"Raise #{raise_.pk} requested; the approvers have been notified."
+            )
+            return redirect("job-detail", pk=job.pk)
+        except BusinessError as exc:
+            add_business_error(form, exc)
+    return render(request, "scheduling/raise_request.html", {"job": job, "form": form})
+
+
+def _impacts(raises) -> dict:
+    """The engine's what-if for each raise; the inbox still works if it fails."""
+    try:
+        return raise_impacts(raises)
+    except Exception:
+        log.exception("could not compute the impact of raises %s", [r.pk for r in raises])
+        return {}
+
+
+@login_required
+def approvals(request):
+    """Pending raises the user may decide, each with what granting it would change."""
+    if not administers_any_tenant(request.user):
+        raise PermissionDenied("Only tenant admins and platform admins decide priority raises.")
+    page = Paginator(selectors.raises_decidable_by(request.user), 10).get_page(
+        request.GET.get("page")
+    )
+    pending = list(page.object_list)
+    impacts = _impacts(pending)
+    return render(
+        request,
+        "scheduling/approvals.html",
+        {
+            "page": page,
+            "rows": [{"raise": r, "impact": impacts.get(r.pk)} for r in pending],
+            "grants": selectors.raises_revocable_by(request.user)[:50],
+        },
+    )
+
+
+def _next_url(request, default: str) -> str:
+    target = request.POST.get("next", "")
+    if target and url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
+        return target
+    return default
+
+
+@login_required
+@require_POST
+def raise_action(request, pk, step):
+    """Approve, reject, revoke or cancel a raise from the inbox or the job page."""
+    raise_ = get_object_or_404(selectors.raises_visible_to(request.user), pk=pk)
+    if step not in RAISE_STEPS:
+        raise Http404
+    service, done = RAISE_STEPS[step]
+    form = RaiseStepForm(request.POST)
+    comment = form.cleaned_data["comment"] if form.is_valid() else ""
+    try:
+        service(raise_=raise_, user=request.user, comment=comment)
+        messages.success(request, f"Raise #{raise_.pk} {done}.")
+    except BusinessError as exc:
+        messages.error(request, exc.message)
+    return redirect(_next_url(request, "approvals"))
+
+
+@login_required
+def notification_list(request):
+    page = Paginator(selectors.notifications_of(request.user), 50).get_page(request.GET.get("page"))
+    return render(request, "scheduling/notification_list.html", {"page": page})
+
+
+@login_required
+@require_POST
+def notification_read(request, pk):
+    """Mark one notification read; with ``open`` go on to what it is about."""
+    notification = get_object_or_404(selectors.notifications_of(request.user), pk=pk)
+    notification_services.notification_mark_read(user=request.user, notification=notification)
+    link = notification.link
+    if request.POST.get("open") and url_has_allowed_host_and_scheme(link, allowed_hosts=None):
+        return redirect(link)
+    return redirect("notification-list")
+
+
+@login_required
+@require_POST
+def notifications_read_all(request):
+    count = notification_services.notifications_mark_all_read(user=request.user)
+    messages.success(request, f"{count} notification(s) marked read.")
+    return redirect("notification-list")

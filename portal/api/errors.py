@@ -1,13 +1,16 @@
 """Uniform API errors: ``{"detail": "...", "errors": {"field": ["..."]}}`` with the right status."""
 
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import NON_FIELD_ERRORS, PermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
+from rest_framework.settings import api_settings
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from portal.errors import BusinessError
+
+NON_FIELD_KEY = api_settings.NON_FIELD_ERRORS_KEY
 
 
 def _flatten(detail, path: str = "") -> dict[str, list[str]]:
@@ -30,22 +33,27 @@ def _flatten(detail, path: str = "") -> dict[str, list[str]]:
             else:
                 messages.append(str(item))
         if messages:
-            out[path or "non_field_errors"] = messages
+            out[path or NON_FIELD_KEY] = messages
         return out
-    return {path or "non_field_errors": [str(detail)]}
+    return {path or NON_FIELD_KEY: [str(detail)]}
+
+
+def _api_field_names(errors: dict[str, list[str]]) -> dict[str, list[str]]:
+    """Django's model validation says ``__all__`` where the API says ``non_field_errors``."""
+    return {(NON_FIELD_KEY if k == NON_FIELD_ERRORS else k): v for k, v in errors.items()}
 
 
 def exception_handler(exc, context):
     if isinstance(exc, BusinessError):
         return Response(
-            {"detail": exc.message, "code": exc.code, "errors": exc.errors}, status=exc.status_code
+            {"detail": exc.message, "code": exc.code, "errors": _api_field_names(exc.errors)},
+            status=exc.status_code,
         )
     if isinstance(exc, DjangoValidationError):
-        errors = (
-            exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}
-        )
+        errors = exc.message_dict if hasattr(exc, "error_dict") else {NON_FIELD_KEY: exc.messages}
         return Response(
-            {"detail": "Invalid input.", "errors": errors}, status=status.HTTP_400_BAD_REQUEST
+            {"detail": "Invalid input.", "errors": _api_field_names(errors)},
+            status=status.HTTP_400_BAD_REQUEST,
         )
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
@@ -56,7 +64,8 @@ def exception_handler(exc, context):
         return None
     if isinstance(exc, exceptions.ValidationError):
         errors = _flatten(exc.detail)
-        first = next(iter(errors.values()), ["Invalid input."])[0]
+        where, messages = next(iter(errors.items()), (NON_FIELD_KEY, ["Invalid input."]))
+        first = messages[0] if where == NON_FIELD_KEY else f"{where}: {messages[0]}"
         response.data = {"detail": f"Invalid input: {first}", "errors": errors}
     else:
         detail = (

@@ -21,7 +21,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -90,6 +90,9 @@ class AgentConfig:
     log_backlog_limit: int = 256
     launch_timeout_seconds: float = 10.0
     finished_retention_seconds: float = FINISHED_JOB_RETENTION_SECONDS
+    #: Finished, reported jobs are forgotten after this long; a duplicate message about
+    #: one is then answered as for an unknown job.
+    forget_after_seconds: float = 24 * 3600.0
     #: Messages handled per pass at most, so deadlines are enforced even under a flood.
     max_messages_per_pass: int = 100
 
@@ -261,13 +264,14 @@ class Agent:
         base_env: dict[str, str] | None = None,
     ) -> None:
         validate_node_name(config.node)
-        self.config = config
+        # Absolute, because jobs run in their own directories and get these paths.
+        self.config = replace(config, work_dir=Path(config.work_dir).resolve())
         self.backend = backend
         self.messages = messages
         self.outbox = Outbox(send_report, on_recovered=self._register)
         self.gpus = backend.discover()
         self.jobs: dict[tuple[int, int], JobRecord] = {}
-        self.jobs_dir = Path(config.work_dir) / "jobs"
+        self.jobs_dir = self.config.work_dir / "jobs"
         self._base_env = dict(os.environ) if base_env is None else base_env
         self._kills: list[dict[str, Any]] = []
         self._next_heartbeat = 0.0
@@ -288,7 +292,11 @@ class Agent:
         self.start()
         try:
             while not self._stop_requested:
-                self.tick()
+                try:
+                    self.tick()
+                except Exception:  # e.g. a full disk: keep supervising, do not spin
+                    logger.exception("error in the agent loop")
+                    time.sleep(1.0)
         finally:
             self.close()
 
@@ -304,7 +312,8 @@ class Agent:
         self.outbox.flush(force=True)
         if len(self.outbox):
             logger.warning(
-                "%d reports not delivered; they are re-sent on restart", len(self.outbox)
+                "%d reports not delivered; exits and output are re-sent on restart",
+                len(self.outbox),
             )
         if self.messages is not None:
             self.messages.close()
@@ -324,10 +333,11 @@ class Agent:
 
     def _wait_time(self) -> float:
         """How long the next pass may wait for messages without missing anything due."""
-        if any(
+        exits_to_queue = any(
             r.finished and not r.exit_reported and not r.exit_queued for r in self.jobs.values()
-        ):
-            return 0.0
+        )
+        if exits_to_queue and len(self.outbox) < self.config.log_backlog_limit:
+            return 0.0  # an ended job's output is still being queued: keep going
         now = time.time()
         waits = [
             self.config.poll_seconds,
@@ -377,13 +387,15 @@ class Agent:
         try:
             handlers[message["type"]](message)
         except Exception:  # a bug must not take down the agent and every job's supervision
-            logger.exception("failed to handle %s message %r", message["type"], message)
+            # Not the whole message: a launch carries the user's environment.
+            what = message.get("job_id", message.get("pid"))
+            logger.exception("failed to handle %s message (%s)", message["type"], what)
 
     # --- launch ---
 
     def _launch(self, message: dict[str, Any]) -> None:
         job_id, attempt = message["job_id"], message["attempt"]
-        existing = self.jobs.get((job_id, attempt))
+        existing = self.jobs.get((job_id, attempt)) or self._load_forgotten(job_id, attempt)
         if existing is not None:
             self._answer_duplicate_launch(existing)
             return
@@ -417,6 +429,14 @@ class Agent:
             )
             return
         self._start(record, message)
+
+    def _load_forgotten(self, job_id: int, attempt: int) -> JobRecord | None:
+        """A job attempt this node ran long ago, from its directory (never run it twice)."""
+        record = load_record(JobPaths.for_job(self.config.work_dir, job_id, attempt))
+        if record is not None and record.finished:
+            self.jobs[record.key] = record
+            return record
+        return None
 
     def _answer_duplicate_launch(self, record: JobRecord) -> None:
         """A launch seen before: repeat the answer, in case the first one was lost."""
@@ -548,12 +568,10 @@ class Agent:
     # --- stop ---
 
     def _stop(self, message: dict[str, Any]) -> None:
-        reason = message["reason"]
-        record = self.jobs.get((message["job_id"], message["attempt"]))
+        reason, job_id, attempt = message["reason"], message["job_id"], message["attempt"]
+        record = self.jobs.get((job_id, attempt)) or self._load_forgotten(job_id, attempt)
         if record is None:
-            self._send_exited_now(
-                message["job_id"], message["attempt"], reason, NOT_RUNNING_MESSAGE
-            )
+            self._send_exited_now(job_id, attempt, reason, NOT_RUNNING_MESSAGE)
         elif record.waiting:
             self._finish(record, None, None, f"stopped ({reason}) before it started", reason)
         elif record.finished:
@@ -811,6 +829,7 @@ class Agent:
     def _heartbeat(self) -> None:
         self._next_heartbeat = time.monotonic() + self.config.heartbeat_seconds
         samples = self._sample()
+        kills = list(self._kills)
         self.outbox.put(
             report(
                 HEARTBEAT,
@@ -818,10 +837,24 @@ class Agent:
                 gpus=[sample.as_dict() for sample in samples],
                 jobs=self._job_summaries(),
                 zombies=self._zombies(samples),
-                kills=self._kills,
-            )
+                kills=kills,
+            ),
+            # Kill outcomes stay in every heartbeat until one of them is delivered (the
+            # outbox keeps only the newest heartbeat while the broker is away).
+            on_sent=lambda: self._kills_delivered(kills),
         )
-        self._kills = []
+        self._forget_old_jobs()
+
+    def _kills_delivered(self, kills: list[dict[str, Any]]) -> None:
+        self._kills = [k for k in self._kills if k not in kills]
+
+    def _forget_old_jobs(self) -> None:
+        """Drop long-finished, reported jobs from memory (their directories stay), so the
+        loop's work does not grow with the node's history."""
+        horizon = time.time() - self.config.forget_after_seconds
+        for key, record in list(self.jobs.items()):
+            if record.exit_reported and (record.finished_at or 0) < horizon:
+                del self.jobs[key]
 
     def _sample(self) -> list[GpuSample]:
         holders = {index: r.pid for r in self._running() for index in r.gpu_indices if r.pid}

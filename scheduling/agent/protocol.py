@@ -63,8 +63,14 @@ report is a dict with ``type``, ``node``, ``sent_at`` (unix time) and:
 
 Delivery is at least once: after an agent restart or a broker outage a report may come
 twice, so the control side must treat every report idempotently (``log`` by offset,
-``exited`` by a conditional state update). Messages to the agent are acknowledged only
-after they have been handled, and handling them twice is harmless.
+``exited`` by a conditional state update). Order is not guaranteed either: the agent sends
+a job's reports in order (``started``, ``log``…, ``exited``) and a stopped job's ``exited``
+before the ``started`` of the job that waited for its GPUs, but the filesystem broker
+orders messages only to the millisecond and control workers run in parallel, so an
+``exited`` may be handled before its ``started`` or its last ``log`` chunks. Messages to
+the agent are acknowledged only after they have been handled, and handling them twice is
+harmless: a repeated ``launch`` is answered with ``started`` (running) or ``exited``
+(ended), a repeated ``stop`` with nothing (stopping) or ``exited`` (ended).
 """
 
 from __future__ import annotations

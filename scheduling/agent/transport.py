@@ -12,11 +12,16 @@ from __future__ import annotations
 import logging
 import os
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 from celery import Celery
 from kombu import Connection, Exchange, Queue
+from kombu.exceptions import ChannelError
+from kombu.transport import filesystem
+from kombu.utils.encoding import str_to_bytes
+from kombu.utils.json import dumps
 
 from scheduling.agent.protocol import (
     CONTROL_QUEUE,
@@ -40,6 +45,44 @@ def default_broker_url() -> str:
 def default_broker_dir() -> str:
     """``SLUICE_BROKER_DIR``, else ``var/broker``."""
     return os.environ.get("SLUICE_BROKER_DIR") or DEFAULT_BROKER_DIR
+
+
+class _AtomicFilesystemChannel(filesystem.Channel):
+    """kombu's filesystem channel, but a message file appears only once it is complete.
+
+    kombu writes a message straight into its final file name, so a reader polling the
+    folder can take the file while it is still empty and lose the message (a JSON decode
+    error on the reader's side; seen under load). Writing a temporary name that readers
+    ignore and renaming it closes that window; reading is unchanged.
+    """
+
+    def _put(self, queue, payload, **kwargs):
+        name = f"{round(time.monotonic() * 1000)}_{uuid.uuid4()}.{queue}.msg"
+        final = os.path.join(self.data_folder_out, name)
+        # Readers pick files named "<anything>.<queue>.msg"; ".tmp" never matches.
+        tmp = f"{final}.tmp"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(str_to_bytes(dumps(payload)))
+            os.replace(tmp, final)
+        except OSError as exc:
+            raise ChannelError(f"Cannot add file {final!r} to directory") from exc
+
+
+class AtomicFilesystemTransport(filesystem.Transport):
+    """The ``filesystem://`` transport with complete-file-only writes (see above).
+
+    The control side should use it too (``CELERY_BROKER_TRANSPORT =
+    "scheduling.agent.transport:AtomicFilesystemTransport"`` when the broker is
+    ``filesystem://``); :func:`broker_connection` always does.
+    """
+
+    Channel = _AtomicFilesystemChannel
+
+
+def broker_transport(url: str) -> type | None:
+    """The transport class for ``url`` where kombu's own must be replaced, else None."""
+    return AtomicFilesystemTransport if url.startswith("filesystem://") else None
 
 
 def broker_transport_options(url: str, broker_dir: str | os.PathLike | None = None) -> dict:
@@ -67,7 +110,11 @@ def broker_connection(
 ) -> Connection:
     """A kombu Connection to the broker (not yet connected)."""
     url = url or default_broker_url()
-    return Connection(url, transport_options=broker_transport_options(url, broker_dir))
+    return Connection(
+        url,
+        transport=broker_transport(url),
+        transport_options=broker_transport_options(url, broker_dir),
+    )
 
 
 def node_queue(node: str) -> Queue:
@@ -187,6 +234,7 @@ class CeleryReportSender:
         self.control_queue = control_queue
         self.app = Celery("sluice-agent", broker=url, set_as_current=False, fixups=[])
         self.app.conf.update(
+            broker_transport=broker_transport(url),
             broker_transport_options=broker_transport_options(url, broker_dir),
             broker_connection_timeout=2.0,
             task_serializer="json",

@@ -10,12 +10,24 @@ from ..models import (
     Job,
     JobEvent,
     Node,
+    Notification,
     PriorityClass,
+    PriorityRaise,
     Queue,
     Quota,
     ResourcePool,
     WorkloadPolicy,
 )
+
+
+class StrictCharField(serializers.CharField):
+    """A JSON string and nothing else: numbers and booleans are refused, not turned into text."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
 
 # --- platform objects -----------------------------------------------------------------------
 
@@ -54,6 +66,9 @@ class GpuSerializer(serializers.ModelSerializer):
 
 class NodeSerializer(serializers.ModelSerializer):
     pool = serializers.SlugRelatedField(slug_field="name", queryset=ResourcePool.objects.all())
+    labels = serializers.DictField(
+        child=StrictCharField(max_length=200, allow_blank=True), required=False
+    )
 
     class Meta:
         model = Node
@@ -308,15 +323,6 @@ class JobSerializer(serializers.ModelSerializer):
         return AllocationSerializer(allocations, many=True).data
 
 
-class StrictCharField(serializers.CharField):
-    """A JSON string and nothing else: numbers and booleans are refused, not turned into text."""
-
-    def to_internal_value(self, data):
-        if not isinstance(data, str):
-            self.fail("invalid")
-        return super().to_internal_value(data)
-
-
 class CommandField(serializers.JSONField):
     """A list of argument strings, or (with shell=true) one shell string."""
 
@@ -395,3 +401,106 @@ class JobEventSerializer(serializers.ModelSerializer):
     class Meta:
         model = JobEvent
         fields = ["id", "created_at", "kind", "message", "actor", "data"]
+
+
+# --- priority raises, ceilings, notifications ---------------------------------------------------
+
+
+class PriorityRaiseSerializer(serializers.ModelSerializer):
+    tenant = serializers.CharField(source="tenant.slug")
+    scope = serializers.SerializerMethodField()
+    project_slug = serializers.SerializerMethodField()
+    from_class = serializers.CharField(source="from_class.name", allow_null=True, default=None)
+    to_class = serializers.CharField(source="to_class.name")
+    requested_by = serializers.CharField(source="requested_by.username")
+    decided_by = serializers.CharField(source="decided_by.username", allow_null=True, default=None)
+    ended_by = serializers.CharField(source="ended_by.username", allow_null=True, default=None)
+
+    class Meta:
+        model = PriorityRaise
+        fields = [
+            "id",
+            "tenant",
+            "scope",
+            "job",
+            "project",
+            "project_slug",
+            "from_class",
+            "to_class",
+            "reason",
+            "hours",
+            "window_start",
+            "window_end",
+            "requested_by",
+            "state",
+            "decided_by",
+            "decided_at",
+            "comment",
+            "expires_at",
+            "ended_by",
+            "ended_at",
+            "created_at",
+        ]
+        read_only_fields = fields
+
+    def get_scope(self, raise_) -> str:
+        return "project" if raise_.project_id else "job"
+
+    def get_project_slug(self, raise_) -> str | None:
+        return raise_.project.slug if raise_.project_id else None
+
+
+class PriorityRaiseCreateSerializer(serializers.Serializer):
+    job = serializers.IntegerField(required=False, allow_null=True, default=None)
+    project = serializers.IntegerField(
+        required=False, allow_null=True, default=None, help_text="Project id, for a window raise."
+    )
+    to_class = serializers.CharField(max_length=50, help_text="Name of the target class.")
+    reason = serializers.CharField(max_length=2000)
+    hours = serializers.FloatField(
+        required=False, allow_null=True, default=None, help_text="Empty: the class's maximum."
+    )
+    window_start = serializers.DateTimeField(required=False, allow_null=True, default=None)
+    window_end = serializers.DateTimeField(required=False, allow_null=True, default=None)
+
+
+class RaiseStepSerializer(serializers.Serializer):
+    comment = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
+
+
+class JobImpactSerializer(serializers.Serializer):
+    job_id = serializers.IntegerField()
+    name = serializers.CharField()
+    starts_now = serializers.BooleanField()
+    starts_after = serializers.BooleanField()
+    queue_position_now = serializers.IntegerField(allow_null=True)
+    queue_position_after = serializers.IntegerField(allow_null=True)
+    pool_position_now = serializers.IntegerField(allow_null=True)
+    pool_position_after = serializers.IntegerField(allow_null=True)
+    passes = serializers.IntegerField()
+
+
+class RaiseImpactSerializer(serializers.Serializer):
+    jobs = JobImpactSerializer(many=True)
+    preempts = serializers.SerializerMethodField()
+    running = serializers.ListField(child=serializers.IntegerField())
+    note = serializers.CharField()
+
+    def get_preempts(self, impact) -> list[dict]:
+        return [
+            {"job": j.pk, "name": j.name, "tenant": j.tenant.slug, "class": j.priority_class.name}
+            for j in impact.preempts
+        ]
+
+
+class RaiseCeilingSerializer(serializers.Serializer):
+    ceiling = serializers.CharField(
+        max_length=50, allow_null=True, help_text="Class name; null: tenant admins approve nothing."
+    )
+
+
+class NotificationSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Notification
+        fields = ["id", "created_at", "kind", "message", "link", "read_at", "job", "priority_raise"]
+        read_only_fields = fields

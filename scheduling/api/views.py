@@ -5,14 +5,16 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from portal.api.views import validated
 from portal.errors import BusinessError, NotFoundError
-from tenants.selectors import projects_visible_to
+from tenants.selectors import projects_visible_to, tenant_get
 
 from .. import selectors
-from ..models import Allocation, Job, PriorityClass
-from ..services import config, jobs
+from ..choices import RaiseState
+from ..models import Allocation, Job, PriorityClass, PriorityRaise
+from ..services import config, jobs, notifications, raises
 from ..services.jobs import JobSpec
 from . import serializers as s
 
@@ -309,3 +311,176 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
                 "running": job.state in ("ADMITTED", "RUNNING", "STOPPING"),
             }
         )
+
+
+# --- priority raises ------------------------------------------------------------------------
+
+
+class PriorityRaiseFilter(filters.FilterSet):
+    state = filters.MultipleChoiceFilter(choices=RaiseState.choices)
+    tenant = filters.CharFilter(field_name="tenant__slug")
+    job = filters.NumberFilter(field_name="job_id")
+    project = filters.NumberFilter(field_name="project_id")
+    requested_by = filters.CharFilter(field_name="requested_by__username")
+    to_class = filters.CharFilter(field_name="to_class__name")
+    decidable = filters.BooleanFilter(
+        method="filter_decidable", label="Only pending raises I may approve or reject."
+    )
+
+    class Meta:
+        model = PriorityRaise
+        fields = ["state", "tenant", "job", "project", "requested_by", "to_class", "decidable"]
+
+    def filter_decidable(self, queryset, name, value):
+        if value is None:
+            return queryset
+        mine = selectors.raises_decidable_by(self.request.user).values("pk")
+        return queryset.filter(pk__in=mine) if value else queryset.exclude(pk__in=mine)
+
+
+def _priority_class(name: str, field: str) -> PriorityClass:
+    priority = PriorityClass.objects.filter(name=name).first()
+    if priority is None:
+        raise BusinessError(f"Unknown priority class {name!r}.", field=field)
+    return priority
+
+
+def raise_target_from_input(user, data: dict) -> dict:
+    """Resolve the ids and names of a raise request (404 for other tenants' jobs and projects)."""
+    target = dict(data)
+    if target["job"] is not None:
+        target["job"] = selectors.jobs_visible_to(user).filter(pk=target["job"]).first()
+        if target["job"] is None:
+            raise NotFoundError("Job not found.")
+    if target["project"] is not None:
+        target["project"] = projects_visible_to(user).filter(pk=target["project"]).first()
+        if target["project"] is None:
+            raise NotFoundError("Project not found.")
+    target["to_class"] = _priority_class(target["to_class"], "to_class")
+    return target
+
+
+class PriorityRaiseViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
+):
+    """Priority raises: request one (job, or project window), then approve, reject, revoke or
+    cancel it. The list shows your requests and raises on your jobs (tenant admins: their
+    tenants', platform admins: all); any raise of your tenants can be fetched by id."""
+
+    serializer_class = s.PriorityRaiseSerializer
+    filterset_class = PriorityRaiseFilter
+    ordering_fields = ["id", "created_at", "expires_at"]
+
+    def get_queryset(self):
+        if self.action == "list":
+            return selectors.raises_listed_for(self.request.user)
+        return selectors.raises_visible_to(self.request.user)
+
+    def get_object(self):
+        try:
+            return super().get_object()
+        except Http404:
+            raise NotFoundError("Priority raise not found.") from None
+
+    def _respond(self, raise_, status_code=status.HTTP_200_OK):
+        fresh = selectors.raises_visible_to(self.request.user).get(pk=raise_.pk)
+        return Response(self.get_serializer(fresh).data, status=status_code)
+
+    @extend_schema(
+        request=s.PriorityRaiseCreateSerializer, responses={201: s.PriorityRaiseSerializer}
+    )
+    def create(self, request):
+        data = validated(s.PriorityRaiseCreateSerializer, request.data)
+        target = raise_target_from_input(request.user, data)
+        raise_ = raises.priority_raise_request(user=request.user, **target)
+        return self._respond(raise_, status.HTTP_201_CREATED)
+
+    def _step(self, request, service):
+        raise_ = self.get_object()
+        comment = validated(s.RaiseStepSerializer, request.data)["comment"]
+        return self._respond(service(raise_=raise_, user=request.user, comment=comment))
+
+    @extend_schema(request=s.RaiseStepSerializer, responses=s.PriorityRaiseSerializer)
+    @action(detail=True, methods=["post"])
+    def approve(self, request, pk=None):
+        """Grant it (tenant admins up to their tenant's ceiling; platform admins any class)."""
+        return self._step(request, raises.priority_raise_approve)
+
+    @extend_schema(request=s.RaiseStepSerializer, responses=s.PriorityRaiseSerializer)
+    @action(detail=True, methods=["post"])
+    def reject(self, request, pk=None):
+        return self._step(request, raises.priority_raise_reject)
+
+    @extend_schema(request=s.RaiseStepSerializer, responses=s.PriorityRaiseSerializer)
+    @action(detail=True, methods=["post"])
+    def revoke(self, request, pk=None):
+        """End an active grant now; its jobs go back to their base class."""
+        return self._step(request, raises.priority_raise_revoke)
+
+    @extend_schema(request=s.RaiseStepSerializer, responses=s.PriorityRaiseSerializer)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        """The requester withdraws a pending request."""
+        return self._step(request, raises.priority_raise_cancel)
+
+    @extend_schema(responses=s.RaiseImpactSerializer)
+    @action(detail=True, methods=["get"])
+    def impact(self, request, pk=None):
+        """What granting it would change now: queue positions, jobs passed, possible preemptions."""
+        from ..raise_impact import RaiseImpact, raise_impacts
+
+        raise_ = self.get_object()
+        impact = raise_impacts([raise_]).get(raise_.pk) or RaiseImpact(
+            note="The scheduling engine is not available."
+        )
+        return Response(s.RaiseImpactSerializer(impact).data)
+
+
+class RaiseCeilingView(APIView):
+    """The highest class a tenant's admins may approve raises to (platform admins set it)."""
+
+    def _body(self, tenant):
+        ceiling = selectors.raise_ceiling_of(tenant)
+        return {"tenant": tenant.slug, "ceiling": ceiling.name if ceiling else None}
+
+    @extend_schema(responses=s.RaiseCeilingSerializer)
+    def get(self, request, tenant_slug):
+        return Response(self._body(tenant_get(request.user, tenant_slug)))
+
+    @extend_schema(request=s.RaiseCeilingSerializer, responses=s.RaiseCeilingSerializer)
+    def put(self, request, tenant_slug):
+        tenant = tenant_get(request.user, tenant_slug)
+        name = validated(s.RaiseCeilingSerializer, request.data)["ceiling"]
+        ceiling = _priority_class(name, "ceiling") if name else None
+        raises.tenant_raise_ceiling_set(actor=request.user, tenant=tenant, ceiling=ceiling)
+        return Response(self._body(tenant))
+
+    patch = put
+
+
+# --- notifications --------------------------------------------------------------------------
+
+
+class NotificationViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    """Your own notifications, newest first; mark one or all read."""
+
+    serializer_class = s.NotificationSerializer
+    filterset_fields = {"read_at": ["isnull"], "kind": ["exact"]}
+
+    def get_queryset(self):
+        return selectors.notifications_of(self.request.user)
+
+    @extend_schema(request=None, responses=s.NotificationSerializer)
+    @action(detail=True, methods=["post"])
+    def read(self, request, pk=None):
+        notification = self.get_queryset().filter(pk=pk).first()
+        if notification is None:
+            raise NotFoundError("Notification not found.")
+        notifications.notification_mark_read(user=request.user, notification=notification)
+        return Response(self.get_serializer(notification).data)
+
+    @extend_schema(request=None, responses={200: None})
+    @action(detail=False, methods=["post"], url_path="read-all")
+    def read_all(self, request):
+        count = notifications.notifications_mark_all_read(user=request.user)
+        return Response({"marked_read": count})

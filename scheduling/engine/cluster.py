@@ -43,6 +43,7 @@ class NodeSlot:
         "free_total",
         "running",
         "victim_view",
+        "lent",
     )
 
     def __init__(self, idx: int, node_id: int, node_name: str, gpu_ids: list[int], now: float):
@@ -60,6 +61,7 @@ class NodeSlot:
         self.free_total = 0  # GPUs idle now, reserved or not
         self.running: list = []  # running-job records holding GPUs here (victim search)
         self.victim_view = None  # cached by the victim search, valid for one version
+        self.lent = [0.0] * count  # end of a job started in a hole (GPU busy until then)
 
     def idle_unreserved(self, now: float) -> int:
         """GPUs idle now and promised to nobody."""
@@ -259,23 +261,28 @@ class SliceIndex:
 
     # -- changes -----------------------------------------------------------------------
 
-    def take_now(self, slot: NodeSlot, gpus: int, end: float) -> list[int]:
-        """Start a job on ``gpus`` GPUs of ``slot`` now until ``end``; returns positions."""
+    def take_now(
+        self, slot: NodeSlot, gpus: int, end: float, positions: list[int] | None = None
+    ) -> list[int]:
+        """Start a job on ``gpus`` GPUs of ``slot`` (or on ``positions``, checked by the
+        caller) now until ``end``; returns the positions."""
         now = self.now
         af = slot.af
         hole = slot.hole
-        in_holes = sorted(
-            (hole[pos], pos) for pos in range(len(af)) if af[pos] > now and hole[pos] >= end
-        )
-        positions = [pos for _, pos in in_holes[:gpus]]
-        if len(positions) < gpus:
-            idle = [pos for pos in range(len(af)) if af[pos] <= now]
-            positions.extend(idle[: gpus - len(positions)])
+        if positions is None:
+            in_holes = sorted(
+                (hole[pos], pos) for pos in range(len(af)) if af[pos] > now and hole[pos] >= end
+            )
+            positions = [pos for _, pos in in_holes[:gpus]]
+            if len(positions) < gpus:
+                idle = [pos for pos in range(len(af)) if af[pos] <= now]
+                positions.extend(idle[: gpus - len(positions)])
         for pos in positions:
             if af[pos] <= now:
                 af[pos] = end
             else:
                 hole[pos] = 0.0  # busy now, still promised from the reservation's start
+                slot.lent[pos] = max(slot.lent[pos], end)
         self.refresh(slot)
         return positions
 
@@ -300,8 +307,19 @@ class SliceIndex:
                 made_hole = True
             af[pos] = end
             slot.reserved[pos] = True
+            # Whoever waits for this GPU from now on waits for this job, not for a stop.
+            slot.releasing[pos] = False
         if made_hole:
             self.hole_owners.append((owner, start))
+        self.refresh(slot)
+
+    def unhold(self, slot: NodeSlot, positions: list[int], ready: list[float]) -> None:
+        """Undo a :meth:`reserve` made to hold a reservation: each GPU is free again from
+        ``ready`` (or from the end of a job started in the hole meanwhile)."""
+        for pos, when in zip(positions, ready, strict=True):
+            slot.af[pos] = max(when, slot.lent[pos]) if slot.lent[pos] else when
+            slot.hole[pos] = 0.0
+            slot.reserved[pos] = False
         self.refresh(slot)
 
     def release_at(self, slot: NodeSlot, positions: list[int], when: float) -> None:

@@ -31,6 +31,7 @@ from .cluster import NodeSlot, SliceIndex
 from .order import class_order, fair_share_order, fifo_order
 from .preemption import Preemptor, RunningRecord, VictimChoice, VictimFinder
 from .quota import BORROWED, GUARANTEED, Account, Quotas
+from .reservations import PreviousReservations
 from .results import PendingInfo, Placement, Plan, Preemption
 from .snapshot import PendingJob, QueueInfo, RunningJob, Snapshot
 
@@ -54,6 +55,7 @@ class Slot:
     nodes: list[NodeSlot]
     positions: list[list[int]]
     releasing: bool  # uses GPUs of jobs being stopped
+    preheld: bool = False  # partly promised in the timeline already (a kept reservation)
 
 
 class Planner:
@@ -71,8 +73,10 @@ class Planner:
         self._gpu_location: dict[int, tuple[SliceIndex, NodeSlot, int]] = {}
         # Stopping jobs preempted for a pending job: their GPUs wait for that job.
         self._claims: dict[int, list[tuple[SliceIndex, NodeSlot, list[int], float]]] = {}
+        self._class: int | None = None  # priority class being considered
         self._queue_positions: dict[int, int] = {}
         self._pool_positions: dict[str, int] = {}
+        self._shape_cache: dict[tuple, list[SliceIndex]] = {}
         self._option_cache: dict[tuple, tuple[list[SliceIndex], list[Option]]] = {}
         self._victims = VictimFinder(self.now)
         self._hopeless: set[tuple] = set()  # preemption searches known to fail
@@ -141,6 +145,11 @@ class Planner:
                     )
         for slice_ in self.slices.values():
             slice_.build()
+        self._previous = PreviousReservations(
+            self.snapshot.pending, self._gpu_location.get, self.now
+        )
+        if self.snapshot.global_fifo:
+            self._previous.hold_class(None)
 
     # -- the cycle ---------------------------------------------------------------------------
 
@@ -166,6 +175,11 @@ class Planner:
     def _consider(self, job: PendingJob) -> None:
         if self._claims:
             self._release_claims(job.id)
+        if self._previous:
+            if job.priority != self._class and not self.snapshot.global_fifo:
+                self._class = job.priority
+                self._previous.hold_class(job.priority)
+            self._previous.turn(job.id)
         queue = self.queues.get(job.queue_id)
         if queue is not None and not queue.open:
             self._wait(job, reasons.QUEUE_CLOSED, messages.queue_closed(queue.name), None)
@@ -190,7 +204,14 @@ class Planner:
         if outcome is not None:
             self._remember_head(job, queue, *outcome)
 
-    def _wait(self, job: PendingJob, code: str, message: str, start: float | None) -> None:
+    def _wait(
+        self,
+        job: PendingJob,
+        code: str,
+        message: str,
+        start: float | None,
+        reserved: tuple[int, ...] = (),
+    ) -> None:
         """Record why ``job`` stays pending. Jobs are recorded in scheduling order, so the
         positions are counted among the jobs that stay pending as they come."""
         if start is not None and math.isinf(start):
@@ -206,6 +227,7 @@ class Planner:
             queue_position=queue_position,
             pool_position=pool_position,
             estimated_start=start,
+            reserved_gpu_ids=reserved,
         )
 
     # -- what could ever run the job ----------------------------------------------------------
@@ -213,18 +235,13 @@ class Planner:
     def _options_for(self, job: PendingJob) -> tuple[list[SliceIndex], list[Option]]:
         """Slices of the job's pool where it could ever fit (preferred first), and those
         of them whose quota could ever admit it, with their accounts."""
-        key = (
-            job.tenant,
-            job.pool,
-            job.gpu_models,
-            job.min_gpu_memory_mb,
-            job.gpus_per_node,
-            job.nodes,
-            job.preemptible,
-        )
+        shape = (job.pool, job.gpu_models, job.min_gpu_memory_mb, job.gpus_per_node, job.nodes)
+        key = (job.tenant, job.preemptible, shape)
         cached = self._option_cache.get(key)
         if cached is None:
-            slices = self._slices_for(job)
+            slices = self._shape_cache.get(shape)
+            if slices is None:
+                slices = self._shape_cache[shape] = self._slices_for(job)
             options = []
             for slice_ in slices:
                 account = self.quotas.account(job.tenant, slice_.pool, slice_.model)
@@ -298,6 +315,10 @@ class Planner:
                 if not option.account.fits_now(total, mode, end):
                     quota_promised = True
                     continue
+                previous = self._previous_now(job, option, end)
+                if previous is not None:
+                    self._place(job, option, previous[0], mode, end, previous[1])
+                    return None
                 chosen = option.slice.find_now(gpus, nodes, end)
                 if chosen is not None:
                     self._place(job, option, chosen, mode, end)
@@ -320,12 +341,19 @@ class Planner:
         return reasons.WAITING_FOR_QUOTA, start
 
     def _place(
-        self, job: PendingJob, option: Option, chosen: list[NodeSlot], mode: str, end: float
+        self,
+        job: PendingJob,
+        option: Option,
+        chosen: list[NodeSlot],
+        mode: str,
+        end: float,
+        positions: list[list[int]] | None = None,
     ) -> None:
         gpu_ids: list[int] = []
-        for slot in chosen:
-            positions = option.slice.take_now(slot, job.gpus_per_node, end)
-            gpu_ids.extend(slot.gpu_ids[pos] for pos in positions)
+        for number, slot in enumerate(chosen):
+            wanted = positions[number] if positions is not None else None
+            taken = option.slice.take_now(slot, job.gpus_per_node, end, wanted)
+            gpu_ids.extend(slot.gpu_ids[pos] for pos in taken)
         option.account.start(job.gpus, end)
         self.running_gpus[job.tenant] += job.gpus
         self.result.placements.append(
@@ -348,7 +376,9 @@ class Planner:
         gpus_promised: bool,
     ) -> tuple[str, float | None]:
         """The job fits its guarantee but not the idle GPUs: preempt, or reserve."""
-        slot = self._earliest(job, options, floor, with_positions=True)
+        slot = self._previous_slot(job, options, floor)
+        if slot is None:
+            slot = self._earliest(job, options, floor, with_positions=True)
         if self.snapshot.preemption and (slot is None or not slot.releasing):
             outcome = self._preempt(job, options, runtime, True, slot)
             if outcome is not None:
@@ -361,11 +391,11 @@ class Planner:
             message = self._gpus_message(job, options[0])
             self._wait(job, reasons.WAITING_FOR_GPUS, message, None)
             return reasons.WAITING_FOR_GPUS, None
-        self._reserve(job, slot, runtime)
+        reserved = self._reserve(job, slot, runtime)
         if not self.snapshot.backfill:
             self._pool_floor[job.pool] = max(self._pool_floor.get(job.pool, 0.0), slot.start)
         code, message = self._gpu_wait_reason(job, slot, quota_promised, gpus_promised)
-        self._wait(job, code, message, slot.start)
+        self._wait(job, code, message, slot.start, reserved)
         return code, slot.start
 
     def _wait_to_borrow(
@@ -381,9 +411,9 @@ class Planner:
         GPUs being freed for it by a preemption (or a lower, borrowed class it preempts)."""
         slot = self._earliest(job, options, floor, with_positions=False)
         if slot is not None and self._uses_releasing(job, slot):
-            self._reserve(job, slot, runtime)
+            reserved = self._reserve(job, slot, runtime)
             message = messages.releasing_wait(slot.start, self.now)
-            self._wait(job, reasons.WAITING_FOR_PREEMPTION, message, slot.start)
+            self._wait(job, reasons.WAITING_FOR_PREEMPTION, message, slot.start, reserved)
             return reasons.WAITING_FOR_PREEMPTION, slot.start
         if self.snapshot.preemption and job.can_preempt:
             outcome = self._preempt(job, options, runtime, False, slot)
@@ -427,23 +457,26 @@ class Planner:
         self, job: PendingJob, options: list[Option], floor: float | None, with_positions: bool
     ) -> Slot | None:
         """The earliest start over the job's options (GPUs and quota), or None if never."""
-        best: Slot | None = None
+        best = None
+        best_start = INF
         lowest = self.now if floor is None else floor
+        gpus, nodes = job.gpus_per_node, job.nodes
+        total, preemptible = gpus * nodes, job.preemptible
         for option in options:
-            found = option.slice.earliest(job.gpus_per_node, job.nodes)
-            if found is None:
+            found = option.slice.earliest(gpus, nodes)
+            if found is None or found[0] >= best_start:
                 continue
-            gpu_start, chosen = found
-            start = max(gpu_start, lowest)
-            if best is not None and start >= best.start:
-                continue
-            start = max(start, option.account.earliest(job.gpus, job.preemptible))
-            if math.isinf(start) or (best is not None and start >= best.start):
-                continue
-            best = Slot(start, option, chosen, [], False)
-        if best is not None and with_positions:
-            self._choose_positions(job, best)
-        return best
+            start = option.account.earliest(total, preemptible)
+            start = max(start, found[0], lowest)
+            if start < best_start:
+                best_start = start
+                best = (option, found[1])
+        if best is None:
+            return None
+        slot = Slot(best_start, best[0], best[1], [], False)
+        if with_positions:
+            self._choose_positions(job, slot)
+        return slot
 
     def _choose_positions(self, job: PendingJob, slot: Slot) -> None:
         slice_ = slot.option.slice
@@ -460,13 +493,57 @@ class Planner:
             self._choose_positions(job, slot)
         return slot.releasing
 
-    def _reserve(self, job: PendingJob, slot: Slot, runtime: float) -> None:
-        """Promise the slot's GPUs and quota to the job."""
+    def _previous_now(
+        self, job: PendingJob, option: Option, end: float
+    ) -> tuple[list[NodeSlot], list[list[int]]] | None:
+        """The previous reservation, if all its GPUs can be used now until ``end``."""
+        if not self._previous:
+            return None
+        return self._previous.usable_now(job, option.slice, end)
+
+    def _previous_slot(
+        self, job: PendingJob, options: list[Option], floor: float | None
+    ) -> Slot | None:
+        """The previous reservation, kept if its GPUs and the quota are still free by
+        the previous estimate (whatever the greedy choice would be now)."""
+        if not self._previous:
+            return None
+        for option in options:
+            found = self._previous.slot_for(job, option.slice)
+            if found is None:
+                continue
+            ready, nodes, positions, preheld = found
+            start = max(
+                ready,
+                self.now if floor is None else floor,
+                option.account.earliest(job.gpus, job.preemptible),
+            )
+            if start > self._previous.previous_start(job):
+                return None
+            releasing = any(
+                slot.releasing[pos]
+                for slot, held in zip(nodes, positions, strict=True)
+                for pos in held
+            )
+            return Slot(start, option, nodes, positions, releasing, preheld)
+        return None
+
+    def _reserve(self, job: PendingJob, slot: Slot, runtime: float) -> tuple[int, ...]:
+        """Promise the slot's GPUs and quota to the job; returns the GPU ids."""
         end = slot.start + runtime
         slice_ = slot.option.slice
-        for node_slot, positions in zip(slot.nodes, slot.positions, strict=True):
-            slice_.reserve(node_slot, positions, slot.start, end, job.id)
+        gpu_ids: list[int] = []
+        kept = self._previous.kept_positions(job.id) if slot.preheld else set()
+        for number, (node_slot, positions) in enumerate(
+            zip(slot.nodes, slot.positions, strict=True)
+        ):
+            # GPUs that stayed held for the job are in the timeline already.
+            fresh = [pos for pos in positions if (number, pos) not in kept]
+            if fresh:
+                slice_.reserve(node_slot, fresh, slot.start, end, job.id)
+            gpu_ids.extend(node_slot.gpu_ids[pos] for pos in positions)
         slot.option.account.reserve(job.gpus, slot.start, end)
+        return tuple(gpu_ids)
 
     def _estimate_without_gpus(
         self,
@@ -475,14 +552,15 @@ class Planner:
         floor: float | None,
         slot: Slot | None = None,
     ) -> float | None:
-        """Estimate for a job that reserves no GPUs; it still queues for its own quota.
-        ``slot``: the job's earliest slot if the caller has computed it already."""
+        """Estimate for a job that reserves nothing (it waits for quota, to borrow, or for
+        its queue's head): later estimates of its tenant count its quota, but it stops
+        nobody from starting now. ``slot``: its earliest slot if already computed."""
         if slot is None:
             slot = self._earliest(job, options, floor, with_positions=False)
         if slot is None:
             return None
         runtime = job.max_runtime_seconds if job.max_runtime_seconds > 0 else INF
-        slot.option.account.reserve(job.gpus, slot.start, slot.start + runtime)
+        slot.option.account.reserve(job.gpus, slot.start, slot.start + runtime, hold_now=False)
         return slot.start
 
     def _release_claims(self, job_id: int) -> None:
@@ -534,9 +612,9 @@ class Planner:
             option.slice.choose_reserved(node_slot, job.gpus_per_node, start)
             for node_slot in choice.slots
         ]
-        self._reserve(job, Slot(start, option, choice.slots, positions, True), runtime)
+        reserved = self._reserve(job, Slot(start, option, choice.slots, positions, True), runtime)
         message = messages.preemption_wait(release, start, self.now)
-        self._wait(job, reasons.WAITING_FOR_PREEMPTION, message, start)
+        self._wait(job, reasons.WAITING_FOR_PREEMPTION, message, start, reserved)
         return reasons.WAITING_FOR_PREEMPTION, start
 
     def _stop(

@@ -103,10 +103,11 @@ class Account:
     def fits_now(self, gpus: int, mode: str, end: float) -> bool:
         """Whether starting now until ``end`` leaves every promised quota unit alone."""
         cap = self.guaranteed if mode == GUARANTEED else self.limit
-        if self._gpus().free_now(cap, end) < gpus:
+        if (self._gpu_timeline or self._gpus()).free_now(cap, end) < gpus:
             return False
-        slots = self._job_slots()
-        return slots is None or slots.free_now(self.max_running, end) >= 1
+        if self.max_running is None:
+            return True
+        return (self._job_timeline or self._job_slots()).free_now(self.max_running, end) >= 1
 
     def start(self, gpus: int, end: float) -> None:
         """Count a job placed now until ``end``."""
@@ -119,18 +120,19 @@ class Account:
 
     def earliest(self, gpus: int, preemptible: bool) -> float:
         """Earliest time the quota lets the job start, given what is promised already."""
-        start = self._gpus().earliest(gpus, self.cap(preemptible))
-        slots = self._job_slots()
-        if slots is not None:
+        cap = self.guaranteed + self.borrow_limit if preemptible else self.guaranteed
+        start = (self._gpu_timeline or self._gpus()).earliest(gpus, cap)
+        if self.max_running is not None:
+            slots = self._job_timeline or self._job_slots()
             start = max(start, slots.earliest(1, self.max_running))
         return start
 
-    def reserve(self, gpus: int, start: float, end: float) -> None:
-        """Promise quota to a job expected to run from ``start`` to ``end``."""
-        self._gpus().reserve(gpus, start, end)
-        slots = self._job_slots()
-        if slots is not None:
-            slots.reserve(1, start, end)
+    def reserve(self, gpus: int, start: float, end: float, hold_now: bool = True) -> None:
+        """Promise quota to a job expected to run from ``start`` to ``end``;
+        ``hold_now=False``: only count it in later estimates (see UnitTimeline)."""
+        (self._gpu_timeline or self._gpus()).reserve(gpus, start, end, hold_now)
+        if self.max_running is not None:
+            (self._job_timeline or self._job_slots()).reserve(1, start, end, hold_now)
 
 
 class Quotas:

@@ -37,6 +37,8 @@ class PendingInfo:
     Positions are 1-based among the jobs that stay pending, in scheduling order.
     ``estimated_start`` is an epoch time, or None when the job cannot start as things are
     (held, closed queue, too big for any node or for its quota, unlimited runtimes ahead).
+    ``reserved_gpu_ids`` are the GPUs held for the job from ``estimated_start`` (empty if
+    it holds no reservation); pass them back in the next snapshot (see ``PendingJob``).
     """
 
     job_id: int
@@ -45,6 +47,7 @@ class PendingInfo:
     queue_position: int
     pool_position: int
     estimated_start: float | None
+    reserved_gpu_ids: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)

@@ -67,6 +67,12 @@ class PendingJob:
     effective flag (class or workload policy), ``gpu_models == ()`` accepts any model, and
     ``max_runtime_seconds <= 0`` means no limit (the job can then never be backfilled and
     gets no finite estimate behind it).
+
+    ``reserved_gpu_ids``/``reserved_start`` (optional) carry the reservation the previous
+    cycle gave the job (``PendingInfo.reserved_gpu_ids`` and ``estimated_start``). The job
+    keeps those GPUs while they are still free by that time, so that a reservation, and
+    the estimates of the jobs behind it, do not move from one cycle to the next (Slurm
+    keeps its reservations the same way). Without them every cycle plans afresh.
     """
 
     id: int
@@ -87,6 +93,8 @@ class PendingJob:
     max_runtime_seconds: int
     allowed_pools: tuple[str, ...] = ()
     held: bool = False
+    reserved_gpu_ids: tuple[int, ...] = ()
+    reserved_start: float | None = None
 
     @property
     def gpus(self) -> int:

@@ -19,14 +19,17 @@ class UnitTimeline:
 
     ``used`` counts units busy now or promised to a reserved job; ``releases`` holds, sorted,
     the time each of those units is free for good; ``holes`` holds, sorted, the start time
-    of the reservation of each promised unit that is still idle now.
+    of the reservation of each promised unit that is still idle now. ``pencilled`` counts
+    idle units counted on by estimates only: later estimates see them taken, but they
+    do not stop anybody from starting now.
     """
 
-    __slots__ = ("now", "used", "releases", "holes")
+    __slots__ = ("now", "used", "pencilled", "releases", "holes")
 
     def __init__(self, now: float, releases: list[float]) -> None:
         self.now = now
         self.used = len(releases)
+        self.pencilled = 0
         self.releases = sorted(releases)
         self.holes: list[float] = []
 
@@ -47,33 +50,42 @@ class UnitTimeline:
             count -= taken
         if count > 0:
             self.used += count
-            for _ in range(count):
-                insort(self.releases, end)
+            _insert(self.releases, end, count)
 
     def earliest(self, count: int, cap: int) -> float:
         """Earliest time at which ``count`` units fit under ``cap`` (INF if never)."""
-        need = count - (cap - self.used)
+        need = count - (cap - self.used - self.pencilled)
         if need <= 0:
             return self.now
         if need > len(self.releases):
             return INF
         return self.releases[need - 1]
 
-    def reserve(self, count: int, start: float, end: float) -> None:
+    def reserve(self, count: int, start: float, end: float, hold_now: bool = True) -> None:
         """Promise ``count`` units from ``start`` (>= ``earliest``) until ``end``.
 
         The units released last before ``start`` are taken first, so that units free now
         stay free now; units that must come from the free pool become holes until start.
+        With ``hold_now=False`` (an estimate, not a reservation) those are only pencilled.
         """
         releases = self.releases
         upto = bisect_right(releases, start)
         reused = min(count, upto)
         del releases[upto - reused : upto]
         fresh = count - reused
-        if fresh > 0:
+        if fresh > 0 and not hold_now:
+            self.pencilled += fresh
+        elif fresh > 0:
             self.used += fresh
             if start > self.now:
-                for _ in range(fresh):
-                    insort(self.holes, start)
-        for _ in range(count):
-            insort(releases, end)
+                _insert(self.holes, start, fresh)
+        _insert(releases, end, count)
+
+
+def _insert(ordered: list[float], value: float, count: int) -> None:
+    """Insert ``count`` copies of ``value`` into the sorted list ``ordered``."""
+    if count == 1:
+        insort(ordered, value)
+    else:
+        at = bisect_right(ordered, value)
+        ordered[at:at] = [value] * count

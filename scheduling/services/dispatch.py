@@ -113,7 +113,7 @@ def _update_usage(now: datetime, in_use: dict[str, int]) -> dict[str, float]:
             elapsed,
             settings.SLUICE_USAGE_HALF_LIFE_SECONDS,
             {slug: in_use.get(slug, 0)},
-        )[slug]
+        ).get(slug, 0.0)
         row.gpu_seconds, row.updated_at = value, now
         usage[slug] = value
         changed.append(row)

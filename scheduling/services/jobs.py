@@ -404,8 +404,8 @@ def job_submit_bulk(*, user, specs: list[JobSpec]) -> list[Job]:
             continue
         prepared.append((values, spec))
     if errors:
-        first = next(iter(errors.values()))[0]
-        raise BusinessError(f"No job was submitted: {first}", errors=errors)
+        where, messages = next(iter(errors.items()))
+        raise BusinessError(f"No job was submitted: {where}: {messages[0]}", errors=errors)
     total = sum(spec.array or 1 for _, spec in prepared)
     if total > MAX_ARRAY:
         _fail("jobs", f"At most {MAX_ARRAY} jobs per request; this asks for {total}.")
@@ -413,7 +413,9 @@ def job_submit_bulk(*, user, specs: list[JobSpec]) -> list[Job]:
     granted = project_grant_classes({spec.project.pk for _, spec in prepared}, now)
     rows: list[Job] = []
     for values, spec in prepared:
-        values["priority_class"] = higher_class(values["priority_class"], granted.get(spec.project.pk))
+        values["priority_class"] = higher_class(
+            values["priority_class"], granted.get(spec.project.pk)
+        )
         if spec.array:
             array_id = uuid.uuid4().hex
             for index in range(spec.array):

@@ -119,7 +119,7 @@ def node_heartbeat(report: dict) -> Node | None:
     node.last_heartbeat = timezone.now()
     node.zombies = report.get("zombies", [])[:100]
     fields = ["last_heartbeat", "zombies"]
-    if node.state == NodeState.DOWN:
+    if node.state == NodeState.DOWN and _sent_after_down(node, now):
         node.state = NodeState.READY
         fields.append("state")
         audit_record(action="node.up", target=node, reason="heartbeats resumed")
@@ -143,6 +143,20 @@ def node_heartbeat(report: dict) -> Node | None:
     _mark_active_jobs(node, {g.pk: g.utilization for g in changed}, now)
     _reconcile_jobs(node, report.get("jobs", []))
     return node
+
+
+def _sent_after_down(node: Node, sent_at: datetime) -> bool:
+    """A heartbeat revives a down node only if it was sent after the node was marked down
+    (a late message from before the outage must not bring a dead node back)."""
+    from portal.audit.models import AuditEvent
+
+    down_at = (
+        AuditEvent.objects.filter(action="node.down", target_type="scheduling.node", target_id=str(node.pk))
+        .order_by("-id")
+        .values_list("created_at", flat=True)
+        .first()
+    )
+    return down_at is None or sent_at > down_at
 
 
 def _mark_active_jobs(node: Node, utilization: dict[int, float | None], now: datetime) -> None:
@@ -340,13 +354,8 @@ def node_mark_down(*, node: Node, reason: str, actor=None) -> list[Job]:
     node.state = NodeState.DOWN
     node.save(update_fields=["state"])
     now = timezone.now()
-    affected = list(
-        Job.objects.filter(
-            allocations__node=node, allocations__released_at__isnull=True, state__in=ACTIVE_STATES
-        )
-        .select_for_update()
-        .distinct()
-    )
+    job_ids = Allocation.objects.filter(node=node, released_at__isnull=True).values("job_id")
+    affected = list(Job.objects.filter(pk__in=job_ids, state__in=ACTIVE_STATES).select_for_update())
     audit_record(
         action="node.down",
         target=node,
@@ -358,15 +367,15 @@ def node_mark_down(*, node: Node, reason: str, actor=None) -> list[Job]:
     for job in affected:
         job.allocations.filter(released_at__isnull=True).update(released_at=now)
         try:
-            _end_after_loss(job, node, now)
+            _end_after_loss(job, node, now, reason)
         except (IllegalTransition, ConcurrentChange):
             log.exception("could not end job %s after node %s was lost", job.pk, node.name)
     _dispatch_on_commit()
     return affected
 
 
-def _end_after_loss(job: Job, node: Node, now: datetime) -> None:
-    message = f"Node {node.name} stopped sending heartbeats."
+def _end_after_loss(job: Job, node: Node, now: datetime, reason: str) -> None:
+    message = f"Node {node.name} is down: {reason}."
     if job.state == JobState.STOPPING and job.stop_reason not in (
         "",
         StopReason.PREEMPTED,

@@ -109,7 +109,9 @@ def project_grant_classes(project_ids: Iterable[int], now: datetime) -> dict[int
     return _highest_by((g.project_id, g.to_class) for g in grants)
 
 
-def effective_class_for(project: Project, base_class: PriorityClass, now: datetime) -> PriorityClass:
+def effective_class_for(
+    project: Project, base_class: PriorityClass, now: datetime
+) -> PriorityClass:
     """The class a job submitted now to ``project`` at ``base_class`` runs at (submit's hook)."""
     return higher_class(base_class, project_grant_classes([project.pk], now).get(project.pk))
 
@@ -310,7 +312,9 @@ def priority_raise_request(
         after=_raise_state(raise_),
         reason=reason,
     )
-    message = f"{user.get_username()} asks for class {to_class.name} for {_scope_label(raise_)}: {reason}"
+    message = (
+        f"{user.get_username()} asks for class {to_class.name} for {_scope_label(raise_)}: {reason}"
+    )
     _job_step_event(raise_, "requested", message, user, now)
     notification_send(
         users=raise_approvers(raise_),
@@ -401,7 +405,9 @@ def priority_raise_approve(*, raise_: PriorityRaise, user, comment: str = "") ->
         f"Raise #{raise_.pk} to {raise_.to_class.name} approved by {user.get_username()} "
         f"until {expires_at:%Y-%m-%d %H:%M} UTC."
     )
-    changes = _sync_classes(raise_, raising=True, step="approved", message=message, actor=user, now=now)
+    changes = _sync_classes(
+        raise_, raising=True, step="approved", message=message, actor=user, now=now
+    )
     audit_record(
         action="priority_raise.approve",
         target=raise_,
@@ -445,9 +451,7 @@ def priority_raise_reject(*, raise_: PriorityRaise, user, comment: str = "") -> 
     return raise_
 
 
-def _end_grant(
-    raise_: PriorityRaise, *, state: str, step: str, message: str, actor, now
-) -> list:
+def _end_grant(raise_: PriorityRaise, *, state: str, step: str, message: str, actor, now) -> list:
     """Close the raise and bring its jobs back to their base class (or another active grant)."""
     was_active = raise_.state == RaiseState.APPROVED
     raise_.state, raise_.ended_at = state, now

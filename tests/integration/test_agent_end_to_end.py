@@ -89,6 +89,13 @@ def test_job_ignoring_sigterm_is_killed_after_grace(cluster, it_world):
     script = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(600)"
     job_id = _submit(it_world, ["python", "-c", script])
     cluster.wait_for(lambda: _state(job_id) == JobState.RUNNING, what="running")
+    # Only once the handler is installed does the job really ignore SIGTERM.
+    cluster.wait_for(
+        lambda: (
+            "ready" in _client(it_world["member"]).get(f"/api/v1/jobs/{job_id}/logs").json()["text"]
+        ),
+        what="the job to print ready",
+    )
     _client(it_world["member"]).post(f"/api/v1/jobs/{job_id}/cancel", {}, format="json")
     cluster.wait_for(lambda: _state(job_id) == JobState.CANCELLED, timeout=30, what="killed")
     job = Job.objects.get(pk=job_id)

@@ -55,7 +55,10 @@ def test_drf_validation_error_gets_a_detail_naming_the_first_problem():
     response = exception_handler(exceptions.ValidationError({"name": ["Required."]}), {})
 
     assert response.status_code == 400
-    assert response.data == {"detail": "Invalid input: Required.", "errors": {"name": ["Required."]}}
+    assert response.data == {
+        "detail": "Invalid input: Required.",
+        "errors": {"name": ["Required."]},
+    }
 
 
 def test_other_errors_have_an_empty_errors_object():
@@ -67,3 +70,11 @@ def test_other_errors_have_an_empty_errors_object():
 
 def test_unexpected_errors_are_left_to_django():
     assert exception_handler(RuntimeError("boom"), {}) is None
+
+
+def test_model_validation_non_field_errors_use_the_api_name():
+    business = exception_handler(BusinessError("Invalid input.", errors={"__all__": ["Dup."]}), {})
+    django = exception_handler(DjangoValidationError({"__all__": ["Dup."]}), {})
+
+    assert business.data["errors"] == {"non_field_errors": ["Dup."]}
+    assert django.data["errors"] == {"non_field_errors": ["Dup."]}

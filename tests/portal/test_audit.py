@@ -107,9 +107,12 @@ def test_rewriting_a_row_with_a_fresh_hash_still_breaks_the_chain(chain):
 )
 def test_postgresql_trigger_rejects_raw_update_and_delete(chain, sql):
     victim = chain[0]
-    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute(sql, [victim.pk])
+    with (
+        pytest.raises(DatabaseError, match="append-only"),
+        transaction.atomic(),
+        connection.cursor() as cursor,
+    ):
+        cursor.execute(sql, [victim.pk])
 
     stored = AuditEvent.objects.get(pk=victim.pk)
     assert stored.reason == victim.reason

@@ -448,7 +448,9 @@ def test_workload_type_without_policy(world, api, nothing_stored):
         ({"queue": None}, "queue", ""),
     ],
 )
-def test_malformed_spec_is_a_400_naming_the_field(world, api, nothing_stored, overrides, field, fragment):
+def test_malformed_spec_is_a_400_naming_the_field(
+    world, api, nothing_stored, overrides, field, fragment
+):
     data = refused(api, world.member, body(world, **overrides))
 
     # Messages about one entry of a dict field come under "field.key" (e.g. "env.EPOCHS").

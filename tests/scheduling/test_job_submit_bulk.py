@@ -63,6 +63,7 @@ def test_one_bad_spec_among_good_ones_stores_nothing(world, api, bad, key):
 
     assert response.status_code == 400, response.json()
     assert key in response.json()["errors"], response.json()
+    assert key in response.json()["detail"]
     assert Job.objects.count() == 0
     assert JobEvent.objects.count() == 0
     assert not AuditEvent.objects.exists()
@@ -94,7 +95,9 @@ def test_bulk_by_a_viewer_is_403(world, api):
 
 
 def test_array_creates_n_jobs_with_indexes_and_one_array_id(world, api, dispatch_requests):
-    response = api(world.member).post("/api/v1/jobs", item(world, name="hp", array=5), format="json")
+    response = api(world.member).post(
+        "/api/v1/jobs", item(world, name="hp", array=5), format="json"
+    )
 
     assert response.status_code == 201, response.json()
     data = response.json()

@@ -126,11 +126,15 @@ def test_tenant_admin_changes_a_role(world, api):
 def test_role_change_takes_effect_on_the_next_request(world, api):
     viewer = api(world.viewer)
     body = {"slug": "speech", "name": "Speech"}
-    assert viewer.post("/api/v1/projects", {**body, "tenant": "nlp"}, format="json").status_code == 403
+    assert (
+        viewer.post("/api/v1/projects", {**body, "tenant": "nlp"}, format="json").status_code == 403
+    )
 
     api(world.tenant_admin).patch(f"{URL}/nlp-viewer", {"role": "admin"}, format="json")
 
-    assert viewer.post("/api/v1/projects", {**body, "tenant": "nlp"}, format="json").status_code == 201
+    assert (
+        viewer.post("/api/v1/projects", {**body, "tenant": "nlp"}, format="json").status_code == 201
+    )
 
 
 def test_unknown_role_in_a_change_is_a_400(world, api):

@@ -125,9 +125,7 @@ def test_deactivate_through_the_api_deletes_tokens_and_is_audited(world, api):
 
 
 def test_platform_admin_cannot_deactivate_themselves(world, api):
-    response = api(world.platform_admin).post(
-        f"/api/v1/users/{world.platform_admin.pk}/deactivate"
-    )
+    response = api(world.platform_admin).post(f"/api/v1/users/{world.platform_admin.pk}/deactivate")
 
     assert response.status_code == 400
     world.platform_admin.refresh_from_db()

@@ -2,6 +2,7 @@
 
 import json
 import os
+from pathlib import Path
 
 from scheduling.agent.protocol import validate_report
 from tests.scheduling.agent.helpers import PYTHON, launch, python_job, stop, waiting_job
@@ -186,3 +187,13 @@ def test_stop_of_a_launch_still_waiting_for_gpus(make_agent):
     assert exited["stop_reason"] == "cancelled" and "before it started" in exited["message"]
     h.wait_report("exited", 14)
     assert not h.of_type("started", 15)
+
+
+def test_relative_work_dir_is_made_absolute(make_agent, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    h = make_agent(work_dir=Path("var/agent/node-a"))
+    h.send(launch(16, python_job(SHOW_ENV)))
+    assert h.wait_report("exited", 16)["exit_code"] == 0
+    job_dir = tmp_path / "var/agent/node-a/jobs/16-1"
+    assert f"CWD={job_dir}\n" in h.log_text(16)
+    assert (job_dir / "exit.json").exists()

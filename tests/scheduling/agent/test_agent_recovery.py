@@ -122,3 +122,17 @@ def test_a_pid_reused_by_another_process_is_not_adopted(make_agent, tmp_path):
     second.wait_for(lambda: len(second.of_type("exited", 5)) == 2)
     assert procfs.is_same_process(state["pid"], real_ticks)
     os.killpg(state["pid"], signal.SIGKILL)
+
+
+def test_long_finished_jobs_are_forgotten_but_never_run_twice(make_agent):
+    h = make_agent(forget_after_seconds=0.0, heartbeat_seconds=0.05)
+    message = launch(6, python_job("print('once')"))
+    h.send(message)
+    h.wait_report("exited", 6)
+    h.wait_for(lambda: (6, 1) not in h.agent.jobs)
+    h.send(message)  # a very late duplicate: answered from the job's directory
+    h.send(stop(6))
+    h.wait_for(lambda: len(h.of_type("exited", 6)) == 3)
+    assert {r["exit_code"] for r in h.of_type("exited", 6)} == {0}
+    assert len(h.of_type("started", 6)) == 1
+    assert h.paths(6).log.read_text() == "once\n"

@@ -197,7 +197,13 @@ def test_agent_process_runs_jobs_and_leaves_them_running_on_sigterm(tmp_path):
             broker_dir,
             "control",
             timeout=30,
-            until=lambda rs: len(of_type(rs, "exited")) == 2 and len(of_type(rs, "started")) == 2,
+            # Reports are not ordered across jobs or even within one (the filesystem broker
+            # orders by millisecond, control workers run in parallel): wait for all.
+            until=lambda rs: (
+                len(of_type(rs, "exited")) == 2
+                and len(of_type(rs, "started")) == 2
+                and of_type(rs, "log")
+            ),
         )
         exits = {r["job_id"]: r for r in of_type(reports, "exited")}
         assert exits[1]["exit_code"] == 0
@@ -217,6 +223,37 @@ def test_agent_process_runs_jobs_and_leaves_them_running_on_sigterm(tmp_path):
             os.killpg(job_pid, signal.SIGKILL)
     output = agent.stdout.read()
     assert "Traceback" not in output, output
+
+
+def test_filesystem_messages_appear_only_when_complete(tmp_path, monkeypatch):
+    from kombu import Connection
+
+    from scheduling.agent import transport
+
+    folder = tmp_path / "broker"
+    seen_before_rename = []
+    real_replace = os.replace
+
+    def replace(src, dst):
+        # At the moment of the rename the message is complete and not yet visible.
+        seen_before_rename.extend(p.name for p in folder.glob("*.msg"))
+        assert json.loads(Path(src).read_text())
+        real_replace(src, dst)
+
+    monkeypatch.setattr(transport.os, "replace", replace)
+    message = launch_message(job_id=1, attempt=1, name="x", command=["true"], gpu_indices=[0])
+    with broker_connection("filesystem://", folder) as connection:
+        send_control_message(connection, "fs-atomic", message)
+    assert seen_before_rename == []
+    assert not list(folder.glob("*.tmp"))
+    # kombu's own filesystem transport (the control side's default) reads it unchanged.
+    options = transport.broker_transport_options("filesystem://", folder)
+    with Connection("filesystem://", transport_options=options) as plain:
+        queue = plain.SimpleQueue(transport.node_queue("fs-atomic"), accept=["json"])
+        received = queue.get(timeout=2)
+        assert received.payload == message
+        received.ack()
+        queue.close()
 
 
 def test_message_source_survives_an_unreachable_broker(caplog):

@@ -44,7 +44,14 @@ def gpu_ids(node_id: int, *indexes: int) -> tuple[int, ...]:
     return tuple(node_id * 100 + index for index in indexes)
 
 
-def quota(tenant: str, guaranteed: int, borrow: int = 0, pool: str = "training", model: str = "", max_jobs=None):
+def quota(
+    tenant: str,
+    guaranteed: int,
+    borrow: int = 0,
+    pool: str = "training",
+    model: str = "",
+    max_jobs=None,
+):
     return QuotaInfo(tenant, pool, model, guaranteed, borrow, max_jobs)
 
 
@@ -263,6 +270,8 @@ class Simulation:
     started: dict[int, float] = dataclasses.field(default_factory=dict)
     first_estimate: dict[int, float | None] = dataclasses.field(default_factory=dict)
     gpu_seconds: dict[str, float] = dataclasses.field(default_factory=lambda: defaultdict(float))
+    stop_time: dict[int, float] = dataclasses.field(default_factory=dict)
+    keep_reservations: bool = True  # hand each reservation back, as the dispatch loop does
 
     def step(self) -> Plan:
         snap = self.snap
@@ -270,6 +279,13 @@ class Simulation:
         for info in result.pending.values():
             self.first_estimate.setdefault(info.job_id, info.estimated_start)
         pending = {job.id: job for job in snap.pending}
+        if self.keep_reservations:
+            for info in result.pending.values():
+                pending[info.job_id] = dataclasses.replace(
+                    pending[info.job_id],
+                    reserved_gpu_ids=info.reserved_gpu_ids,
+                    reserved_start=info.estimated_start if info.reserved_gpu_ids else None,
+                )
         runs = {job.id: job for job in snap.running}
         for preemption in result.preemptions:
             victim = runs[preemption.victim_id]
@@ -303,7 +319,7 @@ class Simulation:
         ends = []
         for job in snap.running:
             if job.stopping:
-                ends.append(self._stop_time.setdefault(job.id, snap.now + job.grace_seconds))
+                ends.append(self.stop_time.setdefault(job.id, snap.now + job.grace_seconds))
             else:
                 ends.append(job.started_at + job.max_runtime_seconds)
         return min(ends) if ends else None
@@ -321,7 +337,7 @@ class Simulation:
         kept = []
         for job in snap.running:
             end = (
-                self._stop_time.get(job.id, until + 1)
+                self.stop_time.get(job.id, until + 1)
                 if job.stopping
                 else job.started_at + job.max_runtime_seconds
             )
@@ -336,7 +352,6 @@ class Simulation:
 
     def run(self, cycles: int = 1000) -> None:
         """Plan, then jump to the next end, until nothing is left to do."""
-        self._stop_time: dict[int, float] = {}
         for _ in range(cycles):
             self.step()
             upcoming = self.next_event()

@@ -1,0 +1,187 @@
+"""Reservations handed back from the previous cycle (optional input).
+
+The engine is a pure function of its snapshot, so on its own it plans every cycle afresh:
+greedy choices then shift as jobs start, and a job can lose the slot its estimate was
+based on to an earlier job that picks differently this time. When the dispatch loop hands
+back each job's reservation (``PendingJob.reserved_gpu_ids`` / ``reserved_start``, taken
+from the previous ``PendingInfo``), a reservation is kept while it still holds, as Maui's
+``RESERVATIONPOLICY CURRENTHIGHEST`` does: the GPUs are *held* for the job from the moment
+its priority class is considered, so that jobs of the same class ahead of it may only use
+them in the hole before it starts (backfill). A strictly higher class ignores holds: more
+important work may still take the GPUs, and the job is then planned afresh.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+
+from .cluster import NodeSlot, SliceIndex
+from .snapshot import PendingJob
+
+Locator = Callable[[int], "tuple[SliceIndex, NodeSlot, int] | None"]
+
+
+class Previous:
+    """A job's reservation of the previous cycle, on one slice."""
+
+    __slots__ = ("job_id", "slice", "slots", "positions", "start", "end", "held", "kept")
+
+    def __init__(self, job: PendingJob, slice_: SliceIndex, by_slot: dict) -> None:
+        self.job_id = job.id
+        self.slice = slice_
+        self.slots: list[NodeSlot] = list(by_slot)
+        self.positions: list[list[int]] = list(by_slot.values())
+        self.start: float = job.reserved_start
+        self.end = job.reserved_start + job.max_runtime_seconds
+        # (slot number, position) -> free-from time before the hold, for held GPUs
+        self.held: dict[tuple[int, int], float] = {}
+        # held GPUs that an earlier job planned to use right after: they stay held
+        self.kept: set[tuple[int, int]] = set()
+
+    def gpus(self):
+        """(slot number, slot, position) of each GPU."""
+        for number, (slot, positions) in enumerate(zip(self.slots, self.positions, strict=True)):
+            for pos in positions:
+                yield number, slot, pos
+
+
+def _parse(job: PendingJob, locate: Locator) -> Previous | None:
+    """The job's previous reservation if it still names a valid gang of one slice."""
+    if not job.reserved_gpu_ids or job.reserved_start is None or job.max_runtime_seconds <= 0:
+        return None
+    slice_ = None
+    by_slot: dict[NodeSlot, list[int]] = {}
+    for gpu_id in job.reserved_gpu_ids:
+        location = locate(gpu_id)
+        if location is None or (slice_ is not None and location[0] is not slice_):
+            return None
+        slice_ = location[0]
+        by_slot.setdefault(location[1], []).append(location[2])
+    if len(by_slot) != job.nodes or len(job.reserved_gpu_ids) != job.gpus:
+        return None
+    if any(len(positions) != job.gpus_per_node for positions in by_slot.values()):
+        return None
+    return Previous(job, slice_, by_slot)
+
+
+class PreviousReservations:
+    """Holds, releases and answers questions about last cycle's reservations."""
+
+    def __init__(self, pending: Iterable[PendingJob], locate: Locator, now: float) -> None:
+        self.now = now
+        self._by_job: dict[int, Previous] = {}
+        # class -> [(reservation, [(slot number, position) to hold])]
+        self._to_hold: dict[int, list[tuple[Previous, list[tuple[int, int]]]]] = defaultdict(list)
+        self._waiting: dict[int, Previous] = {}  # held, job not considered yet
+        jobs = [job for job in pending if job.reserved_gpu_ids]
+        # A GPU has a single "free from" time: it is held for its earliest reservation.
+        jobs.sort(key=lambda job: (job.reserved_start or 0.0, job.id))
+        seen: set[tuple[int, int]] = set()
+        for job in jobs:
+            previous = _parse(job, locate)
+            if previous is None:
+                continue
+            self._by_job[job.id] = previous
+            mine = []
+            for number, slot, pos in previous.gpus():
+                key = (id(slot), pos)
+                if key not in seen:
+                    seen.add(key)
+                    mine.append((number, pos))
+            if mine:
+                self._to_hold[job.priority].append((previous, mine))
+
+    def __bool__(self) -> bool:
+        return bool(self._by_job)
+
+    def hold_class(self, priority: int | None) -> None:
+        """Hold the reservations of one class (``None``: of every class)."""
+        if priority is None:
+            batches = list(self._to_hold.values())
+            self._to_hold.clear()
+        else:
+            batches = [self._to_hold.pop(priority, [])]
+        for batch in batches:
+            for previous, gpus in batch:
+                self._hold(previous, gpus)
+
+    def _hold(self, previous: Previous, gpus: list[tuple[int, int]]) -> None:
+        by_slot: dict[int, list[int]] = defaultdict(list)
+        for number, pos in gpus:
+            slot = previous.slots[number]
+            # Not free in time any more (given what this cycle planned so far): not held.
+            if slot.af[pos] <= previous.start:
+                previous.held[(number, pos)] = slot.af[pos]
+                by_slot[number].append(pos)
+        for number, positions in by_slot.items():
+            previous.slice.reserve(
+                previous.slots[number], positions, previous.start, previous.end, previous.job_id
+            )
+        if previous.held:
+            self._waiting[previous.job_id] = previous
+
+    def turn(self, job_id: int) -> None:
+        """The job is being considered: its held GPUs return to the timeline, except
+        those an earlier job planned to use right after the hold (they stay held, as
+        part of the job's reservation; see :meth:`slot_for`)."""
+        previous = self._waiting.pop(job_id, None)
+        if previous is None:
+            return
+        by_slot: dict[int, tuple[list[int], list[float]]] = {}
+        for (number, pos), ready in previous.held.items():
+            if previous.slots[number].af[pos] == previous.end:
+                entry = by_slot.setdefault(number, ([], []))
+                entry[0].append(pos)
+                entry[1].append(ready)
+            else:
+                previous.kept.add((number, pos))
+        for number, (positions, ready) in by_slot.items():
+            previous.slice.unhold(previous.slots[number], positions, ready)
+
+    def _ready(self, previous: Previous, number: int, slot: NodeSlot, pos: int) -> float:
+        """When a GPU of the reservation is free for its own job."""
+        if (number, pos) in previous.kept:
+            return max(previous.held[(number, pos)], slot.lent[pos])
+        return slot.af[pos]
+
+    def usable_now(
+        self, job: PendingJob, slice_: SliceIndex, end: float
+    ) -> tuple[list[NodeSlot], list[list[int]]] | None:
+        """The previous reservation, if the job can start on it now and run until end."""
+        previous = self._by_job.get(job.id)
+        if previous is None or previous.slice is not slice_:
+            return None
+        now = self.now
+        for number, slot, pos in previous.gpus():
+            if self._ready(previous, number, slot, pos) <= now:
+                continue
+            if (number, pos) not in previous.kept and slot.hole[pos] >= end:
+                continue
+            return None
+        return previous.slots, previous.positions
+
+    def slot_for(
+        self, job: PendingJob, slice_: SliceIndex
+    ) -> tuple[float, list[NodeSlot], list[list[int]], bool] | None:
+        """(GPUs-ready time, slots, positions, partly kept in the timeline) of the
+        previous reservation on ``slice_``; the caller keeps it if that is no later than
+        before (re-reserving only the GPUs not kept)."""
+        previous = self._by_job.get(job.id)
+        if previous is None or previous.slice is not slice_:
+            return None
+        ready = max(
+            self._ready(previous, number, slot, pos) for number, slot, pos in previous.gpus()
+        )
+        if ready > previous.start:
+            return None
+        return ready, previous.slots, previous.positions, bool(previous.kept)
+
+    def kept_positions(self, job_id: int) -> set[tuple[int, int]]:
+        """(slot number, position) of GPUs that stayed held for the job."""
+        previous = self._by_job.get(job_id)
+        return previous.kept if previous is not None else set()
+
+    def previous_start(self, job: PendingJob) -> float | None:
+        previous = self._by_job.get(job.id)
+        return previous.start if previous is not None else None

@@ -1,0 +1,160 @@
+"""Properties of every plan, over random clusters, quotas, running and pending jobs."""
+
+from engine_builders import NOW, check_plan  # noqa: I001  (test helper, not a package)
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scheduling.engine import (
+    GpuInfo,
+    NodeInfo,
+    PendingJob,
+    QueueInfo,
+    QuotaInfo,
+    RunningJob,
+    Snapshot,
+    plan,
+)
+
+POOLS = ["training", "inference"]
+MODELS = ["H100", "A100"]
+TENANTS = ["a", "b", "c"]
+CLASSES = [(10, "low"), (100, "normal"), (1000, "high")]
+WORKLOADS = ["training", "fine_tuning", "inference", "evaluation"]
+
+
+@st.composite
+def snapshots(draw) -> Snapshot:
+    nodes = []
+    gpu_id = 0
+    for node_id in range(draw(st.integers(1, 5))):
+        pool = draw(st.sampled_from(POOLS))
+        model = draw(st.sampled_from(MODELS))
+        memory = draw(st.sampled_from([40960, 81920]))
+        gpus = []
+        for index in range(draw(st.sampled_from([1, 2, 4, 8]))):
+            gpus.append(GpuInfo(gpu_id, node_id, index, model, memory))
+            gpu_id += 1
+        nodes.append(NodeInfo(node_id, f"n{node_id}", pool, gpus))
+
+    quotas = []
+    for tenant in TENANTS:
+        for pool in POOLS:
+            for model in draw(st.lists(st.sampled_from(["", *MODELS]), max_size=2, unique=True)):
+                quotas.append(
+                    QuotaInfo(
+                        tenant,
+                        pool,
+                        model,
+                        draw(st.integers(0, 12)),
+                        draw(st.integers(0, 8)),
+                        draw(st.sampled_from([None, None, 0, 1, 3])),
+                    )
+                )
+
+    running = []
+    job_id = 1000
+    for node in nodes:
+        free = [gpu.id for gpu in node.gpus]
+        while free and draw(st.booleans()):
+            size = draw(st.integers(1, len(free)))
+            priority, name = draw(st.sampled_from(CLASSES))
+            running.append(
+                RunningJob(
+                    id=job_id,
+                    tenant=draw(st.sampled_from(TENANTS)),
+                    pool=node.pool,
+                    workload_type=draw(st.sampled_from(WORKLOADS)),
+                    priority=priority,
+                    priority_class=name,
+                    preemptible=draw(st.booleans()),
+                    gpu_ids=tuple(free[:size]),
+                    gpu_model=node.gpus[0].model,
+                    borrowed=draw(st.booleans()),
+                    started_at=NOW - draw(st.sampled_from([10, 600, 5000])),
+                    max_runtime_seconds=draw(st.sampled_from([0, 600, 3600, 86400])),
+                    min_runtime_before_preemption=draw(st.sampled_from([0, 300])),
+                    stopping=draw(st.booleans()) and draw(st.booleans()),
+                    grace_seconds=draw(st.sampled_from([0, 30])),
+                )
+            )
+            del free[:size]
+            job_id += 1
+
+    pending = []
+    for job_id in range(1, draw(st.integers(0, 14)) + 1):
+        priority, name = draw(st.sampled_from(CLASSES))
+        pending.append(
+            PendingJob(
+                id=job_id,
+                tenant=draw(st.sampled_from(TENANTS)),
+                project="p",
+                queue_id=draw(st.sampled_from([1, 2, 3])),
+                pool=draw(st.sampled_from(POOLS)),
+                workload_type=draw(st.sampled_from(WORKLOADS)),
+                priority=priority,
+                priority_class=name,
+                preemptible=draw(st.booleans()),
+                can_preempt=draw(st.booleans()),
+                gpus_per_node=draw(st.sampled_from([1, 2, 4, 8])),
+                nodes=draw(st.sampled_from([1, 1, 1, 2])),
+                gpu_models=tuple(draw(st.lists(st.sampled_from(MODELS), max_size=2, unique=True))),
+                min_gpu_memory_mb=draw(st.sampled_from([0, 0, 50000])),
+                submitted_at=NOW - draw(st.integers(0, 10_000)),
+                max_runtime_seconds=draw(st.sampled_from([0, 300, 3600, 7200])),
+                held=draw(st.integers(0, 9)) == 0,
+            )
+        )
+    queues = [
+        QueueInfo(1, "open", "a"),
+        QueueInfo(2, "strict", "b", strict_fifo=True),
+        QueueInfo(3, "maybe-closed", "c", open=draw(st.booleans())),
+    ]
+    return Snapshot(
+        now=NOW,
+        nodes=nodes,
+        quotas=quotas,
+        queues=queues,
+        running=running,
+        pending=pending,
+        usage={tenant: draw(st.floats(0, 1e6)) for tenant in TENANTS},
+        backfill=draw(st.booleans()),
+        preemption=draw(st.booleans()),
+        fair_share=draw(st.booleans()),
+        global_fifo=draw(st.integers(0, 5)) == 0,
+    )
+
+
+FAST = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@FAST
+@given(snapshots())
+def test_every_plan_respects_the_invariants(snap):
+    """No GPU counted twice or beyond the cluster, gangs whole, quotas and guarantees
+    respected, preemptions legal, every unplaced job explained once with positions."""
+    check_plan(snap, plan(snap))
+
+
+@FAST
+@given(snapshots())
+def test_plan_is_deterministic_and_leaves_the_snapshot_alone(snap):
+    before = repr(snap)
+    first = plan(snap)
+    assert repr(snap) == before
+    assert plan(snap) == first
+
+
+@FAST
+@given(snapshots(), st.data())
+def test_reservations_handed_back_keep_the_invariants(snap, data):
+    """Feeding a plan's reservations into the next cycle (as the dispatch loop does),
+    possibly for GPUs that changed meanwhile, never breaks a plan."""
+    first = plan(snap)
+    for job in snap.pending:
+        info = first.pending.get(job.id)
+        if info is not None and info.reserved_gpu_ids and data.draw(st.booleans()):
+            job.reserved_gpu_ids = info.reserved_gpu_ids
+            job.reserved_start = info.estimated_start
+    if snap.running and data.draw(st.booleans()):
+        snap.running.pop(data.draw(st.integers(0, len(snap.running) - 1)))
+    check_plan(snap, plan(snap))

@@ -1,0 +1,370 @@
+"""A table of small clusters and the decisions the engine must take for them."""
+
+from dataclasses import dataclass, field
+
+import pytest
+from engine_builders import NOW, gpu_ids, job, node, quota, run_plan, running, snapshot
+
+from scheduling.engine import QueueInfo, reasons
+
+
+@dataclass
+class Scenario:
+    name: str
+    nodes: list
+    quotas: list
+    pending: list
+    run: list = field(default_factory=list)
+    flags: dict = field(default_factory=dict)
+    queues: list | None = None
+    placed: dict = field(default_factory=dict)  # job id -> borrowed
+    codes: dict = field(default_factory=dict)  # job id -> reason code
+    victims: dict = field(default_factory=dict)  # victim id -> reason ("priority"/"reclaim")
+    nodes_of: dict = field(default_factory=dict)  # job id -> node ids it must get
+
+
+FULL_NODE = gpu_ids(1, *range(8))
+
+SCENARIOS = [
+    Scenario(
+        "within quota: admitted as guaranteed",
+        [node(1)],
+        [quota("a", 8)],
+        [job(1, gpus=8)],
+        placed={1: False},
+    ),
+    Scenario(
+        "beyond the guarantee on idle GPUs: admitted as borrowed",
+        [node(1)],
+        [quota("a", 4, 4)],
+        [job(1, gpus=4), job(2, gpus=4)],
+        placed={1: False, 2: True},
+    ),
+    Scenario(
+        "bigger than guaranteed + borrow limit",
+        [node(1)],
+        [quota("a", 4, 2)],
+        [job(1, gpus=8)],
+        codes={1: reasons.EXCEEDS_QUOTA_LIMIT},
+    ),
+    Scenario(
+        "no quota at all in the pool",
+        [node(1)],
+        [quota("a", 8, pool="inference")],
+        [job(1, gpus=1)],
+        codes={1: reasons.EXCEEDS_QUOTA_LIMIT},
+    ),
+    Scenario(
+        "used quota: waits for quota although GPUs are idle",
+        [node(1)],
+        [quota("a", 4, 0)],
+        [job(1, gpus=2)],
+        run=[running(10, "a", gpu_ids(1, 0, 1, 2, 3))],
+        codes={1: reasons.WAITING_FOR_QUOTA},
+    ),
+    Scenario(
+        "non-preemptible work outside the guarantee waits, preemptible work borrows",
+        [node(1)],
+        [quota("a", 4, 8)],
+        [job(1, gpus=4, preemptible=False), job(2, gpus=4)],
+        run=[running(10, "a", gpu_ids(1, 0, 1, 2, 3))],
+        codes={1: reasons.WAITING_FOR_QUOTA},
+        placed={2: True},
+    ),
+    Scenario(
+        "non-preemptible work bigger than the guarantee can never run",
+        [node(1)],
+        [quota("a", 4, 8)],
+        [job(1, gpus=8, preemptible=False)],
+        codes={1: reasons.EXCEEDS_QUOTA_LIMIT},
+    ),
+    Scenario(
+        "a model-specific quota wins over the any-model quota",
+        [node(1, model="H100"), node(2, model="A100")],
+        [quota("a", 0, 0, model="H100"), quota("a", 8)],
+        [job(1, gpus=8, models=("H100",)), job(2, gpus=8, models=("A100",))],
+        codes={1: reasons.EXCEEDS_QUOTA_LIMIT},
+        placed={2: False},
+    ),
+    Scenario(
+        "max running jobs",
+        [node(1)],
+        [quota("a", 8, max_jobs=1)],
+        [job(1, gpus=1), job(2, gpus=1)],
+        placed={1: False},
+        codes={2: reasons.WAITING_FOR_QUOTA},
+    ),
+    Scenario(
+        "reclaim: a tenant below its guarantee takes back borrowed GPUs",
+        [node(1)],
+        [quota("a", 8), quota("b", 0, 8)],
+        [job(1, "a", gpus=8)],
+        run=[running(10, "b", FULL_NODE, borrowed=True, cls="high")],
+        codes={1: reasons.WAITING_FOR_PREEMPTION},
+        victims={10: "reclaim"},
+    ),
+    Scenario(
+        "no reclaim for a job beyond its tenant's guarantee",
+        [node(1)],
+        [quota("a", 4, 4), quota("b", 0, 8)],
+        [job(1, "a", gpus=8)],
+        run=[running(10, "b", FULL_NODE, borrowed=True)],
+        codes={1: reasons.WAITING_FOR_QUOTA},
+    ),
+    Scenario(
+        "class preemption skips victims younger than their minimum runtime",
+        [node(1)],
+        [quota("a", 8), quota("b", 8)],
+        [job(1, "a", gpus=4, cls="high")],
+        run=[
+            running(10, "b", gpu_ids(1, 0, 1, 2, 3), "low", age=60, min_runtime=600),
+            running(
+                11, "b", gpu_ids(1, 4, 5, 6, 7), "low", age=7200, min_runtime=600, runtime=86400
+            ),
+        ],
+        codes={1: reasons.WAITING_FOR_PREEMPTION},
+        victims={11: "priority"},
+    ),
+    Scenario(
+        "class preemption waits when every victim is too young",
+        [node(1)],
+        [quota("a", 8), quota("b", 8)],
+        [job(1, "a", gpus=8, cls="high")],
+        run=[
+            running(10, "b", gpu_ids(1, 0, 1, 2, 3), "low", age=60, min_runtime=600),
+            running(
+                11, "b", gpu_ids(1, 4, 5, 6, 7), "low", age=7200, min_runtime=600, runtime=86400
+            ),
+        ],
+        codes={1: reasons.WAITING_FOR_GPUS},
+    ),
+    Scenario(
+        "no preemption of the same or a higher class, nor of non-preemptible work",
+        [node(1)],
+        [quota("a", 8), quota("b", 8)],
+        [job(1, "a", gpus=4, cls="high")],
+        run=[
+            running(10, "b", gpu_ids(1, 0, 1, 2, 3), "high"),
+            running(11, "b", gpu_ids(1, 4, 5, 6, 7), "low", preemptible=False),
+        ],
+        codes={1: reasons.WAITING_FOR_GPUS},
+    ),
+    Scenario(
+        "training never preempts inference",
+        [node(1, pool="shared")],
+        [quota("a", 8, pool="shared"), quota("b", 8, pool="shared")],
+        [job(1, "a", gpus=8, cls="critical", pool="shared", workload="training")],
+        run=[running(10, "b", FULL_NODE, "low", pool="shared", workload="inference")],
+        codes={1: reasons.WAITING_FOR_GPUS},
+    ),
+    Scenario(
+        "fine-tuning never preempts inference either",
+        [node(1, pool="shared")],
+        [quota("a", 8, pool="shared"), quota("b", 8, pool="shared")],
+        [job(1, "a", gpus=8, cls="critical", pool="shared", workload="fine_tuning")],
+        run=[running(10, "b", FULL_NODE, "low", pool="shared", workload="inference")],
+        codes={1: reasons.WAITING_FOR_GPUS},
+    ),
+    Scenario(
+        "evaluation may preempt low-class inference",
+        [node(1, pool="shared")],
+        [quota("a", 8, pool="shared"), quota("b", 8, pool="shared")],
+        [job(1, "a", gpus=8, cls="critical", pool="shared", workload="evaluation")],
+        run=[running(10, "b", FULL_NODE, "low", pool="shared", workload="inference")],
+        codes={1: reasons.WAITING_FOR_PREEMPTION},
+        victims={10: "priority"},
+    ),
+    Scenario(
+        "no preemption when preemption is disabled",
+        [node(1)],
+        [quota("a", 8), quota("b", 0, 8)],
+        [job(1, "a", gpus=8, cls="critical")],
+        run=[running(10, "b", FULL_NODE, "low", borrowed=True)],
+        flags={"preemption": False},
+        codes={1: reasons.WAITING_FOR_GPUS},
+    ),
+    Scenario(
+        "gang on one node: two half-free nodes do not make one 8-GPU job",
+        [node(1), node(2)],
+        [quota("a", 16), quota("b", 16)],
+        [job(1, "a", gpus=8, runtime=600), job(2, "a", gpus=4)],
+        run=[
+            running(10, "b", gpu_ids(1, 0, 1, 2, 3), runtime=7200),
+            running(11, "b", gpu_ids(2, 0, 1, 2, 3), runtime=7200),
+        ],
+        codes={1: reasons.WAITING_FOR_GPUS},
+        placed={2: False},
+    ),
+    Scenario(
+        "best fit: a small job goes to the fullest node that fits",
+        [node(1), node(2)],
+        [quota("a", 16), quota("b", 16)],
+        [job(1, "a", gpus=2)],
+        run=[running(10, "b", gpu_ids(2, 0, 1, 2, 3, 4, 5))],
+        placed={1: False},
+        nodes_of={1: (2,)},
+    ),
+    Scenario(
+        "multi-node: all or nothing",
+        [node(1), node(2), node(3)],
+        [quota("a", 24), quota("b", 24)],
+        [job(1, "a", gpus=8, nodes=3, runtime=600)],
+        run=[running(10, "b", gpu_ids(3, 0), runtime=7200)],
+        codes={1: reasons.WAITING_FOR_GPUS},
+    ),
+    Scenario(
+        "multi-node: one gang over distinct nodes",
+        [node(1), node(2), node(3)],
+        [quota("a", 24), quota("b", 24)],
+        [job(1, "a", gpus=8, nodes=2)],
+        run=[running(10, "b", gpu_ids(3, 0))],
+        placed={1: False},
+        nodes_of={1: (1, 2)},
+    ),
+    Scenario(
+        "unknown GPU model",
+        [node(1)],
+        [quota("a", 8)],
+        [job(1, gpus=1, models=("B200",))],
+        codes={1: reasons.NO_MATCHING_NODES},
+    ),
+    Scenario(
+        "not enough GPU memory anywhere",
+        [node(1, memory=40960)],
+        [quota("a", 8)],
+        [job(1, gpus=1, min_memory=80000)],
+        codes={1: reasons.NO_MATCHING_NODES},
+    ),
+    Scenario(
+        "more GPUs than any node has",
+        [node(1), node(2)],
+        [quota("a", 16)],
+        [job(1, gpus=16)],
+        codes={1: reasons.NO_MATCHING_NODES},
+    ),
+    Scenario(
+        "pool without nodes",
+        [node(1)],
+        [quota("a", 8, pool="ghost")],
+        [job(1, gpus=1, pool="ghost")],
+        codes={1: reasons.NO_MATCHING_NODES},
+    ),
+    Scenario(
+        "a model the job accepts, among others",
+        [node(1, model="A100"), node(2, model="H100")],
+        [quota("a", 16)],
+        [job(1, gpus=8, models=("L40S", "H100"))],
+        placed={1: False},
+        nodes_of={1: (2,)},
+    ),
+    Scenario(
+        "closed queue and held job",
+        [node(1)],
+        [quota("a", 8)],
+        [job(1, gpus=1, queue=3), job(2, gpus=1, held=True)],
+        queues=[QueueInfo(1, "main", "a"), QueueInfo(3, "closed", "a", open=False)],
+        codes={1: reasons.QUEUE_CLOSED, 2: reasons.HELD},
+    ),
+    Scenario(
+        "strict FIFO: the head blocks its queue, not the others",
+        [node(1)],
+        [quota("a", 8)],
+        [job(1, gpus=8, queue=2), job(2, gpus=1, queue=2), job(3, gpus=1, queue=1)],
+        run=[running(10, "a", gpu_ids(1, 0, 1, 2, 3))],
+        codes={1: reasons.WAITING_FOR_QUOTA, 2: reasons.BLOCKED_BY_QUEUE_HEAD},
+        placed={3: False},
+    ),
+    Scenario(
+        "strict FIFO: a head that can never run blocks nothing",
+        [node(1)],
+        [quota("a", 8)],
+        [job(1, gpus=1, queue=2, models=("B200",)), job(2, gpus=1, queue=2)],
+        codes={1: reasons.NO_MATCHING_NODES},
+        placed={2: False},
+    ),
+    Scenario(
+        "backfill: a short job starts before the reservation, a long one may not",
+        [node(1)],
+        [quota("a", 8), quota("b", 8)],
+        [
+            job(1, "a", gpus=8),
+            job(2, "a", gpus=2, runtime=1800),
+            job(3, "a", gpus=2, runtime=7200),
+        ],
+        run=[running(10, "b", gpu_ids(1, 0, 1, 2, 3), age=0, runtime=3600)],
+        codes={1: reasons.WAITING_FOR_GPUS, 3: reasons.RESERVED_FOR_HIGHER_PRIORITY},
+        placed={2: False},
+    ),
+    Scenario(
+        "backfill: a long job may use GPUs the reservation does not need",
+        [node(1), node(2)],
+        [quota("a", 16), quota("b", 16)],
+        [job(1, "a", gpus=8), job(2, "a", gpus=2, runtime=7200)],
+        run=[
+            running(10, "b", gpu_ids(1, 0, 1, 2, 3), age=0, runtime=3600),
+            running(11, "b", gpu_ids(2, 0, 1, 2, 3, 4, 5), age=0, runtime=7200),
+        ],
+        codes={1: reasons.WAITING_FOR_GPUS},
+        placed={2: False},
+        nodes_of={2: (2,)},
+    ),
+    Scenario(
+        "without backfill nothing passes a blocked job of the pool",
+        [node(1)],
+        [quota("a", 8), quota("b", 8)],
+        [job(1, "a", gpus=8), job(2, "a", gpus=2, runtime=1800)],
+        run=[running(10, "b", gpu_ids(1, 0, 1, 2, 3), age=0, runtime=3600)],
+        flags={"backfill": False},
+        codes={1: reasons.WAITING_FOR_GPUS, 2: reasons.RESERVED_FOR_HIGHER_PRIORITY},
+    ),
+    Scenario(
+        "higher class first",
+        [node(1)],
+        [quota("a", 8)],
+        [job(1, gpus=8, cls="low"), job(2, gpus=8, cls="high")],
+        placed={2: False},
+        codes={1: reasons.WAITING_FOR_QUOTA},
+    ),
+    Scenario(
+        "global FIFO ignores classes and blocks behind the first waiting job",
+        [node(1)],
+        [quota("a", 8)],
+        [job(1, gpus=8, cls="low"), job(2, gpus=8, cls="high"), job(3, gpus=1, cls="high")],
+        run=[running(10, "a", gpu_ids(1, 0))],
+        flags={"global_fifo": True},
+        codes={
+            1: reasons.WAITING_FOR_QUOTA,
+            2: reasons.BLOCKED_BY_QUEUE_HEAD,
+            3: reasons.BLOCKED_BY_QUEUE_HEAD,
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
+def test_scenario(scenario: Scenario) -> None:
+    snap = snapshot(
+        scenario.nodes,
+        scenario.quotas,
+        scenario.pending,
+        scenario.run,
+        queues=scenario.queues,
+        **scenario.flags,
+    )
+    result = run_plan(snap)
+
+    placed = {p.job_id: p.borrowed for p in result.placements}
+    assert placed == scenario.placed
+    codes = {job_id: info.code for job_id, info in result.pending.items()}
+    for job_id, code in scenario.codes.items():
+        assert codes[job_id] == code, result.pending[job_id].message
+    assert set(codes) == set(scenario.codes), codes
+    assert {p.victim_id: p.reason for p in result.preemptions} == scenario.victims
+    for job_id, node_ids in scenario.nodes_of.items():
+        (placement,) = [p for p in result.placements if p.job_id == job_id]
+        assert sorted(placement.node_ids) == list(node_ids)
+    for info in result.pending.values():
+        if info.code in reasons.NEVER_STARTS:
+            assert info.estimated_start is None
+        else:
+            assert info.estimated_start is not None and info.estimated_start >= NOW

@@ -1,0 +1,237 @@
+"""The dispatch loop: snapshot from the database, engine plan, applied in one transaction."""
+
+import threading
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from portal.audit.models import AuditEvent
+from scheduling.choices import JobState, NodeState, StopReason
+from scheduling.models import Allocation, Job
+from scheduling.services import dispatch
+from scheduling.services.dispatch import dispatch_cycle, request_dispatch
+from scheduling.services.nodes import job_exited, job_started
+from tests import factories as f
+
+
+def _job(world, gpus=1, nodes=1, priority=None, **kw):
+    return f.JobFactory(
+        queue=world.queue,
+        project=world.project,
+        submitted_by=world.member,
+        gpus_per_node=gpus,
+        nodes=nodes,
+        base_priority_class=priority or world.normal,
+        priority_class=priority or world.normal,
+        **kw,
+    )
+
+
+def _launches(outbox):
+    return [(node, m) for node, m in outbox if m["type"] == "launch"]
+
+
+def test_places_job_and_sends_launch_on_commit(world, outbox, django_capture_on_commit_callbacks):
+    job = _job(world, gpus=2)
+    with django_capture_on_commit_callbacks(execute=True):
+        stats = dispatch_cycle()
+    assert stats["placed"] == 1
+    job.refresh_from_db()
+    assert job.state == JobState.ADMITTED and job.admitted_at
+    allocations = list(Allocation.objects.filter(job=job, released_at__isnull=True))
+    assert len(allocations) == 2 and len({a.node_id for a in allocations}) == 1
+    assert not any(a.borrowed for a in allocations)
+    [(node, message)] = _launches(outbox)
+    assert node == allocations[0].node.name
+    assert sorted(message["gpu_indices"]) == sorted(a.gpu.index for a in allocations)
+    assert (
+        message["job_id"] == job.pk
+        and message["attempt"] == 0
+        and message["command"] == job.command
+    )
+    assert job.events.filter(kind="admitted").exists()
+
+
+def test_no_launch_before_commit(world, outbox, django_capture_on_commit_callbacks):
+    _job(world)
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        dispatch_cycle()
+    assert _launches(outbox) == [] and callbacks
+
+
+def test_multi_node_gang_gets_all_gpus_or_nothing(
+    world, outbox, django_capture_on_commit_callbacks
+):
+    gang = _job(world, gpus=8, nodes=2, priority=world.low)
+    too_big = _job(world, gpus=8, nodes=3, priority=world.low)
+    with django_capture_on_commit_callbacks(execute=True):
+        dispatch_cycle()
+    gang.refresh_from_db()
+    too_big.refresh_from_db()
+    assert gang.state == JobState.ADMITTED
+    assert Allocation.objects.filter(job=gang).values("node").distinct().count() == 2
+    assert too_big.state == JobState.PENDING and too_big.pending_reason_code
+    assert not Allocation.objects.filter(job=too_big).exists()
+    assert {n for n, _ in _launches(outbox)} == {"gpu-01", "gpu-02"}
+
+
+def test_waiting_jobs_get_reason_position_and_estimate(world):
+    running = _job(world, gpus=8, priority=world.low)
+    running2 = _job(world, gpus=8, priority=world.low)
+    dispatch_cycle()
+    waiting = [_job(world, gpus=4, priority=world.low) for _ in range(3)]
+    dispatch_cycle()
+    running.refresh_from_db()
+    running2.refresh_from_db()
+    assert running.state == running2.state == JobState.ADMITTED
+    for position, job in enumerate(waiting, start=1):
+        job.refresh_from_db()
+        assert job.state == JobState.PENDING
+        assert job.pending_reason_code, job.pending_reason_message
+        assert job.pending_reason_message
+        assert job.queue_position == position
+        assert job.estimated_start is not None and job.estimated_start > timezone.now()
+
+
+def test_held_job_is_not_placed(world):
+    job = _job(world, state=JobState.HELD)
+    dispatch_cycle()
+    job.refresh_from_db()
+    assert job.state == JobState.HELD and job.pending_reason_code == "HELD"
+
+
+def test_down_or_cordoned_nodes_are_not_used(world):
+    for node in world.nodes:
+        node.state = NodeState.CORDONED
+        node.save()
+    job = _job(world)
+    dispatch_cycle()
+    job.refresh_from_db()
+    assert job.state == JobState.PENDING and job.pending_reason_code
+
+
+def test_preemption_stops_victim_then_requeues_and_preemptor_runs(
+    world, outbox, django_capture_on_commit_callbacks
+):
+    # The other tenant fills the cluster at a low class (8 guaranteed + 8 borrowed GPUs).
+    victims = [
+        f.JobFactory(
+            queue=world.other_queue,
+            project=world.other_project,
+            gpus_per_node=8,
+            base_priority_class=world.low,
+            priority_class=world.low,
+        )
+        for _ in range(2)
+    ]
+    with django_capture_on_commit_callbacks(execute=True):
+        dispatch_cycle()
+    for v in victims:
+        v.refresh_from_db()
+        job_started(
+            {
+                "type": "started",
+                "node": v.allocations.first().node.name,
+                "job_id": v.pk,
+                "attempt": 0,
+                "pid": 100,
+                "started_at": timezone.now().timestamp(),
+            }
+        )
+    high = _job(world, gpus=8, priority=world.high)
+    outbox.clear()
+    with django_capture_on_commit_callbacks(execute=True):
+        dispatch_cycle()
+    high.refresh_from_db()
+    assert high.state == JobState.PENDING and high.pending_reason_code == "WAITING_FOR_PREEMPTION"
+    stopping = Job.objects.filter(pk__in=[v.pk for v in victims], state=JobState.STOPPING)
+    assert stopping.count() == 1
+    victim = stopping.get()
+    assert victim.stop_reason == StopReason.PREEMPTED
+    stops = [(n, m) for n, m in outbox if m["type"] == "stop"]
+    assert (
+        len(stops) == 1
+        and stops[0][1]["reason"] == "preempted"
+        and stops[0][1]["job_id"] == victim.pk
+    )
+    assert AuditEvent.objects.filter(action="job.preempt", target_id=str(victim.pk)).count() == 1
+    # A second cycle during the grace period must not pick another victim.
+    dispatch_cycle()
+    assert Job.objects.filter(state=JobState.STOPPING).count() == 1
+    node = victim.allocations.first().node.name
+    with django_capture_on_commit_callbacks(execute=True):
+        job_exited(
+            {
+                "type": "exited",
+                "node": node,
+                "job_id": victim.pk,
+                "attempt": 0,
+                "exit_code": None,
+                "signal": 15,
+                "stop_reason": "preempted",
+                "message": "",
+                "finished_at": timezone.now().timestamp(),
+            }
+        )
+    victim.refresh_from_db()
+    assert (
+        victim.state == JobState.PENDING
+        and victim.requeue_count == 1
+        and victim.preemption_count == 1
+    )
+    assert victim.events.filter(kind="requeued").exists()
+    dispatch_cycle()
+    high.refresh_from_db()
+    assert high.state == JobState.ADMITTED
+
+
+def test_request_dispatch_is_coalesced(world, monkeypatch):
+    sent = []
+    monkeypatch.setattr("scheduling.tasks.dispatch.apply_async", lambda **kw: sent.append(kw))
+    for _ in range(1000):
+        request_dispatch()
+    assert len(sent) == 1
+
+
+def test_second_leader_skips(world):
+    if connection.vendor == "postgresql":
+        pytest.skip("covered by the PostgreSQL concurrency test")
+    with dispatch._leader_lock() as first:
+        assert first
+        assert dispatch_cycle() == {"skipped": True}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_leaders_never_double_allocate(world):
+    """Two dispatchers at once (two threads, two connections): each GPU is allocated at most once."""
+    if connection.vendor != "postgresql":
+        pytest.skip("needs PostgreSQL: SQLite serializes writers anyway")
+    for _ in range(40):
+        _job(world, gpus=1, priority=world.low)
+    barrier = threading.Barrier(2)
+    results, errors = [], []
+
+    def run():
+        from django.db import connections
+
+        try:
+            barrier.wait()
+            for _ in range(3):
+                results.append(dispatch_cycle())
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    active = Allocation.objects.filter(released_at__isnull=True)
+    # The tenant may hold 8 guaranteed + 8 borrowed GPUs: exactly 16, each once.
+    assert active.count() == active.values("gpu").distinct().count() == 16
+    assert Job.objects.filter(state=JobState.ADMITTED).count() == 16
+    assert len(results) == 6
