@@ -56,9 +56,11 @@ def test_drf_validation_error_gets_a_detail_naming_the_first_problem():
 
     assert response.status_code == 400
     assert response.data == {
-        "detail": "Invalid input: Required.",
+        "detail": "Invalid input: name: Required.",
         "errors": {"name": ["Required."]},
     }
+    anonymous = exception_handler(exceptions.ValidationError(["Nope."]), {})
+    assert anonymous.data["detail"] == "Invalid input: Nope."
 
 
 def test_other_errors_have_an_empty_errors_object():

@@ -63,7 +63,7 @@ def test_one_bad_spec_among_good_ones_stores_nothing(world, api, bad, key):
 
     assert response.status_code == 400, response.json()
     assert key in response.json()["errors"], response.json()
-    assert key in response.json()["detail"]
+    assert "jobs[1]" in response.json()["detail"]
     assert Job.objects.count() == 0
     assert JobEvent.objects.count() == 0
     assert not AuditEvent.objects.exists()
