@@ -188,12 +188,12 @@ else:
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
 SLUICE_BROKER_DIR = env_str("SLUICE_BROKER_DIR", str(VAR_DIR / "broker"))
 if CELERY_BROKER_URL.startswith("filesystem://"):
-    Path(SLUICE_BROKER_DIR).mkdir(parents=True, exist_ok=True)
-    CELERY_BROKER_TRANSPORT_OPTIONS = {
-        "data_folder_in": SLUICE_BROKER_DIR,
-        "data_folder_out": SLUICE_BROKER_DIR,
-        "polling_interval": 0.2,
-    }
+    from scheduling.agent.transport import broker_transport_options
+
+    # The same options and transport as the agents (kombu's own filesystem transport can
+    # hand a reader a message file before it is written; see AtomicFilesystemTransport).
+    CELERY_BROKER_TRANSPORT = "scheduling.agent.transport:AtomicFilesystemTransport"
+    CELERY_BROKER_TRANSPORT_OPTIONS = broker_transport_options(CELERY_BROKER_URL, SLUICE_BROKER_DIR)
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_TASK_IGNORE_RESULT = True
@@ -229,6 +229,7 @@ SLUICE_NODE_LOST_SECONDS = env_int("SLUICE_NODE_LOST_SECONDS", 60)
 SLUICE_STUCK_LAUNCH_SECONDS = env_int("SLUICE_STUCK_LAUNCH_SECONDS", 300)
 SLUICE_LOG_DIR = Path(env_str("SLUICE_LOG_DIR", str(VAR_DIR / "logs")))
 SLUICE_RUNTIME_WARNINGS = [float(x) for x in env_list("SLUICE_RUNTIME_WARNINGS", ["0.8", "0.95"])]
+SLUICE_RETENTION_CLEANUP_SECONDS = env_int("SLUICE_RETENTION_CLEANUP_SECONDS", 3600)
 # "broker" sends node messages through the broker; "memory" keeps them in a list (tests).
 SLUICE_NODE_TRANSPORT = env_str("SLUICE_NODE_TRANSPORT", "broker")
 

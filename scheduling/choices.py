@@ -111,3 +111,35 @@ class NotificationKind(models.TextChoices):
     RAISE_REJECTED = "raise_rejected", "Raise rejected"
     RAISE_EXPIRED = "raise_expired", "Raise expired"
     RAISE_REVOKED = "raise_revoked", "Raise revoked"
+    RUNTIME_WARNING = "runtime_warning", "Runtime limit near"
+    JOB_TIMED_OUT = "job_timed_out", "Job timed out"
+    IDLE_WARNING = "idle_warning", "Session idle"
+    JOB_RECLAIMED = "job_reclaimed", "Job reclaimed"
+    JOB_REQUEUED = "job_requeued", "Job requeued"
+    IDLE_EXEMPTED = "idle_exempted", "Idle reclaim exemption"
+    EXTENSION_REQUESTED = "extension_requested", "Runtime extension requested"
+    EXTENSION_APPROVED = "extension_approved", "Runtime extension approved"
+    EXTENSION_REJECTED = "extension_rejected", "Runtime extension rejected"
+
+
+class ExtensionState(models.TextChoices):
+    PENDING = "pending", "Pending"
+    APPROVED = "approved", "Approved"
+    REJECTED = "rejected", "Rejected"
+    AUTO_GRANTED = "auto_granted", "Granted (within the policy's cap)"
+
+
+# Extensions that added to a job's runtime limit.
+GRANTED_EXTENSION_STATES = (ExtensionState.APPROVED, ExtensionState.AUTO_GRANTED)
+
+
+class ReclaimKind(models.TextChoices):
+    """Why GPUs were taken back (a ``ReclaimRecord``)."""
+
+    TIMEOUT = "timeout", "Runtime limit"
+    IDLE_RECLAIM = "idle_reclaim", "Idle reclaim"
+    SESSION_AGE = "session_age", "Session maximum age"
+    STUCK_LAUNCH = "stuck_launch", "Stuck launch requeued"
+    LOST_REQUEUE = "lost_requeue", "Lost node requeue"
+    PREEMPTION_REQUEUE = "preemption_requeue", "Preemption requeue"
+    ZOMBIE_KILL = "zombie_kill", "Zombie process killed"

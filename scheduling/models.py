@@ -11,6 +11,7 @@ from tenants.models import Project, Tenant, slug_validator
 
 from .choices import (
     Environment,
+    ExtensionState,
     GpuHealth,
     JobState,
     NodeState,
@@ -18,6 +19,7 @@ from .choices import (
     PoolPurpose,
     QueueState,
     RaiseState,
+    ReclaimKind,
     StopReason,
     WorkloadType,
 )
@@ -511,3 +513,99 @@ class Notification(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user_id} {self.kind}"
+
+
+class RuntimeExtension(models.Model):
+    """A request for more runtime for one job (DESIGN §4 step 4).
+
+    Granted at once (``auto_granted``) while the job's granted extensions stay within its
+    policy's ``extension_cap_seconds``; beyond that it waits for a tenant admin or platform
+    admin (never the requester). Approved and auto-granted extensions have been added to
+    ``job.max_runtime_seconds``.
+    """
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="runtime_extensions")
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    seconds = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    reason = models.TextField(max_length=2000)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="runtime_extensions"
+    )
+    state = models.CharField(
+        max_length=12, choices=ExtensionState.choices, default=ExtensionState.PENDING
+    )
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    comment = models.TextField(blank=True, max_length=2000)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [
+            models.Index(fields=["job", "state"]),
+            models.Index(fields=["tenant", "state"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"extension {self.pk}: job {self.job_id} +{self.seconds} s"
+
+
+class ReclaimRecord(models.Model):
+    """GPUs taken back from work that wasted them: one row per timeout, reclaim, requeue or
+    zombie kill, written in the transaction of the stop, for the recovery metrics.
+
+    ``gpu_hours_freed``: for an idle reclaim, the job's GPUs × how long they had been idle;
+    for a zombie kill, 1 × how long the zombie had been seen; for every other kind, the
+    job's GPUs × the time left until its runtime limit (so 0 for a timeout: it used all of
+    its time).
+    """
+
+    created_at = models.DateTimeField(db_index=True)
+    kind = models.CharField(max_length=20, choices=ReclaimKind.choices)
+    tenant = models.ForeignKey(
+        Tenant, null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
+    workload_type = models.CharField(max_length=20, choices=WorkloadType.choices, blank=True)
+    job = models.ForeignKey(
+        Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="reclaim_records"
+    )
+    node = models.ForeignKey(
+        Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    gpus = models.PositiveIntegerField(default=0)
+    gpu_hours_freed = models.FloatField(default=0.0)
+    detail = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["tenant", "created_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.kind} job {self.job_id}: {self.gpu_hours_freed:.2f} GPU-h"
+
+
+class ZombieProcess(models.Model):
+    """A GPU process of no job, as the node's heartbeats report it; tracked by the zombie
+    sweep so that it is killed once (and only after it has been seen for a while)."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="zombie_processes")
+    gpu_index = models.PositiveSmallIntegerField()
+    pid = models.PositiveIntegerField()
+    name = models.CharField(max_length=200, blank=True)
+    memory_mb = models.PositiveIntegerField(null=True, blank=True)
+    first_seen_at = models.DateTimeField()
+    last_seen_at = models.DateTimeField()
+    kill_requested_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["node_id", "gpu_index", "pid"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["node", "gpu_index", "pid"], name="zombie_unique_per_gpu"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node_id}/gpu{self.gpu_index} pid {self.pid}"

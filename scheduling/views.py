@@ -247,9 +247,15 @@ def node_list(request):
         a.gpu_id: a
         for a in Allocation.objects.filter(released_at__isnull=True).select_related("job")
     }
+    # A GPU held by a job of a tenant the user cannot see shows as busy, without the job.
+    visible_tenants = set(tenants_visible_to(request.user).values_list("pk", flat=True))
     rows = []
     for node in nodes:
-        gpus = [{"gpu": g, "allocation": active.get(g.pk)} for g in node.gpus.all()]
+        gpus = []
+        for g in node.gpus.all():
+            allocation = active.get(g.pk)
+            job_visible = allocation is not None and allocation.job.tenant_id in visible_tenants
+            gpus.append({"gpu": g, "allocation": allocation, "job_visible": job_visible})
         rows.append({"node": node, "gpus": gpus})
     template = "scheduling/_nodes_table.html" if request.htmx else "scheduling/node_list.html"
     return render(request, template, {"rows": rows, "is_admin": request.user.is_staff})

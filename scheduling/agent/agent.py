@@ -30,6 +30,7 @@ from scheduling.agent.gpus import GpuBackend, GpuSample
 from scheduling.agent.protocol import (
     AGENT_VERSION,
     DEFAULT_HEARTBEAT_SECONDS,
+    DEFAULT_RETENTION_DAYS,
     FINISHED_JOB_RETENTION_SECONDS,
     HEARTBEAT,
     KILL_PROCESS,
@@ -54,12 +55,14 @@ from scheduling.agent.runner import (
     JobPaths,
     JobRecord,
     LaunchError,
+    clean_workspace,
     describe_exit,
     job_argv,
     job_environment,
     kill_leftovers,
     load_record,
     read_json,
+    remove_job_dir,
     resolve_dir,
     save_record,
     signal_group,
@@ -95,6 +98,14 @@ class AgentConfig:
     forget_after_seconds: float = 24 * 3600.0
     #: Messages handled per pass at most, so deadlines are enforced even under a flood.
     max_messages_per_pass: int = 100
+    #: An ended job's directory is emptied (all but its state and checkpoints) this long
+    #: after its exit was reported.
+    workspace_grace_seconds: float = 60.0
+    #: Days an ended job's directory, checkpoints included, is kept when its launch does
+    #: not say (``retention_days``); then it is removed.
+    retention_days: float = DEFAULT_RETENTION_DAYS
+    #: How often the job directories are scanned for ones past their retention.
+    retention_check_seconds: float = 3600.0
 
 
 # --- message sources ----------------------------------------------------------------------
@@ -275,6 +286,7 @@ class Agent:
         self._base_env = dict(os.environ) if base_env is None else base_env
         self._kills: list[dict[str, Any]] = []
         self._next_heartbeat = 0.0
+        self._next_retention_check = 0.0
         self._stop_requested = False
 
     # --- lifecycle ---
@@ -410,6 +422,7 @@ class Agent:
             attempt=attempt,
             name=message["name"],
             gpu_indices=list(message["gpu_indices"]),
+            retention_days=message.get("retention_days"),
         )
         self.jobs[record.key] = record
         write_json(self._paths(record).launch, message)
@@ -528,6 +541,7 @@ class Agent:
         record.command_pid = spawned.command_pid
         record.started_at = time.time()
         record.process = spawned.process
+        record.checkpoint_path = str(checkpoints)
         self._save(record)
         logger.info(
             "started job %s attempt %s as process group %s on GPUs %s",
@@ -843,7 +857,72 @@ class Agent:
             # outbox keeps only the newest heartbeat while the broker is away).
             on_sent=lambda: self._kills_delivered(kills),
         )
+        self._clean_up()
         self._forget_old_jobs()
+
+    # --- clean-up of ended jobs ---
+
+    def _clean_up(self) -> None:
+        """Empty the directories of jobs that ended a little while ago (all but their state
+        and checkpoints), and remove those past their retention."""
+        now = time.time()
+        for record in list(self.jobs.values()):
+            if not record.workspace_cleaned and self._ended_before(
+                record, now - self.config.workspace_grace_seconds
+            ):
+                self._clean_workspace(record)
+        if now >= self._next_retention_check:
+            self._next_retention_check = now + self.config.retention_check_seconds
+            self._remove_expired(now)
+
+    @staticmethod
+    def _ended_before(record: JobRecord, moment: float) -> bool:
+        """The job ended, its exit was reported, and that was before ``moment``."""
+        return (
+            record.finished
+            and record.exit_reported
+            and record.finished_at is not None
+            and record.finished_at <= moment
+        )
+
+    def _clean_workspace(self, record: JobRecord) -> None:
+        paths = self._paths(record)
+        keep = Path(record.checkpoint_path) if record.checkpoint_path else paths.checkpoints
+        try:
+            removed = clean_workspace(paths, keep)
+        except OSError as exc:  # e.g. files the job made read-only: leave them, once
+            logger.warning("cannot clean the directory of job %s: %s", record.job_id, exc)
+            removed = 0
+        record.workspace_cleaned = True
+        self._save(record)
+        if removed:
+            logger.info(
+                "job %s attempt %s: removed %d entries of its directory, kept its checkpoints",
+                record.job_id,
+                record.attempt,
+                removed,
+            )
+
+    def _remove_expired(self, now: float) -> None:
+        """Remove the directories (checkpoints included) of jobs that ended more than their
+        retention ago. Reads every job directory's state: done once an hour."""
+        for root in sorted(p for p in self.jobs_dir.iterdir() if p.is_dir()):
+            paths = JobPaths(root)
+            record = load_record(paths)
+            if record is None or self._paths(record).root != root:
+                continue
+            days = record.retention_days
+            days = self.config.retention_days if days is None else days
+            if not self._ended_before(record, now - days * 86400):
+                continue
+            remove_job_dir(paths)
+            self.jobs.pop(record.key, None)
+            logger.info(
+                "job %s attempt %s: removed its directory and checkpoints (kept %g days)",
+                record.job_id,
+                record.attempt,
+                days,
+            )
 
     def _kills_delivered(self, kills: list[dict[str, Any]]) -> None:
         self._kills = [k for k in self._kills if k not in kills]

@@ -24,6 +24,7 @@ from scheduling.agent.gpus import select_backend
 from scheduling.agent.protocol import (
     CONTROL_QUEUE,
     DEFAULT_HEARTBEAT_SECONDS,
+    DEFAULT_RETENTION_DAYS,
     ProtocolError,
     validate_node_name,
 )
@@ -61,6 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between heartbeats (default: %(default)s)",
     )
     parser.add_argument(
+        "--retention-days",
+        type=float,
+        default=DEFAULT_RETENTION_DAYS,
+        metavar="DAYS",
+        help="days an ended job's directory and checkpoints are kept when its launch does "
+        "not say (default: %(default)g)",
+    )
+    parser.add_argument(
         "--control-queue", default=CONTROL_QUEUE, help="queue for reports (default: %(default)s)"
     )
     parser.add_argument(
@@ -80,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     _configure_logging(args.log_level)
     if args.heartbeat <= 0:
         parser.error("--heartbeat must be positive")
+    if args.retention_days < 0:
+        parser.error("--retention-days must not be negative")
     if args.discover:
         return _discover(args)
     if not args.node:
@@ -126,6 +137,7 @@ def _run(args: argparse.Namespace) -> int:
         pool=args.pool,
         work_dir=Path(args.work_dir or Path("var") / "agent" / args.node),
         heartbeat_seconds=args.heartbeat,
+        retention_days=args.retention_days,
     )
     backend = select_backend(node=args.node, simulate=args.simulate)
     sender = CeleryReportSender(args.broker, args.broker_dir, control_queue=args.control_queue)

@@ -21,10 +21,22 @@ serializer ``json``); see :func:`node_queue_name` and
     ``working_dir`` str ("" = the job directory), ``gpu_indices`` [int], ``gpu_uuids``
     [str] (may be empty; when given they must match the node's GPUs at those indices),
     ``checkpoint_dir`` str ("" = ``<jobdir>/checkpoints``), ``array_index`` int | None,
-    ``grace_seconds`` int, ``sent_at`` float (unix time).
+    ``grace_seconds`` int, ``sent_at`` float (unix time); optional ``retention_days``
+    number (how long the node keeps the job's directory, with its checkpoints, after the
+    job ended; absent: the agent's ``--retention-days``). The job runs in its own process
+    group under ``<work>/jobs/<job_id>-<attempt>/`` with ``CUDA_VISIBLE_DEVICES`` (the
+    indices), ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, ``SLUICE_JOB_ID``, ``SLUICE_ATTEMPT``,
+    ``SLUICE_JOB_NAME``, ``SLUICE_NODE``, ``SLUICE_CHECKPOINT_DIR``, ``SLUICE_GPU_UUIDS``
+    (when given) and ``SLUICE_ARRAY_INDEX`` (when not null); see
+    :func:`scheduling.agent.runner.job_environment`. A launch whose GPUs are held by a job
+    in its stop grace period (or by an older attempt of the same job, which is stopped
+    with reason ``superseded``) starts when that job has ended. A launch of an attempt
+    older than one the node has seen is answered ``exited`` / ``superseded``.
 ``stop``
     ``job_id``, ``attempt``, ``reason`` (one of :data:`STOP_REASONS`), ``grace_seconds``,
-    ``sent_at``. SIGTERM to the job's process group, SIGKILL after the grace period.
+    ``sent_at``. SIGTERM to the job's process group, SIGKILL after the grace period; the
+    ``exited`` report carries the reason. A stop of an attempt the node does not know is
+    answered ``exited`` with ``exit_code`` null and message :data:`NOT_RUNNING_MESSAGE`.
 ``kill_process``
     ``pid`` int, ``gpu_index`` int, ``reason`` str: SIGKILL a zombie GPU process (only if it
     is still a GPU compute process and belongs to no job of the agent). The outcome is in
@@ -121,6 +133,8 @@ LOG_CHUNK_BYTES = 64 * 1024
 LOG_INTERVAL_SECONDS = 2.0
 DEFAULT_HEARTBEAT_SECONDS = 5.0
 FINISHED_JOB_RETENTION_SECONDS = 300.0
+#: Days a node keeps an ended job's directory (its checkpoints) when the launch does not say.
+DEFAULT_RETENTION_DAYS = 14.0
 
 # Node names end up in queue names and file names (filesystem broker), so keep them plain.
 _NODE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -208,6 +222,11 @@ _CONTROL_FIELDS: dict[str, dict[str, str]] = {
     KILL_PROCESS: {"pid": "int", "gpu_index": "int", "reason": "str"},
 }
 
+# Fields a message may leave out; checked when present.
+_OPTIONAL_CONTROL_FIELDS: dict[str, dict[str, str]] = {
+    LAUNCH: {"retention_days": "number"},
+}
+
 _REPORT_FIELDS: dict[str, dict[str, str]] = {
     REGISTER: {
         "pool": "str?",
@@ -254,7 +273,11 @@ def validate_control_message(message: Any) -> dict[str, Any]:
     if kind not in _CONTROL_FIELDS:
         raise ProtocolError(f"unknown message type {kind!r}")
     _check_fields(message, _CONTROL_FIELDS[kind], kind)
+    optional = _OPTIONAL_CONTROL_FIELDS.get(kind, {})
+    _check_fields(message, {k: v for k, v in optional.items() if k in message}, kind)
     if kind == LAUNCH:
+        if message.get("retention_days", 0) < 0:
+            raise ProtocolError("launch: 'retention_days' must not be negative")
         if not message["command"]:
             raise ProtocolError("launch: 'command' must not be empty")
         if message["shell"] and not message["command"][0].strip():
@@ -297,9 +320,11 @@ def launch_message(
     checkpoint_dir: str = "",
     array_index: int | None = None,
     grace_seconds: int = 30,
+    retention_days: float | None = None,
     sent_at: float | None = None,
 ) -> dict[str, Any]:
-    """Build and validate a ``launch`` message."""
+    """Build and validate a ``launch`` message (``retention_days`` only when given)."""
+    optional = {} if retention_days is None else {"retention_days": retention_days}
     return validate_control_message(
         {
             "type": LAUNCH,
@@ -316,6 +341,7 @@ def launch_message(
             "array_index": array_index,
             "grace_seconds": grace_seconds,
             "sent_at": time.time() if sent_at is None else sent_at,
+            **optional,
         }
     )
 

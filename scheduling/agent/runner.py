@@ -7,6 +7,11 @@ Every job attempt has a directory ``<work>/jobs/<job_id>-<attempt>/`` holding:
 ``exit.json``    written by the wrapper when the command ends (see ``wrapper.py``)
 ``output.log``   the command's stdout and stderr
 ``checkpoints/`` the default ``SLUICE_CHECKPOINT_DIR``
+
+Once the job has ended and its exit is reported, everything in it but ``state.json`` and the
+checkpoint directory is removed (:func:`clean_workspace`); the rest goes when the job's
+retention is over (:func:`remove_job_dir`). Only what lies under the job directory is ever
+removed: a ``working_dir`` or ``checkpoint_dir`` elsewhere belongs to the user.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import json
 import logging
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -88,6 +94,12 @@ class JobRecord:
     exit_reported: bool = False
     #: Bytes of output.log the control side has confirmed receiving (sent successfully).
     log_offset: int = 0
+    #: The job's checkpoint directory (resolved at start), kept when the workspace is cleaned.
+    checkpoint_path: str | None = None
+    #: Days the job's directory is kept after the job ended (None: the agent's default).
+    retention_days: float | None = None
+    #: Everything but the state and the checkpoints was removed after the job ended.
+    workspace_cleaned: bool = False
 
     # Runtime only (not persisted): the wrapper if this agent started it, the log read
     # position (sent or queued), when to ship the log next, whether `exited` is queued.
@@ -388,3 +400,48 @@ def describe_exit(exit_code: int | None, signum: int | None) -> str:
     if exit_code is not None:
         return f"exited with code {exit_code}"
     return "exit status unknown"
+
+
+# --- clean-up after the job ------------------------------------------------------------------
+
+
+def _remove(path: Path) -> None:
+    """Remove a file, a link or a whole directory (links are removed, never followed)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def clean_workspace(paths: JobPaths, keep: Path | None) -> int:
+    """Remove what an ended job left in its directory except ``state.json`` and ``keep``
+    (its checkpoint directory, when that lies under the job directory); returns how many
+    entries were removed. Directories on the way to ``keep`` are cleaned, not removed."""
+    keep = keep.resolve() if keep is not None else None
+    root = paths.root.resolve()
+    if keep is not None and root not in keep.parents:
+        keep = None  # outside the job directory: not ours to keep or remove
+
+    def clean(directory: Path) -> int:
+        removed = 0
+        for entry in sorted(directory.iterdir()):
+            if directory == root and entry.name == STATE_FILE:
+                continue
+            if keep is not None and entry == keep:
+                continue
+            if keep is not None and entry in keep.parents and not entry.is_symlink():
+                removed += clean(entry)
+                continue
+            _remove(entry)
+            removed += 1
+        return removed
+
+    try:
+        return clean(root)
+    except FileNotFoundError:
+        return 0
+
+
+def remove_job_dir(paths: JobPaths) -> None:
+    """Remove a job attempt's directory with everything in it (its retention is over)."""
+    shutil.rmtree(paths.root, ignore_errors=True)

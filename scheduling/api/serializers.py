@@ -29,6 +29,10 @@ class StrictCharField(serializers.CharField):
         return super().to_internal_value(data)
 
 
+# The largest values the database columns hold (PositiveIntegerField, BigIntegerField).
+MAX_INT32 = 2**31 - 1
+MAX_INT64 = 2**63 - 1
+
 # --- platform objects -----------------------------------------------------------------------
 
 
@@ -99,6 +103,11 @@ class NodeSerializer(serializers.ModelSerializer):
             "registered_at",
             "zombies",
         ]
+
+    def validate_labels(self, value):
+        if any("\x00" in key for key in value):  # PostgreSQL's jsonb cannot store it
+            raise serializers.ValidationError("Label names must not contain NUL characters.")
+        return value
 
 
 class PriorityClassSerializer(serializers.ModelSerializer):
@@ -349,9 +358,13 @@ class JobSubmitSerializer(serializers.Serializer):
         default=list,
         help_text="One model key or a list of acceptable ones; empty = any.",
     )
-    min_gpu_memory_mb = serializers.IntegerField(min_value=0, required=False, default=0)
+    min_gpu_memory_mb = serializers.IntegerField(
+        min_value=0, max_value=MAX_INT32, required=False, default=0
+    )
     cpus = serializers.IntegerField(min_value=1, max_value=1024, required=False, default=1)
-    memory_mb = serializers.IntegerField(min_value=0, required=False, default=0)
+    memory_mb = serializers.IntegerField(
+        min_value=0, max_value=MAX_INT32, required=False, default=0
+    )
     max_runtime_seconds = serializers.IntegerField(
         min_value=1, required=False, allow_null=True, default=None
     )
@@ -370,7 +383,9 @@ class JobSubmitSerializer(serializers.Serializer):
     )
     code_ref = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
     parameters = serializers.DictField(required=False, default=dict)
-    seed = serializers.IntegerField(required=False, allow_null=True, default=None)
+    seed = serializers.IntegerField(
+        min_value=-MAX_INT64 - 1, max_value=MAX_INT64, required=False, allow_null=True, default=None
+    )
     array = serializers.IntegerField(
         min_value=1, max_value=10000, required=False, allow_null=True, default=None
     )

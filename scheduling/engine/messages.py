@@ -55,7 +55,7 @@ def no_matching_nodes(job: PendingJob, pool_known: bool) -> str:
         return f"invalid size: {job.nodes} node(s) x {job.gpus_per_node} GPU(s)"
     if not pool_known:
         return f"pool {job.pool} has no schedulable node with healthy GPUs"
-    return f"no node in pool {job.pool} can hold {shape(job)} of {models(job)}"
+    return f"pool {job.pool} has no nodes that could ever hold {shape(job)} of {models(job)}"
 
 
 def exceeds_quota(job: PendingJob, account: Account) -> str:
@@ -102,11 +102,10 @@ def reserved_gpus(job: PendingJob, owners: list[tuple[int, float]], now: float) 
     if owners:
         owner, start = owners[0]
         return (
-            f"idle GPUs in pool {job.pool} are reserved for earlier jobs (e.g. job "
-            f"{owner}, starting in {duration(start - now)}) and this job would hold them "
-            f"longer than that"
+            f"the idle GPUs in pool {job.pool} are reserved (e.g. for job {owner}, "
+            f"starting in {duration(start - now)}) and this job would hold them longer"
         )
-    return f"idle GPUs in pool {job.pool} are reserved for earlier jobs"
+    return f"the idle GPUs in pool {job.pool} are reserved for other jobs"
 
 
 def reserved_quota(account: Account) -> str:

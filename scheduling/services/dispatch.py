@@ -255,9 +255,13 @@ def load_snapshot(now: datetime, *, update_usage: bool = True) -> Loaded:
 
 
 def launch_messages(
-    job: Job, gpus_by_node: dict[str, list[tuple[int, str]]], grace: int
+    job: Job,
+    gpus_by_node: dict[str, list[tuple[int, str]]],
+    grace: int,
+    retention_days: int | None = None,
 ) -> list[tuple[str, dict]]:
-    """One ``launch`` per node of the job, with that node's GPU indices and UUIDs."""
+    """One ``launch`` per node of the job, with that node's GPU indices and UUIDs (and how
+    long the node keeps the job's directory and checkpoints after it ends)."""
     messages = []
     for node_name, gpus in sorted(gpus_by_node.items()):
         gpus = sorted(gpus)
@@ -274,6 +278,7 @@ def launch_messages(
             checkpoint_dir=job.checkpoint_dir,
             array_index=job.array_index,
             grace_seconds=grace,
+            retention_days=retention_days,
         )
         messages.append((node_name, message))
     return messages
@@ -287,7 +292,12 @@ def _launch_messages(
         node_id, index, uuid = loaded.gpus[alloc.gpu_id]
         gpus_by_node[loaded.node_names[node_id]].append((index, uuid))
     policy = loaded.policies.get(job.workload_type)
-    return launch_messages(job, gpus_by_node, policy.stop_grace_seconds if policy else 30)
+    return launch_messages(
+        job,
+        gpus_by_node,
+        policy.stop_grace_seconds if policy else 30,
+        policy.retention_days if policy else None,
+    )
 
 
 def _apply_placements(plan: engine.Plan, loaded: Loaded, now: datetime) -> list[tuple[str, dict]]:

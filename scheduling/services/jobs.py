@@ -79,6 +79,17 @@ def _json_size(value) -> int:
     return len(json.dumps(value, default=str))
 
 
+def _has_nul(value) -> bool:
+    """Whether a NUL character hides anywhere in a JSON value, keys included."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
 def _validate_shapes(spec: JobSpec) -> None:
     """Command, env and metadata: malformed input is refused with the field named."""
     if spec.shell:
@@ -122,6 +133,12 @@ def _validate_shapes(spec: JobSpec) -> None:
             _fail(name, f"{name} must be an object.")
         if _json_size(value) > MAX_JSON_BYTES:
             _fail(name, f"{name} is too large (over {MAX_JSON_BYTES} bytes).")
+        if _has_nul(value):  # PostgreSQL's jsonb cannot store it
+            _fail(name, f"{name} must not contain NUL characters.")
+    if not isinstance(spec.gpu_models, list) or not all(
+        isinstance(m, str) and m and not _has_nul(m) for m in spec.gpu_models
+    ):
+        _fail("gpu_model", "gpu_model must be a list of GPU model names.")
     if any(not isinstance(v, str) for v in spec.labels.values()):
         _fail("labels", "label values must be strings.")
     if spec.gpus_per_node < 0 or spec.nodes < 1:

@@ -89,6 +89,24 @@ def job_transition(
     return job
 
 
+def requeue_fields(job: Job) -> dict:
+    """What a requeued job's next attempt starts from: a new attempt number, and nothing of
+    the previous attempt's run (the argument ``job_transition(job, PENDING, ...)`` takes)."""
+    return {
+        "requeue_count": job.requeue_count + 1,
+        "stop_reason": "",
+        "stop_requested_at": None,
+        "admitted_at": None,
+        "started_at": None,
+        "finished_at": None,
+        "exit_code": None,
+        "exit_signal": None,
+        "runtime_warnings_sent": [],
+        "idle_warning_sent_at": None,
+        "last_active_at": None,
+    }
+
+
 def job_event(
     job: Job, kind: str, message: str = "", *, actor=None, data: dict | None = None, now=None
 ) -> JobEvent:

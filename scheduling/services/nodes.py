@@ -8,7 +8,7 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from portal.audit.services import audit_record
@@ -20,11 +20,19 @@ from ..choices import (
     GpuHealth,
     JobState,
     NodeState,
+    ReclaimKind,
     StopReason,
 )
 from ..models import Allocation, Gpu, Job, Node, ResourcePool, WorkloadPolicy
-from .lifecycle import ConcurrentChange, IllegalTransition, job_event, job_transition
+from .lifecycle import (
+    ConcurrentChange,
+    IllegalTransition,
+    job_event,
+    job_transition,
+    requeue_fields,
+)
 from .messaging import send_node_message
+from .waste import gpu_hours_left, reclaim_record_add
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +180,10 @@ def _mark_active_jobs(node: Node, utilization: dict[int, float | None], now: dat
         if value is not None and value >= thresholds.get(workload_type, 5.0):
             active_jobs.add(job_id)
     if active_jobs:
-        Job.objects.filter(pk__in=active_jobs).update(last_active_at=now)
+        # Conditional: a heartbeat handled late must not move the last active time back.
+        Job.objects.filter(pk__in=active_jobs).filter(
+            Q(last_active_at__isnull=True) | Q(last_active_at__lt=now)
+        ).update(last_active_at=now)
 
 
 # --- job reports ----------------------------------------------------------------------------
@@ -301,24 +312,24 @@ def _requeue_if_allowed(job: Job, now: datetime) -> None:
         job.preemption_count += 1
     if not allowed:
         return
-    why = "preempted" if job.state == JobState.PREEMPTED else "its node was lost"
+    preempted = job.state == JobState.PREEMPTED
+    why = "preempted" if preempted else "its node was lost"
+    gpus = job.total_gpus
+    hours = gpu_hours_left(job, gpus, now)
     job_transition(
         job,
         JobState.PENDING,
         kind="requeued",
         message=f"Requeued because {why}.",
         now=now,
-        requeue_count=job.requeue_count + 1,
-        stop_reason="",
-        stop_requested_at=None,
-        admitted_at=None,
-        started_at=None,
-        finished_at=None,
-        exit_code=None,
-        exit_signal=None,
-        runtime_warnings_sent=[],
-        idle_warning_sent_at=None,
-        last_active_at=None,
+        **requeue_fields(job),
+    )
+    reclaim_record_add(
+        kind=ReclaimKind.PREEMPTION_REQUEUE if preempted else ReclaimKind.LOST_REQUEUE,
+        job=job,
+        now=now,
+        gpus=gpus,
+        gpu_hours=hours,
     )
 
 

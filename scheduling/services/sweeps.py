@@ -6,6 +6,7 @@ import logging
 
 from django.utils import timezone
 
+from . import limits, reclaim, recovery
 from .nodes import nodes_sweep_lost
 from .raises import priority_raises_expire
 
@@ -14,6 +15,14 @@ log = logging.getLogger(__name__)
 # Later features append (name, function(now) -> result) here; order matters little.
 CHECKS: list = [("lost_nodes", nodes_sweep_lost)]
 CHECKS.append(("raise_expiry", priority_raises_expire))
+CHECKS += [
+    ("stuck_launches", recovery.stuck_launches_requeue),
+    ("runtime_limits", limits.runtime_limits_check),
+    ("idle_reclaim", reclaim.idle_reclaim_check),
+    ("session_age", reclaim.session_age_check),
+    ("zombie_kills", recovery.zombies_sweep),
+    ("retention_cleanup", recovery.retention_cleanup),
+]
 
 
 def control_sweep(now=None) -> dict:

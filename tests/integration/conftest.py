@@ -8,6 +8,7 @@ worker and the agents talk through Redis exactly as in production.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -119,6 +120,16 @@ class Cluster:
         os.killpg(proc.pid, sig)
         proc.wait(timeout=30)
 
+    def kill_jobs(self) -> None:
+        """Jobs outlive their agent by design; the test ends them (their wrapper leads the group)."""
+        for state in self.tmp.glob("*/jobs/*/state.json"):
+            try:
+                pid = json.loads(state.read_text()).get("pid")
+                if pid:
+                    os.killpg(pid, signal.SIGKILL)
+            except (OSError, ValueError):
+                pass
+
     def stop_all(self) -> None:
         for name in list(self.procs):
             proc = self.procs.pop(name)
@@ -160,6 +171,7 @@ def cluster(transactional_db, tmp_path, settings):
     c.start_worker()
     yield c
     c.stop_all()
+    c.kill_jobs()
     app.conf.task_always_eager = True
 
 

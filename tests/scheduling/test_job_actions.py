@@ -83,16 +83,22 @@ def test_viewer_and_outsider_cannot_act(world, api, job, step, who, status):
     assert not AuditEvent.objects.exists()
 
 
-@pytest.mark.parametrize("step", ["cancel", "hold"])
+@pytest.mark.parametrize("step", ["cancel", "hold", "release"])
 def test_another_member_cannot_act_on_someone_elses_job(world, api, job, step):
     colleague = f.UserFactory(username="colleague")
     f.MembershipFactory(user=colleague, tenant=world.tenant, role="member")
+    if step == "release":
+        job.state = JobState.HELD
+        job.save()
+    before = job.state
 
     response = post(api, colleague, job, step)
 
     assert response.status_code == 403
+    assert "owner or a tenant admin" in response.json()["detail"]
     job.refresh_from_db()
-    assert job.state == JobState.PENDING
+    assert job.state == before
+    assert not JobEvent.objects.exists()
 
 
 def test_cancel_of_a_running_job_stops_it_on_its_node(
@@ -297,7 +303,9 @@ def test_logs_endpoint_returns_the_tail(world, api, job, settings, tmp_path):
     assert data["running"] is False
 
 
-def test_logs_of_a_job_without_output(world, api, job):
+def test_logs_of_a_job_without_output(world, api, job, settings, tmp_path):
+    settings.SLUICE_LOG_DIR = tmp_path  # other tests' jobs may have had the same id
+
     response = api(world.member).get(f"/api/v1/jobs/{job.pk}/logs")
 
     assert response.status_code == 200

@@ -431,6 +431,16 @@ def test_workload_type_without_policy(world, api, nothing_stored):
         ({"gpu_model": 5}, "gpu_model", ""),
         ({"gpu_model": ["H100-80GB", 5]}, "gpu_model", ""),
         ({"gpu_model": ["x" * 41]}, "gpu_model", ""),
+        ({"gpu_model": ["H100-80GB", "B\x00"]}, "gpu_model", ""),
+        ({"parameters": {"a": ["\x00"]}}, "parameters", "NUL"),  # jsonb cannot store it
+        ({"parameters": {"\x00": 1}}, "parameters", "NUL"),
+        ({"labels": {"\x00k": "v"}}, "labels", "NUL"),
+        ({"labels": {"k": "\x00"}}, "labels", ""),
+        ({"seed": 2**63}, "seed", ""),  # beyond the column: a 400, not a database error
+        ({"seed": -(2**63) - 1}, "seed", ""),
+        ({"memory_mb": 2**31}, "memory_mb", ""),
+        ({"min_gpu_memory_mb": 2**40}, "min_gpu_memory_mb", ""),
+        ({"max_runtime_seconds": 2**40}, "max_runtime_seconds", ""),
         ({"gpus_per_node": -1}, "gpus_per_node", ""),
         ({"gpus_per_node": "two"}, "gpus_per_node", ""),
         ({"gpus_per_node": 65}, "gpus_per_node", ""),

@@ -87,3 +87,21 @@ def test_nodes_fragment_for_htmx(world, client):
     body = response.content.decode()
     assert 'id="node-gpu-01"' in body
     assert "<html" not in body
+
+
+def test_nodes_page_hides_other_tenants_jobs(world, client):
+    job = f.placed_job(
+        gpus=[world.nodes[0].gpus.get(index=5)],
+        queue=world.queue,
+        project=world.project,
+        submitted_by=world.member,
+        name="secret-nlp-run",
+    )
+    client.force_login(world.outsider)
+
+    body = client.get("/nodes/").content.decode()
+
+    assert "secret-nlp-run" not in body
+    assert f"/jobs/{job.pk}/" not in body
+    assert body.count(">in use<") == 1
+    assert body.count(">free<") == 15

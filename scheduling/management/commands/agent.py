@@ -18,6 +18,8 @@ class Command(BaseCommand):
         args = argv[2:]
         if not any(a == "--broker" or a.startswith("--broker=") for a in args):
             args = ["--broker", settings.CELERY_BROKER_URL, *args]
+        if not any(a == "--broker-dir" or a.startswith("--broker-dir=") for a in args):
+            args = ["--broker-dir", settings.SLUICE_BROKER_DIR, *args]
         raise SystemExit(main(args))
 
     def handle(self, *args, **options):  # pragma: no cover - run_from_argv does the work

@@ -181,17 +181,21 @@ def test_simulated_utilization_follows_the_jobs_cpu_use():
     try:
         holders = {0: busy.pid, 1: idle.pid}
         backend.sample(holders)
-        time.sleep(0.6)
-        samples = backend.sample(holders)
+        # A whole core on an idle machine; under load, wait for one clear sample.
+        for _ in range(20):
+            time.sleep(0.3)
+            by_index = {s.index: s for s in backend.sample(holders)}
+            assert by_index[1].utilization < 2
+            assert by_index[2].utilization == 0
+            if by_index[0].utilization > 30:
+                break
+        else:
+            raise AssertionError(f"busy job never looked busy: {by_index[0]}")
     finally:
         busy.kill()
         idle.kill()
         busy.wait()
         idle.wait()
-    by_index = {s.index: s for s in samples}
-    assert by_index[0].utilization > 20  # a whole core on an idle machine, less under load
-    assert by_index[1].utilization < 5
-    assert by_index[2].utilization == 0
     assert by_index[0].processes[0]["pid"] == busy.pid
     assert [p["pid"] for p in by_index[1].processes] == [idle.pid]
     assert by_index[2].processes == []

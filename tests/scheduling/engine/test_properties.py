@@ -29,9 +29,9 @@ def snapshots(draw) -> Snapshot:
     for node_id in range(draw(st.integers(1, 5))):
         pool = draw(st.sampled_from(POOLS))
         model = draw(st.sampled_from(MODELS))
-        memory = draw(st.sampled_from([40960, 81920]))
+        memory = 81920 if model == "H100" else 40960  # the memory is part of a model
         gpus = []
-        for index in range(draw(st.sampled_from([1, 2, 4, 8]))):
+        for index in range(draw(st.sampled_from([2, 4, 8, 8]))):
             gpus.append(GpuInfo(gpu_id, node_id, index, model, memory))
             gpu_id += 1
         nodes.append(NodeInfo(node_id, f"n{node_id}", pool, gpus))
@@ -39,15 +39,16 @@ def snapshots(draw) -> Snapshot:
     quotas = []
     for tenant in TENANTS:
         for pool in POOLS:
-            for model in draw(st.lists(st.sampled_from(["", *MODELS]), max_size=2, unique=True)):
+            models = draw(st.lists(st.sampled_from(MODELS), max_size=1))
+            for model in ["", *models]:
                 quotas.append(
                     QuotaInfo(
                         tenant,
                         pool,
                         model,
-                        draw(st.integers(0, 12)),
-                        draw(st.integers(0, 8)),
-                        draw(st.sampled_from([None, None, 0, 1, 3])),
+                        draw(st.integers(0, 16)),
+                        draw(st.integers(0, 16)),
+                        draw(st.sampled_from([None, None, None, 0, 1, 3])),
                     )
                 )
 
@@ -55,7 +56,7 @@ def snapshots(draw) -> Snapshot:
     job_id = 1000
     for node in nodes:
         free = [gpu.id for gpu in node.gpus]
-        while free and draw(st.booleans()):
+        while free and draw(st.integers(0, 4)) > 0:
             size = draw(st.integers(1, len(free)))
             priority, name = draw(st.sampled_from(CLASSES))
             running.append(
@@ -80,6 +81,7 @@ def snapshots(draw) -> Snapshot:
             del free[:size]
             job_id += 1
 
+    pools = sorted({node.pool for node in nodes})
     pending = []
     for job_id in range(1, draw(st.integers(0, 14)) + 1):
         priority, name = draw(st.sampled_from(CLASSES))
@@ -89,25 +91,27 @@ def snapshots(draw) -> Snapshot:
                 tenant=draw(st.sampled_from(TENANTS)),
                 project="p",
                 queue_id=draw(st.sampled_from([1, 2, 3])),
-                pool=draw(st.sampled_from(POOLS)),
+                pool=draw(st.sampled_from([*pools, *pools, *pools, "ghost"])),
                 workload_type=draw(st.sampled_from(WORKLOADS)),
                 priority=priority,
                 priority_class=name,
                 preemptible=draw(st.booleans()),
                 can_preempt=draw(st.booleans()),
-                gpus_per_node=draw(st.sampled_from([1, 2, 4, 8])),
+                gpus_per_node=draw(st.sampled_from([1, 1, 2, 4, 8])),
                 nodes=draw(st.sampled_from([1, 1, 1, 2])),
-                gpu_models=tuple(draw(st.lists(st.sampled_from(MODELS), max_size=2, unique=True))),
-                min_gpu_memory_mb=draw(st.sampled_from([0, 0, 50000])),
+                gpu_models=draw(
+                    st.sampled_from([(), (), (), ("H100",), ("A100",), ("A100", "H100")])
+                ),
+                min_gpu_memory_mb=draw(st.sampled_from([0, 0, 0, 50000])),
                 submitted_at=NOW - draw(st.integers(0, 10_000)),
                 max_runtime_seconds=draw(st.sampled_from([0, 300, 3600, 7200])),
-                held=draw(st.integers(0, 9)) == 0,
+                held=draw(st.integers(0, 19)) == 0,
             )
         )
     queues = [
         QueueInfo(1, "open", "a"),
         QueueInfo(2, "strict", "b", strict_fifo=True),
-        QueueInfo(3, "maybe-closed", "c", open=draw(st.booleans())),
+        QueueInfo(3, "maybe-closed", "c", open=draw(st.integers(0, 3)) > 0),
     ]
     return Snapshot(
         now=NOW,

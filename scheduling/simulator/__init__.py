@@ -1,0 +1,59 @@
+"""Trace-driven simulator: replay GPU cluster traces through the real scheduling engine.
+
+Pure Python, no Django (like :mod:`scheduling.engine`): a trace is read
+(:mod:`.readers`), made into a scenario (:mod:`.scenario`: cluster, tenants, quotas,
+classes, limits), replayed under each policy by a discrete-event loop whose every
+decision comes from :func:`scheduling.engine.plan` (:mod:`.replay`), and summed up
+(:mod:`.metrics`, :mod:`.report`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from .model import ClassSpec, NodeSpec, Scenario, SimJob, Trace, TraceJob, WorkloadSpec
+from .policies import DEFAULT_POLICIES, POLICIES, Policy, parse_policies
+from .replay import JobRun, Replay, ReplayResult, SimConfig, replay
+from .scenario import ScenarioOptions, build_scenario
+from .snapshot import SnapshotBuilder
+
+__all__ = [
+    "DEFAULT_POLICIES",
+    "POLICIES",
+    "ClassSpec",
+    "JobRun",
+    "NodeSpec",
+    "Policy",
+    "Replay",
+    "ReplayResult",
+    "Scenario",
+    "ScenarioOptions",
+    "SimConfig",
+    "SimJob",
+    "SnapshotBuilder",
+    "Trace",
+    "TraceJob",
+    "WorkloadSpec",
+    "build_scenario",
+    "compare",
+    "parse_policies",
+    "replay",
+]
+
+
+def compare(
+    scenario: Scenario,
+    policies: Sequence[Policy],
+    config: SimConfig | None = None,
+    progress: Callable[[float], None] | None = None,
+) -> list[ReplayResult]:
+    """Replay one scenario under each policy in turn; ``progress`` gets 0..1 overall."""
+    results = []
+    for number, policy in enumerate(policies):
+
+        def step(fraction: float, number: int = number) -> None:
+            if progress is not None:
+                progress((number + fraction) / len(policies))
+
+        results.append(replay(scenario, policy, config, step))
+    return results

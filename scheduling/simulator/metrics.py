@@ -1,0 +1,203 @@
+"""Figures of a replay: waits, completion times, makespan, utilization, fairness, preemptions.
+
+Definitions (the README repeats them):
+
+- *queueing delay* (wait): first start - submit, over the jobs that started;
+  percentiles interpolate linearly between ranks;
+- *job completion time* (JCT): end - submit, over jobs that completed or timed out;
+- *makespan*: last end - first submit;
+- *utilization*: GPU-seconds held by jobs (lost work and grace periods included) /
+  (the cluster's GPUs x makespan);
+- *fairness*: Jain's index (sum x)^2 / (n sum x^2) over tenants with a guarantee, of
+  x = GPU-seconds received / guaranteed GPUs. Over a whole replay every job runs to its
+  end, so each tenant receives about what it asked and the index says little;
+  ``fairness_daily`` is the same index per day, over the tenants that had a job waiting
+  that day, averaged over those days: it shows who got served while GPUs were short;
+- *lost GPU-hours*: work done by preempted jobs since their last checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+
+from .replay import COMPLETED, NEVER_STARTED, TIMED_OUT, UNSCHEDULABLE, JobRun, ReplayResult
+
+DAY = 86400.0
+HOUR = 3600.0
+
+
+def percentile(values: Sequence[float], fraction: float) -> float:
+    """The ``fraction`` quantile of sorted ``values``, linearly interpolated (0 if empty)."""
+    if not values:
+        return 0.0
+    position = (len(values) - 1) * fraction
+    low = math.floor(position)
+    high = min(low + 1, len(values) - 1)
+    return values[low] + (values[high] - values[low]) * (position - low)
+
+
+def jain(values: Sequence[float]) -> float:
+    """Jain's fairness index: 1 when all values are equal, 1/n when one gets everything."""
+    values = list(values)
+    square_sum = sum(value * value for value in values)
+    if not values or square_sum == 0:
+        return 1.0
+    return sum(values) ** 2 / (len(values) * square_sum)
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def _span(runs: list[JobRun]) -> tuple[float, float]:
+    ends = [run.finish for run in runs if run.finish is not None]
+    if not ends:
+        return 0.0, 0.0
+    return min(run.job.submit for run in runs), max(ends)
+
+
+def summarize(result: ReplayResult) -> dict:
+    """The headline figures of one replay (times in seconds)."""
+    runs = result.runs
+    waits = sorted(run.wait for run in runs if run.wait is not None)
+    ends = [run for run in runs if run.outcome in (COMPLETED, TIMED_OUT)]
+    first, last = _span(runs)
+    makespan = last - first
+    busy = sum(run.gpu_seconds for run in runs)
+    outcomes = defaultdict(int)
+    for run in runs:
+        outcomes[run.outcome] += 1
+    return {
+        "policy": result.policy,
+        "trace": result.scenario,
+        "jobs": len(runs),
+        "completed": outcomes[COMPLETED],
+        "timed_out": outcomes[TIMED_OUT],
+        "unschedulable": outcomes[UNSCHEDULABLE],
+        "never_started": outcomes[NEVER_STARTED],
+        "wait_avg_s": _mean(waits),
+        "wait_p50_s": percentile(waits, 0.50),
+        "wait_p95_s": percentile(waits, 0.95),
+        "wait_p99_s": percentile(waits, 0.99),
+        "jct_avg_s": _mean([run.finish - run.job.submit for run in ends]),
+        "makespan_s": makespan,
+        "utilization": busy / (result.capacity * makespan) if makespan > 0 else 0.0,
+        "fairness": jain(_normalized_service(runs, result.guarantees).values()),
+        "fairness_daily": daily_fairness(runs, result.guarantees),
+        "preemptions": sum(run.preemptions for run in runs),
+        "lost_gpu_hours": sum(run.lost_gpu_seconds for run in runs) / HOUR,
+        "gpus": result.capacity,
+        "plans": result.plans,
+        "plan_seconds": result.plan_seconds,
+        "wall_seconds": result.wall_seconds,
+    }
+
+
+def _normalized_service(runs: list[JobRun], guarantees: dict[str, int]) -> dict[str, float]:
+    service: dict[str, float] = defaultdict(float)
+    for run in runs:
+        service[run.job.tenant] += run.gpu_seconds
+    return {
+        tenant: service.get(tenant, 0.0) / guaranteed
+        for tenant, guaranteed in guarantees.items()
+        if guaranteed > 0 and tenant in service
+    }
+
+
+def _add_by_day(ledger: dict, key: str, start: float, end: float, rate: float, origin: float):
+    """Spread ``rate`` x (end - start) over the days the interval covers."""
+    day = int((start - origin) // DAY)
+    while start < end:
+        day_end = origin + (day + 1) * DAY
+        stop = min(end, day_end)
+        ledger[day][key] += rate * (stop - start)
+        start = stop
+        day += 1
+
+
+def daily_fairness(runs: list[JobRun], guarantees: dict[str, int]) -> float:
+    """Jain's index per day over the tenants with a job waiting that day, averaged."""
+    if not runs:
+        return 1.0
+    origin = min(run.job.submit for run in runs)
+    served: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    waiting: dict[int, set[str]] = defaultdict(set)
+    for run in runs:
+        tenant = run.job.tenant
+        if guarantees.get(tenant, 0) <= 0:
+            continue
+        for start, end, gpus in run.attempts:
+            _add_by_day(served, tenant, start, end, gpus, origin)
+        for start, end in run.waits:
+            if end > start:
+                first = int((start - origin) // DAY)
+                last = int((end - origin) // DAY)
+                for day in range(first, last + 1):
+                    waiting[day].add(tenant)
+    indexes = [
+        jain([served[day].get(tenant, 0.0) / guarantees[tenant] for tenant in tenants])
+        for day, tenants in sorted(waiting.items())
+        if len(tenants) > 1
+    ]
+    return _mean(indexes) if indexes else 1.0
+
+
+def per_tenant(result: ReplayResult) -> list[dict]:
+    """Per tenant: jobs, guarantee, waits, GPU-hours received and share of them."""
+    by_tenant: dict[str, list[JobRun]] = defaultdict(list)
+    for run in result.runs:
+        by_tenant[run.job.tenant].append(run)
+    total = sum(run.gpu_seconds for run in result.runs) or 1.0
+    first, last = _span(result.runs)
+    makespan = max(last - first, 1.0)
+    rows = []
+    for tenant in sorted(by_tenant):
+        runs = by_tenant[tenant]
+        waits = sorted(run.wait for run in runs if run.wait is not None)
+        received = sum(run.gpu_seconds for run in runs)
+        guaranteed = result.guarantees.get(tenant, 0)
+        rows.append(
+            {
+                "tenant": tenant,
+                "jobs": len(runs),
+                "guaranteed_gpus": guaranteed,
+                "wait_avg_s": _mean(waits),
+                "wait_p95_s": percentile(waits, 0.95),
+                "gpu_hours": received / HOUR,
+                "share": received / total,
+                # GPUs held on average over the makespan, per guaranteed GPU
+                "use_of_guarantee": received / makespan / guaranteed if guaranteed else 0.0,
+                "preemptions": sum(run.preemptions for run in runs),
+                "timed_out": sum(1 for run in runs if run.outcome == TIMED_OUT),
+            }
+        )
+    return rows
+
+
+def timeline(result: ReplayResult, buckets: int = 400) -> dict[str, list[float]]:
+    """Time-weighted averages of jobs waiting and utilization in equal time buckets."""
+    times, waiting, busy = result.series
+    if len(times) < 2:
+        return {"hours": [], "waiting": [], "utilization": []}
+    start, end = times[0], times[-1]
+    width = max((end - start) / buckets, 1e-9)
+    wait_area = [0.0] * buckets
+    busy_area = [0.0] * buckets
+    for index in range(len(times) - 1):
+        left, right = times[index], times[index + 1]
+        while left < right:
+            bucket = min(int((left - start) / width), buckets - 1)
+            stop = min(right, start + (bucket + 1) * width)
+            if stop <= left:  # rounding at the last bucket's edge
+                stop = right
+            wait_area[bucket] += waiting[index] * (stop - left)
+            busy_area[bucket] += busy[index] * (stop - left)
+            left = stop
+    capacity = max(result.capacity, 1)
+    return {
+        "hours": [(start + (i + 0.5) * width - start) / HOUR for i in range(buckets)],
+        "waiting": [area / width for area in wait_area],
+        "utilization": [area / width / capacity for area in busy_area],
+    }

@@ -1,0 +1,65 @@
+"""The scheduling policies a replay compares, as settings of the one engine.
+
+There is no scheduling logic here: each policy is a set of the :class:`Snapshot` knobs
+that :func:`scheduling.engine.plan` offers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """Engine knobs of one policy (see :class:`scheduling.engine.Snapshot`)."""
+
+    name: str
+    description: str
+    backfill: bool
+    preemption: bool
+    fair_share: bool
+    global_fifo: bool = False
+
+
+POLICIES: dict[str, Policy] = {
+    policy.name: policy
+    for policy in (
+        Policy(
+            "fifo",
+            "strict FIFO per pool: submit order, the first job that cannot start blocks the "
+            "rest; no classes, fair share, backfill or preemption",
+            backfill=False,
+            preemption=False,
+            fair_share=False,
+            global_fifo=True,
+        ),
+        Policy(
+            "sluice",
+            "Sluice's default: classes, fair share, quotas with borrowing, backfill, preemption",
+            backfill=True,
+            preemption=True,
+            fair_share=True,
+        ),
+        Policy(
+            "sluice-no-backfill",
+            "Sluice without backfill: nothing starts before the first blocked job of its pool",
+            backfill=False,
+            preemption=True,
+            fair_share=True,
+        ),
+    )
+}
+
+DEFAULT_POLICIES = ("fifo", "sluice", "sluice-no-backfill")
+
+
+def parse_policies(text: str) -> list[Policy]:
+    """Policies from a comma-separated list of names; raises ValueError on an unknown one."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in POLICIES]
+    if unknown:
+        known = ", ".join(POLICIES)
+        raise ValueError(f"unknown policy {', '.join(unknown)} (known: {known})")
+    if not names:
+        raise ValueError("no policy given")
+    return [POLICIES[name] for name in dict.fromkeys(names)]

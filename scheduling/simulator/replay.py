@@ -1,0 +1,464 @@
+"""The discrete-event replay of a scenario under one policy.
+
+Events are arrivals, ends (a job completes, or is killed at its runtime limit), stops (a
+preempted job's grace period is over: it loses the work since its last checkpoint and is
+requeued with what remains) and wake-ups (a running job becomes old enough to be
+preempted). Every decision - what starts, where, what is preempted - comes from
+:func:`scheduling.engine.plan`, called the way the dispatch loop calls it.
+
+When to plan: the dispatch loop runs on every submit and finish and every few seconds.
+The replay plans a pool only when something changed in it, at the next multiple of
+``dispatch_interval`` (5 s, the dispatch loop's default), so that arrivals and ends that
+close together are coalesced into one cycle as the real loop does; with an interval of 0
+it plans at the exact time of each change, after every event of that time. Jobs thus
+wait up to one interval longer than they would with a loop that reacted instantly.
+
+Pools share no GPUs, so each pool is planned on its own snapshot, which makes a cycle
+cost what that pool holds rather than the whole cluster. The one thing pools share is a
+tenant's fair share (usage history plus GPUs held now, over all pools): GPUs a tenant
+holds in the other pools are added to its usage in the snapshot, so the engine orders
+tenants exactly as it would with every pool in one snapshot.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from heapq import heappop, heappush
+from itertools import count, islice
+
+from scheduling.engine import PendingJob, Placement, RunningJob, decay_usage, plan, reasons
+
+from .model import Scenario, SimJob
+from .policies import Policy
+from .snapshot import SnapshotBuilder
+
+INF = math.inf
+
+# Event kinds. Events of one time are handled in the order they were scheduled.
+ARRIVE, END, STOPPED, WAKE = range(4)
+
+# Outcomes of a job.
+COMPLETED = "completed"
+TIMED_OUT = "timed_out"
+UNSCHEDULABLE = "unschedulable"  # the engine says it can never start (too big, no quota)
+NEVER_STARTED = "never_started"  # still waiting when nothing else could happen
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """Settings of a replay that are not part of the scenario.
+
+    ``checkpoint_interval``: a job saves its progress every so many seconds of its run
+    (0: never), so a preempted job loses what it did since its last checkpoint.
+    ``usage_half_life``: fair-share history half-life (Sluice's default is 7 days).
+    """
+
+    dispatch_interval: float = 5.0
+    checkpoint_interval: float = 1800.0
+    usage_half_life: float = 7 * 86400.0
+
+
+class JobRun:
+    """A job's life in one replay: where it stands and what happened to it."""
+
+    __slots__ = (
+        "job",
+        "remaining",
+        "first_start",
+        "attempt_start",
+        "finish",
+        "outcome",
+        "code",
+        "preemptions",
+        "lost_gpu_seconds",
+        "gpu_seconds",
+        "epoch",
+        "gpu_ids",
+        "borrowed",
+        "stopping",
+        "completes",
+        "pending_record",
+        "running_record",
+        "pending_since",
+        "attempts",
+        "waits",
+    )
+
+    def __init__(self, job: SimJob, pending_record: PendingJob) -> None:
+        self.job = job
+        self.remaining = float(job.duration)
+        self.first_start: float | None = None
+        self.attempt_start = 0.0
+        self.finish: float | None = None
+        self.outcome = ""
+        self.code = ""  # the engine's reason when the job could never start
+        self.preemptions = 0
+        self.lost_gpu_seconds = 0.0
+        self.gpu_seconds = 0.0
+        self.epoch = 0  # bumped at each start and stop: older events are stale
+        self.gpu_ids: tuple[int, ...] = ()
+        self.borrowed = False
+        self.stopping = False
+        self.completes = False  # the running attempt ends by completing (not timing out)
+        self.pending_record = pending_record
+        self.running_record: RunningJob | None = None
+        self.pending_since = job.submit
+        self.attempts: list[tuple[float, float, int]] = []  # (start, end, GPUs) of each run
+        self.waits: list[tuple[float, float]] = []  # (from, to) of each wait that ended
+
+    @property
+    def wait(self) -> float | None:
+        """Queueing delay: from submit to first start (None if it never started)."""
+        return None if self.first_start is None else self.first_start - self.job.submit
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    """What a replay produced: every job's run and the cluster's state over time.
+
+    ``series`` holds change points (time, jobs waiting, GPUs busy) of step functions.
+    """
+
+    policy: str
+    scenario: str
+    runs: list[JobRun]
+    capacity: int
+    guarantees: dict[str, int]
+    series: tuple[list[float], list[int], list[int]]
+    plans: int = 0
+    plan_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+class Replay:
+    """Replays one scenario under one policy; call :meth:`run` once."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        policy: Policy,
+        config: SimConfig | None = None,
+        progress: Callable[[float], None] | None = None,
+        builder: SnapshotBuilder | None = None,
+    ) -> None:
+        self.scenario = scenario
+        self.policy = policy
+        self.config = config or SimConfig()
+        self.progress = progress
+        self.builder = builder or SnapshotBuilder(scenario)
+        self.runs = [JobRun(job, self.builder.pending_job(job)) for job in scenario.jobs]
+        self.by_id = {run.job.id: run for run in self.runs}
+        self.pools = sorted(self.builder.nodes_by_pool)
+        self.free = {pool: self.builder.pool_gpus(pool) for pool in self.pools}
+        self.pending: dict[str, dict[int, JobRun]] = defaultdict(dict)
+        self.running: dict[str, dict[int, JobRun]] = defaultdict(dict)
+        self.in_use: dict[str, int] = defaultdict(int)
+        self.in_use_pool: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        self.guaranteed_pool: dict[tuple[str, str], int] = defaultdict(int)
+        for quota in scenario.quotas:
+            self.guaranteed_pool[(quota.tenant, quota.pool)] += max(quota.guaranteed, 0)
+        self.usage: dict[str, float] = {}
+        self.usage_time = 0.0
+        self.events: list = []
+        self._seq = count()
+        self.dirty: set[str] = set()
+        self.plan_at: float | None = None
+        self.wake_at: dict[str, float] = {}
+        self.waiting = 0
+        self.busy = 0
+        self.series: tuple[list[float], list[int], list[int]] = ([], [], [])
+        self.plans = 0
+        self.plan_seconds = 0.0
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def run(self) -> ReplayResult:
+        """Replay every event; returns the jobs' runs and the series."""
+        started = time.perf_counter()
+        order = sorted(self.runs, key=lambda run: (run.job.submit, run.job.id))
+        if order:
+            self.usage_time = order[0].job.submit
+        for run in order:
+            self._push(run.job.submit, ARRIVE, run, 0)
+        total = max(len(order), 1)
+        arrived = 0
+        report_every = max(total // 100, 1)
+        events = self.events
+        while True:
+            next_time = events[0][0] if events else INF
+            if self.plan_at is not None and self.plan_at < next_time:
+                self._plan(self.plan_at)
+                continue
+            if not events:
+                break
+            when, _, kind, subject, epoch = heappop(events)
+            if kind == ARRIVE:
+                self._arrive(subject, when)
+                arrived += 1
+                if self.progress is not None and arrived % report_every == 0:
+                    self.progress(arrived / total)
+            elif kind == END:
+                self._end(subject, when, epoch)
+            elif kind == STOPPED:
+                self._stopped(subject, when, epoch)
+            else:
+                self._wake(subject, when)
+            self._record(when)
+        for pool in self.pools:
+            for run in list(self.pending[pool].values()):
+                self._drop(run, NEVER_STARTED, "")
+        return ReplayResult(
+            policy=self.policy.name,
+            scenario=self.scenario.name,
+            runs=self.runs,
+            capacity=self.scenario.capacity,
+            guarantees=self.scenario.guarantees(),
+            series=self.series,
+            plans=self.plans,
+            plan_seconds=self.plan_seconds,
+            wall_seconds=time.perf_counter() - started,
+        )
+
+    def _push(self, when: float, kind: int, subject, epoch: int) -> None:
+        heappush(self.events, (when, next(self._seq), kind, subject, epoch))
+
+    def _touch(self, pool: str, when: float) -> None:
+        """Something changed in ``pool`` at ``when``: plan it at the next dispatch tick."""
+        self.dirty.add(pool)
+        if self.plan_at is None:
+            interval = self.config.dispatch_interval
+            self.plan_at = math.ceil(when / interval) * interval if interval > 0 else when
+
+    def _record(self, when: float) -> None:
+        times, waiting, busy = self.series
+        if times and times[-1] == when:
+            waiting[-1], busy[-1] = self.waiting, self.busy
+        elif not times or waiting[-1] != self.waiting or busy[-1] != self.busy:
+            times.append(when)
+            waiting.append(self.waiting)
+            busy.append(self.busy)
+
+    def _advance_usage(self, when: float) -> None:
+        """Decay and accrue fair-share usage up to ``when`` (before GPUs change hands)."""
+        if when > self.usage_time:
+            self.usage = decay_usage(
+                self.usage, when - self.usage_time, self.config.usage_half_life, self.in_use
+            )
+            self.usage_time = when
+
+    # -- events ---------------------------------------------------------------------------
+
+    def _arrive(self, run: JobRun, when: float) -> None:
+        self.pending[run.job.pool][run.job.id] = run
+        self.waiting += 1
+        self._touch(run.job.pool, when)
+
+    def _end(self, run: JobRun, when: float, epoch: int) -> None:
+        if epoch != run.epoch or run.running_record is None:
+            return  # stopped by a preemption before
+        self._advance_usage(when)
+        run.remaining = max(run.remaining - (when - run.attempt_start), 0.0)
+        run.outcome = COMPLETED if run.completes else TIMED_OUT
+        run.finish = when
+        self._release(run, when)
+        self._touch(run.job.pool, when)
+
+    def _stopped(self, run: JobRun, when: float, epoch: int) -> None:
+        """A preempted job's grace is over: keep the work up to its last checkpoint."""
+        if epoch != run.epoch or run.running_record is None:
+            return  # it ended on its own during the grace period
+        self._advance_usage(when)
+        elapsed = when - run.attempt_start
+        interval = self.config.checkpoint_interval
+        saved = min(elapsed // interval * interval if interval > 0 else 0.0, run.remaining)
+        run.remaining -= saved
+        run.lost_gpu_seconds += (elapsed - saved) * len(run.gpu_ids)
+        run.preemptions += 1
+        self._release(run, when)
+        run.epoch += 1
+        run.pending_since = when
+        self.pending[run.job.pool][run.job.id] = run
+        self.waiting += 1
+        self._touch(run.job.pool, when)
+
+    def _wake(self, pool: str, when: float) -> None:
+        if self.wake_at.get(pool) == when:
+            del self.wake_at[pool]
+            self._touch(pool, when)
+
+    # -- starting and stopping jobs ------------------------------------------------------------
+
+    def _start(self, run: JobRun, placement: Placement, now: float) -> None:
+        job = run.job
+        del self.pending[job.pool][job.id]
+        self.waiting -= 1
+        gpus = len(placement.gpu_ids)
+        run.gpu_ids = placement.gpu_ids
+        run.borrowed = placement.borrowed
+        run.attempt_start = now
+        run.waits.append((run.pending_since, now))
+        if run.first_start is None:
+            run.first_start = now
+        run.epoch += 1
+        run.stopping = False
+        run.running_record = self.builder.running_job(job, placement.gpu_ids, run.borrowed, now)
+        self.running[job.pool][job.id] = run
+        self.free[job.pool] -= gpus
+        self.in_use[job.tenant] += gpus
+        self.in_use_pool[job.pool][job.tenant] += gpus
+        self.busy += gpus
+        limit = job.limit if job.limit > 0 else INF
+        run.completes = run.remaining <= limit
+        self._push(now + min(run.remaining, limit), END, run, run.epoch)
+
+    def _preempt(self, run: JobRun, now: float) -> None:
+        """The engine chose ``run`` as a victim: it stops after its grace period."""
+        if run.running_record is None or run.stopping:
+            return
+        run.stopping = True
+        run.running_record = self.builder.running_job(
+            run.job, run.gpu_ids, run.borrowed, run.attempt_start, stopping=True
+        )
+        stop_at = now + self.scenario.workload(run.job.workload_type).grace_seconds
+        limit = run.job.limit if run.job.limit > 0 else INF
+        if run.attempt_start + min(run.remaining, limit) > stop_at:
+            self._push(stop_at, STOPPED, run, run.epoch)
+
+    def _release(self, run: JobRun, when: float) -> None:
+        job = run.job
+        gpus = len(run.gpu_ids)
+        run.gpu_seconds += gpus * (when - run.attempt_start)
+        run.attempts.append((run.attempt_start, when, gpus))
+        del self.running[job.pool][job.id]
+        self.free[job.pool] += gpus
+        self.in_use[job.tenant] -= gpus
+        self.in_use_pool[job.pool][job.tenant] -= gpus
+        self.busy -= gpus
+        run.running_record = None
+        run.gpu_ids = ()
+        run.stopping = False
+
+    def _drop(self, run: JobRun, outcome: str, code: str) -> None:
+        del self.pending[run.job.pool][run.job.id]
+        self.waiting -= 1
+        run.outcome = outcome
+        run.code = code
+
+    # -- planning -------------------------------------------------------------------------
+
+    def _plan(self, now: float) -> None:
+        self.plan_at = None
+        pools = sorted(self.dirty)
+        self.dirty.clear()
+        self._advance_usage(now)
+        for pool in pools:
+            self._plan_pool(pool, now)
+        self._record(now)
+
+    def _plan_pool(self, pool: str, now: float) -> None:
+        """One dispatch cycle of ``pool``: the engine decides, the replay applies."""
+        policy = self.policy
+        while True:
+            pending = self.pending[pool]
+            if not pending:
+                return
+            if not policy.preemption and self.free[pool] == 0:
+                return  # nothing can start without idle GPUs: the cycle would change nothing
+            truncated = policy.global_fifo and len(pending) > self.free[pool] + 1
+            if truncated:
+                # Strict FIFO starts a prefix of the submit order, one GPU or more per job:
+                # the jobs after the first (idle GPUs + 1) cannot start in this cycle.
+                selected = islice(pending.values(), self.free[pool] + 1)
+            else:
+                selected = pending.values()
+            snapshot = self.builder.snapshot(
+                now,
+                [pool],
+                [run.running_record for run in self.running[pool].values()],
+                [run.pending_record for run in selected],
+                self._usage_for(pool),
+                policy,
+            )
+            started = time.perf_counter()
+            result = plan(snapshot)
+            self.plan_seconds += time.perf_counter() - started
+            self.plans += 1
+            for placement in result.placements:
+                self._start(self.by_id[placement.job_id], placement, now)
+            for preemption in result.preemptions:
+                self._preempt(self.by_id[preemption.victim_id], now)
+            hopeless = [
+                (job_id, info.code)
+                for job_id, info in result.pending.items()
+                if info.code in reasons.NEVER_STARTS
+            ]
+            for job_id, code in hopeless:
+                self._drop(self.by_id[job_id], UNSCHEDULABLE, code)
+            if not (hopeless and truncated):
+                break  # a truncated FIFO cycle that dropped jobs looks further
+        if policy.preemption and self.pending[pool]:
+            self._schedule_wake(pool, now)
+
+    def _usage_for(self, pool: str) -> dict[str, float]:
+        """Usage as the engine should see it when given ``pool`` only (see module doc)."""
+        if len(self.pools) == 1:
+            return self.usage
+        here = self.in_use_pool[pool]
+        usage = dict(self.usage)
+        for tenant, gpus in self.in_use.items():
+            elsewhere = gpus - here.get(tenant, 0)
+            if elsewhere:
+                usage[tenant] = usage.get(tenant, 0.0) + elsewhere
+        return usage
+
+    def _schedule_wake(self, pool: str, now: float) -> None:
+        """Plan again when a running job becomes old enough to be preempted, if a waiting
+        job might preempt it (the dispatch loop would notice within seconds)."""
+        if not self._might_preempt(pool):
+            return
+        soonest = INF
+        for run in self.running[pool].values():
+            if run.stopping:
+                continue
+            minimum = self.scenario.workload(run.job.workload_type).min_runtime_before_preemption
+            seasoned = run.attempt_start + minimum
+            if now < seasoned < soonest:
+                soonest = seasoned
+        if soonest == INF:
+            return
+        current = self.wake_at.get(pool)
+        if current is None or current <= now or soonest < current:
+            self.wake_at[pool] = soonest
+            self._push(soonest, WAKE, pool, 0)
+
+    def _might_preempt(self, pool: str) -> bool:
+        """A cheap necessary condition for a preemption in ``pool`` (the engine decides):
+        a waiting job whose class may preempt, or of a tenant below its guarantee while
+        another tenant borrows."""
+        classes = self.scenario.classes
+        borrowers = {run.job.tenant for run in self.running[pool].values() if run.borrowed}
+        held = self.in_use_pool[pool]
+        for run in self.pending[pool].values():
+            job = run.job
+            if classes[job.priority_class].can_preempt:
+                return True
+            if borrowers - {job.tenant} and (
+                held.get(job.tenant, 0) + job.gpus <= self.guaranteed_pool[(job.tenant, pool)]
+            ):
+                return True
+        return False
+
+
+def replay(
+    scenario: Scenario,
+    policy: Policy,
+    config: SimConfig | None = None,
+    progress: Callable[[float], None] | None = None,
+) -> ReplayResult:
+    """Replay ``scenario`` under ``policy``; see :class:`Replay`."""
+    return Replay(scenario, policy, config, progress).run()

@@ -1,0 +1,150 @@
+"""Turning the simulator's state into the engine's :class:`~scheduling.engine.Snapshot`.
+
+This mirrors what :func:`scheduling.services.dispatch.load_snapshot` reads from the
+database, field by field, so that the same state gives the engine the same input in both
+(a test checks it): nodes in the scenario's order (the database reader gives them in
+name order, as ``load_snapshot`` does) with their GPUs in index order, a job's
+effective preemptibility from its class and its workload policy, the workload policy's
+grace period and minimum runtime before preemption, and no reservation handed back from
+the previous cycle (the dispatch loop hands none back either).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from scheduling.engine import (
+    GpuInfo,
+    NodeInfo,
+    PendingJob,
+    QueueInfo,
+    RunningJob,
+    Snapshot,
+)
+
+from .model import ClassSpec, Scenario, SimJob
+from .policies import Policy
+
+
+class SnapshotBuilder:
+    """The static part of every snapshot of a scenario (cluster, quotas, queues), and the
+    conversion of jobs to the engine's pending and running records.
+
+    GPU ids are numbered from 1 in node order; :meth:`gpu_label` gives back the node name
+    and GPU index of an id.
+    """
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.scenario = scenario
+        self.nodes_by_pool: dict[str, list[NodeInfo]] = defaultdict(list)
+        self._labels: dict[int, tuple[str, int]] = {}
+        self._models: dict[int, str] = {}
+        gpu_id = 0
+        for node_id, spec in enumerate(scenario.nodes, 1):
+            gpus = []
+            for index in spec.gpu_indices():
+                gpu_id += 1
+                gpus.append(GpuInfo(gpu_id, node_id, index, spec.model, spec.memory_mb))
+                self._labels[gpu_id] = (spec.name, index)
+                self._models[gpu_id] = spec.model
+            self.nodes_by_pool[spec.pool].append(NodeInfo(node_id, spec.name, spec.pool, gpus))
+        tenants = sorted({job.tenant for job in scenario.jobs} | {q.tenant for q in scenario.quotas})
+        # One queue per tenant: the queue a job was submitted to changes nothing for
+        # the engine unless it is strict FIFO or closed, which replays never use.
+        self.queue_ids = {tenant: number for number, tenant in enumerate(tenants, 1)}
+        self.queues = [QueueInfo(number, tenant, tenant) for tenant, number in self.queue_ids.items()]
+        self.quotas = list(scenario.quotas)
+
+    def gpu_label(self, gpu_id: int) -> tuple[str, int]:
+        """(node name, GPU index) of a GPU id of this builder."""
+        return self._labels[gpu_id]
+
+    def gpu_model(self, gpu_id: int) -> str:
+        """The GPU model of a GPU id."""
+        return self._models[gpu_id]
+
+    def pool_gpus(self, pool: str) -> int:
+        """GPUs of a pool."""
+        return sum(len(node.gpus) for node in self.nodes_by_pool.get(pool, ()))
+
+    def _class(self, job: SimJob) -> ClassSpec:
+        return self.scenario.classes[job.priority_class]
+
+    def pending_job(self, job: SimJob) -> PendingJob:
+        """The engine's record of ``job`` waiting (as ``load_snapshot`` builds it)."""
+        cls = self._class(job)
+        workload = self.scenario.workload(job.workload_type)
+        return PendingJob(
+            id=job.id,
+            tenant=job.tenant,
+            project=job.project,
+            queue_id=self.queue_ids[job.tenant],
+            pool=job.pool,
+            workload_type=job.workload_type,
+            priority=cls.value,
+            priority_class=cls.name,
+            preemptible=cls.preemptible and workload.preemptible,
+            can_preempt=cls.can_preempt,
+            gpus_per_node=job.gpus_per_node,
+            nodes=job.nodes,
+            gpu_models=job.gpu_models,
+            min_gpu_memory_mb=job.min_gpu_memory_mb,
+            submitted_at=job.submit,
+            max_runtime_seconds=job.limit,
+        )
+
+    def running_job(
+        self,
+        job: SimJob,
+        gpu_ids: tuple[int, ...],
+        borrowed: bool,
+        started_at: float,
+        stopping: bool = False,
+    ) -> RunningJob:
+        """The engine's record of ``job`` holding ``gpu_ids`` since ``started_at``."""
+        cls = self._class(job)
+        workload = self.scenario.workload(job.workload_type)
+        return RunningJob(
+            id=job.id,
+            tenant=job.tenant,
+            pool=job.pool,
+            workload_type=job.workload_type,
+            priority=cls.value,
+            priority_class=cls.name,
+            preemptible=cls.preemptible and workload.preemptible,
+            gpu_ids=gpu_ids,
+            gpu_model=self._models[gpu_ids[0]] if gpu_ids else "",
+            borrowed=borrowed,
+            started_at=started_at,
+            max_runtime_seconds=job.limit,
+            min_runtime_before_preemption=workload.min_runtime_before_preemption,
+            stopping=stopping,
+            grace_seconds=workload.grace_seconds,
+        )
+
+    def snapshot(
+        self,
+        now: float,
+        pools: list[str] | None,
+        running: list[RunningJob],
+        pending: list[PendingJob],
+        usage: dict[str, float],
+        policy: Policy,
+    ) -> Snapshot:
+        """A snapshot of ``pools`` (None: all) with the policy's knobs."""
+        if pools is None:
+            pools = list(self.nodes_by_pool)
+        nodes = [node for pool in pools for node in self.nodes_by_pool.get(pool, ())]
+        return Snapshot(
+            now=now,
+            nodes=nodes,
+            quotas=self.quotas,
+            queues=self.queues,
+            running=running,
+            pending=pending,
+            usage=usage,
+            backfill=policy.backfill,
+            preemption=policy.preemption,
+            fair_share=policy.fair_share,
+            global_fifo=policy.global_fifo,
+        )

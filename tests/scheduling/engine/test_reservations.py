@@ -1,0 +1,139 @@
+"""Reservations handed back from one cycle to the next, positions and messages."""
+
+import dataclasses
+
+from engine_builders import NOW, gpu_ids, job, node, quota, run_plan, running, snapshot
+
+from scheduling.engine import QueueInfo, reasons
+
+
+def _handed_back(pending, result):
+    """The pending jobs as the dispatch loop passes them to the next cycle."""
+    out = []
+    for item in pending:
+        info = result.pending.get(item.id)
+        if info is None:
+            continue
+        out.append(
+            dataclasses.replace(
+                item,
+                reserved_gpu_ids=info.reserved_gpu_ids,
+                reserved_start=info.estimated_start if info.reserved_gpu_ids else None,
+            )
+        )
+    return out
+
+
+def test_a_blocked_job_reports_the_gpus_reserved_for_it():
+    snap = snapshot(
+        [node(1)],
+        [quota("a", 8), quota("b", 8)],
+        [job(1, "a", gpus=8)],
+        [running(10, "b", gpu_ids(1, 0, 1), age=0, runtime=600)],
+    )
+    info = run_plan(snap).pending[1]
+    assert info.code == reasons.WAITING_FOR_GPUS
+    assert sorted(info.reserved_gpu_ids) == list(gpu_ids(1, *range(8)))
+    assert info.estimated_start == NOW + 600
+
+
+def test_a_kept_reservation_is_not_taken_by_an_earlier_job_of_the_same_class():
+    nodes = [node(1, gpus=4), node(2, gpus=4)]
+    quotas = [quota("a", 16), quota("b", 16)]
+    run = [
+        running(10, "b", gpu_ids(1, 0, 1, 2, 3), age=0, runtime=600),
+        running(11, "b", gpu_ids(2, 0, 1, 2, 3), age=0, runtime=600),
+    ]
+    pending = [job(2, "a", gpus=4, runtime=3600, submitted=NOW - 10)]
+    first = run_plan(snapshot(nodes, quotas, pending, run))
+    kept = first.pending[2].reserved_gpu_ids
+    assert len(kept) == 4 and first.pending[2].estimated_start == NOW + 600
+    # Next cycle: the job on job 2's node ended early, and an older job of the same
+    # class has arrived. It comes first in the order, but job 2 keeps its GPUs: the
+    # older job could only have them until job 2's start, and it runs longer.
+    mine = kept[0] // 100
+    run = [r for r in run if r.gpu_ids[0] // 100 != mine]
+    pending = [*_handed_back(pending, first), job(1, "a", gpus=4, runtime=3600)]
+    second = run_plan(snapshot(nodes, quotas, pending, run, now=NOW + 60))
+    assert [(p.job_id, p.gpu_ids) for p in second.placements] == [(2, kept)]
+    assert second.pending[1].code == reasons.RESERVED_FOR_HIGHER_PRIORITY
+    assert "job 2" in second.pending[1].message
+    assert second.pending[1].estimated_start == NOW + 600
+
+
+def test_a_kept_reservation_starts_on_its_own_gpus():
+    nodes = [node(1, gpus=4), node(2, gpus=4)]
+    quotas = [quota("a", 16)]
+    pending = [
+        dataclasses.replace(
+            job(1, "a", gpus=2), reserved_gpu_ids=gpu_ids(2, 2, 3), reserved_start=NOW + 100
+        )
+    ]
+    result = run_plan(snapshot(nodes, quotas, pending))
+    # Best fit alone would pick node 1 (same free count, lower id); the reservation wins.
+    assert result.placements[0].gpu_ids == gpu_ids(2, 2, 3)
+
+
+def test_a_higher_class_may_take_a_kept_reservation():
+    nodes = [node(1, gpus=4)]
+    quotas = [quota("a", 16)]
+    pending = [
+        dataclasses.replace(
+            job(1, "a", gpus=4, cls="low"),
+            reserved_gpu_ids=gpu_ids(1, 0, 1, 2, 3),
+            reserved_start=NOW + 100,
+        ),
+        job(2, "a", gpus=4, cls="normal", runtime=3600),
+    ]
+    result = run_plan(snapshot(nodes, quotas, pending))
+    assert [p.job_id for p in result.placements] == [2]
+    assert result.pending[1].estimated_start == NOW + 3600
+
+
+def test_a_reservation_that_no_longer_holds_is_planned_afresh():
+    nodes = [node(1, gpus=4), node(2, gpus=4)]
+    quotas = [quota("a", 16), quota("b", 16)]
+    run = [
+        running(10, "b", gpu_ids(1, 0, 1, 2, 3), age=0, runtime=7200),
+        running(11, "b", gpu_ids(2, 0, 1, 2, 3), age=0, runtime=600),
+    ]
+    stale = dataclasses.replace(
+        job(1, "a", gpus=4), reserved_gpu_ids=gpu_ids(1, 0, 1, 2, 3), reserved_start=NOW + 60
+    )
+    info = run_plan(snapshot(nodes, quotas, [stale], run)).pending[1]
+    assert info.estimated_start == NOW + 600
+    assert info.reserved_gpu_ids == gpu_ids(2, 0, 1, 2, 3)
+
+
+def test_positions_count_waiting_jobs_per_queue_and_pool_in_order():
+    queues = [QueueInfo(1, "q1", "a"), QueueInfo(3, "q3", "a", open=False)]
+    pending = [
+        job(1, "a", gpus=8, cls="high"),
+        job(2, "a", gpus=8, queue=3),
+        job(3, "a", gpus=8, pool="other"),
+        job(4, "a", gpus=8, cls="low"),
+        job(5, "a", gpus=1),
+    ]
+    result = run_plan(snapshot([node(1)], [quota("a", 8, 8)], pending, [], queues=queues))
+    assert [p.job_id for p in result.placements] == [1]
+    positions = {i: (p.queue_position, p.pool_position) for i, p in result.pending.items()}
+    # Order: 1 (high, placed), then the normal class 2, 3, 5, then 4 (low).
+    assert positions == {2: (1, 1), 3: (1, 1), 5: (2, 2), 4: (3, 3)}
+    assert result.pending[2].code == reasons.QUEUE_CLOSED
+
+
+def test_quota_message_carries_the_numbers():
+    result = run_plan(
+        snapshot(
+            [node(1)],
+            [quota("nlp", 4, 2, model="H100")],
+            [job(1, "nlp", gpus=2, models=("H100",))],
+            [running(10, "nlp", gpu_ids(1, 0, 1, 2, 3, 4, 5))],
+        )
+    )
+    info = result.pending[1]
+    assert info.code == reasons.WAITING_FOR_QUOTA
+    assert info.message == (
+        "nlp uses 6/4 guaranteed H100 in pool training; borrowing allowed 2, idle 2; "
+        "job needs 2"
+    )
