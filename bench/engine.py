@@ -55,7 +55,7 @@ CLASSES = [
 ]
 # GPUs per node, nodes, weight
 PENDING_SIZES = [(1, 1, 0.35), (2, 1, 0.25), (4, 1, 0.15), (8, 1, 0.17), (8, 2, 0.06), (8, 4, 0.02)]
-RUNNING_SIZES = [(1, 0.55), (2, 0.25), (4, 0.12), (8, 0.08)]
+RUNNING_SIZES = [(1, 0.72), (2, 0.2), (4, 0.05), (8, 0.03)]
 
 
 def _pick(rng: random.Random, items: list, weight_index: int = -1):
@@ -66,14 +66,14 @@ def make_cluster(rng: random.Random, node_count: int) -> list[NodeInfo]:
     """Nodes of 8 GPUs spread over the pools, one model per node."""
     nodes = []
     gpu_id = 0
-    pools = list(POOLS.items())
+    bounds = []
+    cumulative = 0.0
+    for pool, (share, _) in POOLS.items():
+        cumulative += share
+        bounds.append((cumulative * node_count, pool))
     for node_id in range(node_count):
-        fraction = node_id / node_count
-        cumulative = 0.0
-        for pool, (share, models) in pools:
-            cumulative += share
-            if fraction < cumulative or pool == pools[-1][0]:
-                break
+        pool = next((name for bound, name in bounds if node_id < bound), bounds[-1][1])
+        models = POOLS[pool][1]
         model, memory = models[node_id % len(models)]
         gpus = []
         for index in range(8):
@@ -141,12 +141,12 @@ def make_running(
     node_iter = 0
     job_id = 10_000_000
     usage: dict[tuple[str, str], int] = {}
-    while len(running) < count and node_iter < len(order) * 4:
+    while len(running) < count and node_iter < len(order) * 16:
         node = order[node_iter % len(order)]
         node_iter += 1
         size = _pick(rng, RUNNING_SIZES)[0]
         owners = guarantees[node.pool]
-        if len(free[node.id]) < size or rng.random() < 0.03 or not owners:
+        if len(free[node.id]) < size or not owners:
             continue
         tenant = rng.choices(list(owners), weights=list(owners.values()))[0]
         key = (tenant, node.pool)

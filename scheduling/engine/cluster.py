@@ -86,6 +86,7 @@ class SliceIndex:
         "hole_owners",
         "victim_stats",
         "_no_fit",
+        "active",
     )
 
     def __init__(self, pool: str, model: str, memory_mb: int, now: float) -> None:
@@ -105,6 +106,7 @@ class SliceIndex:
         # (gpus, nodes) -> shortest end for which find_now failed. Idle GPUs and holes
         # only ever shrink during a cycle, so a longer job cannot fit either.
         self._no_fit: dict[tuple[int, int], float] = {}
+        self.active: list[int] = []  # job sizes whose heaps exist
 
     # -- building -------------------------------------------------------------------
 
@@ -115,25 +117,67 @@ class SliceIndex:
         return slot
 
     def build(self) -> None:
-        """Create the heaps once every GPU's initial state is known."""
+        """Count idle GPUs once every GPU's initial state is known. The heaps of a job
+        size are only built when a job of that size first asks (see :meth:`_heaps`)."""
         largest = max((len(slot.gpu_ids) for slot in self.slots), default=0)
         self.sizes = sorted(len(slot.gpu_ids) for slot in self.slots)
-        self.af_heaps = [[] for _ in range(largest + 1)]
-        self.hole_heaps = [[] for _ in range(largest + 1)]
+        self.af_heaps = [None] * (largest + 1)
+        self.hole_heaps = [None] * (largest + 1)
         self.buckets = [0] * (largest + 1)
         now = self.now
         for slot in self.slots:
-            ordered = sorted(slot.af)
-            for size, key in enumerate(ordered, 1):
-                if key == INF:
-                    break
-                self.af_heaps[size].append((key, bisect_right(ordered, key), slot.idx, 0))
             free = sum(1 for value in slot.af if value <= now)
             slot.free_total = free
             self.buckets[free] += 1
             self.idle += free
-        for heap in self.af_heaps:
-            heapify(heap)
+
+    def _heaps(self, size: int) -> tuple[list, list]:
+        """The (af, hole) heaps for jobs of ``size`` GPUs per node, built on first use."""
+        heap = self.af_heaps[size]
+        if heap is None:
+            af_heap: list = []
+            hole_heap: list = []
+            for slot in self.slots:
+                af_entry, hole_entry = self._entries(slot, size, *self._state(slot))
+                if af_entry is not None:
+                    af_heap.append(af_entry)
+                if hole_entry is not None:
+                    hole_heap.append(hole_entry)
+            heapify(af_heap)
+            heapify(hole_heap)
+            self.af_heaps[size] = af_heap
+            self.hole_heaps[size] = hole_heap
+            self.active.append(size)
+        return self.af_heaps[size], self.hole_heaps[size]
+
+    def _state(self, slot: NodeSlot) -> tuple[list[float], int, list[float]]:
+        """Sorted free-from times, GPUs idle and unreserved, hole ends (longest first)."""
+        now = self.now
+        af = slot.af
+        hole = slot.hole
+        free = 0
+        windows = []
+        for pos, value in enumerate(af):
+            if value <= now:
+                free += 1
+            elif hole[pos] > now:
+                windows.append(hole[pos])
+        windows.sort(reverse=True)
+        return sorted(af), free, windows
+
+    @staticmethod
+    def _entries(slot, size, ordered, free, windows) -> tuple[tuple | None, tuple | None]:
+        """The slot's (af, hole) heap entries for jobs of ``size`` GPUs per node."""
+        af_entry = hole_entry = None
+        if size <= len(ordered):
+            key = ordered[size - 1]
+            if key != INF:
+                af_entry = (key, bisect_right(ordered, key), slot.idx, slot.version)
+        # Sizes up to ``free`` are served by the af heap; beyond that the job must also
+        # use holes and end before the shortest hole it uses closes.
+        if free < size <= free + len(windows):
+            hole_entry = (-windows[size - free - 1], slot.idx, slot.version)
+        return af_entry, hole_entry
 
     def nodes_with_at_least(self, gpus: int) -> int:
         """How many nodes of the slice have at least ``gpus`` GPUs (busy or not)."""
@@ -144,32 +188,16 @@ class SliceIndex:
     def refresh(self, slot: NodeSlot) -> None:
         """Re-index ``slot`` after its GPUs changed; older heap entries become stale."""
         slot.version += 1
-        version = slot.version
-        idx = slot.idx
-        af = slot.af
-        ordered = sorted(af)
-        heaps = self.af_heaps
-        for size, key in enumerate(ordered, 1):
-            if key == INF:
-                break
-            heappush(heaps[size], (key, bisect_right(ordered, key), idx, version))
-        now = self.now
-        hole = slot.hole
-        free = 0
-        windows = []
-        for pos, value in enumerate(af):
-            if value <= now:
-                free += 1
-            elif hole[pos] > now:
-                windows.append(hole[pos])
+        ordered, free, windows = self._state(slot)
+        af_heaps = self.af_heaps
+        hole_heaps = self.hole_heaps
+        for size in self.active:
+            af_entry, hole_entry = self._entries(slot, size, ordered, free, windows)
+            if af_entry is not None:
+                heappush(af_heaps[size], af_entry)
+            if hole_entry is not None:
+                heappush(hole_heaps[size], hole_entry)
         total = free + len(windows)
-        if windows:
-            # Sizes up to ``free`` are served by the af heap; beyond that the job must
-            # also use holes and end before the shortest hole it uses closes.
-            windows.sort(reverse=True)
-            hole_heaps = self.hole_heaps
-            for size in range(free + 1, total + 1):
-                heappush(hole_heaps[size], (-windows[size - free - 1], idx, version))
         self.buckets[slot.free_total] -= 1
         self.buckets[total] += 1
         self.idle += total - slot.free_total
@@ -211,18 +239,19 @@ class SliceIndex:
 
     def _find_now(self, gpus: int, nodes: int, end: float) -> list[NodeSlot] | None:
         now = self.now
+        af_heap, hole_heap = self._heaps(gpus)
         if nodes == 1:
-            entry = self._top(self.hole_heaps[gpus])
+            entry = self._top(hole_heap)
             if entry is not None and -entry[0] >= end:
                 return [self.slots[entry[1]]]
-            entry = self._top(self.af_heaps[gpus])
+            entry = self._top(af_heap)
             if entry is not None and entry[0] <= now:
                 return [self.slots[entry[2]]]
             return None
         chosen: dict[int, NodeSlot] = {}
         popped: list = []
-        self._gather(self.hole_heaps[gpus], nodes, lambda e: -e[0] >= end, chosen, popped)
-        self._gather(self.af_heaps[gpus], nodes, lambda e: e[0] <= now, chosen, popped)
+        self._gather(hole_heap, nodes, lambda e: -e[0] >= end, chosen, popped)
+        self._gather(af_heap, nodes, lambda e: e[0] <= now, chosen, popped)
         for heap, entry in popped:
             heappush(heap, entry)
         return list(chosen.values()) if len(chosen) >= nodes else None
@@ -232,7 +261,7 @@ class SliceIndex:
         slots (None if never: not enough nodes, or GPUs held without end)."""
         if gpus >= len(self.af_heaps):
             return None
-        heap = self.af_heaps[gpus]
+        heap = self._heaps(gpus)[0]
         if nodes == 1:
             entry = self._top(heap)
             if entry is None:

@@ -135,7 +135,9 @@ def node_update(*, actor, node: Node, **changes) -> Node:
 
         node_mark_down(node=node, reason="marked down by a platform admin", actor=actor)
         changes.pop("state")
-    node = config_save(actor=actor, instance=node, changes=changes, action="node.update")
+        node.refresh_from_db()
+    if changes:
+        node = config_save(actor=actor, instance=node, changes=changes, action="node.update")
     from .dispatch import request_dispatch
 
     transaction.on_commit(request_dispatch)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 from .model import ClassSpec, NodeSpec, Scenario, SimJob, Trace, TraceJob, WorkloadSpec
 from .policies import DEFAULT_POLICIES, POLICIES, Policy, parse_policies
-from .replay import JobRun, Replay, ReplayResult, SimConfig, replay
+from .simulation import JobRun, Replay, ReplayResult, SimConfig, replay
 from .scenario import ScenarioOptions, build_scenario
 from .snapshot import SnapshotBuilder
 

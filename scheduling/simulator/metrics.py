@@ -22,7 +22,7 @@ import math
 from collections import defaultdict
 from collections.abc import Sequence
 
-from .replay import COMPLETED, NEVER_STARTED, TIMED_OUT, UNSCHEDULABLE, JobRun, ReplayResult
+from .simulation import COMPLETED, NEVER_STARTED, TIMED_OUT, UNSCHEDULABLE, JobRun, ReplayResult
 
 DAY = 86400.0
 HOUR = 3600.0
