@@ -10,6 +10,7 @@ from . import views
 api_v1 = [
     path("auth/token", TokenView.as_view(), name="api-token"),
     path("", include("tenants.api.urls")),
+    path("", include("scheduling.limits.api")),
     path("", include("scheduling.api.urls")),
     path("", include("portal.audit.api.urls")),
 ]
@@ -23,6 +24,7 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("", include("tenants.urls")),
+    path("", include("scheduling.limits.urls")),
     path("", include("scheduling.urls")),
     path("", include("portal.audit.urls")),
 ]

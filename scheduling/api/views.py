@@ -9,7 +9,7 @@ from rest_framework.views import APIView
 
 from portal.api.views import validated
 from portal.errors import BusinessError, NotFoundError
-from tenants.selectors import projects_visible_to, tenant_get
+from tenants.selectors import projects_visible_to, tenant_get, tenants_visible_to
 
 from .. import selectors
 from ..choices import RaiseState
@@ -140,12 +140,12 @@ class QueueViewSet(ConfigViewSet):
         return selectors.queues_visible_to(self.request.user)
 
     def _save(self, instance, data):
-        if "tenant" in data:
-            # A tenant the user cannot see does not exist for them.
-            from tenants.selectors import tenants_visible_to
-
-            if not tenants_visible_to(self.request.user).filter(pk=data["tenant"].pk).exists():
-                raise NotFoundError("Tenant not found.")
+        # A tenant or project the user cannot see does not exist for them.
+        if "tenant" in data and not tenants_visible_to(self.request.user).filter(pk=data["tenant"].pk).exists():
+            raise NotFoundError("Tenant not found.")
+        project = data.get("project")
+        if project is not None and not projects_visible_to(self.request.user).filter(pk=project.pk).exists():
+            raise NotFoundError("Project not found.")
         return config.queue_save(actor=self.request.user, queue=instance, **data)
 
     def destroy(self, request, **kwargs):

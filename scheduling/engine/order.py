@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
-from heapq import heappop, heappush
+from heapq import heappop, heapreplace
 
 from .snapshot import PendingJob
 
@@ -51,9 +51,11 @@ def fair_share_order(
             heap.append((share(tenant), head.submitted_at, head.id, tenant))
         heap.sort()
         while heap:
-            _, _, _, tenant = heappop(heap)
+            tenant = heap[0][3]
             jobs = queues[tenant]
             yield jobs.pop()
             if jobs:
                 head = jobs[-1]
-                heappush(heap, (share(tenant), head.submitted_at, head.id, tenant))
+                heapreplace(heap, (share(tenant), head.submitted_at, head.id, tenant))
+            else:
+                heappop(heap)

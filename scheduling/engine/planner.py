@@ -58,6 +58,10 @@ class Slot:
     preheld: bool = False  # partly promised in the timeline already (a kept reservation)
 
 
+def _borrowed_last(item: tuple[Option, str]) -> bool:
+    return item[1] != GUARANTEED
+
+
 class Planner:
     """Plans one cycle for a snapshot; use :func:`scheduling.engine.plan`."""
 
@@ -199,7 +203,7 @@ class Planner:
             self._wait(job, reasons.EXCEEDS_QUOTA_LIMIT, message, None)
             return
         if self._heads_known and self._blocked_by_head(job, queue, options):
-            return
+            return  # (cheap test first: most cycles have no strict-FIFO head waiting)
         outcome = self._schedule(job, options)
         if outcome is not None:
             self._remember_head(job, queue, *outcome)
@@ -214,7 +218,7 @@ class Planner:
     ) -> None:
         """Record why ``job`` stays pending. Jobs are recorded in scheduling order, so the
         positions are counted among the jobs that stay pending as they come."""
-        if start is not None and math.isinf(start):
+        if start == INF:
             start = None
         queue_position = self._queue_positions[job.queue_id] = (
             self._queue_positions.get(job.queue_id, 0) + 1
@@ -308,17 +312,18 @@ class Planner:
             if mode is not None:
                 admitted.append((option, mode))
         if len(admitted) > 1:
-            admitted.sort(key=lambda item: item[1] != GUARANTEED)  # stable: guaranteed first
+            admitted.sort(key=_borrowed_last)
         quota_promised = gpus_promised = False
         for option, mode in admitted:
             if floor is None:
                 if not option.account.fits_now(total, mode, end):
                     quota_promised = True
                     continue
-                previous = self._previous_now(job, option, end)
-                if previous is not None:
-                    self._place(job, option, previous[0], mode, end, previous[1])
-                    return None
+                if self._previous:
+                    previous = self._previous.usable_now(job, option.slice, end)
+                    if previous is not None:
+                        self._place(job, option, previous[0], mode, end, previous[1])
+                        return None
                 chosen = option.slice.find_now(gpus, nodes, end)
                 if chosen is not None:
                     self._place(job, option, chosen, mode, end)
@@ -492,14 +497,6 @@ class Planner:
         if not slot.positions:
             self._choose_positions(job, slot)
         return slot.releasing
-
-    def _previous_now(
-        self, job: PendingJob, option: Option, end: float
-    ) -> tuple[list[NodeSlot], list[list[int]]] | None:
-        """The previous reservation, if all its GPUs can be used now until ``end``."""
-        if not self._previous:
-            return None
-        return self._previous.usable_now(job, option.slice, end)
 
     def _previous_slot(
         self, job: PendingJob, options: list[Option], floor: float | None

@@ -59,8 +59,7 @@ def extension_refusal(user, extension: RuntimeExtension) -> str | None:
     if is_platform_admin(user) or has_role(user, extension.tenant_id, Role.ADMIN):
         return None
     return (
-        f"Only admins of {extension.tenant.slug} and platform admins may decide runtime "
-        "extensions."
+        f"Only admins of {extension.tenant.slug} and platform admins may decide runtime extensions."
     )
 
 

@@ -64,8 +64,12 @@ def config_save(
         ) from None
     after = object_state(instance)
     for name, values in (m2m or {}).items():
+        if before is not None:
+            before[name] = sorted(str(v) for v in getattr(instance, name).all())
         getattr(instance, name).set(values)
         after[name] = sorted(str(v) for v in values)
+    if before == after:
+        return instance  # nothing changed: nothing to audit
     audit_record(
         action=action,
         target=instance,

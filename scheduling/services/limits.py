@@ -265,8 +265,10 @@ def _grant(extension: RuntimeExtension, job: Job, *, state: str, user, comment: 
     extension.decided_by = user if state == ExtensionState.APPROVED else None
     extension.save(update_fields=["state", "decided_at", "decided_by", "comment"])
     old, new = _apply(job, extension.seconds, now)
-    how = "granted (within the policy's cap)" if state == ExtensionState.AUTO_GRANTED else (
-        f"approved by {user.get_username()}"
+    how = (
+        "granted (within the policy's cap)"
+        if state == ExtensionState.AUTO_GRANTED
+        else (f"approved by {user.get_username()}")
     )
     job_event(
         job,
@@ -316,9 +318,7 @@ def runtime_extension_request(*, user, job: Job, seconds: int, reason: str) -> R
         created_at=now,
     )
     if within_cap:
-        _grant(
-            extension, job, state=ExtensionState.AUTO_GRANTED, user=user, comment="", now=now
-        )
+        _grant(extension, job, state=ExtensionState.AUTO_GRANTED, user=user, comment="", now=now)
         if user.pk != job.submitted_by_id:
             notify_owner(
                 job,

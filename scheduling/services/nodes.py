@@ -159,7 +159,9 @@ def _sent_after_down(node: Node, sent_at: datetime) -> bool:
     from portal.audit.models import AuditEvent
 
     down_at = (
-        AuditEvent.objects.filter(action="node.down", target_type="scheduling.node", target_id=str(node.pk))
+        AuditEvent.objects.filter(
+            action="node.down", target_type="scheduling.node", target_id=str(node.pk)
+        )
         .order_by("-id")
         .values_list("created_at", flat=True)
         .first()

@@ -93,9 +93,7 @@ def idle_action(job: Job, policy: WorkloadPolicy, now: datetime) -> str | None:
 
 
 def _idle_policies() -> dict[str, WorkloadPolicy]:
-    return {
-        p.workload_type: p for p in WorkloadPolicy.objects.filter(idle_reclaim_enabled=True)
-    }
+    return {p.workload_type: p for p in WorkloadPolicy.objects.filter(idle_reclaim_enabled=True)}
 
 
 def idle_warnings_clear() -> int:
@@ -155,9 +153,7 @@ def _idle_warn(job: Job, policy: WorkloadPolicy, now: datetime) -> None:
         f"{policy.idle_utilization_threshold:g} %) for {human_duration((now - since).total_seconds())}: "
         f"it will be reclaimed at {reclaim_at:%Y-%m-%d %H:%M:%S} UTC unless it uses them again."
     )
-    job_event(
-        job, "idle_warning", message, data={"reclaim_at": reclaim_at.isoformat()}, now=now
-    )
+    job_event(job, "idle_warning", message, data={"reclaim_at": reclaim_at.isoformat()}, now=now)
     notify_owner(job, NotificationKind.IDLE_WARNING, message)
 
 
@@ -191,9 +187,7 @@ def _reclaim(job: Job, *, kind: str, message: str, gpus: int, gpu_hours: float, 
         after={"state": job.state, "kind": kind, "gpus": gpus, **detail},
         reason=message,
     )
-    reclaim_record_add(
-        kind=kind, job=job, now=now, gpus=gpus, gpu_hours=gpu_hours, detail=detail
-    )
+    reclaim_record_add(kind=kind, job=job, now=now, gpus=gpus, gpu_hours=gpu_hours, detail=detail)
     notify_owner(job, NotificationKind.JOB_RECLAIMED, f"Job {job.pk} ({job.name}): {message}")
 
 

@@ -21,6 +21,7 @@ retention of job logs (DESIGN §4 step 4).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -74,9 +75,7 @@ def stuck_launches_requeue(now: datetime | None = None) -> list[int]:
     cutoff = now - timedelta(seconds=settings.SLUICE_STUCK_LAUNCH_SECONDS)
     stuck = Job.objects.filter(state=JobState.ADMITTED, admitted_at__lte=cutoff)
     return [
-        pk
-        for pk in stuck.values_list("pk", flat=True)
-        if _guarded(_requeue_stuck, pk, now, cutoff)
+        pk for pk in stuck.values_list("pk", flat=True) if _guarded(_requeue_stuck, pk, now, cutoff)
     ]
 
 
@@ -317,10 +316,8 @@ def _delete_folder(path: Path) -> tuple[int, int]:
     for dirpath, _, names in os.walk(path):
         for name in names:
             files += 1
-            try:
+            with contextlib.suppress(OSError):  # vanished meanwhile: nothing to count
                 size += os.lstat(os.path.join(dirpath, name)).st_size
-            except OSError:
-                pass
     shutil.rmtree(path)
     return files, size
 

@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 
 from .model import ClassSpec, NodeSpec, Scenario, SimJob, Trace, TraceJob, WorkloadSpec
 from .policies import DEFAULT_POLICIES, POLICIES, Policy, parse_policies
-from .simulation import JobRun, Replay, ReplayResult, SimConfig, replay
 from .scenario import ScenarioOptions, build_scenario
+from .simulation import JobRun, Replay, ReplayResult, SimConfig, replay
 from .snapshot import SnapshotBuilder
 
 __all__ = [

@@ -302,8 +302,16 @@ def test_queue_cannot_move_to_another_tenant(world, api):
     assert world.queue.tenant == world.tenant
 
 
-def test_queue_project_must_be_of_the_same_tenant(world, api):
+def test_queue_project_of_a_tenant_the_user_is_not_in_does_not_exist(world, api):
     response = api(world.tenant_admin).post(
+        "/api/v1/queues", {**QUEUE, "project": world.other_project.pk}, format="json"
+    )
+
+    assert response.status_code == 404
+
+
+def test_queue_project_must_be_of_the_same_tenant(world, api):
+    response = api(world.platform_admin).post(
         "/api/v1/queues", {**QUEUE, "project": world.other_project.pk}, format="json"
     )
 

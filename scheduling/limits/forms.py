@@ -1,0 +1,28 @@
+"""Forms of the job page's limits panel and of the extension approvals page."""
+
+from django import forms
+
+from ..services.limits import MAX_EXTENSION_SECONDS
+from ..services.reclaim import MAX_IDLE_EXEMPTION
+
+
+class ExtensionRequestForm(forms.Form):
+    """Ask for more runtime, in minutes."""
+
+    minutes = forms.IntegerField(min_value=1, max_value=MAX_EXTENSION_SECONDS // 60, initial=60)
+    reason = forms.CharField(max_length=2000, widget=forms.TextInput())
+
+
+class IdleExemptForm(forms.Form):
+    """Exempt a job from idle reclaim for some hours (0 ends an exemption now)."""
+
+    hours = forms.FloatField(
+        min_value=0, max_value=MAX_IDLE_EXEMPTION.total_seconds() / 3600, initial=4
+    )
+    reason = forms.CharField(max_length=2000, widget=forms.TextInput())
+
+
+class ExtensionDecisionForm(forms.Form):
+    """Approve or reject an extension, with an optional comment."""
+
+    comment = forms.CharField(max_length=2000, required=False)
