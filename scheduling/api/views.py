@@ -15,7 +15,7 @@ from .. import selectors
 from ..choices import RaiseState
 from ..models import Allocation, Job, PriorityClass, PriorityRaise
 from ..services import config, jobs, notifications, raises
-from ..services.jobs import JobSpec
+from ..services.jobs import JobSpec, Lookups
 from . import serializers as s
 
 
@@ -141,10 +141,16 @@ class QueueViewSet(ConfigViewSet):
 
     def _save(self, instance, data):
         # A tenant or project the user cannot see does not exist for them.
-        if "tenant" in data and not tenants_visible_to(self.request.user).filter(pk=data["tenant"].pk).exists():
+        if (
+            "tenant" in data
+            and not tenants_visible_to(self.request.user).filter(pk=data["tenant"].pk).exists()
+        ):
             raise NotFoundError("Tenant not found.")
         project = data.get("project")
-        if project is not None and not projects_visible_to(self.request.user).filter(pk=project.pk).exists():
+        if (
+            project is not None
+            and not projects_visible_to(self.request.user).filter(pk=project.pk).exists()
+        ):
             raise NotFoundError("Project not found.")
         return config.queue_save(actor=self.request.user, queue=instance, **data)
 
@@ -169,18 +175,26 @@ class JobFilter(filters.FilterSet):
         fields = ["state", "queue", "project", "tenant", "user", "workload_type", "array_id"]
 
 
-def spec_from_input(user, data: dict) -> JobSpec:
+def spec_from_input(user, data: dict, lookups: Lookups | None = None) -> JobSpec:
     """Resolve the ids and names in validated API input into a JobSpec (404 for others' objects)."""
-    project = projects_visible_to(user).filter(pk=data.pop("project")).first()
+    lookups = lookups or Lookups()
+    project_id, queue_id = data.pop("project"), data.pop("queue")
+    project = lookups.get(
+        ("project", project_id), lambda: projects_visible_to(user).filter(pk=project_id).first()
+    )
     if project is None:
         raise NotFoundError("Project not found.")
-    queue = selectors.queues_visible_to(user).filter(pk=data.pop("queue")).first()
+    queue = lookups.get(
+        ("queue", queue_id), lambda: selectors.queues_visible_to(user).filter(pk=queue_id).first()
+    )
     if queue is None:
         raise NotFoundError("Queue not found.")
     name = data.pop("priority_class") or None
     priority = None
     if name:
-        priority = PriorityClass.objects.filter(name=name).first()
+        priority = lookups.get(
+            ("class", name), lambda: PriorityClass.objects.filter(name=name).first()
+        )
         if priority is None:
             raise BusinessError(f"Unknown priority class {name!r}.", field="priority_class")
     data["gpu_models"] = data.pop("gpu_model")
@@ -233,9 +247,10 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         payload = request.data if isinstance(request.data, dict) else {"jobs": request.data}
         data = validated(s.JobBulkSerializer, payload)
         specs = []
+        lookups = Lookups()
         for i, item in enumerate(data["jobs"]):
             try:
-                specs.append(spec_from_input(request.user, dict(item)))
+                specs.append(spec_from_input(request.user, dict(item), lookups))
             except BusinessError as exc:
                 if exc.status_code == 404:
                     raise

@@ -3,8 +3,9 @@
 Every job has a runtime limit (``max_runtime_seconds``: its spec, capped by its workload
 policy at submit), counted from ``started_at`` (or ``admitted_at`` while it has not started).
 At each fraction of ``SLUICE_RUNTIME_WARNINGS`` (0.8 and 0.95 by default) the owner is
-warned once (``runtime_warnings_sent``); at the limit the job is stopped with reason
-``timed_out`` and ends ``TIMED_OUT`` when its node reports the exit.
+warned once (``runtime_warnings_sent``), at the last control sweep before that moment; at
+the limit the job is stopped with reason ``timed_out`` and ends ``TIMED_OUT`` when its node
+reports the exit.
 
 Before the limit the owner (or a tenant admin) may ask for more time: granted at once while
 the job's granted extensions stay within the policy's ``extension_cap_seconds``, otherwise
@@ -71,14 +72,24 @@ def _ends_at(job: Job) -> datetime | None:
     return origin + timedelta(seconds=job.max_runtime_seconds) if origin else None
 
 
+def warning_reached(elapsed: float, fraction: float, limit: int) -> bool:
+    """Whether the warning at ``fraction`` of ``limit`` is due after ``elapsed`` seconds.
+
+    It is due at the last control sweep before its moment (at most one control interval
+    early), so that no warning is skipped when two fall between two sweeps (95 % of a
+    short limit is less than an interval before its end).
+    """
+    return elapsed + settings.SLUICE_CONTROL_INTERVAL >= fraction * limit
+
+
 def _due(job: Job, now: datetime, fractions: list[float]) -> tuple[bool, list[float]]:
-    """(limit reached, warning fractions reached and not yet sent)."""
+    """(limit reached, warning fractions due and not yet sent)."""
     elapsed = runtime_elapsed(job, now)
     if elapsed is None:
         return False, []
     limit = job.max_runtime_seconds
     sent = set(job.runtime_warnings_sent or [])
-    warn = [f for f in fractions if f not in sent and elapsed >= f * limit]
+    warn = [f for f in fractions if f not in sent and warning_reached(elapsed, f, limit)]
     return elapsed >= limit, warn
 
 
@@ -143,7 +154,7 @@ def _warn(job: Job, fractions: list[float], now: datetime) -> None:
     ends_at = _ends_at(job)
     for fraction in fractions:
         message = (
-            f"Job {job.pk} ({job.name}) has used {fraction:.0%} of its runtime limit of "
+            f"Job {job.pk} ({job.name}) reaches {fraction:.0%} of its runtime limit of "
             f"{human_duration(job.max_runtime_seconds)}: it will be stopped at "
             f"{ends_at:%Y-%m-%d %H:%M:%S} UTC unless its runtime is extended."
         )
@@ -251,7 +262,9 @@ def _apply(job: Job, seconds: int, now: datetime) -> tuple[int, int]:
     new = old + seconds
     elapsed = runtime_elapsed(job, now)
     still = [
-        f for f in (job.runtime_warnings_sent or []) if elapsed is not None and elapsed >= f * new
+        f
+        for f in (job.runtime_warnings_sent or [])
+        if elapsed is not None and warning_reached(elapsed, f, new)
     ]
     Job.objects.filter(pk=job.pk).update(max_runtime_seconds=new, runtime_warnings_sent=still)
     job.max_runtime_seconds, job.runtime_warnings_sent = new, still

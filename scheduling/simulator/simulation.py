@@ -26,11 +26,19 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from heapq import heappop, heappush
 from itertools import count, islice
 
-from scheduling.engine import PendingJob, Placement, RunningJob, decay_usage, plan, reasons
+from scheduling.engine import (
+    PendingInfo,
+    PendingJob,
+    Placement,
+    RunningJob,
+    decay_usage,
+    plan,
+    reasons,
+)
 
 from .model import Scenario, SimJob
 from .policies import Policy
@@ -55,11 +63,16 @@ class SimConfig:
     ``checkpoint_interval``: a job saves its progress every so many seconds of its run
     (0: never), so a preempted job loses what it did since its last checkpoint.
     ``usage_half_life``: fair-share history half-life (Sluice's default is 7 days).
+    ``keep_reservations``: hand each pending job's reservation back to the next cycle
+    (``PendingJob.reserved_gpu_ids``), as the engine's contract describes. Without it a
+    job that preempted others may find the freed GPUs taken by a job ordered before it
+    and preempt again, cycle after cycle.
     """
 
     dispatch_interval: float = 5.0
     checkpoint_interval: float = 1800.0
     usage_half_life: float = 7 * 86400.0
+    keep_reservations: bool = True
 
 
 class JobRun:
@@ -399,10 +412,24 @@ class Replay:
             ]
             for job_id, code in hopeless:
                 self._drop(self.by_id[job_id], UNSCHEDULABLE, code)
+            if self.config.keep_reservations:
+                self._keep_reservations(result.pending)
             if not (hopeless and truncated):
                 break  # a truncated FIFO cycle that dropped jobs looks further
         if policy.preemption and self.pending[pool]:
             self._schedule_wake(pool, now)
+
+    def _keep_reservations(self, infos: dict[int, PendingInfo]) -> None:
+        """Carry each waiting job's reservation into its record for the next cycle."""
+        by_id = self.by_id
+        for job_id, info in infos.items():
+            run = by_id[job_id]
+            record = run.pending_record
+            start = info.estimated_start if info.reserved_gpu_ids else None
+            if record.reserved_gpu_ids != info.reserved_gpu_ids or record.reserved_start != start:
+                run.pending_record = replace(
+                    record, reserved_gpu_ids=info.reserved_gpu_ids, reserved_start=start
+                )
 
     def _usage_for(self, pool: str) -> dict[str, float]:
         """Usage as the engine should see it when given ``pool`` only (see module doc)."""

@@ -77,6 +77,14 @@ TENANTS = [
     ("vision", "Computer Vision", ["detector", "segmentation"]),
 ]
 
+# The demo's idle reclaim is quick, so an idle notebook is visibly warned (after 2 min) and
+# reclaimed (after 3 min); a real cluster uses tens of minutes.
+DEMO_IDLE_RECLAIM = {
+    "idle_utilization_threshold": 5.0,
+    "idle_window_seconds": 180,
+    "idle_warning_lead_seconds": 60,
+}
+
 QUOTAS = {
     # pool: (guaranteed, borrow limit) per tenant
     "training": (8, 8),
@@ -141,6 +149,7 @@ class Command(BaseCommand):
                     "idle_utilization_threshold": 5.0,
                     "idle_window_seconds": 15 * 60,
                     "idle_warning_lead_seconds": 5 * 60,
+                    **(DEMO_IDLE_RECLAIM if idle else {}),
                     "extension_cap_seconds": 2 * HOUR,
                     "max_session_age_seconds": 12 * HOUR
                     if wtype == WorkloadType.INTERACTIVE
