@@ -14,7 +14,9 @@ from .models import (
     ProjectQuota,
     Queue,
     Quota,
+    ReclaimRecord,
     ResourcePool,
+    RuntimeExtension,
     TenantRaiseCeiling,
     WorkloadPolicy,
 )
@@ -178,3 +180,21 @@ class PriorityRaiseAdmin(JobAdmin):
     list_display = ["id", "tenant", "job", "project", "to_class", "state", "expires_at"]
     list_filter = ["state", "tenant"]
     search_fields = ["reason"]
+
+
+@admin.register(RuntimeExtension)
+class RuntimeExtensionAdmin(JobAdmin):
+    """Read-only: extensions change only through their services (job page, API)."""
+
+    list_display = ["id", "job", "tenant", "seconds", "state", "requested_by", "decided_by"]
+    list_filter = ["state", "tenant"]
+    search_fields = ["reason"]
+
+
+@admin.register(ReclaimRecord)
+class ReclaimRecordAdmin(JobAdmin):
+    """Read-only: what timeouts, reclaims, requeues and zombie kills freed."""
+
+    list_display = ["id", "created_at", "kind", "tenant", "workload_type", "job", "gpu_hours_freed"]
+    list_filter = ["kind", "tenant", "workload_type"]
+    search_fields = []

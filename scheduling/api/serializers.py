@@ -311,6 +311,10 @@ class JobSerializer(serializers.ModelSerializer):
             "stop_reason",
             "requeue_count",
             "preemption_count",
+            "runtime_warnings_sent",
+            "last_active_at",
+            "idle_warning_sent_at",
+            "idle_exempt_until",
             "allocations",
         ]
         read_only_fields = fields

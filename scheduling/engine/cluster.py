@@ -261,12 +261,17 @@ class SliceIndex:
         slots (None if never: not enough nodes, or GPUs held without end)."""
         if gpus >= len(self.af_heaps):
             return None
-        heap = self._heaps(gpus)[0]
+        heap = self.af_heaps[gpus]
+        if heap is None:
+            heap = self._heaps(gpus)[0]
         if nodes == 1:
-            entry = self._top(heap)
-            if entry is None:
-                return None
-            return entry[0], [self.slots[entry[2]]]
+            slots = self.slots
+            while heap:  # the top entry, dropping stale ones (inlined: hot path)
+                entry = heap[0]
+                if slots[entry[2]].version == entry[3]:
+                    return entry[0], [slots[entry[2]]]
+                heappop(heap)
+            return None
         chosen: dict[int, NodeSlot] = {}
         popped: list = []
         self._gather(heap, nodes, lambda e: True, chosen, popped)

@@ -10,7 +10,7 @@ Then submit time, then id.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from heapq import heappop, heapreplace
 
 from .snapshot import PendingJob
@@ -31,11 +31,11 @@ def class_order(pending: Iterable[PendingJob]) -> list[PendingJob]:
 
 
 def fair_share_order(
-    pending: Iterable[PendingJob], share: Callable[[str], float]
+    pending: Iterable[PendingJob], shares: Mapping[str, float]
 ) -> Iterator[PendingJob]:
     """Class, then lowest current fair share of the tenant, then submit time.
 
-    ``share(tenant)`` is called again after each of the tenant's jobs has been yielded,
+    ``shares[tenant]`` is read again after each of the tenant's jobs has been yielded,
     so the caller may change it (e.g. count GPUs just placed) between two jobs.
     """
     classes: dict[int, dict[str, list[PendingJob]]] = defaultdict(lambda: defaultdict(list))
@@ -48,7 +48,7 @@ def fair_share_order(
             jobs.sort(key=_submit_key, reverse=True)  # pop() from the end = oldest
             queues[tenant] = jobs
             head = jobs[-1]
-            heap.append((share(tenant), head.submitted_at, head.id, tenant))
+            heap.append((shares[tenant], head.submitted_at, head.id, tenant))
         heap.sort()
         while heap:
             tenant = heap[0][3]
@@ -56,6 +56,6 @@ def fair_share_order(
             yield jobs.pop()
             if jobs:
                 head = jobs[-1]
-                heapreplace(heap, (share(tenant), head.submitted_at, head.id, tenant))
+                heapreplace(heap, (shares[tenant], head.submitted_at, head.id, tenant))
             else:
                 heappop(heap)

@@ -14,8 +14,10 @@ Every pending job is considered once, in scheduling order (see :mod:`.order`):
 5. jobs waiting for quota (or to borrow idle GPUs) get an estimate from the same
    timeline but reserve no GPUs.
 
-Estimates are the reservation times: an upper bound as long as running jobs end by their
-limits and no more important work arrives, computed with one query per job.
+Estimates are the reservation times, computed with one query per job: an upper bound as
+long as running jobs end by their limits, no more important work arrives, and the
+dispatch loop hands each reservation back to the next cycle (see :mod:`.reservations`;
+without that, every cycle plans afresh and greedy choices may move an estimate later).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from .order import class_order, fair_share_order, fifo_order
 from .preemption import Preemptor, RunningRecord, VictimChoice, VictimFinder
 from .quota import BORROWED, GUARANTEED, Account, Quotas
 from .reservations import PreviousReservations
-from .results import PendingInfo, Placement, Plan, Preemption
+from .results import Placement, Plan, Preemption, new_pending_info
 from .snapshot import PendingJob, QueueInfo, RunningJob, Snapshot
 
 INF = math.inf
@@ -78,10 +80,12 @@ class Planner:
         # Stopping jobs preempted for a pending job: their GPUs wait for that job.
         self._claims: dict[int, list[tuple[SliceIndex, NodeSlot, list[int], float]]] = {}
         self._class: int | None = None  # priority class being considered
+        self._shares: dict[str, float] = {}  # fair share per tenant, kept current
         self._queue_positions: dict[int, int] = {}
         self._pool_positions: dict[str, int] = {}
         self._shape_cache: dict[tuple, list[SliceIndex]] = {}
         self._option_cache: dict[tuple, tuple[list[SliceIndex], list[Option]]] = {}
+        self._message_cache: dict[tuple, str] = {}
         self._victims = VictimFinder(self.now)
         self._hopeless: set[tuple] = set()  # preemption searches known to fail
         self._queue_heads: dict[int, tuple[int, str, float]] = {}
@@ -168,7 +172,9 @@ class Planner:
         if snapshot.global_fifo:
             return fifo_order(snapshot.pending)
         if snapshot.fair_share:
-            return fair_share_order(snapshot.pending, self._share)
+            tenants = {job.tenant for job in snapshot.pending}
+            self._shares = {tenant: self._share(tenant) for tenant in tenants}
+            return fair_share_order(snapshot.pending, self._shares)
         return class_order(snapshot.pending)
 
     def _share(self, tenant: str) -> float:
@@ -205,7 +211,9 @@ class Planner:
         if self._heads_known and self._blocked_by_head(job, queue, options):
             return  # (cheap test first: most cycles have no strict-FIFO head waiting)
         outcome = self._schedule(job, options)
-        if outcome is not None:
+        if outcome is not None and (
+            self.snapshot.global_fifo or (queue is not None and queue.strict_fifo)
+        ):
             self._remember_head(job, queue, *outcome)
 
     def _wait(
@@ -224,14 +232,8 @@ class Planner:
             self._queue_positions.get(job.queue_id, 0) + 1
         )
         pool_position = self._pool_positions[job.pool] = self._pool_positions.get(job.pool, 0) + 1
-        self.result.pending[job.id] = PendingInfo(
-            job_id=job.id,
-            code=code,
-            message=message,
-            queue_position=queue_position,
-            pool_position=pool_position,
-            estimated_start=start,
-            reserved_gpu_ids=reserved,
+        self.result.pending[job.id] = new_pending_info(
+            job.id, code, message, queue_position, pool_position, start, reserved
         )
 
     # -- what could ever run the job ----------------------------------------------------------
@@ -340,7 +342,7 @@ class Planner:
                 job, borrowing, runtime, floor, quota_promised, gpus_promised
             )
         account = options[0].account
-        message = messages.quota_wait(job, account, options[0].slice.idle)
+        message = self._quota_message(job, account, options[0].slice)
         start = self._estimate_without_gpus(job, options, floor)
         self._wait(job, reasons.WAITING_FOR_QUOTA, message, start)
         return reasons.WAITING_FOR_QUOTA, start
@@ -361,6 +363,8 @@ class Planner:
             gpu_ids.extend(slot.gpu_ids[pos] for pos in taken)
         option.account.start(job.gpus, end)
         self.running_gpus[job.tenant] += job.gpus
+        if job.tenant in self._shares:
+            self._shares[job.tenant] = self._share(job.tenant)
         self.result.placements.append(
             Placement(
                 job_id=job.id,
@@ -414,7 +418,8 @@ class Planner:
     ) -> tuple[str, float | None]:
         """Beyond its guarantee a job only borrows idle GPUs: it reserves none, except
         GPUs being freed for it by a preemption (or a lower, borrowed class it preempts)."""
-        slot = self._earliest(job, options, floor, with_positions=False)
+        found = self._earliest_start(job, options, floor)
+        slot = None if found is None else Slot(found[0], found[1], found[2], [], False)
         if slot is not None and self._uses_releasing(job, slot):
             reserved = self._reserve(job, slot, runtime)
             message = messages.releasing_wait(slot.start, self.now)
@@ -429,7 +434,7 @@ class Planner:
             message = self._reserved_message(job, options[0], quota_promised)
         else:
             code = reasons.WAITING_FOR_QUOTA
-            message = messages.quota_wait(job, options[0].account, options[0].slice.idle)
+            message = self._quota_message(job, options[0].account, options[0].slice)
         start = self._estimate_without_gpus(job, options, floor, slot)
         self._wait(job, code, message, start)
         return code, start
@@ -444,13 +449,30 @@ class Planner:
             return reasons.RESERVED_FOR_HIGHER_PRIORITY, message
         return reasons.WAITING_FOR_GPUS, self._gpus_message(job, slot.option)
 
+    # Messages are cached: thousands of waiting jobs share a few situations, and building
+    # each string again is a noticeable part of a cycle.
+
+    def _quota_message(self, job: PendingJob, account: Account, slice_: SliceIndex) -> str:
+        key = (id(account), account.used, account.jobs, slice_.idle, job.gpus, job.preemptible)
+        message = self._message_cache.get(key)
+        if message is None:
+            message = messages.quota_wait(job, account, slice_.idle)
+            self._message_cache[key] = message
+        return message
+
     def _reserved_message(self, job: PendingJob, option: Option, quota_promised: bool) -> str:
         blocker = self._pool_blocker.get(job.pool)
         if not self.snapshot.backfill and blocker is not None and blocker != job.id:
             return messages.pool_blocked(job, blocker)
         if quota_promised:
             return messages.reserved_quota(option.account)
-        return messages.reserved_gpus(job, option.slice.hole_owners, self.now)
+        owners = option.slice.hole_owners
+        key = (job.pool, owners[0] if owners else None)
+        message = self._message_cache.get(key)
+        if message is None:
+            message = messages.reserved_gpus(job, owners, self.now)
+            self._message_cache[key] = message
+        return message
 
     def _gpus_message(self, job: PendingJob, option: Option) -> str:
         slice_ = option.slice
@@ -462,6 +484,18 @@ class Planner:
         self, job: PendingJob, options: list[Option], floor: float | None, with_positions: bool
     ) -> Slot | None:
         """The earliest start over the job's options (GPUs and quota), or None if never."""
+        found = self._earliest_start(job, options, floor)
+        if found is None:
+            return None
+        slot = Slot(found[0], found[1], found[2], [], False)
+        if with_positions:
+            self._choose_positions(job, slot)
+        return slot
+
+    def _earliest_start(
+        self, job: PendingJob, options: list[Option], floor: float | None
+    ) -> tuple[float, Option, list[NodeSlot]] | None:
+        """(start, option, node slots) of the job's earliest start, or None if never."""
         best = None
         best_start = INF
         lowest = self.now if floor is None else floor
@@ -478,10 +512,7 @@ class Planner:
                 best = (option, found[1])
         if best is None:
             return None
-        slot = Slot(best_start, best[0], best[1], [], False)
-        if with_positions:
-            self._choose_positions(job, slot)
-        return slot
+        return best_start, best[0], best[1]
 
     def _choose_positions(self, job: PendingJob, slot: Slot) -> None:
         slice_ = slot.option.slice
@@ -492,7 +523,7 @@ class Planner:
 
     def _uses_releasing(self, job: PendingJob, slot: Slot) -> bool:
         """Whether the slot relies on GPUs of stopping jobs (positions chosen if so)."""
-        if not any(any(node.releasing) for node in slot.nodes):
+        if not any(True in node.releasing for node in slot.nodes):
             return False
         if not slot.positions:
             self._choose_positions(job, slot)
@@ -552,13 +583,16 @@ class Planner:
         """Estimate for a job that reserves nothing (it waits for quota, to borrow, or for
         its queue's head): later estimates of its tenant count its quota, but it stops
         nobody from starting now. ``slot``: its earliest slot if already computed."""
-        if slot is None:
-            slot = self._earliest(job, options, floor, with_positions=False)
-        if slot is None:
-            return None
+        if slot is not None:
+            start, option = slot.start, slot.option
+        else:
+            found = self._earliest_start(job, options, floor)
+            if found is None:
+                return None
+            start, option = found[0], found[1]
         runtime = job.max_runtime_seconds if job.max_runtime_seconds > 0 else INF
-        slot.option.account.reserve(job.gpus, slot.start, slot.start + runtime, hold_now=False)
-        return slot.start
+        option.account.reserve(job.gpus, start, start + runtime, hold_now=False)
+        return start
 
     def _release_claims(self, job_id: int) -> None:
         """GPUs kept for this job by an earlier preemption become usable when it is its

@@ -278,11 +278,8 @@ def _grant(extension: RuntimeExtension, job: Job, *, state: str, user, comment: 
     extension.decided_by = user if state == ExtensionState.APPROVED else None
     extension.save(update_fields=["state", "decided_at", "decided_by", "comment"])
     old, new = _apply(job, extension.seconds, now)
-    how = (
-        "granted (within the policy's cap)"
-        if state == ExtensionState.AUTO_GRANTED
-        else (f"approved by {user.get_username()}")
-    )
+    automatic = state == ExtensionState.AUTO_GRANTED
+    how = "granted within the policy's cap" if automatic else f"approved by {user.get_username()}"
     job_event(
         job,
         "runtime_extended",
@@ -293,9 +290,7 @@ def _grant(extension: RuntimeExtension, job: Job, *, state: str, user, comment: 
         now=now,
     )
     audit_record(
-        action="runtime_extension.auto_grant"
-        if state == ExtensionState.AUTO_GRANTED
-        else "runtime_extension.approve",
+        action="runtime_extension.auto_grant" if automatic else "runtime_extension.approve",
         target=extension,
         actor=user,
         tenant=extension.tenant,
