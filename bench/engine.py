@@ -115,7 +115,9 @@ def make_queues(rng: random.Random) -> list[QueueInfo]:
             queue_id = tenant_index * 10 + number
             strict = rng.random() < 0.1
             is_open = rng.random() > 0.03
-            queues.append(QueueInfo(queue_id, f"q{queue_id}", f"t{tenant_index:02d}", strict, is_open))
+            queues.append(
+                QueueInfo(queue_id, f"q{queue_id}", f"t{tenant_index:02d}", strict, is_open)
+            )
     return queues
 
 
@@ -284,10 +286,30 @@ def run_case(node_count: int, pending_count: int, repetitions: int, seed: int = 
     }
 
 
+def profile_main_case() -> None:
+    """Print the functions that cost most in the target case."""
+    import cProfile
+    import pstats
+
+    snapshot = make_snapshot(1000, 10_000, 5000, seed=7)
+    plan(snapshot)
+    profiler = cProfile.Profile()
+    profiler.runcall(plan, snapshot)
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer repetitions, skip the largest case")
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer repetitions, skip the largest case"
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="cProfile the 1,000 x 10,000 case and stop"
+    )
     args = parser.parse_args(argv)
+    if args.profile:
+        profile_main_case()
+        return
     repetitions = 3 if args.quick else 7
     medians = {}
     for node_count in (100, 1000, 2000):

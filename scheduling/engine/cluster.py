@@ -87,6 +87,7 @@ class SliceIndex:
         "victim_stats",
         "_no_fit",
         "active",
+        "epoch",
     )
 
     def __init__(self, pool: str, model: str, memory_mb: int, now: float) -> None:
@@ -107,6 +108,9 @@ class SliceIndex:
         # only ever shrink during a cycle, so a longer job cannot fit either.
         self._no_fit: dict[tuple[int, int], float] = {}
         self.active: list[int] = []  # job sizes whose heaps exist
+        # Bumped when GPUs become idle again (a held reservation given back): whatever
+        # was learnt from "only ever shrinks" before is void.
+        self.epoch = 0
 
     # -- building -------------------------------------------------------------------
 
@@ -354,6 +358,8 @@ class SliceIndex:
             slot.af[pos] = max(when, slot.lent[pos]) if slot.lent[pos] else when
             slot.hole[pos] = 0.0
             slot.reserved[pos] = False
+        self.epoch += 1
+        self._no_fit.clear()
         self.refresh(slot)
 
     def release_at(self, slot: NodeSlot, positions: list[int], when: float) -> None:

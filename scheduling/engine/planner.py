@@ -25,6 +25,7 @@ from __future__ import annotations
 import gc
 import math
 from collections import defaultdict
+from collections.abc import Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -81,8 +82,8 @@ class Planner:
         self._claims: dict[int, list[tuple[SliceIndex, NodeSlot, list[int], float]]] = {}
         self._class: int | None = None  # priority class being considered
         self._shares: dict[str, float] = {}  # fair share per tenant, kept current
-        self._queue_positions: dict[int, int] = {}
-        self._pool_positions: dict[str, int] = {}
+        self._queue_positions: dict[int, int] = defaultdict(int)
+        self._pool_positions: dict[str, int] = defaultdict(int)
         self._shape_cache: dict[tuple, list[SliceIndex]] = {}
         self._option_cache: dict[tuple, tuple[list[SliceIndex], list[Option]]] = {}
         self._message_cache: dict[tuple, str] = {}
@@ -95,10 +96,17 @@ class Planner:
         self._pool_blocker: dict[str, int] = {}
         self._build_cluster()
         self._build_running()
+        for slice_ in self.slices.values():
+            slice_.build()
+        self._previous = PreviousReservations(snapshot.pending, self._gpu_location.get, self.now)
+        self._has_previous = bool(self._previous)
+        if snapshot.global_fifo:
+            self._previous.hold_class(None)  # one queue: no class may ignore a hold
 
     # -- building the cycle's state ---------------------------------------------------------
 
     def _build_cluster(self) -> None:
+        """Group every node's GPUs into slices (pool, model, memory)."""
         now = self.now
         for node in self.snapshot.nodes:
             by_kind: dict[tuple[str, int], list] = defaultdict(list)
@@ -126,6 +134,8 @@ class Planner:
         return end if end > self.now else self.now + grace
 
     def _build_running(self) -> None:
+        """Mark the GPUs of running jobs busy until their end, count them against their
+        tenant's quota, and keep the GPUs of jobs stopped for a pending job for it."""
         pending_ids = {job.id for job in self.snapshot.pending}
         for job in self.snapshot.running:
             end = self._end_of(job)
@@ -151,13 +161,6 @@ class Planner:
                     self._claims.setdefault(job.preempted_by, []).append(
                         (slice_, slot, positions, end)
                     )
-        for slice_ in self.slices.values():
-            slice_.build()
-        self._previous = PreviousReservations(
-            self.snapshot.pending, self._gpu_location.get, self.now
-        )
-        if self.snapshot.global_fifo:
-            self._previous.hold_class(None)
 
     # -- the cycle ---------------------------------------------------------------------------
 
@@ -165,9 +168,18 @@ class Planner:
         """Consider every pending job once, in order, and return the plan."""
         for job in self._order():
             self._consider(job)
+        self._break_cycles()
         return self.result
 
-    def _order(self):
+    def _break_cycles(self) -> None:
+        """Node slots and running-job records point at each other; unlinking them lets
+        the cycle's state be freed at once rather than by a later garbage collection."""
+        for slice_ in self.slices.values():
+            for slot in slice_.slots:
+                slot.running = []
+                slot.victim_view = None
+
+    def _order(self) -> Iterable[PendingJob]:
         snapshot = self.snapshot
         if snapshot.global_fifo:
             return fifo_order(snapshot.pending)
@@ -185,7 +197,7 @@ class Planner:
     def _consider(self, job: PendingJob) -> None:
         if self._claims:
             self._release_claims(job.id)
-        if self._previous:
+        if self._has_previous:
             if job.priority != self._class and not self.snapshot.global_fifo:
                 self._class = job.priority
                 self._previous.hold_class(job.priority)
@@ -228,12 +240,16 @@ class Planner:
         positions are counted among the jobs that stay pending as they come."""
         if start == INF:
             start = None
-        queue_position = self._queue_positions[job.queue_id] = (
-            self._queue_positions.get(job.queue_id, 0) + 1
-        )
-        pool_position = self._pool_positions[job.pool] = self._pool_positions.get(job.pool, 0) + 1
+        self._queue_positions[job.queue_id] += 1
+        self._pool_positions[job.pool] += 1
         self.result.pending[job.id] = new_pending_info(
-            job.id, code, message, queue_position, pool_position, start, reserved
+            job.id,
+            code,
+            message,
+            self._queue_positions[job.queue_id],
+            self._pool_positions[job.pool],
+            start,
+            reserved,
         )
 
     # -- what could ever run the job ----------------------------------------------------------
@@ -307,7 +323,7 @@ class Planner:
         gpus, nodes, total = job.gpus_per_node, job.nodes, job.gpus
         runtime = job.max_runtime_seconds if job.max_runtime_seconds > 0 else INF
         end = self.now + runtime
-        floor = self._pool_floor.get(job.pool)
+        floor = self._pool_floor.get(job.pool) if self._pool_floor else None
         admitted: list[tuple[Option, str]] = []
         for option in options:
             mode = option.account.mode(total, job.preemptible)
@@ -321,7 +337,7 @@ class Planner:
                 if not option.account.fits_now(total, mode, end):
                     quota_promised = True
                     continue
-                if self._previous:
+                if self._has_previous:
                     previous = self._previous.usable_now(job, option.slice, end)
                     if previous is not None:
                         self._place(job, option, previous[0], mode, end, previous[1])
@@ -534,7 +550,7 @@ class Planner:
     ) -> Slot | None:
         """The previous reservation, kept if its GPUs and the quota are still free by
         the previous estimate (whatever the greedy choice would be now)."""
-        if not self._previous:
+        if not self._has_previous:
             return None
         for option in options:
             found = self._previous.slot_for(job, option.slice)
@@ -618,7 +634,13 @@ class Planner:
         best: tuple[VictimChoice, Option] | None = None
         for option in options:
             # Searches only get harder during a cycle: a failed one stays failed.
-            key = (option.slice.key, job.gpus_per_node, job.nodes, preemptor.rule(option.slice))
+            key = (
+                option.slice.key,
+                option.slice.epoch,
+                job.gpus_per_node,
+                job.nodes,
+                preemptor.rule(option.slice),
+            )
             if key in self._hopeless:
                 continue
             choice = None

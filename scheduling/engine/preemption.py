@@ -227,11 +227,11 @@ class VictimFinder:
 
     def __init__(self, now: float) -> None:
         self.now = now
-        # (slice, gpus, tenant-blind rule) -> ([(cost, slot idx, version)], {idx: version})
+        # (slice, epoch, gpus, tenant-blind rule) -> ([(cost, slot idx, version)], {idx: version})
         self._heaps: dict[tuple, tuple[list, dict[int, int]]] = {}
 
     def _heap(self, slice_: SliceIndex, gpus: int, rule: Rule) -> tuple[list, dict[int, int]]:
-        key = (slice_.key, gpus, rule)
+        key = (slice_.key, slice_.epoch, gpus, rule)
         found = self._heaps.get(key)
         if found is None:
             heap = []

@@ -17,7 +17,10 @@ class IdleExemptForm(forms.Form):
     """Exempt a job from idle reclaim for some hours (0 ends an exemption now)."""
 
     hours = forms.FloatField(
-        min_value=0, max_value=MAX_IDLE_EXEMPTION.total_seconds() / 3600, initial=4
+        label="Hours (0 ends an exemption)",
+        min_value=0,
+        max_value=MAX_IDLE_EXEMPTION.total_seconds() / 3600,
+        initial=4,
     )
     reason = forms.CharField(max_length=2000, widget=forms.TextInput())
 

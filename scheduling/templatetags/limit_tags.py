@@ -42,6 +42,9 @@ def job_limits(context, job) -> dict:
         and has_role(user, job.tenant_id, Role.ADMIN)
     )
     info["may_decide"] = pending is not None and selectors.extension_refusal(user, pending) is None
-    info["extension_form"] = ExtensionRequestForm() if info["may_extend"] else None
-    info["exempt_form"] = IdleExemptForm() if info["may_exempt"] else None
+    # Distinct element ids: both forms have a "reason" field on the same page.
+    info["extension_form"] = (
+        ExtensionRequestForm(auto_id="extend_%s") if info["may_extend"] else None
+    )
+    info["exempt_form"] = IdleExemptForm(auto_id="exempt_%s") if info["may_exempt"] else None
     return info

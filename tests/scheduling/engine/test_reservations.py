@@ -134,6 +134,12 @@ def test_quota_message_carries_the_numbers():
     info = result.pending[1]
     assert info.code == reasons.WAITING_FOR_QUOTA
     assert info.message == (
-        "nlp uses 6/4 guaranteed H100 in pool training; borrowing allowed 2, idle 2; "
-        "job needs 2"
+        "nlp uses 6/4 guaranteed H100 in pool training; borrowing allowed 2, idle 2; job needs 2"
     )
+
+
+def test_the_fast_pending_info_constructor_builds_the_same_object():
+    from scheduling.engine.results import PendingInfo, new_pending_info
+
+    values = (7, reasons.HELD, "held", 2, 3, None, (1, 2))
+    assert new_pending_info(*values) == PendingInfo(*values)
