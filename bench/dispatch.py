@@ -37,8 +37,14 @@ def _setup(database_url: str, broker: str | None) -> None:
     with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
         conn.execute(f'CREATE DATABASE "{name}"')
-    os.environ.update({"DEBUG": "1", "DATABASE_URL": database_url, "CELERY_TASK_ALWAYS_EAGER": "0",
-                       "ALLOWED_HOSTS": "testserver,127.0.0.1,localhost"})
+    os.environ.update(
+        {
+            "DEBUG": "1",
+            "DATABASE_URL": database_url,
+            "CELERY_TASK_ALWAYS_EAGER": "0",
+            "ALLOWED_HOSTS": "testserver,127.0.0.1,localhost",
+        }
+    )
     os.environ["SLUICE_NODE_TRANSPORT"] = "broker" if broker else "memory"
     if broker:
         os.environ["CELERY_BROKER_URL"] = broker
@@ -65,7 +71,15 @@ def _world(nodes: int = 125, gpus_per_node: int = 8):
     from django.contrib.auth import get_user_model
     from django.utils import timezone
 
-    from scheduling.models import Gpu, Node, PriorityClass, Quota, Queue, ResourcePool, WorkloadPolicy
+    from scheduling.models import (
+        Gpu,
+        Node,
+        PriorityClass,
+        Queue,
+        Quota,
+        ResourcePool,
+        WorkloadPolicy,
+    )
     from tenants.models import Membership, Project, Tenant
 
     user = get_user_model().objects.create_user("bench", password="bench-password-123")
@@ -75,17 +89,27 @@ def _world(nodes: int = 125, gpus_per_node: int = 8):
     pool = ResourcePool.objects.create(name="training")
     normal = PriorityClass.objects.create(name="normal", value=400)
     WorkloadPolicy.objects.create(workload_type="training", max_runtime_seconds=86400)
-    Quota.objects.create(tenant=tenant, pool=pool, guaranteed_gpus=nodes * gpus_per_node, borrow_limit_gpus=0)
-    queue = Queue.objects.create(tenant=tenant, name="q", pool=pool, default_priority_class=normal,
-                                 max_self_service_class=normal)
+    Quota.objects.create(
+        tenant=tenant, pool=pool, guaranteed_gpus=nodes * gpus_per_node, borrow_limit_gpus=0
+    )
+    queue = Queue.objects.create(
+        tenant=tenant,
+        name="q",
+        pool=pool,
+        default_priority_class=normal,
+        max_self_service_class=normal,
+    )
     now = timezone.now()
     node_rows = Node.objects.bulk_create(
         [Node(name=f"bench-{i:04d}", pool=pool, last_heartbeat=now) for i in range(nodes)]
     )
-    Gpu.objects.bulk_create([
-        Gpu(node=node, index=i, uuid=f"GPU-{node.name}-{i}", model="H100-80GB", memory_mb=81559)
-        for node in node_rows for i in range(gpus_per_node)
-    ])
+    Gpu.objects.bulk_create(
+        [
+            Gpu(node=node, index=i, uuid=f"GPU-{node.name}-{i}", model="H100-80GB", memory_mb=81559)
+            for node in node_rows
+            for i in range(gpus_per_node)
+        ]
+    )
     return user, project, queue
 
 
@@ -95,13 +119,26 @@ def _pending_jobs(user, project, queue, count: int) -> None:
     from scheduling.models import Job
 
     now = timezone.now()
-    Job.objects.bulk_create([
-        Job(tenant_id=project.tenant_id, project=project, queue=queue, submitted_by=user, name=f"j{i}",
-            workload_type="training", base_priority_class=queue.default_priority_class,
-            priority_class=queue.default_priority_class, command=["true"], max_runtime_seconds=3600,
-            submitted_at=now, gpus_per_node=1)
-        for i in range(count)
-    ], batch_size=1000)
+    Job.objects.bulk_create(
+        [
+            Job(
+                tenant_id=project.tenant_id,
+                project=project,
+                queue=queue,
+                submitted_by=user,
+                name=f"j{i}",
+                workload_type="training",
+                base_priority_class=queue.default_priority_class,
+                priority_class=queue.default_priority_class,
+                command=["true"],
+                max_runtime_seconds=3600,
+                submitted_at=now,
+                gpus_per_node=1,
+            )
+            for i in range(count)
+        ],
+        batch_size=1000,
+    )
 
 
 def bench_dispatch(user, project, queue, jobs: int) -> dict:
@@ -114,17 +151,28 @@ def bench_dispatch(user, project, queue, jobs: int) -> dict:
     elapsed = time.perf_counter() - started
     placed = stats["placed"]
     assert Allocation.objects.filter(released_at__isnull=True).count() == placed
-    result = {"bench": "dispatch", "jobs": jobs, "placed": placed, "seconds": round(elapsed, 3),
-              "placements_per_s": round(placed / elapsed, 1), "target_per_s": 1000,
-              **{k: stats[k] for k in ("load_ms", "plan_ms", "apply_ms")}}
+    result = {
+        "bench": "dispatch",
+        "jobs": jobs,
+        "placed": placed,
+        "seconds": round(elapsed, 3),
+        "placements_per_s": round(placed / elapsed, 1),
+        "target_per_s": 1000,
+        **{k: stats[k] for k in ("load_ms", "plan_ms", "apply_ms")},
+    }
     Allocation.objects.all().delete()
     Job.objects.all().delete()
     return result
 
 
 def _spec(project, queue) -> dict:
-    return {"project": project.pk, "queue": queue.pk, "workload_type": "training", "command": ["true"],
-            "gpus_per_node": 1}
+    return {
+        "project": project.pk,
+        "queue": queue.pk,
+        "workload_type": "training",
+        "command": ["true"],
+        "gpus_per_node": 1,
+    }
 
 
 def bench_submit(user, project, queue, jobs: int) -> list[dict]:
@@ -138,25 +186,43 @@ def bench_submit(user, project, queue, jobs: int) -> list[dict]:
     batch = 500
     started = time.perf_counter()
     for _ in range(max(jobs // batch, 1)):
-        response = client.post("/api/v1/jobs/bulk", {"jobs": [_spec(project, queue)] * batch}, format="json")
+        response = client.post(
+            "/api/v1/jobs/bulk", {"jobs": [_spec(project, queue)] * batch}, format="json"
+        )
         assert response.status_code == 201, response.content[:500]
     elapsed = time.perf_counter() - started
     count = Job.objects.count()
-    results.append({"bench": "submit_bulk", "jobs": count, "batch": batch, "seconds": round(elapsed, 3),
-                    "jobs_per_s": round(count / elapsed, 1), "target_per_s": 500})
+    results.append(
+        {
+            "bench": "submit_bulk",
+            "jobs": count,
+            "batch": batch,
+            "seconds": round(elapsed, 3),
+            "jobs_per_s": round(count / elapsed, 1),
+            "target_per_s": 500,
+        }
+    )
     singles = 200
     started = time.perf_counter()
     for _ in range(singles):
         response = client.post("/api/v1/jobs", _spec(project, queue), format="json")
         assert response.status_code == 201, response.content[:500]
     elapsed = time.perf_counter() - started
-    results.append({"bench": "submit_single", "jobs": singles, "seconds": round(elapsed, 3),
-                    "jobs_per_s": round(singles / elapsed, 1)})
+    results.append(
+        {
+            "bench": "submit_single",
+            "jobs": singles,
+            "seconds": round(elapsed, 3),
+            "jobs_per_s": round(singles / elapsed, 1),
+        }
+    )
     return results
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/sluice_bench")
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--broker", default=None, help="send launch messages to this Redis broker")

@@ -60,7 +60,7 @@ class NodeSlot:
         self.version = 0
         self.free_total = 0  # GPUs idle now, reserved or not
         self.running: list = []  # running-job records holding GPUs here (victim search)
-        self.victim_view = None  # cached by the victim search, valid for one version
+        self.victim_view = None  # possible victims here, cached by the victim search
         self.lent = [0.0] * count  # end of a job started in a hole (GPU busy until then)
 
     def idle_unreserved(self, now: float) -> int:

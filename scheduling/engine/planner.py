@@ -61,10 +61,6 @@ class Slot:
     preheld: bool = False  # partly promised in the timeline already (a kept reservation)
 
 
-def _borrowed_last(item: tuple[Option, str]) -> bool:
-    return item[1] != GUARANTEED
-
-
 class Planner:
     """Plans one cycle for a snapshot; use :func:`scheduling.engine.plan`."""
 
@@ -220,8 +216,14 @@ class Planner:
             message = messages.exceeds_quota(job, account)
             self._wait(job, reasons.EXCEEDS_QUOTA_LIMIT, message, None)
             return
-        if self._heads_known and self._blocked_by_head(job, queue, options):
-            return  # (cheap test first: most cycles have no strict-FIFO head waiting)
+        if (
+            self._heads_known
+            and (
+                self._fifo_head is not None or (queue is not None and queue.id in self._queue_heads)
+            )
+            and self._blocked_by_head(job, queue, options)
+        ):
+            return
         outcome = self._schedule(job, options)
         if outcome is not None and (
             self.snapshot.global_fifo or (queue is not None and queue.strict_fifo)
@@ -324,16 +326,19 @@ class Planner:
         runtime = job.max_runtime_seconds if job.max_runtime_seconds > 0 else INF
         end = self.now + runtime
         floor = self._pool_floor.get(job.pool) if self._pool_floor else None
-        admitted: list[tuple[Option, str]] = []
+        preemptible = job.preemptible
+        guaranteed: list[Option] = []
+        borrowing: list[Option] = []
         for option in options:
-            mode = option.account.mode(total, job.preemptible)
-            if mode is not None:
-                admitted.append((option, mode))
-        if len(admitted) > 1:
-            admitted.sort(key=_borrowed_last)
+            mode = option.account.mode(total, preemptible)
+            if mode == GUARANTEED:
+                guaranteed.append(option)
+            elif mode is not None:
+                borrowing.append(option)
         quota_promised = gpus_promised = False
-        for option, mode in admitted:
+        for option in guaranteed + borrowing if borrowing else guaranteed:
             if floor is None:
+                mode = GUARANTEED if option in guaranteed else BORROWED
                 if not option.account.fits_now(total, mode, end):
                     quota_promised = True
                     continue
@@ -347,13 +352,11 @@ class Planner:
                     self._place(job, option, chosen, mode, end)
                     return None
             gpus_promised |= option.slice.fits_ignoring_reservations(gpus, nodes)
-        guaranteed = [option for option, mode in admitted if mode == GUARANTEED]
         if guaranteed:
             return self._wait_for_gpus(
                 job, guaranteed, runtime, floor, quota_promised, gpus_promised
             )
-        if admitted:
-            borrowing = [option for option, _ in admitted]
+        if borrowing:
             return self._wait_to_borrow(
                 job, borrowing, runtime, floor, quota_promised, gpus_promised
             )

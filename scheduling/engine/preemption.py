@@ -159,49 +159,37 @@ class VictimChoice:
     victims: list[RunningRecord]
 
 
-class _SlotView:
-    """What the search needs of a slot, valid while the slot's version is unchanged."""
-
-    __slots__ = ("version", "idle", "candidates")
-
-    def __init__(self, slot: NodeSlot, now: float) -> None:
-        self.version = slot.version
-        self.idle = slot.idle_unreserved(now)
-        reserved = slot.reserved
-        candidates = []
-        for record in slot.running:
-            if record.stopping or not record.seasoned:
-                continue
-            held = record.positions_on(slot)
-            if any(reserved[pos] for pos in held):
-                continue  # promised to an earlier waiting job: stopping it would delay that job
-            candidates.append((record.order_key, record, len(held)))
-        candidates.sort(key=lambda item: item[0])
-        self.candidates = [(record, held) for _, record, held in candidates]
-
-
-def _view(slot: NodeSlot, now: float) -> _SlotView:
-    view = slot.victim_view
-    if view is None or view.version != slot.version:
-        view = slot.victim_view = _SlotView(slot, now)
-    return view
+def _candidates(slot: NodeSlot) -> list[tuple[RunningRecord, list[int]]]:
+    """The jobs on ``slot`` that may ever be victims this cycle, in victim order, with
+    their GPUs on the slot (computed once per slot; what changes is checked per use)."""
+    if slot.victim_view is None:
+        found = [
+            (record.order_key, record, record.positions_on(slot))
+            for record in slot.running
+            if record.seasoned and not record.stopping
+        ]
+        found.sort(key=lambda item: item[0])
+        slot.victim_view = [(record, held) for _, record, held in found]
+    return slot.victim_view
 
 
 def evaluate_slot(
     slot: NodeSlot, gpus: int, rule: Rule, now: float
 ) -> tuple[tuple, list[RunningRecord]] | None:
     """The cheapest victim set on ``slot`` that frees ``gpus`` GPUs, with its cost."""
-    view = _view(slot, now)
-    need = gpus - view.idle
+    need = gpus - slot.idle_unreserved(now)
     if need <= 0:
         return (0, float("-inf"), 0, -need, slot.idx), []
     chosen: list[tuple[RunningRecord, int]] = []
     freed = 0
-    for record, held in view.candidates:
-        if not rule.allows(record):
+    reserved = slot.reserved
+    for record, positions in _candidates(slot):
+        if record.stopping or not rule.allows(record):
             continue
-        chosen.append((record, held))
-        freed += held
+        if True in [reserved[pos] for pos in positions]:
+            continue  # promised to an earlier waiting job: stopping it would delay that job
+        chosen.append((record, len(positions)))
+        freed += len(positions)
         if freed >= need:
             break
     if freed < need:

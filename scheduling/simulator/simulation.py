@@ -26,7 +26,7 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from heapq import heappop, heappush
 from itertools import count, islice
 
@@ -168,7 +168,15 @@ class Replay:
         self.by_id = {run.job.id: run for run in self.runs}
         self.pools = sorted(self.builder.nodes_by_pool)
         self.free = {pool: self.builder.pool_gpus(pool) for pool in self.pools}
+        # Idle GPUs per node (by the builder's node id), for the cheap "worth a cycle?" test.
+        self.node_free: dict[int, int] = {}
+        self.pool_nodes: dict[str, list[int]] = {}
+        for pool, nodes in self.builder.nodes_by_pool.items():
+            self.pool_nodes[pool] = [node.id for node in nodes]
+            for node in nodes:
+                self.node_free[node.id] = len(node.gpus)
         self.pending: dict[str, dict[int, JobRun]] = defaultdict(dict)
+        self.pending_sizes: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
         self.running: dict[str, dict[int, JobRun]] = defaultdict(dict)
         self.in_use: dict[str, int] = defaultdict(int)
         self.in_use_pool: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
@@ -193,7 +201,11 @@ class Replay:
     def run(self) -> ReplayResult:
         """Replay every event; returns the jobs' runs and the series."""
         started = time.perf_counter()
-        order = sorted(self.runs, key=lambda run: (run.job.submit, run.job.id))
+        self._screen()
+        order = sorted(
+            (run for run in self.runs if not run.outcome),
+            key=lambda run: (run.job.submit, run.job.id),
+        )
         if order:
             self.usage_time = order[0].job.submit
         for run in order:
@@ -224,7 +236,8 @@ class Replay:
             self._record(when)
         for pool in self.pools:
             for run in list(self.pending[pool].values()):
-                self._drop(run, NEVER_STARTED, "")
+                self._dequeue(run)
+                run.outcome = NEVER_STARTED
         return ReplayResult(
             policy=self.policy.name,
             scenario=self.scenario.name,
@@ -236,6 +249,34 @@ class Replay:
             plan_seconds=self.plan_seconds,
             wall_seconds=time.perf_counter() - started,
         )
+
+    def _screen(self) -> None:
+        """Set aside the jobs the engine says can never start (no node can hold them, or
+        bigger than their quota allows): asked once per kind of job, on the empty pool.
+        Those reasons do not depend on what runs, so no later cycle would start them."""
+        verdicts: dict[tuple, str] = {}
+        for run in self.runs:
+            job = run.job
+            key = (
+                job.pool,
+                job.tenant,
+                job.priority_class,
+                job.workload_type,
+                job.gpus_per_node,
+                job.nodes,
+                job.gpu_models,
+                job.min_gpu_memory_mb,
+            )
+            code = verdicts.get(key)
+            if code is None:
+                snapshot = self.builder.snapshot(
+                    job.submit, [job.pool], [], [run.pending_record], {}, self.policy
+                )
+                info = plan(snapshot).pending.get(job.id)
+                code = info.code if info is not None and info.code in reasons.NEVER_STARTS else ""
+                verdicts[key] = code
+            if code:
+                run.outcome, run.code = UNSCHEDULABLE, code
 
     def _push(self, when: float, kind: int, subject, epoch: int) -> None:
         heappush(self.events, (when, next(self._seq), kind, subject, epoch))
@@ -264,12 +305,29 @@ class Replay:
             )
             self.usage_time = when
 
+    # -- the waiting jobs ---------------------------------------------------------------------
+
+    def _enqueue(self, run: JobRun, when: float) -> None:
+        job = run.job
+        run.pending_since = when
+        self.pending[job.pool][job.id] = run
+        self.pending_sizes[job.pool][job.gpus_per_node] += 1
+        self.waiting += 1
+        self._touch(job.pool, when)
+
+    def _dequeue(self, run: JobRun) -> None:
+        job = run.job
+        del self.pending[job.pool][job.id]
+        sizes = self.pending_sizes[job.pool]
+        sizes[job.gpus_per_node] -= 1
+        if not sizes[job.gpus_per_node]:
+            del sizes[job.gpus_per_node]
+        self.waiting -= 1
+
     # -- events ---------------------------------------------------------------------------
 
     def _arrive(self, run: JobRun, when: float) -> None:
-        self.pending[run.job.pool][run.job.id] = run
-        self.waiting += 1
-        self._touch(run.job.pool, when)
+        self._enqueue(run, when)
 
     def _end(self, run: JobRun, when: float, epoch: int) -> None:
         if epoch != run.epoch or run.running_record is None:
@@ -294,10 +352,7 @@ class Replay:
         run.preemptions += 1
         self._release(run, when)
         run.epoch += 1
-        run.pending_since = when
-        self.pending[run.job.pool][run.job.id] = run
-        self.waiting += 1
-        self._touch(run.job.pool, when)
+        self._enqueue(run, when)
 
     def _wake(self, pool: str, when: float) -> None:
         if self.wake_at.get(pool) == when:
@@ -308,8 +363,9 @@ class Replay:
 
     def _start(self, run: JobRun, placement: Placement, now: float) -> None:
         job = run.job
-        del self.pending[job.pool][job.id]
-        self.waiting -= 1
+        self._dequeue(run)
+        record = run.pending_record
+        record.reserved_gpu_ids, record.reserved_start = (), None
         gpus = len(placement.gpu_ids)
         run.gpu_ids = placement.gpu_ids
         run.borrowed = placement.borrowed
@@ -321,13 +377,21 @@ class Replay:
         run.stopping = False
         run.running_record = self.builder.running_job(job, placement.gpu_ids, run.borrowed, now)
         self.running[job.pool][job.id] = run
-        self.free[job.pool] -= gpus
-        self.in_use[job.tenant] += gpus
-        self.in_use_pool[job.pool][job.tenant] += gpus
-        self.busy += gpus
+        self._hold(job, placement.gpu_ids, -1)
         limit = job.limit if job.limit > 0 else INF
         run.completes = run.remaining <= limit
         self._push(now + min(run.remaining, limit), END, run, run.epoch)
+
+    def _hold(self, job: SimJob, gpu_ids: tuple[int, ...], sign: int) -> None:
+        """Count GPUs taken (``sign`` -1) or given back (+1) by ``job``."""
+        gpus = len(gpu_ids)
+        node_of = self.builder.gpu_node
+        for gpu_id in gpu_ids:
+            self.node_free[node_of(gpu_id)] += sign
+        self.free[job.pool] += sign * gpus
+        self.in_use[job.tenant] -= sign * gpus
+        self.in_use_pool[job.pool][job.tenant] -= sign * gpus
+        self.busy -= sign * gpus
 
     def _preempt(self, run: JobRun, now: float) -> None:
         """The engine chose ``run`` as a victim: it stops after its grace period."""
@@ -344,23 +408,13 @@ class Replay:
 
     def _release(self, run: JobRun, when: float) -> None:
         job = run.job
-        gpus = len(run.gpu_ids)
-        run.gpu_seconds += gpus * (when - run.attempt_start)
-        run.attempts.append((run.attempt_start, when, gpus))
+        run.gpu_seconds += len(run.gpu_ids) * (when - run.attempt_start)
+        run.attempts.append((run.attempt_start, when, len(run.gpu_ids)))
         del self.running[job.pool][job.id]
-        self.free[job.pool] += gpus
-        self.in_use[job.tenant] -= gpus
-        self.in_use_pool[job.pool][job.tenant] -= gpus
-        self.busy -= gpus
+        self._hold(job, run.gpu_ids, +1)
         run.running_record = None
         run.gpu_ids = ()
         run.stopping = False
-
-    def _drop(self, run: JobRun, outcome: str, code: str) -> None:
-        del self.pending[run.job.pool][run.job.id]
-        self.waiting -= 1
-        run.outcome = outcome
-        run.code = code
 
     # -- planning -------------------------------------------------------------------------
 
@@ -375,13 +429,11 @@ class Replay:
 
     def _plan_pool(self, pool: str, now: float) -> None:
         """One dispatch cycle of ``pool``: the engine decides, the replay applies."""
+        if not self.pending[pool] or not self._worth_a_cycle(pool):
+            return
         policy = self.policy
         while True:
             pending = self.pending[pool]
-            if not pending:
-                return
-            if not policy.preemption and self.free[pool] == 0:
-                return  # nothing can start without idle GPUs: the cycle would change nothing
             truncated = policy.global_fifo and len(pending) > self.free[pool] + 1
             if truncated:
                 # Strict FIFO starts a prefix of the submit order, one GPU or more per job:
@@ -405,31 +457,48 @@ class Replay:
                 self._start(self.by_id[placement.job_id], placement, now)
             for preemption in result.preemptions:
                 self._preempt(self.by_id[preemption.victim_id], now)
+            # Screened out before the replay; kept as a safety net (an engine that finds
+            # a new reason why a job can never start must not stall the replay).
             hopeless = [
                 (job_id, info.code)
                 for job_id, info in result.pending.items()
                 if info.code in reasons.NEVER_STARTS
             ]
             for job_id, code in hopeless:
-                self._drop(self.by_id[job_id], UNSCHEDULABLE, code)
+                run = self.by_id[job_id]
+                self._dequeue(run)
+                run.outcome, run.code = UNSCHEDULABLE, code
             if self.config.keep_reservations:
                 self._keep_reservations(result.pending)
-            if not (hopeless and truncated):
-                break  # a truncated FIFO cycle that dropped jobs looks further
+            if not (hopeless and truncated and self.pending[pool]):
+                break  # a truncated FIFO cycle that set jobs aside looks further
         if policy.preemption and self.pending[pool]:
             self._schedule_wake(pool, now)
 
+    def _worth_a_cycle(self, pool: str) -> bool:
+        """A cheap necessary condition for a cycle to start or stop anything; a cycle
+        that would do neither is skipped (it would only refresh estimates).
+
+        Something can start only if a waiting job's per-node GPUs are idle on some node
+        (under strict FIFO: the first job's, and all its GPUs idle in the pool)."""
+        largest_idle = max(self.node_free[node] for node in self.pool_nodes[pool])
+        if self.policy.global_fifo:
+            head = next(iter(self.pending[pool].values())).job
+            return head.gpus_per_node <= largest_idle and head.gpus <= self.free[pool]
+        if min(self.pending_sizes[pool]) <= largest_idle:
+            return True
+        return self.policy.preemption and self._might_preempt(pool)
+
     def _keep_reservations(self, infos: dict[int, PendingInfo]) -> None:
-        """Carry each waiting job's reservation into its record for the next cycle."""
+        """Carry each waiting job's reservation into its record for the next cycle (the
+        engine keeps no reference to the records between cycles)."""
         by_id = self.by_id
         for job_id, info in infos.items():
-            run = by_id[job_id]
-            record = run.pending_record
-            start = info.estimated_start if info.reserved_gpu_ids else None
-            if record.reserved_gpu_ids != info.reserved_gpu_ids or record.reserved_start != start:
-                run.pending_record = replace(
-                    record, reserved_gpu_ids=info.reserved_gpu_ids, reserved_start=start
-                )
+            record = by_id[job_id].pending_record
+            reserved = info.reserved_gpu_ids
+            if reserved or record.reserved_gpu_ids:
+                record.reserved_gpu_ids = reserved
+                record.reserved_start = info.estimated_start if reserved else None
 
     def _usage_for(self, pool: str) -> dict[str, float]:
         """Usage as the engine should see it when given ``pool`` only (see module doc)."""

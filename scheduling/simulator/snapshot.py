@@ -39,6 +39,7 @@ class SnapshotBuilder:
         self.nodes_by_pool: dict[str, list[NodeInfo]] = defaultdict(list)
         self._labels: dict[int, tuple[str, int]] = {}
         self._models: dict[int, str] = {}
+        self._nodes: dict[int, int] = {}
         gpu_id = 0
         for node_id, spec in enumerate(scenario.nodes, 1):
             gpus = []
@@ -47,6 +48,7 @@ class SnapshotBuilder:
                 gpus.append(GpuInfo(gpu_id, node_id, index, spec.model, spec.memory_mb))
                 self._labels[gpu_id] = (spec.name, index)
                 self._models[gpu_id] = spec.model
+                self._nodes[gpu_id] = node_id
             self.nodes_by_pool[spec.pool].append(NodeInfo(node_id, spec.name, spec.pool, gpus))
         tenants = sorted({job.tenant for job in scenario.jobs} | {q.tenant for q in scenario.quotas})
         # One queue per tenant: the queue a job was submitted to changes nothing for
@@ -58,6 +60,10 @@ class SnapshotBuilder:
     def gpu_label(self, gpu_id: int) -> tuple[str, int]:
         """(node name, GPU index) of a GPU id of this builder."""
         return self._labels[gpu_id]
+
+    def gpu_node(self, gpu_id: int) -> int:
+        """The node id (in this builder's numbering) of a GPU id."""
+        return self._nodes[gpu_id]
 
     def gpu_model(self, gpu_id: int) -> str:
         """The GPU model of a GPU id."""

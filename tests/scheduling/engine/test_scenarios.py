@@ -309,6 +309,18 @@ SCENARIOS = [
         nodes_of={2: (2,)},
     ),
     Scenario(
+        "backfill respects quota promised to a tenant's blocked job",
+        [node(1), node(2)],
+        [quota("a", 8), quota("b", 8)],
+        [job(1, "a", gpus=8), job(2, "a", gpus=2, runtime=7200), job(3, "a", gpus=2, runtime=60)],
+        run=[
+            running(10, "b", gpu_ids(1, 0), age=0, runtime=600),
+            running(11, "b", gpu_ids(2, 0), age=0, runtime=7200),
+        ],
+        placed={3: False},
+        codes={1: reasons.WAITING_FOR_GPUS, 2: reasons.RESERVED_FOR_HIGHER_PRIORITY},
+    ),
+    Scenario(
         "without backfill nothing passes a blocked job of the pool",
         [node(1)],
         [quota("a", 8), quota("b", 8)],
