@@ -24,7 +24,7 @@ from scheduling.agent.protocol import launch_message
 
 from .. import engine
 from ..choices import ACTIVE_STATES, GpuHealth, JobState, NodeState, QueueState, StopReason
-from ..models import Allocation, Gpu, Job, Node, Queue, Quota, TenantUsage, WorkloadPolicy
+from ..models import Allocation, Gpu, Job, JobEvent, Node, Queue, Quota, TenantUsage, WorkloadPolicy
 from .lifecycle import jobs_transition_bulk
 from .messaging import send_node_messages
 from .stopping import job_stop
@@ -32,6 +32,10 @@ from .stopping import job_stop
 log = logging.getLogger(__name__)
 
 DISPATCH_REQUESTED_KEY = "sluice:dispatch:requested"
+# The engine's reservations of the last cycle, handed back to the next one so that estimates
+# stay upper bounds. Derived scheduler state, not business data: losing it (cache flush,
+# restart) only makes the next cycle compute reservations afresh.
+RESERVATIONS_KEY = "sluice:dispatch:reservations"
 _LEADER_LOCK_KEY = 0x51_1CE_D15
 PENDING_FIELDS = [
     "pending_reason_code",
@@ -122,6 +126,31 @@ def _update_usage(now: datetime, in_use: dict[str, int]) -> dict[str, float]:
     return usage
 
 
+def _preemptors_of_stopping(jobs) -> dict[int, int]:
+    """For jobs stopping because of a preemption: the job each one makes room for."""
+    ids = [
+        j.id for j in jobs if j.state == JobState.STOPPING and j.stop_reason == StopReason.PREEMPTED
+    ]
+    if not ids:
+        return {}
+    preemptors: dict[int, int] = {}
+    for job_id, data in JobEvent.objects.filter(job_id__in=ids, kind="stop_preempted").values_list(
+        "job_id", "data"
+    ):
+        if isinstance(data, dict) and data.get("preemptor"):
+            preemptors[job_id] = int(data["preemptor"])
+    return preemptors
+
+
+def _remember_reservations(plan: engine.Plan) -> None:
+    reservations = {
+        job_id: (list(info.reserved_gpu_ids), info.estimated_start)
+        for job_id, info in plan.pending.items()
+        if info.reserved_gpu_ids
+    }
+    cache.set(RESERVATIONS_KEY, reservations, timeout=3600)
+
+
 def load_snapshot(now: datetime, *, update_usage: bool = True) -> Loaded:
     """Read everything the engine needs in a handful of queries."""
     policies = {
@@ -175,6 +204,7 @@ def load_snapshot(now: datetime, *, update_usage: bool = True) -> Loaded:
         released_at__isnull=True
     ).values_list("job_id", "gpu_id", "borrowed", "gpu__model"):
         alloc_by_job[job_id].append((gpu_id, borrowed, model))
+    preemptors = _preemptors_of_stopping(running_jobs.values())
     running, in_use = [], defaultdict(int)
     for job in running_jobs.values():
         allocs = alloc_by_job.get(job.id, [])
@@ -200,9 +230,11 @@ def load_snapshot(now: datetime, *, update_usage: bool = True) -> Loaded:
                 else 0,
                 stopping=job.state == JobState.STOPPING,
                 grace_seconds=policy.stop_grace_seconds if policy else 30,
+                preempted_by=preemptors.get(job.id),
             )
         )
 
+    reservations = cache.get(RESERVATIONS_KEY) or {}
     pending_jobs = {
         j.id: j
         for j in Job.objects.filter(state__in=[JobState.PENDING, JobState.HELD]).select_related(
@@ -232,6 +264,8 @@ def load_snapshot(now: datetime, *, update_usage: bool = True) -> Loaded:
                 submitted_at=_epoch(job.submitted_at),
                 max_runtime_seconds=job.max_runtime_seconds,
                 held=job.state == JobState.HELD,
+                reserved_gpu_ids=tuple(reservations.get(job.id, ((), None))[0]),
+                reserved_start=reservations.get(job.id, ((), None))[1],
             )
         )
     usage = _update_usage(now, in_use) if update_usage else {}
@@ -419,6 +453,7 @@ def dispatch_cycle(now: datetime | None = None) -> dict:
         _apply_preemptions(plan, loaded)
         updated = _apply_pending(plan, loaded)
         transaction.on_commit(lambda: send_node_messages(messages))
+        transaction.on_commit(lambda: _remember_reservations(plan))
     finished = time.perf_counter()
     stats = {
         "skipped": False,

@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from portal.audit.models import AuditEvent
 from scheduling.choices import JobState, NodeState, StopReason
-from scheduling.models import Allocation, Job
+from scheduling.models import Allocation, Job, Quota
 from scheduling.services import dispatch
 from scheduling.services.dispatch import dispatch_cycle, request_dispatch
 from scheduling.services.nodes import job_exited, job_started
@@ -235,3 +235,37 @@ def test_concurrent_leaders_never_double_allocate(world):
     assert active.count() == active.values("gpu").distinct().count() == 16
     assert Job.objects.filter(state=JobState.ADMITTED).count() == 16
     assert len(results) == 6
+
+
+def test_reservations_are_handed_to_the_next_cycle(world, django_capture_on_commit_callbacks):
+    # nlp is guaranteed 16 GPUs but vision holds 8 of them under its own guarantee.
+    Quota.objects.filter(tenant=world.tenant).update(guaranteed_gpus=16, borrow_limit_gpus=0)
+    _job(world, gpus=8)
+    f.JobFactory(queue=world.other_queue, project=world.other_project, gpus_per_node=8)
+    with django_capture_on_commit_callbacks(execute=True):
+        dispatch_cycle()
+    waiting = _job(world, gpus=8)
+    with django_capture_on_commit_callbacks(execute=True):
+        dispatch_cycle()
+    waiting.refresh_from_db()
+    loaded = dispatch.load_snapshot(timezone.now(), update_usage=False)
+    [pending] = [p for p in loaded.snapshot.pending if p.id == waiting.pk]
+    assert waiting.pending_reason_code == "WAITING_FOR_GPUS", waiting.pending_reason_message
+    assert len(pending.reserved_gpu_ids) == 8
+    assert abs(pending.reserved_start - waiting.estimated_start.timestamp()) < 1
+
+
+def test_stopping_victims_name_their_preemptor(world):
+    victim = f.JobFactory(
+        queue=world.other_queue,
+        project=world.other_project,
+        gpus_per_node=8,
+        base_priority_class=world.low,
+        priority_class=world.low,
+        state=JobState.STOPPING,
+        stop_reason=StopReason.PREEMPTED,
+    )
+    victim.events.create(created_at=timezone.now(), kind="stop_preempted", data={"preemptor": 4242})
+    loaded = dispatch.load_snapshot(timezone.now(), update_usage=False)
+    [running] = [r for r in loaded.snapshot.running if r.id == victim.pk]
+    assert running.stopping and running.preempted_by == 4242
