@@ -143,3 +143,10 @@ class ReclaimKind(models.TextChoices):
     LOST_REQUEUE = "lost_requeue", "Lost node requeue"
     PREEMPTION_REQUEUE = "preemption_requeue", "Preemption requeue"
     ZOMBIE_KILL = "zombie_kill", "Zombie process killed"
+
+
+class SimulationState(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    DONE = "done", "Done"
+    FAILED = "failed", "Failed"

@@ -20,6 +20,7 @@ from .choices import (
     QueueState,
     RaiseState,
     ReclaimKind,
+    SimulationState,
     StopReason,
     WorkloadType,
 )
@@ -609,3 +610,35 @@ class ZombieProcess(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node_id}/gpu{self.gpu_index} pid {self.pid}"
+
+
+class SimulationRun(models.Model):
+    """A what-if replay of the cluster's recorded jobs, asked for by a platform admin.
+
+    ``params`` says what to replay and what to change (quotas, classes); the Celery task
+    fills ``progress`` (0-100) while it runs and ``result`` (baseline vs changed) when done.
+    """
+
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="simulation_runs"
+    )
+    params = models.JSONField(default=dict)
+    state = models.CharField(
+        max_length=10, choices=SimulationState.choices, default=SimulationState.QUEUED
+    )
+    progress = models.PositiveSmallIntegerField(default=0, validators=[MaxValueValidator(100)])
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"simulation {self.pk} ({self.state})"
+
+    @property
+    def finished(self) -> bool:
+        return self.state in (SimulationState.DONE, SimulationState.FAILED)

@@ -44,3 +44,17 @@ def control_sweep() -> dict:
     from .services.sweeps import control_sweep as run
 
     return run()
+
+
+@shared_task(
+    name="scheduling.simulation_run",
+    ignore_result=True,
+    acks_late=False,
+    time_limit=3600,
+    soft_time_limit=3500,
+)
+def simulation_run(run_id: int) -> None:
+    """Run one queued what-if simulation (long: it replays the recorded jobs twice)."""
+    from .services.whatif import simulation_run_execute
+
+    simulation_run_execute(run_id=run_id)

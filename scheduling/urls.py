@@ -21,3 +21,14 @@ urlpatterns = [
     path("notifications/<int:pk>/read", views.notification_read, name="notification-read"),
     path("notifications/read-all", views.notifications_read_all, name="notifications-read-all"),
 ]
+
+# What-if simulator (platform admins): scheduling.views_simulator
+from . import views_simulator  # noqa: E402
+
+urlpatterns += [
+    path("simulate/", views_simulator.simulate_index, name="simulate"),
+    path("simulate/<int:pk>/", views_simulator.simulate_run, name="simulate-run"),
+    path(
+        "simulate/<int:pk>/status", views_simulator.simulate_run_status, name="simulate-run-status"
+    ),
+]

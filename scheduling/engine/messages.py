@@ -119,13 +119,26 @@ def pool_blocked(job: PendingJob, blocker: int) -> str:
     return f"pool {job.pool} does not backfill: job {blocker} must start first"
 
 
-def preemption_wait(victim_ids: Iterable[int], start: float, now: float) -> str:
+def preemption_wait(
+    victim_ids: Iterable[int], start: float, now: float, quota: Account | None = None
+) -> str:
+    """``quota``: the account whose quota the victims free, when the job lacked it."""
     ids = ", ".join(str(victim) for victim in sorted(victim_ids))
-    return f"preempting job(s) {ids}; their GPUs are free within {duration(start - now)}"
+    freed = "their GPUs"
+    if quota is not None:
+        freed = f"their GPUs and {quota.tenant}'s quota of {quota.label} in pool {quota.pool}"
+    return f"preempting job(s) {ids}; {freed} are free within {duration(start - now)}"
 
 
 def releasing_wait(start: float, now: float) -> str:
     return f"waiting for GPUs of stopping jobs, free within {duration(start - now)}"
+
+
+def stopping_quota_wait(account: Account, start: float, now: float) -> str:
+    return (
+        f"waiting for {account.tenant}'s quota of {account.label} in pool {account.pool}, "
+        f"held by stopping jobs, free within {duration(start - now)}"
+    )
 
 
 def queue_head(queue_name: str, head_id: int, head_code: str) -> str:

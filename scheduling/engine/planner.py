@@ -12,7 +12,13 @@ Every pending job is considered once, in scheduling order (see :mod:`.order`):
    blocked job of a pool being the one DESIGN.md calls "the reservation"), unless
    preempting victims gets it running sooner;
 5. jobs waiting for quota (or to borrow idle GPUs) get an estimate from the same
-   timeline but reserve no GPUs.
+   timeline but reserve no GPUs, unless a job whose class may preempt gets running
+   sooner by stopping lower, preemptible jobs of its own tenant (see :mod:`.preemption`).
+
+Quota held by stopping jobs counts as freed at their stop time: a job that fits once
+they are gone is handled as in 4 (a borrower reserves only when that quota is all it
+waits for). The GPUs and the quota of jobs stopped for a pending job stay with that job
+until its turn.
 
 Estimates are the reservation times, computed with one query per job: an upper bound as
 long as running jobs end by their limits, no more important work arrives, and the
@@ -74,8 +80,10 @@ class Planner:
         self.slices: dict[tuple[str, str, int], SliceIndex] = {}
         self.pool_slices: dict[str, list[SliceIndex]] = defaultdict(list)
         self._gpu_location: dict[int, tuple[SliceIndex, NodeSlot, int]] = {}
-        # Stopping jobs preempted for a pending job: their GPUs wait for that job.
+        # Stopping jobs preempted for a pending job: their GPUs and their quota wait for
+        # that job (every such job has an entry in _claims, if only an empty one).
         self._claims: dict[int, list[tuple[SliceIndex, NodeSlot, list[int], float]]] = {}
+        self._quota_claims: dict[int, list[tuple[Account, int, float]]] = {}
         self._class: int | None = None  # priority class being considered
         self._shares: dict[str, float] = {}  # fair share per tenant, kept current
         self._queue_positions: dict[int, int] = defaultdict(int)
@@ -131,16 +139,23 @@ class Planner:
 
     def _build_running(self) -> None:
         """Mark the GPUs of running jobs busy until their end, count them against their
-        tenant's quota, and keep the GPUs of jobs stopped for a pending job for it."""
+        tenant's quota, and keep the GPUs and the quota of jobs stopped for a pending job
+        for it."""
         pending_ids = {job.id for job in self.snapshot.pending}
         for job in self.snapshot.running:
             end = self._end_of(job)
-            record = RunningRecord(job, end, self.now)
-            self.quotas.account(job.tenant, job.pool, job.gpu_model).add_running(
-                len(job.gpu_ids), end
-            )
-            self.running_gpus[job.tenant] += len(job.gpu_ids)
             claimed = job.stopping and job.preempted_by in pending_ids
+            account = self.quotas.account(job.tenant, job.pool, job.gpu_model)
+            if claimed:
+                account.add_running(len(job.gpu_ids), INF)
+                self._claims.setdefault(job.preempted_by, [])
+                self._quota_claims.setdefault(job.preempted_by, []).append(
+                    (account, len(job.gpu_ids), end)
+                )
+            else:
+                account.add_running(len(job.gpu_ids), end, job.stopping)
+            record = RunningRecord(job, end, self.now, account)
+            self.running_gpus[job.tenant] += len(job.gpu_ids)
             by_slot: dict[int, tuple[SliceIndex, NodeSlot, list[int]]] = {}
             for gpu_id in job.gpu_ids:
                 location = self._gpu_location.get(gpu_id)
@@ -329,12 +344,22 @@ class Planner:
         preemptible = job.preemptible
         guaranteed: list[Option] = []
         borrowing: list[Option] = []
+        # Options whose quota is held by stopping jobs: the job fits once they are gone.
+        soon_guaranteed: list[Option] = []
+        soon_borrowing: list[Option] = []
         for option in options:
-            mode = option.account.mode(total, preemptible)
+            account = option.account
+            mode = account.mode(total, preemptible)
             if mode == GUARANTEED:
                 guaranteed.append(option)
             elif mode is not None:
                 borrowing.append(option)
+            elif account.leaving:
+                mode = account.mode(total, preemptible, after_stops=True)
+                if mode == GUARANTEED:
+                    soon_guaranteed.append(option)
+                elif mode is not None:
+                    soon_borrowing.append(option)
         quota_promised = gpus_promised = False
         for option in guaranteed + borrowing if borrowing else guaranteed:
             if floor is None:
@@ -352,19 +377,27 @@ class Planner:
                     self._place(job, option, chosen, mode, end)
                     return None
             gpus_promised |= option.slice.fits_ignoring_reservations(gpus, nodes)
-        if guaranteed:
+        if guaranteed or soon_guaranteed:
             return self._wait_for_gpus(
-                job, guaranteed, runtime, floor, quota_promised, gpus_promised
+                job,
+                guaranteed + soon_guaranteed,
+                runtime,
+                floor,
+                quota_promised,
+                gpus_promised,
+                soon_guaranteed,
             )
-        if borrowing:
+        if borrowing or soon_borrowing:
             return self._wait_to_borrow(
-                job, borrowing, runtime, floor, quota_promised, gpus_promised
+                job,
+                borrowing + soon_borrowing,
+                runtime,
+                floor,
+                quota_promised,
+                gpus_promised,
+                soon_borrowing,
             )
-        account = options[0].account
-        message = self._quota_message(job, account, options[0].slice)
-        start = self._estimate_without_gpus(job, options, floor)
-        self._wait(job, reasons.WAITING_FOR_QUOTA, message, start)
-        return reasons.WAITING_FOR_QUOTA, start
+        return self._wait_for_quota(job, options, runtime, floor)
 
     def _place(
         self,
@@ -402,13 +435,18 @@ class Planner:
         floor: float | None,
         quota_promised: bool,
         gpus_promised: bool,
+        soon: list[Option],
     ) -> tuple[str, float | None]:
-        """The job fits its guarantee but not the idle GPUs: preempt, or reserve."""
+        """The job fits its guarantee (``soon``: once stopping jobs are gone) but not the
+        idle GPUs: preempt, or reserve."""
         slot = self._previous_slot(job, options, floor)
         if slot is None:
             slot = self._earliest(job, options, floor, with_positions=True)
         if self.snapshot.preemption and (slot is None or not slot.releasing):
-            outcome = self._preempt(job, options, runtime, True, slot)
+            preemptors = [
+                (option, Preemptor.under(job, option.account, True)) for option in options
+            ]
+            outcome = self._preempt(job, preemptors, runtime, slot)
             if outcome is not None:
                 return outcome
         if not self.snapshot.backfill:
@@ -419,10 +457,15 @@ class Planner:
             message = self._gpus_message(job, options[0])
             self._wait(job, reasons.WAITING_FOR_GPUS, message, None)
             return reasons.WAITING_FOR_GPUS, None
+        stopping_quota = self._waits_for_stopping_quota(job, slot, soon)
         reserved = self._reserve(job, slot, runtime)
         if not self.snapshot.backfill:
             self._pool_floor[job.pool] = max(self._pool_floor.get(job.pool, 0.0), slot.start)
-        code, message = self._gpu_wait_reason(job, slot, quota_promised, gpus_promised)
+        if stopping_quota and not slot.releasing:
+            code = reasons.WAITING_FOR_PREEMPTION
+            message = messages.stopping_quota_wait(slot.option.account, slot.start, self.now)
+        else:
+            code, message = self._gpu_wait_reason(job, slot, quota_promised, gpus_promised)
         self._wait(job, code, message, slot.start, reserved)
         return code, slot.start
 
@@ -434,18 +477,30 @@ class Planner:
         floor: float | None,
         quota_promised: bool,
         gpus_promised: bool,
+        soon: list[Option],
     ) -> tuple[str, float | None]:
         """Beyond its guarantee a job only borrows idle GPUs: it reserves none, except
-        GPUs being freed for it by a preemption (or a lower, borrowed class it preempts)."""
+        GPUs being freed for it by a preemption (or a lower class it preempts), and GPUs
+        it only waits to use for quota that stopping jobs of its tenant are freeing."""
         found = self._earliest_start(job, options, floor)
         slot = None if found is None else Slot(found[0], found[1], found[2], [], False)
-        if slot is not None and self._uses_releasing(job, slot):
+        if slot is not None and (
+            self._uses_releasing(job, slot) or self._waits_for_stopping_quota(job, slot, soon)
+        ):
+            if not slot.positions:
+                self._choose_positions(job, slot)
+            if slot.releasing:
+                message = messages.releasing_wait(slot.start, self.now)
+            else:
+                message = messages.stopping_quota_wait(slot.option.account, slot.start, self.now)
             reserved = self._reserve(job, slot, runtime)
-            message = messages.releasing_wait(slot.start, self.now)
             self._wait(job, reasons.WAITING_FOR_PREEMPTION, message, slot.start, reserved)
             return reasons.WAITING_FOR_PREEMPTION, slot.start
         if self.snapshot.preemption and job.can_preempt:
-            outcome = self._preempt(job, options, runtime, False, slot)
+            preemptors = [
+                (option, Preemptor.under(job, option.account, False)) for option in options
+            ]
+            outcome = self._preempt(job, preemptors, runtime, slot)
             if outcome is not None:
                 return outcome
         if gpus_promised or quota_promised:
@@ -457,6 +512,37 @@ class Planner:
         start = self._estimate_without_gpus(job, options, floor, slot)
         self._wait(job, code, message, start)
         return code, start
+
+    def _wait_for_quota(
+        self, job: PendingJob, options: list[Option], runtime: float, floor: float | None
+    ) -> tuple[str, float | None]:
+        """No option's quota admits the job: a job whose class may preempt stops lower,
+        preemptible jobs of its own tenant to free quota (and GPUs), if that gets it
+        running sooner; otherwise it waits for quota."""
+        found = self._earliest_start(job, options, floor)
+        slot = None if found is None else Slot(found[0], found[1], found[2], [], False)
+        if self.snapshot.preemption and job.can_preempt:
+            preemptors = []
+            for option in options:
+                account = option.account
+                # Non-preemptible work must fit the guarantee; other work may borrow.
+                within = account.cap(job.preemptible) == account.guaranteed
+                preemptors.append((option, Preemptor.under(job, account, within)))
+            outcome = self._preempt(job, preemptors, runtime, slot)
+            if outcome is not None:
+                return outcome
+        account = options[0].account
+        message = self._quota_message(job, account, options[0].slice)
+        start = self._estimate_without_gpus(job, options, floor, slot)
+        self._wait(job, reasons.WAITING_FOR_QUOTA, message, start)
+        return reasons.WAITING_FOR_QUOTA, start
+
+    def _waits_for_stopping_quota(self, job: PendingJob, slot: Slot, soon: list[Option]) -> bool:
+        """Whether the slot's start is set by quota that stopping jobs of the tenant are
+        freeing (the job fits only once they are gone, and its GPUs are ready by then)."""
+        if not soon or slot.option not in soon:
+            return False
+        return slot.start <= slot.option.account.earliest(job.gpus, job.preemptible)
 
     def _gpu_wait_reason(
         self, job: PendingJob, slot: Slot, quota_promised: bool, gpus_promised: bool
@@ -589,7 +675,10 @@ class Planner:
             if fresh:
                 slice_.reserve(node_slot, fresh, slot.start, end, job.id)
             gpu_ids.extend(node_slot.gpu_ids[pos] for pos in positions)
-        slot.option.account.reserve(job.gpus, slot.start, end)
+        account = slot.option.account
+        account.reserve(job.gpus, slot.start, end)
+        if account.leaving:
+            account.take_leaving(job.gpus)  # it starts later: on quota being freed first
         return tuple(gpu_ids)
 
     def _estimate_without_gpus(
@@ -614,28 +703,29 @@ class Planner:
         return start
 
     def _release_claims(self, job_id: int) -> None:
-        """GPUs kept for this job by an earlier preemption become usable when it is its
-        turn (by itself first, since it is considered right now)."""
+        """GPUs and quota kept for this job by an earlier preemption become usable when it
+        is its turn (by itself first, since it is considered right now)."""
         claims = self._claims.pop(job_id, None)
-        if not claims:
+        if claims is None:
             return
         for slice_, slot, positions, when in claims:
             slice_.release_at(slot, positions, when)
+        for account, gpus, when in self._quota_claims.pop(job_id, ()):
+            account.release_claim(gpus, when)
 
     # -- preemption ------------------------------------------------------------------------
 
     def _preempt(
         self,
         job: PendingJob,
-        options: list[Option],
+        preemptors: list[tuple[Option, Preemptor]],
         runtime: float,
-        within_guarantee: bool,
         slot: Slot | None,
     ) -> tuple[str, float] | None:
-        """Stop victims for the job if that gets it running sooner than waiting."""
-        preemptor = Preemptor(job, within_guarantee)
-        best: tuple[VictimChoice, Option] | None = None
-        for option in options:
+        """Stop victims for the job if that gets it running sooner than waiting (``slot``:
+        its earliest start without preempting, None if never)."""
+        best: tuple[VictimChoice, Option, Preemptor] | None = None
+        for option, preemptor in preemptors:
             # Searches only get harder during a cycle: a failed one stays failed.
             key = (
                 option.slice.key,
@@ -643,6 +733,8 @@ class Planner:
                 job.gpus_per_node,
                 job.nodes,
                 preemptor.rule(option.slice),
+                preemptor.quota_need,
+                preemptor.jobs_need,
             )
             if key in self._hopeless:
                 continue
@@ -652,24 +744,32 @@ class Planner:
             if choice is None:
                 self._hopeless.add(key)
             elif best is None or choice.cost < best[0].cost:
-                best = (choice, option)
+                best = (choice, option, preemptor)
         if best is None:
             return None
-        choice, option = best
+        choice, option, preemptor = best
+        account = option.account
         release = {
             record.job.id: self.now + max(record.job.grace_seconds, 1) for record in choice.victims
         }
-        start = max(max(release.values()), option.account.earliest(job.gpus, job.preemptible))
-        if slot is not None and slot.start <= start:
+        # The quota of the tenant's own victims is free once they have stopped.
+        stops = [
+            (record.gpus, record.end, release[record.job.id])
+            for record in choice.victims
+            if record.account is account
+        ]
+        start = max(max(release.values()), account.earliest(job.gpus, job.preemptible, stops))
+        if start == INF or (slot is not None and slot.start <= start):
             return None  # waiting is as fast as preempting
         for record in choice.victims:
-            self._stop(record, job, release[record.job.id], within_guarantee, option.account)
+            self._stop(record, job, release[record.job.id], preemptor, account)
         positions = [
             option.slice.choose_reserved(node_slot, job.gpus_per_node, start)
             for node_slot in choice.slots
         ]
         reserved = self._reserve(job, Slot(start, option, choice.slots, positions, True), runtime)
-        message = messages.preemption_wait(release, start, self.now)
+        frees_quota = account if preemptor.short_of_quota else None
+        message = messages.preemption_wait(release, start, self.now, frees_quota)
         self._wait(job, reasons.WAITING_FOR_PREEMPTION, message, start, reserved)
         return reasons.WAITING_FOR_PREEMPTION, start
 
@@ -678,15 +778,19 @@ class Planner:
         record: RunningRecord,
         job: PendingJob,
         when: float,
-        within_guarantee: bool,
+        preemptor: Preemptor,
         account: Account,
     ) -> None:
+        """Stop ``record`` by ``when`` for ``job``: its GPUs and its quota are free then."""
+        end = record.end
         record.stopping = True
         record.end = when
         for slice_, slot, positions in record.placement:
             slice_.release_at(slot, positions, when)
+        if record.account is not None:
+            record.account.stop(record.gpus, end, when)
         victim = record.job
-        if Preemptor(job, within_guarantee).is_reclaim(record):
+        if preemptor.is_reclaim(record):
             reason, message = reasons.PREEMPT_RECLAIM, messages.reclaimed(job, account)
         else:
             reason = reasons.PREEMPT_PRIORITY

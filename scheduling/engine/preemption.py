@@ -1,14 +1,23 @@
-"""Choosing victims for a job that cannot start on idle GPUs (DESIGN.md §6).
+"""Choosing victims for a job that cannot start on idle GPUs or within its quota
+(DESIGN.md §6).
 
 A running job may be a victim of job J when it is not already stopping, has run at least
 its ``min_runtime_before_preemption``, is not inference work facing training work, holds
 no GPU promised to an earlier waiting job, and either
 
-- *priority*: J's class may preempt, the victim's class is lower and preemptible, and J
-  runs inside its guarantee or the victim is borrowed (a borrower never takes guaranteed
-  GPUs of others), or
-- *reclaim*: J fits inside its tenant's guarantee and the victim, of another tenant,
+- *priority, own tenant*: J's class may preempt and the victim, of J's tenant, is of a
+  lower, preemptible class (Kueue's ``withinClusterQueue: LowerPriority``), or
+- *priority, other tenant*: J's class may preempt, the victim's class is lower and
+  preemptible, and J runs inside its guarantee or the victim is borrowed (a borrower
+  never takes guaranteed GPUs of others), or
+- *reclaim*: J runs inside its tenant's guarantee and the victim, of another tenant,
   runs on borrowed GPUs (whatever its class).
+
+The victims must free enough GPUs for J's gang and, when J's tenant lacks quota for J
+(see :meth:`Preemptor.under`), enough of the tenant's own quota: the quota held by
+victims of J's tenant under the same quota counts as freed at their stop time, as does
+the quota of the tenant's jobs already stopping. "Inside its guarantee" is judged after
+those stops.
 
 On each node the victims are taken in the order borrowed first, lowest class, most
 recently started, until enough GPUs would be free; victims that turn out unnecessary are
@@ -18,8 +27,14 @@ the lowest highest class, fewest victims, fewest GPUs freed beyond need.
 Searching every node for every preemptor would cost O(pending x nodes). Instead each kind
 of preemptor (slice, size, class, training or not, inside its guarantee or not) keeps a
 heap of node costs; a node is re-evaluated only when it changed since (lazy deletion).
-The heap ignores the preemptor's tenant (only "reclaim from another tenant" depends on
-it), so its costs are lower bounds and the few best nodes are re-evaluated exactly.
+The heap ignores the preemptor's tenant (only "reclaim from another tenant" and "own
+jobs" depend on it), so its costs are lower bounds, except on nodes where a borrower's
+own non-borrowed jobs could be victims, and the few best nodes are re-evaluated exactly.
+When the job lacks quota, or is a borrower whose tenant has such jobs in the slice, a
+second, tenant-specific search runs over the tenant's own possible victims only: it takes
+the quota victims first (victim order), then evaluates the nodes holding the tenant's
+jobs and the best nodes of the heap search, each with those quota victims counted, and
+drops the victims that are not needed after all.
 """
 
 from __future__ import annotations
@@ -29,6 +44,7 @@ from dataclasses import dataclass
 from heapq import heapify, heappop, heappush
 
 from .cluster import NodeSlot, SliceIndex
+from .quota import Account
 from .snapshot import PendingJob, RunningJob
 
 # Training-like work never preempts inference (DESIGN.md §1, §6).
@@ -39,9 +55,21 @@ INFERENCE_WORKLOAD = "inference"
 class RunningRecord:
     """A running job as the planner tracks it during one cycle."""
 
-    __slots__ = ("job", "end", "placement", "stopping", "order_key", "seasoned", "inference")
+    __slots__ = (
+        "job",
+        "end",
+        "placement",
+        "stopping",
+        "order_key",
+        "seasoned",
+        "inference",
+        "account",
+        "gpus",
+    )
 
-    def __init__(self, job: RunningJob, end: float, now: float) -> None:
+    def __init__(
+        self, job: RunningJob, end: float, now: float, account: Account | None = None
+    ) -> None:
         self.job = job
         self.end = end
         # [(slice, slot, positions)] of the job's GPUs known to the cluster index.
@@ -51,6 +79,8 @@ class RunningRecord:
         self.order_key = (not job.borrowed, job.priority, -job.started_at, job.id)
         self.seasoned = now - job.started_at >= job.min_runtime_before_preemption
         self.inference = job.workload_type == INFERENCE_WORKLOAD
+        self.account = account  # the quota the job counts against
+        self.gpus = len(job.gpu_ids)
 
     def positions_on(self, slot: NodeSlot) -> list[int]:
         """The positions of this job's GPUs on ``slot``."""
@@ -59,11 +89,16 @@ class RunningRecord:
                 return positions
         return []
 
+    def holds_reserved(self) -> bool:
+        """Whether one of the job's GPUs is promised to a waiting job after it."""
+        return any(slot.reserved[pos] for _, slot, positions in self.placement for pos in positions)
+
 
 @dataclass(frozen=True, slots=True)
 class Rule:
     """Which running jobs a preemptor may stop. ``tenant`` None: any borrower may be
-    reclaimed (the tenant-blind lower bound used by the heaps)."""
+    reclaimed, and no job counts as the preemptor's own (the tenant-blind rule used by
+    the heaps)."""
 
     priority: int | None  # victims must be below this class; None: no priority preemption
     training: bool
@@ -75,22 +110,38 @@ class Rule:
         if record.inference and self.training:
             return False
         victim = record.job
-        if self.within_guarantee and victim.borrowed and victim.tenant != self.tenant:
+        lower = self.priority is not None and victim.preemptible and victim.priority < self.priority
+        if victim.tenant == self.tenant:
+            return lower  # own jobs: only a lower, preemptible class, borrowed or not
+        if self.within_guarantee and victim.borrowed:
             return True
-        return (
-            self.priority is not None
-            and victim.preemptible
-            and victim.priority < self.priority
-            and (self.within_guarantee or victim.borrowed)
-        )
+        return lower and (self.within_guarantee or victim.borrowed)
 
 
 @dataclass(frozen=True, slots=True)
 class Preemptor:
-    """The job that wants GPUs, and whether it runs inside its tenant's guarantee."""
+    """The job that wants GPUs, whether it will run inside its tenant's guarantee, and
+    how much of the tenant's quota (``account``) the victims must free: ``quota_need``
+    GPUs and ``jobs_need`` running-job slots (both 0 when the job fits already)."""
 
     job: PendingJob
     within_guarantee: bool
+    account: Account | None = None
+    quota_need: int = 0
+    jobs_need: int = 0
+
+    @classmethod
+    def under(cls, job: PendingJob, account: Account, within_guarantee: bool) -> Preemptor:
+        """The preemptor for running ``job`` under ``account``, inside the guarantee or
+        inside guaranteed + borrowing; jobs already stopping count as gone."""
+        cap = account.guaranteed if within_guarantee else account.limit
+        gpus, jobs = account.shortfall(job.gpus, cap)
+        return cls(job, within_guarantee, account, gpus, jobs)
+
+    @property
+    def short_of_quota(self) -> bool:
+        """Whether the victims must include the tenant's own jobs to free quota."""
+        return self.quota_need > 0 or self.jobs_need > 0
 
     def rule(self, slice_: SliceIndex, exact: bool = True) -> Rule:
         """The victim rule in ``slice_``; ``exact=False`` ignores the tenant.
@@ -119,6 +170,9 @@ class Preemptor:
         job = self.job
         if job.can_preempt and stats.priorities and stats.priorities[0] < job.priority:
             return True
+        # Reclaiming from other tenants frees none of the tenant's own quota.
+        if self.short_of_quota:
+            return False
         return self.within_guarantee and bool(stats.borrowers - {job.tenant})
 
 
@@ -210,6 +264,122 @@ def evaluate_slot(
     return cost, victims
 
 
+# -- the tenant-specific search (own jobs as victims) ------------------------------------------
+
+
+def _quota_victims(own: list[RunningRecord], preemptor: Preemptor) -> list[RunningRecord] | None:
+    """The tenant's possible victims (victim order) that free the quota the preemptor
+    lacks: the first ones that do, less those not needed after all (the most protected
+    first); [] if it lacks none, None if they cannot."""
+    if not preemptor.short_of_quota:
+        return []
+    taken: list[RunningRecord] = []
+    freed = 0
+    for record in own:
+        if record.account is not preemptor.account:
+            continue
+        taken.append(record)
+        freed += record.gpus
+        if freed >= preemptor.quota_need and len(taken) >= preemptor.jobs_need:
+            break
+    else:
+        return None
+    spare_gpus = freed - preemptor.quota_need
+    spare_jobs = len(taken) - preemptor.jobs_need
+    for index in range(len(taken) - 2, -1, -1):  # the last one was needed
+        gpus = taken[index].gpus
+        if spare_gpus >= gpus and spare_jobs >= 1:
+            spare_gpus -= gpus
+            spare_jobs -= 1
+            del taken[index]
+    return taken
+
+
+def _slot_victims(
+    slot: NodeSlot, gpus: int, idle: int, rule: Rule, quota_ids: set[int]
+) -> tuple[list[tuple[RunningRecord, int]], int] | None:
+    """Victims on ``slot`` (``idle`` GPUs idle and unreserved) besides the quota victims
+    (``quota_ids``), in victim order and with their GPUs there, that make room for
+    ``gpus`` GPUs with what the quota victims free there, and the GPUs still needed once
+    the quota victims are gone (<= 0: none); None if there are not enough."""
+    candidates = _candidates(slot)
+    need = gpus - idle
+    if quota_ids:
+        for record, positions in candidates:
+            if id(record) in quota_ids:
+                need -= len(positions)
+    if need <= 0:
+        return [], need
+    chosen: list[tuple[RunningRecord, int]] = []
+    freed = 0
+    reserved = slot.reserved
+    for record, positions in candidates:
+        if record.stopping or id(record) in quota_ids or not rule.allows(record):
+            continue
+        if True in [reserved[pos] for pos in positions]:
+            continue
+        chosen.append((record, len(positions)))
+        freed += len(positions)
+        if freed >= need:
+            # Drop victims that are not needed after all, the most protected first.
+            for item in reversed(list(chosen)):
+                if freed - item[1] >= need:
+                    chosen.remove(item)
+                    freed -= item[1]
+            return chosen, need
+    return None
+
+
+def _trim(
+    victims: list[RunningRecord], slots: list[NodeSlot], gpus: int, preemptor: Preemptor, now: float
+) -> tuple[tuple, list[RunningRecord]]:
+    """Drop the victims (given in victim order) needed neither for the GPUs on ``slots``
+    nor for the tenant's quota, the most protected first; returns the cost of the rest
+    (as :func:`evaluate_slot` counts it, over all slots) and the rest."""
+    need: dict[int, int] = {}
+    held: dict[int, list[tuple[int, int]]] = {}  # victim -> [(slot, its GPUs there)]
+    for slot in slots:
+        need[id(slot)] = gpus - slot.idle_unreserved(now)
+        for record, positions in _candidates(slot):
+            held.setdefault(id(record), []).append((id(slot), len(positions)))
+    freed = dict.fromkeys(need, 0)
+    for record in victims:
+        for key, count in held.get(id(record), ()):
+            freed[key] += count
+    account = preemptor.account
+    spare_gpus = -preemptor.quota_need
+    spare_jobs = -preemptor.jobs_need
+    for record in victims:
+        if record.account is account:
+            spare_gpus += record.gpus
+            spare_jobs += 1
+    kept = list(victims)
+    for index in range(len(victims) - 1, -1, -1):
+        record = victims[index]
+        mine = held.get(id(record), ())
+        if any(freed[key] - count < need[key] for key, count in mine):
+            continue
+        if record.account is account:
+            if spare_gpus < record.gpus or spare_jobs < 1:
+                continue
+            spare_gpus -= record.gpus
+            spare_jobs -= 1
+        for key, count in mine:
+            freed[key] -= count
+        del kept[index]
+    cost = (
+        sum(1 for record in kept if not record.job.borrowed),
+        max((record.job.priority for record in kept), default=float("-inf")),
+        len(kept),
+        sum(freed[key] - need[key] for key in need),
+    )
+    return cost, kept
+
+
+def _order_key(record: RunningRecord) -> tuple:
+    return record.order_key
+
+
 class VictimFinder:
     """Finds victim sets during one cycle, sharing work between similar preemptors."""
 
@@ -217,6 +387,8 @@ class VictimFinder:
         self.now = now
         # (slice, epoch, gpus, tenant-blind rule) -> ([(cost, slot idx, version)], {idx: version})
         self._heaps: dict[tuple, tuple[list, dict[int, int]]] = {}
+        # slice key -> tenant -> its preemptible, seasoned running jobs, in victim order
+        self._own: dict[tuple, dict[str, list[RunningRecord]]] = {}
 
     def _heap(self, slice_: SliceIndex, gpus: int, rule: Rule) -> tuple[list, dict[int, int]]:
         key = (slice_.key, slice_.epoch, gpus, rule)
@@ -238,9 +410,39 @@ class VictimFinder:
     def find(self, slice_: SliceIndex, preemptor: Preemptor) -> VictimChoice | None:
         """The best victim set in ``slice_`` for the preemptor's job, or None."""
         job = preemptor.job
-        gpus, nodes = job.gpus_per_node, job.nodes
-        blind = preemptor.rule(slice_, exact=False)
         exact = preemptor.rule(slice_, exact=True)
+        own: list[RunningRecord] | None = None
+        quota: list[RunningRecord] = []
+        if preemptor.short_of_quota or not preemptor.within_guarantee:
+            own = self._own_victims(slice_, job.tenant, exact)
+            found = _quota_victims(own, preemptor)
+            if found is None:
+                return None
+            quota = found
+            if not quota and all(record.job.borrowed for record in own):
+                own = None  # the tenant-blind search sees every victim already
+        if own is not None:
+            return self._find_with_own(slice_, preemptor, exact, own, quota)
+        results = self._search(slice_, preemptor, exact)
+        if len(results) < job.nodes:
+            return None
+        picked = results[: job.nodes]
+        victims: dict[int, RunningRecord] = {}
+        for _, _, slot_victims in picked:
+            for record in slot_victims:
+                victims.setdefault(record.job.id, record)
+        if not victims:
+            return None  # enough idle GPUs after all: nothing to preempt
+        cost = tuple(max(item[0][i] for item in picked) for i in range(4))
+        return VictimChoice(cost, [slot for _, slot, _ in picked], list(victims.values()))
+
+    def _search(
+        self, slice_: SliceIndex, preemptor: Preemptor, exact: Rule
+    ) -> list[tuple[tuple, NodeSlot, list[RunningRecord]]]:
+        """The best node slots by the heaps, each with its exact victims, best first: at
+        least the job's node count of them if the slice has that many."""
+        gpus, nodes = preemptor.job.gpus_per_node, preemptor.job.nodes
+        blind = preemptor.rule(slice_, exact=False)
         heap, pushed = self._heap(slice_, gpus, blind)
         slots = slice_.slots
         results: list[tuple[tuple, NodeSlot, list[RunningRecord]]] = []
@@ -268,15 +470,121 @@ class VictimFinder:
                 results.append((result[0], slot, result[1]))
         for entry in popped:
             heappush(heap, entry)
-        if len(results) < nodes:
-            return None
         results.sort(key=lambda item: item[0])
-        picked = results[:nodes]
-        victims: dict[int, RunningRecord] = {}
-        for _, _, slot_victims in picked:
-            for record in slot_victims:
-                victims.setdefault(record.job.id, record)
+        return results
+
+    def _own_victims(self, slice_: SliceIndex, tenant: str, rule: Rule) -> list[RunningRecord]:
+        """The tenant's running jobs in ``slice_`` that ``rule`` lets stop now, in victim
+        order (the per-tenant lists are built once per slice and cycle)."""
+        by_tenant = self._own.get(slice_.key)
+        if by_tenant is None:
+            by_tenant = {}
+            seen: set[int] = set()
+            for slot in slice_.slots:
+                for record in slot.running:
+                    if (
+                        record.seasoned
+                        and not record.stopping
+                        and record.job.preemptible
+                        and id(record) not in seen
+                    ):
+                        seen.add(id(record))
+                        by_tenant.setdefault(record.job.tenant, []).append(record)
+            for records in by_tenant.values():
+                records.sort(key=lambda record: record.order_key)
+            self._own[slice_.key] = by_tenant
+        return [
+            record
+            for record in by_tenant.get(tenant, ())
+            if not record.stopping and rule.allows(record) and not record.holds_reserved()
+        ]
+
+    def _find_with_own(
+        self,
+        slice_: SliceIndex,
+        preemptor: Preemptor,
+        exact: Rule,
+        own: list[RunningRecord],
+        quota: list[RunningRecord],
+    ) -> VictimChoice | None:
+        """The best victim set when the tenant's own jobs may be victims: the quota
+        victims, plus victims on the best nodes among those holding the tenant's jobs and
+        those the heaps find, less the victims not needed after all."""
+        job = preemptor.job
+        gpus, nodes, now = job.gpus_per_node, job.nodes, self.now
+        candidates: dict[int, NodeSlot] = {}
+        for record in own:
+            for _, slot, _ in record.placement:
+                if len(slot.gpu_ids) >= gpus:
+                    candidates.setdefault(slot.idx, slot)
+        quota_ids = {id(record) for record in quota}
+        # The quota victims are all needed (see _quota_victims): only victims of the
+        # tenant's quota among those on a node can make some of them unnecessary.
+        base = (
+            sum(1 for record in quota if not record.job.borrowed),
+            max((record.job.priority for record in quota), default=float("-inf")),
+            len(quota),
+        )
+        scored = self._score(candidates, preemptor, exact, quota, quota_ids, base)
+        scored.sort(key=lambda item: item[:3])
+        # On any other node the quota victims are needed all the same, plus victims of
+        # other tenants: where the tenant's own jobs make room without further victims,
+        # the heaps need not be asked (on a tie, rather wait for GPUs being freed).
+        if len(scored) < nodes or scored[nodes - 1][0][:3] > base:
+            others = {
+                slot.idx: slot
+                for _, slot, _ in self._search(slice_, preemptor, exact)[:nodes]
+                if slot.idx not in candidates
+            }
+            scored += self._score(others, preemptor, exact, quota, quota_ids, base)
+            scored.sort(key=lambda item: item[:3])
+        if len(scored) < nodes:
+            return None
+        picked = scored[:nodes]
+        slots = [item[3] for item in picked]
+        if nodes == 1:
+            cost, victims = picked[0][0], picked[0][5]
+        else:
+            merged = {id(record): record for item in picked for record in item[4]}
+            merged.update((id(record), record) for record in quota)
+            ordered = sorted(merged.values(), key=_order_key)
+            cost, victims = _trim(ordered, slots, gpus, preemptor, now)
         if not victims:
-            return None  # enough idle GPUs after all: nothing to preempt
-        cost = tuple(max(item[0][i] for item in picked) for i in range(4))
-        return VictimChoice(cost, [slot for _, slot, _ in picked], list(victims.values()))
+            return None
+        return VictimChoice(cost, slots, victims)
+
+    def _score(
+        self,
+        candidates: dict[int, NodeSlot],
+        preemptor: Preemptor,
+        exact: Rule,
+        quota: list[RunningRecord],
+        quota_ids: set[int],
+        base: tuple,
+    ) -> list[tuple]:
+        """(cost, idle GPUs taken, idx, slot, victims on it, all victims) of each
+        candidate slot that can make room for the job with the quota victims."""
+        gpus, now = preemptor.job.gpus_per_node, self.now
+        account = preemptor.account
+        scored = []
+        for idx, slot in candidates.items():
+            idle = slot.idle_unreserved(now)
+            found = _slot_victims(slot, gpus, idle, exact, quota_ids)
+            if found is None:
+                continue
+            chosen, need = found
+            on_slot = [record for record, _ in chosen]
+            if preemptor.short_of_quota and any(record.account is account for record in on_slot):
+                victims = sorted(quota + on_slot, key=_order_key)
+                cost, victims = _trim(victims, [slot], gpus, preemptor, now)
+            else:
+                victims = quota + on_slot
+                cost = (
+                    base[0] + sum(1 for record in on_slot if not record.job.borrowed),
+                    max([base[1], *(record.job.priority for record in on_slot)]),
+                    len(victims),
+                    sum(count for _, count in chosen) - need,
+                )
+            # On a tie, rather wait for GPUs being freed than hold idle ones.
+            scored.append((cost, min(idle, gpus), idx, slot, on_slot, victims))
+        return scored

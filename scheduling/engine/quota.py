@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from .snapshot import QuotaInfo
-from .timeline import UnitTimeline
+from .timeline import INF, UnitTimeline
 
 GUARANTEED = "guaranteed"
 BORROWED = "borrowed"
@@ -15,7 +15,11 @@ class Account:
     """A tenant's budget under one quota: (tenant, pool, model), model ``""`` = any model.
 
     ``used``/``jobs`` count what the tenant holds now (running, stopping, and placed in
-    this cycle) and decide admission exactly as DESIGN.md states it. The two timelines
+    this cycle) and decide admission exactly as DESIGN.md states it. ``leaving`` and
+    ``leaving_jobs`` are the part of it held by stopping jobs (stopping when the cycle
+    starts or preempted in it) that no waiting job counts on yet: that quota counts as
+    freed at their stop time, so a job that fits once they are gone waits for them
+    instead of for quota, and takes its share when it gets a reservation. The two timelines
     plan the future (estimates) and protect reservations: a job may only start now on
     quota units nobody earlier in the order has been promised.
     """
@@ -29,6 +33,8 @@ class Account:
         "max_running",
         "used",
         "jobs",
+        "leaving",
+        "leaving_jobs",
         "now",
         "_gpu_releases",
         "_job_releases",
@@ -45,6 +51,8 @@ class Account:
         self.max_running = quota.max_running_jobs if quota else None
         self.used = 0
         self.jobs = 0
+        self.leaving = 0
+        self.leaving_jobs = 0
         self.now = now
         self._gpu_releases: list[float] = []
         self._job_releases: list[float] = []
@@ -69,22 +77,67 @@ class Account:
         """Whether a job of ``gpus`` GPUs fits this quota when the tenant runs nothing."""
         return gpus <= self.cap(preemptible) and self.max_running != 0
 
-    def add_running(self, gpus: int, end: float) -> None:
-        """Count a job that holds GPUs when the cycle starts."""
+    def add_running(self, gpus: int, end: float, leaving: bool = False) -> None:
+        """Count a job that holds GPUs when the cycle starts (``leaving``: a stopping
+        job whose quota nobody has claimed)."""
         self.used += gpus
         self.jobs += 1
+        if leaving:
+            self.add_leaving(gpus)
         self._gpu_releases.extend([end] * gpus)
         self._job_releases.append(end)
 
-    def mode(self, gpus: int, preemptible: bool) -> str | None:
-        """GUARANTEED, BORROWED, or None when the job must wait for quota now."""
-        if self.max_running is not None and self.jobs >= self.max_running:
+    def release_claim(self, gpus: int, end: float) -> None:
+        """A stopping job of ``gpus`` GPUs, counted until now as held without end
+        because its quota was kept for the job it was stopped for, ends at ``end``."""
+        self.add_leaving(gpus)
+        self._gpus().move(gpus, INF, end)
+        slots = self._job_slots()
+        if slots is not None:
+            slots.move(1, INF, end)
+
+    def add_leaving(self, gpus: int) -> None:
+        """Quota of a stopping job of ``gpus`` GPUs becomes available to waiting jobs."""
+        self.leaving += gpus
+        self.leaving_jobs += 1
+
+    def take_leaving(self, gpus: int) -> None:
+        """A job of ``gpus`` GPUs that will start after the stopping jobs counts on
+        their quota first."""
+        self.leaving -= min(self.leaving, gpus)
+        self.leaving_jobs -= min(self.leaving_jobs, 1)
+
+    def mode(self, gpus: int, preemptible: bool, after_stops: bool = False) -> str | None:
+        """GUARANTEED, BORROWED, or None when the job must wait for quota now
+        (``after_stops``: once the stopping jobs are gone)."""
+        used, jobs = self.used, self.jobs
+        if after_stops:
+            used -= self.leaving
+            jobs -= self.leaving_jobs
+        if self.max_running is not None and jobs >= self.max_running:
             return None
-        if self.used + gpus <= self.guaranteed:
+        if used + gpus <= self.guaranteed:
             return GUARANTEED
-        if preemptible and self.used + gpus <= self.limit:
+        if preemptible and used + gpus <= self.limit:
             return BORROWED
         return None
+
+    def shortfall(self, gpus: int, cap: int) -> tuple[int, int]:
+        """(GPUs, running jobs) the tenant's running jobs under this quota must give up,
+        beyond those already stopping, for a job of ``gpus`` GPUs to fit under ``cap``."""
+        need_gpus = self.used - self.leaving + gpus - cap
+        need_jobs = 0
+        if self.max_running is not None:
+            need_jobs = self.jobs - self.leaving_jobs + 1 - self.max_running
+        return max(need_gpus, 0), max(need_jobs, 0)
+
+    def stop(self, gpus: int, end: float, when: float) -> None:
+        """A running job of ``gpus`` GPUs, due to end at ``end``, is stopped by ``when``."""
+        self.add_leaving(gpus)
+        self._gpus().move(gpus, end, when)
+        slots = self._job_slots()
+        if slots is not None:
+            slots.move(1, end, when)
 
     # -- timelines ----------------------------------------------------------------------
 
@@ -118,12 +171,30 @@ class Account:
         if slots is not None:
             slots.take_now(1, end)
 
-    def earliest(self, gpus: int, preemptible: bool) -> float:
-        """Earliest time the quota lets the job start, given what is promised already."""
+    def earliest(
+        self, gpus: int, preemptible: bool, stops: list[tuple[int, float, float]] | None = None
+    ) -> float:
+        """Earliest time the quota lets the job start, given what is promised already;
+        ``stops``: as if these (gpus, end, stop time) running jobs were being stopped."""
         cap = self.guaranteed + self.borrow_limit if preemptible else self.guaranteed
+        if stops:
+            return self._earliest_after(gpus, cap, stops)
         start = (self._gpu_timeline or self._gpus()).earliest(gpus, cap)
         if self.max_running is not None:
             slots = self._job_timeline or self._job_slots()
+            start = max(start, slots.earliest(1, self.max_running))
+        return start
+
+    def _earliest_after(self, gpus: int, cap: int, stops: list[tuple[int, float, float]]) -> float:
+        timeline = self._gpus().copy()
+        slots = self._job_slots()
+        slots = slots.copy() if slots is not None else None
+        for count, end, when in stops:
+            timeline.move(count, end, when)
+            if slots is not None:
+                slots.move(1, end, when)
+        start = timeline.earliest(gpus, cap)
+        if slots is not None:
             start = max(start, slots.earliest(1, self.max_running))
         return start
 

@@ -20,8 +20,9 @@ class Placement:
 class Preemption:
     """Stop ``victim_id`` (with its grace period) so that ``preemptor_id`` can start.
 
-    ``reason`` is ``"priority"`` (a higher class preempts a lower, preemptible one) or
-    ``"reclaim"`` (a tenant below its guarantee takes back borrowed GPUs).
+    ``reason`` is ``"priority"`` (a higher class preempts a lower, preemptible one, of
+    another tenant or of its own) or ``"reclaim"`` (a tenant below its guarantee takes
+    back borrowed GPUs).
     """
 
     victim_id: int

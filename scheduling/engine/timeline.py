@@ -61,6 +61,26 @@ class UnitTimeline:
             return INF
         return self.releases[need - 1]
 
+    def move(self, count: int, old: float, new: float) -> None:
+        """Units of a job that was to free them at ``old`` are freed at ``new`` instead
+        (the job is being stopped). Units a reservation already took over stay with it."""
+        releases = self.releases
+        first = bisect_left(releases, old)
+        moved = min(count, bisect_right(releases, old) - first)
+        if moved > 0:
+            del releases[first : first + moved]
+            _insert(releases, new, moved)
+
+    def copy(self) -> UnitTimeline:
+        """An independent copy (to try a change without making it)."""
+        twin = UnitTimeline.__new__(UnitTimeline)
+        twin.now = self.now
+        twin.used = self.used
+        twin.pencilled = self.pencilled
+        twin.releases = list(self.releases)
+        twin.holes = list(self.holes)
+        return twin
+
     def reserve(self, count: int, start: float, end: float, hold_now: bool = True) -> None:
         """Promise ``count`` units from ``start`` (>= ``earliest``) until ``end``.
 

@@ -9,9 +9,8 @@ decision comes from :func:`scheduling.engine.plan` (:mod:`.replay`), and summed 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-
 from .model import ClassSpec, NodeSpec, Scenario, SimJob, Trace, TraceJob, WorkloadSpec
+from .parallel import compare, replay_split
 from .policies import DEFAULT_POLICIES, POLICIES, Policy, parse_policies
 from .scenario import ScenarioOptions, build_scenario
 from .simulation import JobRun, Replay, ReplayResult, SimConfig, replay
@@ -38,22 +37,5 @@ __all__ = [
     "compare",
     "parse_policies",
     "replay",
+    "replay_split",
 ]
-
-
-def compare(
-    scenario: Scenario,
-    policies: Sequence[Policy],
-    config: SimConfig | None = None,
-    progress: Callable[[float], None] | None = None,
-) -> list[ReplayResult]:
-    """Replay one scenario under each policy in turn; ``progress`` gets 0..1 overall."""
-    results = []
-    for number, policy in enumerate(policies):
-
-        def step(fraction: float, number: int = number) -> None:
-            if progress is not None:
-                progress((number + fraction) / len(policies))
-
-        results.append(replay(scenario, policy, config, step))
-    return results

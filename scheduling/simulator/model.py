@@ -63,6 +63,7 @@ class Trace:
     jobs: list[TraceJob]
     nodes: list[NodeSpec] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    independent_pools: bool = False  # pools are separate clusters with separate users
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +120,8 @@ class Scenario:
 
     ``workloads`` maps a workload type to its policy; ``""`` is the default for types
     not listed. ``notes`` say what was chosen and why (cluster size, skipped jobs).
+    ``independent_pools``: the pools share no tenant either, so they may be replayed
+    separately (see :mod:`.parallel`).
     """
 
     name: str
@@ -128,6 +131,7 @@ class Scenario:
     workloads: dict[str, WorkloadSpec]
     jobs: list[SimJob]
     notes: list[str] = field(default_factory=list)
+    independent_pools: bool = False
 
     @property
     def capacity(self) -> int:

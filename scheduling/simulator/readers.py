@@ -82,7 +82,8 @@ def itp_cluster_files(directory: Path, cluster: str | None = None) -> list[Path]
 
 
 def read_itp(directory: Path, cluster: str | None = None) -> Trace:
-    """ITP jobs, each cluster file as its own pool (the clusters share no GPUs)."""
+    """ITP jobs, each cluster file as its own pool: the clusters share no GPU and no user,
+    so the trace's pools are independent (each gets its own tenants)."""
     jobs: list[TraceJob] = []
     skipped = 0
     files = itp_cluster_files(directory, cluster)
@@ -102,7 +103,7 @@ def read_itp(directory: Path, cluster: str | None = None) -> Trace:
     notes = [f"trace: {len(jobs):,} jobs from {len(files)} ITP cluster file(s), one pool each"]
     if skipped:
         notes.append(f"skipped {skipped:,} jobs without a duration or GPUs")
-    return Trace(name, jobs, notes=notes)
+    return Trace(name, jobs, notes=notes, independent_pools=True)
 
 
 # -- Alibaba PAI 2023 ----------------------------------------------------------------------
@@ -119,9 +120,7 @@ def read_alibaba_nodes(directory: Path) -> list[NodeSpec]:
     return nodes
 
 
-def read_alibaba(
-    directory: Path, pods: str = "default", fractional: str = "round-up"
-) -> Trace:
+def read_alibaba(directory: Path, pods: str = "default", fractional: str = "round-up") -> Trace:
     """Alibaba PAI pods as jobs, with the trace's node list as the cluster.
 
     A pod is submitted at ``creation_time`` and runs from ``scheduled_time`` to

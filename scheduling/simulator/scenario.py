@@ -197,9 +197,13 @@ def build_cluster(
 
 
 def assign_tenants_and_classes(
-    jobs: list[TraceJob], options: ScenarioOptions
+    jobs: list[TraceJob], options: ScenarioOptions, per_pool: bool = False
 ) -> tuple[list[TraceJob], list[str]]:
-    """Fill in missing tenants and classes with a seeded RNG (see the module docstring)."""
+    """Fill in missing tenants and classes with a seeded RNG (see the module docstring).
+
+    ``per_pool``: the pools are separate clusters, each with its own tenants, named
+    ``<pool>-t1`` and so on.
+    """
     rng = random.Random(options.seed)
     tenants = [f"t{number}" for number in range(1, max(options.tenants, 1) + 1)]
     weights = zipf_weights(len(tenants))
@@ -215,13 +219,16 @@ def assign_tenants_and_classes(
         class_draw = rng.choices(class_names, class_weights)[0]
         if not tenant:
             tenant, drew_tenants = tenant_draw, True
+            if per_pool and job.pool:
+                tenant = f"{job.pool}-{tenant}"
         if not cls:
             cls, drew_classes = class_draw, True
         filled.append(replace(job, tenant=tenant, priority_class=cls))
     notes = []
     if drew_tenants:
         shares = ", ".join(f"{t} {w:.0%}" for t, w in zip(tenants, weights, strict=True))
-        notes.append(f"tenants: none in the trace; drawn with seed {options.seed}: {shares}")
+        where = " in each pool (its own tenants)" if per_pool else ""
+        notes.append(f"tenants: none in the trace; drawn with seed {options.seed}{where}: {shares}")
     if drew_classes:
         mix = ", ".join(f"{name} {weight:.0%}" for name, weight in options.class_mix)
         notes.append(f"classes: none in the trace; drawn: {mix}")
@@ -307,7 +314,7 @@ def build_scenario(trace: Trace, options: ScenarioOptions | None = None) -> Scen
         notes.append(f"jobs: the first {len(picked):,} of {len(trace.jobs):,} by submit time")
     nodes, cluster_notes = build_cluster(trace, picked, options)
     notes.extend(cluster_notes)
-    filled, assign_notes = assign_tenants_and_classes(picked, options)
+    filled, assign_notes = assign_tenants_and_classes(picked, options, trace.independent_pools)
     notes.extend(assign_notes)
     jobs = sim_jobs(filled, nodes, limit_factor=options.limit_factor, limit_cap=options.limit_cap)
     classes, class_notes = known_classes(jobs, DEFAULT_CLASSES)
@@ -322,4 +329,5 @@ def build_scenario(trace: Trace, options: ScenarioOptions | None = None) -> Scen
         workloads=dict(DEFAULT_WORKLOADS),
         jobs=jobs,
         notes=notes,
+        independent_pools=trace.independent_pools,
     )

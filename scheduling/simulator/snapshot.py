@@ -50,11 +50,15 @@ class SnapshotBuilder:
                 self._models[gpu_id] = spec.model
                 self._nodes[gpu_id] = node_id
             self.nodes_by_pool[spec.pool].append(NodeInfo(node_id, spec.name, spec.pool, gpus))
-        tenants = sorted({job.tenant for job in scenario.jobs} | {q.tenant for q in scenario.quotas})
+        tenants = sorted(
+            {job.tenant for job in scenario.jobs} | {q.tenant for q in scenario.quotas}
+        )
         # One queue per tenant: the queue a job was submitted to changes nothing for
         # the engine unless it is strict FIFO or closed, which replays never use.
         self.queue_ids = {tenant: number for number, tenant in enumerate(tenants, 1)}
-        self.queues = [QueueInfo(number, tenant, tenant) for tenant, number in self.queue_ids.items()]
+        self.queues = [
+            QueueInfo(number, tenant, tenant) for tenant, number in self.queue_ids.items()
+        ]
         self.quotas = list(scenario.quotas)
 
     def gpu_label(self, gpu_id: int) -> tuple[str, int]:

@@ -227,11 +227,22 @@ def check_plan(snap: Snapshot, result: Plan) -> None:
             preemptor.can_preempt and victim.preemptible and victim.priority < preemptor.priority
         )
         assert by_priority or victim.borrowed, "victim neither of a lower class nor borrowed"
+        if victim.tenant == preemptor.tenant:
+            assert by_priority, "own-tenant victim not of a lower, preemptible class"
         assert preemption.reason in (reasons.PREEMPT_PRIORITY, reasons.PREEMPT_RECLAIM)
         if preemption.reason == reasons.PREEMPT_RECLAIM:
             assert victim.borrowed and victim.tenant != preemptor.tenant
+        else:
+            assert by_priority
         preempting = result.pending[preemption.preemptor_id]
         assert preempting.code == reasons.WAITING_FOR_PREEMPTION
+        # The victims free GPUs (or quota) in the slice the preemptor waits for.
+        assert preempting.reserved_gpu_ids
+        _, wanted = gpus[preempting.reserved_gpu_ids[0]]
+        for gpu_id in victim.gpu_ids:
+            if gpu_id in gpus:
+                _, held = gpus[gpu_id]
+                assert (held.model, held.memory_mb) == (wanted.model, wanted.memory_mb)
 
     assert set(result.pending) | placed == set(pending), "every job placed or explained"
     assert not set(result.pending) & placed

@@ -1,5 +1,7 @@
 """Victim choice, and what happens in the cycles after a preemption."""
 
+import dataclasses
+
 from engine_builders import NOW, gpu_ids, job, node, quota, run_plan, running, snapshot
 
 from scheduling.engine import reasons
@@ -155,3 +157,191 @@ def test_gpus_promised_to_an_earlier_job_are_not_preempted_for_a_later_one():
     assert result.preemptions == []
     assert result.pending[1].code == reasons.WAITING_FOR_GPUS
     assert result.pending[1].estimated_start == NOW + 7200
+
+
+# -- within-tenant priority preemption ------------------------------------------------------
+
+LONG = 86400
+
+
+def _handed_back(item, info):
+    """The pending job as the dispatch loop passes it to the next cycle."""
+    return dataclasses.replace(
+        item,
+        reserved_gpu_ids=info.reserved_gpu_ids,
+        reserved_start=info.estimated_start if info.reserved_gpu_ids else None,
+    )
+
+
+def test_own_tenant_preemption_over_three_cycles():
+    # DESIGN §6 (a) inside one tenant: nlp's guarantee is held by its own low job; a
+    # high, non-preemptible job of nlp (it must fit the guarantee) preempts it.
+    nodes, quotas = [node(1, gpus=4)], [quota("nlp", 4, 4)]
+    low = running(10, "nlp", gpu_ids(1, 0, 1, 2, 3), "low", age=5000, runtime=LONG)
+    high = job(1, "nlp", gpus=4, cls="high", preemptible=False)
+
+    first = run_plan(snapshot(nodes, quotas, [high], [low]))
+    (preemption,) = first.preemptions
+    assert (preemption.victim_id, preemption.preemptor_id) == (10, 1)
+    assert preemption.reason == reasons.PREEMPT_PRIORITY
+    assert "class high, higher than low" in preemption.message
+    info = first.pending[1]
+    assert info.code == reasons.WAITING_FOR_PREEMPTION
+    assert info.estimated_start == NOW + 30  # the victim's grace period
+    assert info.reserved_gpu_ids == low.gpu_ids
+    assert "quota" in info.message
+
+    # The victim is stopping for the job: nothing more is preempted, the job waits.
+    stopping = dataclasses.replace(low, stopping=True, preempted_by=1)
+    second = run_plan(snapshot(nodes, quotas, [_handed_back(high, info)], [stopping], now=NOW + 10))
+    assert second.preemptions == [] and second.placements == []
+    assert second.pending[1].code == reasons.WAITING_FOR_PREEMPTION
+    assert second.pending[1].reserved_gpu_ids == low.gpu_ids
+    assert second.pending[1].estimated_start == NOW + 40
+
+    # The victim is gone and requeued: the job starts inside the guarantee, the victim
+    # waits for quota without preempting anything or taking the job's GPUs.
+    requeued = job(10, "nlp", gpus=4, cls="low")
+    pending = [_handed_back(high, second.pending[1]), requeued]
+    third = run_plan(snapshot(nodes, quotas, pending, [], now=NOW + 40))
+    assert [(p.job_id, p.gpu_ids, p.borrowed) for p in third.placements] == [
+        (1, low.gpu_ids, False)
+    ]
+    assert third.preemptions == []
+    assert third.pending[10].code == reasons.WAITING_FOR_QUOTA
+
+
+def test_preemptible_job_frees_its_borrowing_limit_and_runs_borrowed():
+    nodes, quotas = [node(1)], [quota("nlp", 4, 4)]
+    run = [
+        running(10, "nlp", gpu_ids(1, 0, 1, 2, 3), "low", age=5000, runtime=LONG),
+        running(11, "nlp", gpu_ids(1, 4, 5, 6, 7), "low", borrowed=True, runtime=LONG),
+    ]
+    high = job(1, "nlp", gpus=4, cls="high")
+    first = run_plan(snapshot(nodes, quotas, [high], run))
+    assert _victims(first) == [11]
+    run[1] = dataclasses.replace(run[1], stopping=True, preempted_by=1)
+    second = run_plan(snapshot(nodes, quotas, [_handed_back(high, first.pending[1])], run))
+    assert second.preemptions == []
+    assert second.pending[1].code == reasons.WAITING_FOR_PREEMPTION
+    third = run_plan(snapshot(nodes, quotas, [high], run[:1], now=NOW + 30))
+    assert [(p.job_id, p.gpu_ids, p.borrowed) for p in third.placements] == [
+        (1, gpu_ids(1, 4, 5, 6, 7), True)
+    ]
+
+
+def test_own_tenant_victims_in_victim_order():
+    # Borrowed first, then the lowest class, then the most recently started.
+    nodes, quotas = [node(1)], [quota("nlp", 6, 2)]
+    run = [
+        running(10, "nlp", gpu_ids(1, 0, 1), "normal", age=900, runtime=LONG),
+        running(11, "nlp", gpu_ids(1, 2, 3), "low", age=5000, runtime=LONG),
+        running(12, "nlp", gpu_ids(1, 4, 5), "low", age=100, runtime=LONG),
+        running(13, "nlp", gpu_ids(1, 6, 7), "normal", borrowed=True, age=50, runtime=LONG),
+    ]
+    for gpus, victims in ((2, [13]), (4, [12, 13]), (6, [11, 12, 13])):
+        result = run_plan(snapshot(nodes, quotas, [job(1, "nlp", gpus=gpus, cls="high")], run))
+        assert _victims(result) == victims
+
+
+def test_quota_victim_on_another_node_keeps_the_idle_gpus_usable():
+    # The job lacks quota only; its own low job on node 1 frees quota and GPUs at once,
+    # so it waits for those GPUs and node 2 stays free for others now.
+    nodes = [node(1, gpus=4), node(2, gpus=4)]
+    quotas = [quota("nlp", 4), quota("b", 4)]
+    run = [running(10, "nlp", gpu_ids(1, 0, 1, 2, 3), "low", age=5000, runtime=LONG)]
+    pending = [job(1, "nlp", gpus=4, cls="high", preemptible=False), job(2, "b", gpus=4)]
+    result = run_plan(snapshot(nodes, quotas, pending, run))
+    assert _victims(result) == [10]
+    assert result.pending[1].reserved_gpu_ids == gpu_ids(1, 0, 1, 2, 3)
+    assert [(p.job_id, p.node_ids) for p in result.placements] == [(2, (2,))]
+
+
+def test_quota_held_by_a_stopping_job_waits_for_the_job_it_was_stopped_for():
+    # Job 1 of nlp comes first (same class, older) but must not count on the quota of
+    # the job stopped for job 2, nor on its GPUs.
+    nodes = [node(1, gpus=4), node(2, gpus=4)]
+    quotas = [quota("nlp", 4)]
+    run = [
+        running(10, "nlp", gpu_ids(1, 0, 1, 2, 3), "low", stopping=True, preempted_by=2),
+    ]
+    pending = [
+        job(1, "nlp", gpus=4, cls="high", preemptible=False, can_preempt=False),
+        job(2, "nlp", gpus=4, cls="high", preemptible=False),
+    ]
+    result = run_plan(snapshot(nodes, quotas, pending, run))
+    assert result.preemptions == [] and result.placements == []
+    assert result.pending[1].code == reasons.WAITING_FOR_QUOTA
+    assert result.pending[2].code == reasons.WAITING_FOR_PREEMPTION
+    assert result.pending[2].estimated_start == NOW + 30
+
+
+def test_quota_of_a_stopping_job_serves_one_waiting_job_only():
+    # Nobody stopped the job for anyone: the first waiting job takes its quota, the next
+    # one waits for quota again.
+    nodes = [node(1, gpus=4), node(2, gpus=4)]
+    quotas = [quota("nlp", 4)]
+    run = [running(10, "nlp", gpu_ids(1, 0, 1, 2, 3), "low", stopping=True)]
+    pending = [
+        job(1, "nlp", gpus=4, cls="high", preemptible=False),
+        job(2, "nlp", gpus=4, cls="high", preemptible=False),
+    ]
+    result = run_plan(snapshot(nodes, quotas, pending, run))
+    assert result.preemptions == []
+    assert result.pending[1].code == reasons.WAITING_FOR_PREEMPTION
+    assert result.pending[1].estimated_start == NOW + 30
+    assert result.pending[2].code == reasons.WAITING_FOR_QUOTA
+
+
+def test_own_job_holding_gpus_promised_to_an_earlier_job_is_not_preempted():
+    # Job 1 (critical, may not preempt) holds a reservation on the low job's GPUs for
+    # when it ends; job 2 lacks quota held by that low job but must not stop it.
+    quotas = [quota("nlp", 4), quota("b", 8), quota("c", 8)]
+    run = [
+        running(10, "nlp", gpu_ids(1, 0, 1, 2, 3), "low", age=3000, runtime=3600),
+        running(20, "b", gpu_ids(1, 4, 5, 6, 7), "normal", preemptible=False, runtime=LONG),
+    ]
+    pending = [
+        job(1, "c", gpus=4, cls="critical", can_preempt=False),
+        job(2, "nlp", gpus=4, cls="high", preemptible=False),
+    ]
+    result = run_plan(snapshot([node(1)], quotas, pending, run))
+    assert result.preemptions == []
+    assert result.pending[1].code == reasons.WAITING_FOR_GPUS
+    assert result.pending[1].reserved_gpu_ids == gpu_ids(1, 0, 1, 2, 3)
+    assert result.pending[2].code == reasons.WAITING_FOR_QUOTA
+
+
+def test_multi_node_job_stops_own_jobs_on_every_node():
+    nodes = [node(1), node(2), node(3)]
+    quotas = [quota("nlp", 16)]
+    run = [
+        running(10, "nlp", gpu_ids(1, *range(8)), "low", age=5000, runtime=LONG),
+        running(11, "nlp", gpu_ids(2, *range(8)), "normal", age=5000, runtime=LONG),
+    ]
+    pending = [job(1, "nlp", gpus=8, nodes=2, cls="critical")]
+    result = run_plan(snapshot(nodes, quotas, pending, run))
+    # 16 GPUs of quota needed: both jobs stop although node 3 is idle.
+    assert _victims(result) == [10, 11]
+    assert result.pending[1].code == reasons.WAITING_FOR_PREEMPTION
+
+
+def test_inside_its_guarantee_after_the_stops_a_job_may_take_lower_jobs_of_others():
+    # nlp's own low job frees 2 GPUs of quota and GPUs on node 1; 2 more GPUs must come
+    # from b's guaranteed low job there. A non-preemptible job runs inside nlp's
+    # guarantee once its own job is gone, so it may; a preemptible one would borrow
+    # (guarantee 2 + borrowing 2), and a borrower never takes guaranteed GPUs of others.
+    nodes = [node(1, gpus=4), node(2, gpus=4)]
+    run = [
+        running(10, "nlp", gpu_ids(1, 0, 1), "low", runtime=LONG),
+        running(21, "b", gpu_ids(1, 2, 3), "low", runtime=LONG),
+        running(20, "b", gpu_ids(2, 0, 1, 2, 3), "low", runtime=LONG),
+    ]
+    inside = [quota("nlp", 4), quota("b", 8)]
+    result = run_plan(snapshot(nodes, inside, [job(1, "nlp", gpus=4, cls="critical")], run))
+    assert {p.victim_id: p.reason for p in result.preemptions} == {10: "priority", 21: "priority"}
+
+    borrowing = [quota("nlp", 2, 2), quota("b", 8)]
+    result = run_plan(snapshot(nodes, borrowing, [job(1, "nlp", gpus=4, cls="high")], run))
+    assert result.preemptions == []
+    assert result.pending[1].code == reasons.WAITING_FOR_QUOTA

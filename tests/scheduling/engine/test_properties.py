@@ -1,6 +1,6 @@
 """Properties of every plan, over random clusters, quotas, running and pending jobs."""
 
-from engine_builders import NOW, check_plan  # noqa: I001  (test helper, not a package)
+from engine_builders import NOW, Simulation, check_plan  # noqa: I001  (test helper)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -162,3 +162,47 @@ def test_reservations_handed_back_keep_the_invariants(snap, data):
     if snap.running and data.draw(st.booleans()):
         snap.running.pop(data.draw(st.integers(0, len(snap.running) - 1)))
     check_plan(snap, plan(snap))
+
+
+class Requeueing(Simulation):
+    """A simulation in which stopped jobs come back as pending jobs (same tenant, class
+    and size), as the dispatch loop requeues preempted work."""
+
+    def requeue(self, job: RunningJob) -> None:
+        self.snap.pending.append(
+            PendingJob(
+                id=job.id,
+                tenant=job.tenant,
+                project="p",
+                queue_id=1,
+                pool=job.pool,
+                workload_type=job.workload_type,
+                priority=job.priority,
+                priority_class=job.priority_class,
+                preemptible=job.preemptible,
+                can_preempt=job.priority >= 1000,
+                gpus_per_node=len(job.gpu_ids),
+                nodes=1,
+                gpu_models=(job.gpu_model,),
+                min_gpu_memory_mb=0,
+                submitted_at=self.snap.now,
+                max_runtime_seconds=job.max_runtime_seconds,
+            )
+        )
+
+
+@FAST
+@given(snapshots())
+def test_the_cycles_after_preemptions_keep_the_invariants(snap):
+    """Victims stop for their preemptors (their GPUs and quota kept for them), then are
+    gone and requeued: every cycle keeps the invariants (run_plan checks them), and no
+    victim is chosen twice."""
+    sim = Requeueing(snap)
+    victims: set[int] = set()
+    for pause in (1, 60, 60):
+        result = sim.step()
+        stopped = {preemption.victim_id for preemption in result.preemptions}
+        assert not stopped & victims, "a job stopping already was preempted again"
+        victims |= stopped
+        sim.next_event()  # the stopping jobs' stop times
+        sim.advance(sim.snap.now + pause)

@@ -24,6 +24,184 @@ class Scenario:
 
 
 FULL_NODE = gpu_ids(1, *range(8))
+HALF_NODE = gpu_ids(1, 0, 1, 2, 3)
+OTHER_HALF = gpu_ids(1, 4, 5, 6, 7)
+LONG = 86400  # runtime limit of running jobs that would not end soon
+
+
+def high_critical(job_id: int, gpus: int = 4, **kwargs):
+    """A pending job of tenant nlp that may preempt and must fit the guarantee."""
+    return job(job_id, "nlp", gpus=gpus, cls="high", preemptible=False, **kwargs)
+
+
+def low_running(job_id: int, gpus: tuple[int, ...], age: float = 5000, **kwargs):
+    """A running low-class job of tenant nlp, far from its runtime limit."""
+    return running(job_id, "nlp", gpus, "low", age=age, runtime=LONG, **kwargs)
+
+
+# Within-tenant priority preemption (Kueue's withinClusterQueue: LowerPriority): a job
+# whose class may preempt stops lower, preemptible jobs of its own tenant when that frees
+# the quota it lacks (the guarantee for non-preemptible work, guarantee + borrowing for
+# preemptible work) and the GPUs it needs.
+OWN_TENANT = [
+    Scenario(
+        "own tenant: a higher class stops a lower job of its tenant to fit the guarantee",
+        [node(1, gpus=4)],
+        [quota("nlp", 4, 4)],
+        [high_critical(1)],
+        run=[low_running(10, HALF_NODE)],
+        codes={1: reasons.WAITING_FOR_PREEMPTION},
+        victims={10: "priority"},
+    ),
+    Scenario(
+        "own tenant: guarantee + borrowing exhausted by lower jobs of the tenant",
+        [node(1)],
+        [quota("nlp", 4, 4)],
+        [job(1, "nlp", gpus=4, cls="high")],
+        run=[low_running(10, HALF_NODE), low_running(11, OTHER_HALF, borrowed=True)],
+        codes={1: reasons.WAITING_FOR_PREEMPTION},
+        victims={11: "priority"},  # the borrowed one: the smallest disturbance
+    ),
+    Scenario(
+        "own tenant: the tenant's lower job is borrowed",
+        [node(1, gpus=4)],
+        [quota("nlp", 4, 4)],
+        [high_critical(1)],
+        run=[low_running(10, HALF_NODE, borrowed=True)],
+        codes={1: reasons.WAITING_FOR_PREEMPTION},
+        victims={10: "priority"},
+    ),
+    Scenario(
+        "own tenant: a borrower may stop its tenant's guaranteed lower job for GPUs",
+        [node(1, gpus=4), node(2, gpus=4)],
+        [quota("nlp", 4, 4), quota("b", 4)],
+        [job(1, "nlp", gpus=4, cls="high")],
+        run=[
+            low_running(10, HALF_NODE),
+            running(20, "b", gpu_ids(2, 0, 1, 2, 3), "low", runtime=LONG),
+        ],
+        codes={1: reasons.WAITING_FOR_PREEMPTION},
+        victims={10: "priority"},
+    ),
+    Scenario(
+        "own tenant: stopping frees the quota, the GPUs are idle elsewhere",
+        [node(1, gpus=4), node(2, gpus=4)],
+        [quota("nlp", 4)],
+        [high_critical(1)],
+        run=[low_running(10, HALF_NODE)],
+        codes={1: reasons.WAITING_FOR_PREEMPTION},
+        victims={10: "priority"},
+    ),
+    Scenario(
+        "own tenant: quota from the tenant's job, GPUs from idle ones and a reclaim",
+        [node(1)],
+        [quota("nlp", 8), quota("b", 0, 8)],
+        [high_critical(1, gpus=8)],
+        run=[
+            low_running(10, HALF_NODE),
+            running(20, "b", gpu_ids(1, 4, 5), "normal", borrowed=True, runtime=LONG),
+        ],
+        codes={1: reasons.WAITING_FOR_PREEMPTION},
+        victims={10: "priority", 20: "reclaim"},
+    ),
+    Scenario(
+        "own tenant: a job of the tenant serves better than another tenant's borrower",
+        [node(1, gpus=4), node(2, gpus=4)],
+        [quota("nlp", 4), quota("b", 0, 4)],
+        [high_critical(1)],
+        run=[
+            running(20, "b", HALF_NODE, "low", borrowed=True, runtime=LONG),
+            low_running(10, gpu_ids(2, 0, 1, 2, 3)),
+        ],
+        codes={1: reasons.WAITING_FOR_PREEMPTION},
+        victims={10: "priority"},  # it frees quota and GPUs at once
+    ),
+    Scenario(
+        "own tenant: the same class is no victim",
+        [node(1, gpus=4)],
+        [quota("nlp", 4, 4)],
+        [high_critical(1)],
+        run=[running(10, "nlp", HALF_NODE, "high", age=5000, runtime=LONG)],
+        codes={1: reasons.WAITING_FOR_QUOTA},
+    ),
+    Scenario(
+        "own tenant: non-preemptible work is no victim",
+        [node(1, gpus=4)],
+        [quota("nlp", 4, 4)],
+        [high_critical(1)],
+        run=[low_running(10, HALF_NODE, preemptible=False)],
+        codes={1: reasons.WAITING_FOR_QUOTA},
+    ),
+    Scenario(
+        "own tenant: a class that may not preempt waits for quota",
+        [node(1, gpus=4)],
+        [quota("nlp", 4, 4)],
+        [high_critical(1, can_preempt=False)],
+        run=[low_running(10, HALF_NODE)],
+        codes={1: reasons.WAITING_FOR_QUOTA},
+    ),
+    Scenario(
+        "own tenant: never a victim younger than its minimum runtime",
+        [node(1, gpus=4)],
+        [quota("nlp", 4, 4)],
+        [high_critical(1)],
+        run=[running(10, "nlp", HALF_NODE, "low", age=60, min_runtime=600, runtime=LONG)],
+        codes={1: reasons.WAITING_FOR_QUOTA},
+    ),
+    Scenario(
+        "own tenant: training never stops the tenant's inference",
+        [node(1, gpus=4, pool="shared")],
+        [quota("nlp", 4, 4, pool="shared")],
+        [high_critical(1, pool="shared")],
+        run=[low_running(10, HALF_NODE, pool="shared", workload="inference")],
+        codes={1: reasons.WAITING_FOR_QUOTA},
+    ),
+    Scenario(
+        "own tenant: no preemption when the quota frees within the grace period anyway",
+        [node(1, gpus=4)],
+        [quota("nlp", 4, 4)],
+        [high_critical(1)],
+        run=[running(10, "nlp", HALF_NODE, "low", age=3590, runtime=3600)],
+        codes={1: reasons.WAITING_FOR_QUOTA},
+    ),
+    Scenario(
+        "own tenant: no preemption when preemption is disabled",
+        [node(1, gpus=4)],
+        [quota("nlp", 4, 4)],
+        [high_critical(1)],
+        run=[low_running(10, HALF_NODE)],
+        flags={"preemption": False},
+        codes={1: reasons.WAITING_FOR_QUOTA},
+    ),
+    Scenario(
+        "own tenant: never a job of another pool",
+        [node(1, gpus=4), node(2, gpus=4, pool="other")],
+        [quota("nlp", 4, pool="other"), quota("nlp", 4)],
+        [high_critical(1)],
+        run=[
+            low_running(10, gpu_ids(2, 0, 1, 2, 3), pool="other"),
+            running(11, "nlp", HALF_NODE, "high", age=5000, runtime=LONG),
+        ],
+        codes={1: reasons.WAITING_FOR_QUOTA},
+    ),
+    Scenario(
+        "own tenant: quota held by a stopping job of the tenant is waited for, not taken",
+        [node(1, gpus=4)],
+        [quota("nlp", 4, 4)],
+        [high_critical(1)],
+        run=[low_running(10, HALF_NODE, stopping=True)],
+        codes={1: reasons.WAITING_FOR_PREEMPTION},
+    ),
+    Scenario(
+        "own tenant: one running-job slot freed under max running jobs",
+        [node(1)],
+        [quota("nlp", 8, max_jobs=2)],
+        [high_critical(1, gpus=2)],
+        run=[low_running(10, gpu_ids(1, 0, 1)), low_running(11, gpu_ids(1, 2, 3), age=1000)],
+        codes={1: reasons.WAITING_FOR_PREEMPTION},
+        victims={11: "priority"},  # the more recently started one
+    ),
+]
 
 SCENARIOS = [
     Scenario(
@@ -351,6 +529,9 @@ SCENARIOS = [
         },
     ),
 ]
+
+
+SCENARIOS += OWN_TENANT
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])

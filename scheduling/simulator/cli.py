@@ -1,0 +1,129 @@
+"""The command line of the simulator: ``manage.py simulate`` or ``python -m scheduling.simulator``.
+
+Reads a trace, builds the scenario (printing what it chose and why), replays it under each
+policy, prints a table and writes JSON, CSV and a chart into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from .parallel import compare
+from .policies import DEFAULT_POLICIES, parse_policies
+from .readers import ALIBABA_PODS, FRACTIONAL_MODES, TraceError, load_trace
+from .report import payload, table, write_chart, write_csv, write_json
+from .scenario import ScenarioOptions, build_scenario
+from .simulation import SimConfig
+
+DAY = 86400
+
+
+def default_traces_dir() -> Path:
+    """``SLUICE_TRACES_DIR``, else ``shared/traces`` beside the project checkout."""
+    configured = os.environ.get("SLUICE_TRACES_DIR")
+    if configured:
+        return Path(configured)
+    return Path(__file__).resolve().parents[3] / "shared" / "traces"
+
+
+def add_arguments(parser: argparse.ArgumentParser, *, out_dir: Path) -> None:
+    """The options of ``simulate`` (shared by the management command)."""
+    add = parser.add_argument
+    add("--trace", required=True, help="itp-2021, alibaba-pai-2023 or a path to a CSV file")
+    add("--policy", default=",".join(DEFAULT_POLICIES), help="comma-separated policies")
+    add("--nodes", type=int, help="nodes per pool (default: smallest keeping load < 100 %%)")
+    add("--gpus-per-node", type=int, default=8)
+    add("--tenants", type=int, default=4, help="tenants drawn for jobs that have none")
+    add("--seed", type=int, default=1)
+    add("--limit-factor", type=float, default=2.0, help="declared limit = duration x this")
+    add("--limit-cap", type=float, default=7 * DAY, help="longest declared limit, seconds")
+    add("--checkpoint-interval", type=float, default=1800.0, help="seconds (0: none)")
+    add("--dispatch-interval", type=float, default=5.0, help="seconds between cycles")
+    add("--max-waiting-per-tenant", type=int, default=0, help="cycle window (0: all jobs)")
+    add("--keep-reservations", action=argparse.BooleanOptionalAction, default=True)
+    add("--cluster", help="ITP: one cluster (cluster01..cluster10) instead of all")
+    add("--max-jobs", type=int, help="replay only the first N jobs by submit time")
+    add("--alibaba-pods", choices=sorted(ALIBABA_PODS), default="default")
+    add("--fractional", choices=FRACTIONAL_MODES, default="round-up")
+    add("--traces-dir", type=Path, default=default_traces_dir())
+    add("--workers", type=int, default=os.cpu_count() or 1, help="processes for ITP's pools")
+    add("--out", type=Path, default=out_dir, help="folder for the JSON, CSV and chart")
+    add("--json", type=Path, help="JSON file (default: <out>/<trace>.json)")
+    add("--csv", type=Path, help="CSV file (default: <out>/<trace>.csv)")
+    add("--chart", type=Path, help="PNG or SVG chart (default: <out>/<trace>.png)")
+
+
+def _file_stem(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "trace"
+
+
+def run(options: dict, write: Callable[[str], None] = print) -> list[dict]:
+    """Run a comparison from parsed options; returns the summaries, one per policy."""
+    policies = parse_policies(options["policy"])
+    trace = load_trace(
+        options["trace"],
+        Path(options["traces_dir"]),
+        cluster=options.get("cluster"),
+        alibaba_pods=options.get("alibaba_pods") or "default",
+        fractional=options.get("fractional") or "round-up",
+    )
+    scenario = build_scenario(
+        trace,
+        ScenarioOptions(
+            nodes=options.get("nodes"),
+            gpus_per_node=options["gpus_per_node"],
+            tenants=options["tenants"],
+            seed=options["seed"],
+            limit_factor=options["limit_factor"],
+            limit_cap=options["limit_cap"],
+            max_jobs=options.get("max_jobs"),
+        ),
+    )
+    config = SimConfig(
+        dispatch_interval=options["dispatch_interval"],
+        checkpoint_interval=options["checkpoint_interval"],
+        keep_reservations=options["keep_reservations"],
+        max_waiting_per_tenant=options["max_waiting_per_tenant"],
+    )
+    write(f"Replaying {trace.name}: {len(scenario.jobs):,} jobs on {scenario.capacity:,} GPUs")
+    for note in scenario.notes:
+        write(f"  {note}")
+    results = compare(scenario, policies, config, workers=options["workers"])
+    settings = {key: str(value) for key, value in sorted(options.items()) if value is not None}
+    data = payload(results, scenario.notes, settings)
+    summaries = [entry["summary"] for entry in data["policies"]]
+    write("")
+    write(table(summaries))
+    _write_outputs(options, trace.name, data, summaries, write)
+    return summaries
+
+
+def _write_outputs(options: dict, name: str, data: dict, summaries: list[dict], write) -> None:
+    out = Path(options["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    stem = _file_stem(name)
+    json_path = options.get("json") or out / f"{stem}.json"
+    csv_path = options.get("csv") or out / f"{stem}.csv"
+    chart_path = options.get("chart") or out / f"{stem}.png"
+    write_json(Path(json_path), data)
+    write_csv(Path(csv_path), summaries)
+    write_chart(Path(chart_path), data)
+    write(f"\nWrote {json_path}, {csv_path} and {chart_path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m scheduling.simulator``."""
+    parser = argparse.ArgumentParser(prog="simulate", description=__doc__)
+    add_arguments(parser, out_dir=Path("var/sim"))
+    options = vars(parser.parse_args(argv))
+    try:
+        run(options)
+    except (TraceError, ValueError) as error:
+        print(f"simulate: {error}", file=sys.stderr)
+        return 2
+    return 0
