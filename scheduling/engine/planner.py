@@ -758,9 +758,12 @@ class Planner:
             for record in choice.victims
             if record.account is account
         ]
-        start = max(max(release.values()), account.earliest(job.gpus, job.preemptible, stops))
+        latest = max(release.values())
+        start = max(latest, account.earliest(job.gpus, job.preemptible, stops))
         if start == INF or (slot is not None and slot.start <= start):
             return None  # waiting is as fast as preempting
+        if preemptor.short_of_quota and start > max(latest, account.leaving_until):
+            return None  # earlier jobs of the tenant count on the quota it would free
         for record in choice.victims:
             self._stop(record, job, release[record.job.id], preemptor, account)
         positions = [

@@ -6,18 +6,21 @@ its ``min_runtime_before_preemption``, is not inference work facing training wor
 no GPU promised to an earlier waiting job, and either
 
 - *priority, own tenant*: J's class may preempt and the victim, of J's tenant, is of a
-  lower, preemptible class (Kueue's ``withinClusterQueue: LowerPriority``), or
+  lower, preemptible class, borrowed or not (Kueue's ``withinClusterQueue:
+  LowerPriority``), or
 - *priority, other tenant*: J's class may preempt, the victim's class is lower and
   preemptible, and J runs inside its guarantee or the victim is borrowed (a borrower
   never takes guaranteed GPUs of others), or
 - *reclaim*: J runs inside its tenant's guarantee and the victim, of another tenant,
   runs on borrowed GPUs (whatever its class).
 
-The victims must free enough GPUs for J's gang and, when J's tenant lacks quota for J
-(see :meth:`Preemptor.under`), enough of the tenant's own quota: the quota held by
-victims of J's tenant under the same quota counts as freed at their stop time, as does
-the quota of the tenant's jobs already stopping. "Inside its guarantee" is judged after
-those stops.
+The victims must free enough GPUs for J's gang (with the idle GPUs) and, when J's tenant
+lacks quota for J (see :meth:`Preemptor.under`: the guarantee for non-preemptible work,
+guarantee + borrowing otherwise), enough of that quota: the quota held by J's tenant's
+victims in the slice counts as freed at their stop time, as does that of the tenant's
+jobs already stopping. "Inside its guarantee" is judged after those stops. The planner
+preempts only if that gets J running sooner than waiting, and a job short of quota only
+if it can start once its victims and its tenant's stopping jobs are gone.
 
 On each node the victims are taken in the order borrowed first, lowest class, most
 recently started, until enough GPUs would be free; victims that turn out unnecessary are
@@ -27,14 +30,14 @@ the lowest highest class, fewest victims, fewest GPUs freed beyond need.
 Searching every node for every preemptor would cost O(pending x nodes). Instead each kind
 of preemptor (slice, size, class, training or not, inside its guarantee or not) keeps a
 heap of node costs; a node is re-evaluated only when it changed since (lazy deletion).
-The heap ignores the preemptor's tenant (only "reclaim from another tenant" and "own
-jobs" depend on it), so its costs are lower bounds, except on nodes where a borrower's
-own non-borrowed jobs could be victims, and the few best nodes are re-evaluated exactly.
-When the job lacks quota, or is a borrower whose tenant has such jobs in the slice, a
-second, tenant-specific search runs over the tenant's own possible victims only: it takes
-the quota victims first (victim order), then evaluates the nodes holding the tenant's
-jobs and the best nodes of the heap search, each with those quota victims counted, and
-drops the victims that are not needed after all.
+The heaps ignore the preemptor's tenant: their costs are lower bounds (a tenant can only
+be refused a victim another tenant could take, except a borrower's own guaranteed jobs),
+and the few best nodes are re-evaluated exactly. Own jobs are searched apart, by a
+tenant-specific search over the tenant's possible victims only, when J lacks quota or
+is a borrower whose tenant runs guaranteed lower jobs in the slice: it takes the quota
+victims first (victim order, none more than needed), evaluates the nodes holding the
+tenant's jobs with them, asks the heaps for other nodes unless one of those needs no
+further victim, and drops the victims that are not needed after all.
 """
 
 from __future__ import annotations
@@ -110,12 +113,14 @@ class Rule:
         if record.inference and self.training:
             return False
         victim = record.job
-        lower = self.priority is not None and victim.preemptible and victim.priority < self.priority
-        if victim.tenant == self.tenant:
-            return lower  # own jobs: only a lower, preemptible class, borrowed or not
-        if self.within_guarantee and victim.borrowed:
-            return True
-        return lower and (self.within_guarantee or victim.borrowed)
+        if victim.tenant != self.tenant:
+            if self.within_guarantee:
+                if victim.borrowed:
+                    return True  # reclaim
+            elif not victim.borrowed:
+                return False  # a borrower never takes guaranteed GPUs of others
+        # Own jobs, borrowed or not, and the rest: a lower, preemptible class.
+        return self.priority is not None and victim.preemptible and victim.priority < self.priority
 
 
 @dataclass(frozen=True, slots=True)

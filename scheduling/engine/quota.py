@@ -35,6 +35,7 @@ class Account:
         "jobs",
         "leaving",
         "leaving_jobs",
+        "leaving_until",
         "now",
         "_gpu_releases",
         "_job_releases",
@@ -53,6 +54,7 @@ class Account:
         self.jobs = 0
         self.leaving = 0
         self.leaving_jobs = 0
+        self.leaving_until = now  # when the last stopping job is gone
         self.now = now
         self._gpu_releases: list[float] = []
         self._job_releases: list[float] = []
@@ -83,23 +85,25 @@ class Account:
         self.used += gpus
         self.jobs += 1
         if leaving:
-            self.add_leaving(gpus)
+            self.add_leaving(gpus, end)
         self._gpu_releases.extend([end] * gpus)
         self._job_releases.append(end)
 
     def release_claim(self, gpus: int, end: float) -> None:
         """A stopping job of ``gpus`` GPUs, counted until now as held without end
         because its quota was kept for the job it was stopped for, ends at ``end``."""
-        self.add_leaving(gpus)
+        self.add_leaving(gpus, end)
         self._gpus().move(gpus, INF, end)
         slots = self._job_slots()
         if slots is not None:
             slots.move(1, INF, end)
 
-    def add_leaving(self, gpus: int) -> None:
-        """Quota of a stopping job of ``gpus`` GPUs becomes available to waiting jobs."""
+    def add_leaving(self, gpus: int, end: float) -> None:
+        """Quota of a stopping job of ``gpus`` GPUs, gone by ``end``, becomes available
+        to waiting jobs."""
         self.leaving += gpus
         self.leaving_jobs += 1
+        self.leaving_until = max(self.leaving_until, end)
 
     def take_leaving(self, gpus: int) -> None:
         """A job of ``gpus`` GPUs that will start after the stopping jobs counts on
@@ -133,7 +137,7 @@ class Account:
 
     def stop(self, gpus: int, end: float, when: float) -> None:
         """A running job of ``gpus`` GPUs, due to end at ``end``, is stopped by ``when``."""
-        self.add_leaving(gpus)
+        self.add_leaving(gpus, when)
         self._gpus().move(gpus, end, when)
         slots = self._job_slots()
         if slots is not None:

@@ -13,7 +13,7 @@ from .model import ClassSpec, NodeSpec, Scenario, SimJob, Trace, TraceJob, Workl
 from .parallel import compare, replay_split
 from .policies import DEFAULT_POLICIES, POLICIES, Policy, parse_policies
 from .scenario import ScenarioOptions, build_scenario
-from .simulation import JobRun, Replay, ReplayResult, SimConfig, replay
+from .simulation import JobRun, Replay, ReplayResult, ReplayStalled, SimConfig, replay
 from .snapshot import SnapshotBuilder
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "Policy",
     "Replay",
     "ReplayResult",
+    "ReplayStalled",
     "Scenario",
     "ScenarioOptions",
     "SimConfig",

@@ -13,12 +13,12 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from .parallel import compare
+from .parallel import replay_split
 from .policies import DEFAULT_POLICIES, parse_policies
 from .readers import ALIBABA_PODS, FRACTIONAL_MODES, TraceError, load_trace
 from .report import payload, table, write_chart, write_csv, write_json
 from .scenario import ScenarioOptions, build_scenario
-from .simulation import SimConfig
+from .simulation import ReplayStalled, SimConfig
 
 DAY = 86400
 
@@ -93,12 +93,20 @@ def run(options: dict, write: Callable[[str], None] = print) -> list[dict]:
     write(f"Replaying {trace.name}: {len(scenario.jobs):,} jobs on {scenario.capacity:,} GPUs")
     for note in scenario.notes:
         write(f"  {note}")
-    results = compare(scenario, policies, config, workers=options["workers"])
+    results, failures = [], []
+    for policy in policies:
+        try:
+            results.append(replay_split(scenario, policy, config, options["workers"]))
+        except ReplayStalled as error:
+            failures.append(str(error))
     settings = {key: str(value) for key, value in sorted(options.items()) if value is not None}
-    data = payload(results, scenario.notes, settings)
+    data = payload(trace.name, results, scenario.notes, settings)
+    data["failures"] = failures
     summaries = [entry["summary"] for entry in data["policies"]]
     write("")
     write(table(summaries))
+    for failure in failures:
+        write(f"not replayed: {failure}")
     _write_outputs(options, trace.name, data, summaries, write)
     return summaries
 

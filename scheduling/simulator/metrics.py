@@ -128,8 +128,8 @@ def daily_fairness(runs: list[JobRun], guarantees: dict[str, int]) -> float:
         tenant = run.job.tenant
         if guarantees.get(tenant, 0) <= 0:
             continue
-        for start, end, gpus in run.attempts:
-            _add_by_day(served, tenant, start, end, gpus, origin)
+        for start, end, gpu_ids in run.attempts:
+            _add_by_day(served, tenant, start, end, len(gpu_ids), origin)
         for start, end in run.waits:
             if end > start:
                 first = int((start - origin) // DAY)

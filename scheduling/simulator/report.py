@@ -86,10 +86,10 @@ def table(summaries: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def payload(results: list[ReplayResult], notes: list[str], settings: dict) -> dict:
+def payload(trace: str, results: list[ReplayResult], notes: list[str], settings: dict) -> dict:
     """Everything worth keeping of a comparison, as JSON-ready data."""
     return {
-        "trace": results[0].scenario if results else "",
+        "trace": trace,
         "notes": notes,
         "settings": settings,
         "policies": [

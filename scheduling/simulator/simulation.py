@@ -57,6 +57,10 @@ UNSCHEDULABLE = "unschedulable"  # the engine says it can never start (too big, 
 NEVER_STARTED = "never_started"  # still waiting when nothing else could happen
 
 
+class ReplayStalled(RuntimeError):
+    """The replay is caught in a preemption storm (see ``SimConfig.max_preemptions``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class SimConfig:
     """Settings of a replay that are not part of the scenario.
@@ -73,6 +77,9 @@ class SimConfig:
     each class, like Slurm's ``bf_max_job_user``: far cheaper cycles on long queues, at
     the price of deeper jobs not being considered (for backfill in particular) until
     older ones of their tenant and class have started.
+    ``max_preemptions``: the replay gives up (:class:`ReplayStalled`) after this many
+    preemptions per job on average: jobs preempted again and again for others that then
+    do not start is a policy (or engine) defect worth a report, not hours of replay.
     """
 
     dispatch_interval: float = 5.0
@@ -80,6 +87,7 @@ class SimConfig:
     usage_half_life: float = 7 * 86400.0
     keep_reservations: bool = True
     max_waiting_per_tenant: int = 0
+    max_preemptions: float = 20.0
 
 
 class JobRun:
@@ -127,7 +135,8 @@ class JobRun:
         self.pending_record = pending_record
         self.running_record: RunningJob | None = None
         self.pending_since = job.submit
-        self.attempts: list[tuple[float, float, int]] = []  # (start, end, GPUs) of each run
+        # (start, end, GPU ids) of each run of the job
+        self.attempts: list[tuple[float, float, tuple[int, ...]]] = []
         self.waits: list[tuple[float, float]] = []  # (from, to) of each wait that ended
 
     @property
@@ -194,7 +203,7 @@ class Replay:
         for quota in scenario.quotas:
             self.guaranteed_pool[(quota.tenant, quota.pool)] += max(quota.guaranteed, 0)
         self.usage: dict[str, float] = {}
-        self.usage_time = 0.0
+        self.usage_time = self.usage_origin = 0.0
         self.events: list = []
         self._seq = count()
         self.dirty: set[str] = set()
@@ -205,6 +214,8 @@ class Replay:
         self.series: tuple[list[float], list[int], list[int]] = ([], [], [])
         self.plans = 0
         self.plan_seconds = 0.0
+        self.preemptions = 0
+        self.preemption_budget = max(1000, int(self.config.max_preemptions * len(self.runs)))
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -217,7 +228,7 @@ class Replay:
             key=lambda run: (run.job.submit, run.job.id),
         )
         if order:
-            self.usage_time = order[0].job.submit
+            self.usage_time = self.usage_origin = order[0].job.submit
         for run in order:
             self._push(run.job.submit, ARRIVE, run, 0)
         total = max(len(order), 1)
@@ -365,6 +376,14 @@ class Replay:
         run.remaining -= saved
         run.lost_gpu_seconds += (elapsed - saved) * len(run.gpu_ids)
         run.preemptions += 1
+        self.preemptions += 1
+        if self.preemptions > self.preemption_budget:
+            raise ReplayStalled(
+                f"{self.policy.name}: {self.preemptions:,} preemptions for {len(self.runs):,} "
+                f"jobs by day {(when - self.usage_origin) / 86400:.0f} (job "
+                f"{run.job.name} alone {run.preemptions} times): a preemption storm, "
+                "replay abandoned"
+            )
         self._release(run, when)
         run.epoch += 1
         self._enqueue(run, when)
@@ -423,7 +442,7 @@ class Replay:
     def _release(self, run: JobRun, when: float) -> None:
         job = run.job
         run.gpu_seconds += len(run.gpu_ids) * (when - run.attempt_start)
-        run.attempts.append((run.attempt_start, when, len(run.gpu_ids)))
+        run.attempts.append((run.attempt_start, when, run.gpu_ids))
         del self.running[job.pool][job.id]
         self._hold(job, run.gpu_ids, +1)
         run.running_record = None

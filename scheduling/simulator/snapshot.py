@@ -40,6 +40,7 @@ class SnapshotBuilder:
         self._labels: dict[int, tuple[str, int]] = {}
         self._models: dict[int, str] = {}
         self._nodes: dict[int, int] = {}
+        self._ids: dict[tuple[str, int], int] = {}
         gpu_id = 0
         for node_id, spec in enumerate(scenario.nodes, 1):
             gpus = []
@@ -47,6 +48,7 @@ class SnapshotBuilder:
                 gpu_id += 1
                 gpus.append(GpuInfo(gpu_id, node_id, index, spec.model, spec.memory_mb))
                 self._labels[gpu_id] = (spec.name, index)
+                self._ids[(spec.name, index)] = gpu_id
                 self._models[gpu_id] = spec.model
                 self._nodes[gpu_id] = node_id
             self.nodes_by_pool[spec.pool].append(NodeInfo(node_id, spec.name, spec.pool, gpus))
@@ -64,6 +66,10 @@ class SnapshotBuilder:
     def gpu_label(self, gpu_id: int) -> tuple[str, int]:
         """(node name, GPU index) of a GPU id of this builder."""
         return self._labels[gpu_id]
+
+    def gpu_id(self, node_name: str, index: int) -> int:
+        """The GPU id of a node's GPU (the inverse of :meth:`gpu_label`)."""
+        return self._ids[(node_name, index)]
 
     def gpu_node(self, gpu_id: int) -> int:
         """The node id (in this builder's numbering) of a GPU id."""

@@ -4,8 +4,6 @@ Writes the jobs that ran and ended in the simulator's plain CSV format (see the 
 so that ``manage.py simulate --trace FILE`` replays the cluster's own history.
 """
 
-import sys
-
 from django.core.management.base import BaseCommand
 
 from scheduling.services.whatif import history_jobs, history_trace_jobs
@@ -26,4 +24,4 @@ class Command(BaseCommand):
                 count = write_csv(rows, handle)
             self.stderr.write(f"Wrote {count:,} jobs to {options['out']}")
         else:
-            write_csv(rows, sys.stdout if self.stdout._out is sys.stdout else self.stdout)
+            write_csv(rows, self.stdout)

@@ -345,3 +345,20 @@ def test_inside_its_guarantee_after_the_stops_a_job_may_take_lower_jobs_of_other
     result = run_plan(snapshot(nodes, borrowing, [job(1, "nlp", gpus=4, cls="high")], run))
     assert result.preemptions == []
     assert result.pending[1].code == reasons.WAITING_FOR_QUOTA
+
+
+def test_no_own_tenant_preemption_for_quota_earlier_jobs_count_on():
+    # Job 1 (same class, earlier, may not preempt) waits for the quota job 11 frees when
+    # it ends; job 2 could only start once job 1 is done as well, so stopping both low
+    # jobs now would gain it nothing yet.
+    run = [
+        running(10, "a", gpu_ids(1, 0), "low", age=100, runtime=0),
+        running(11, "a", gpu_ids(1, 1), "low", age=5000, runtime=LONG),
+    ]
+    pending = [
+        job(1, "a", gpus=1, preemptible=False, can_preempt=False, runtime=3600),
+        job(2, "a", gpus=2, preemptible=False, can_preempt=True),
+    ]
+    result = run_plan(snapshot([node(1, gpus=2)], [quota("a", 2)], pending, run))
+    assert result.preemptions == []
+    assert result.pending[2].code == reasons.WAITING_FOR_QUOTA

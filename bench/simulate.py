@@ -1,0 +1,80 @@
+"""Benchmark of the trace-driven simulator (DESIGN.md §11: a 69,000-job trace in <= 60 s).
+
+Run ``.venv/bin/python bench/simulate.py`` (``--quick``: ITP cluster01 only). Replays the
+whole ITP trace (69,351 jobs, ten clusters) under each policy and prints one JSON line per
+policy: wall seconds, engine seconds, cycles, and the headline figures. Traces are read
+from ``../shared/traces`` (or ``SLUICE_TRACES_DIR``). No Django.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from scheduling.simulator import DEFAULT_POLICIES, SimConfig, parse_policies  # noqa: E402
+from scheduling.simulator.cli import default_traces_dir  # noqa: E402
+from scheduling.simulator.metrics import summarize  # noqa: E402
+from scheduling.simulator.parallel import replay_split  # noqa: E402
+from scheduling.simulator.readers import load_trace  # noqa: E402
+from scheduling.simulator.scenario import ScenarioOptions, build_scenario  # noqa: E402
+from scheduling.simulator.simulation import ReplayStalled  # noqa: E402
+
+TARGET_SECONDS = 60.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--trace", default="itp-2021")
+    parser.add_argument("--cluster", help="ITP: one cluster only")
+    parser.add_argument("--policy", default=",".join(DEFAULT_POLICIES))
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--max-waiting-per-tenant", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="ITP cluster01 only")
+    args = parser.parse_args()
+    cluster = "cluster01" if args.quick else args.cluster
+    loaded = time.perf_counter()
+    trace = load_trace(args.trace, default_traces_dir(), cluster=cluster)
+    scenario = build_scenario(trace, ScenarioOptions())
+    setup = time.perf_counter() - loaded
+    config = SimConfig(max_waiting_per_tenant=args.max_waiting_per_tenant)
+    for policy in parse_policies(args.policy):
+        line = {
+            "trace": trace.name,
+            "policy": policy.name,
+            "jobs": len(scenario.jobs),
+            "gpus": scenario.capacity,
+            "workers": args.workers,
+            "max_waiting_per_tenant": args.max_waiting_per_tenant,
+            "read_and_setup_s": round(setup, 2),
+            "target_s": TARGET_SECONDS,
+        }
+        try:
+            result = replay_split(scenario, policy, config, args.workers)
+        except ReplayStalled as error:
+            line.update({"stalled": str(error), "ok": False})
+            print(json.dumps(line), flush=True)
+            continue
+        summary = summarize(result)
+        line.update(
+            {
+                "wall_s": round(result.wall_seconds, 2),
+                "engine_s": round(result.plan_seconds, 2),
+                "cycles": result.plans,
+                "ms_per_cycle": round(1000 * result.plan_seconds / max(result.plans, 1), 3),
+                "wait_avg_h": round(summary["wait_avg_s"] / 3600, 2),
+                "utilization": round(summary["utilization"], 4),
+                "preemptions": summary["preemptions"],
+                "ok": result.wall_seconds <= TARGET_SECONDS,
+            }
+        )
+        print(json.dumps(line), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""``manage.py simulate`` on a plain CSV trace, and ``manage.py export_jobs_csv``."""
+
+import io
+import json
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.utils import timezone
+
+from scheduling.choices import JobState
+from scheduling.simulator.readers import parse_csv
+from tests import factories as f
+
+TRACE = """job_id,submit_time,duration,num_gpus,tenant,priority_class
+a,0,3600,8,nlp,normal
+b,60,3600,8,vision,normal
+c,120,600,2,nlp,high
+d,180,1200,4,vision,low
+e,240,300,1,nlp,
+"""
+
+
+def test_simulate_prints_a_table_and_writes_json_csv_and_chart(tmp_path):
+    trace = tmp_path / "mine.csv"
+    trace.write_text(TRACE)
+    out = io.StringIO()
+
+    call_command("simulate", trace=str(trace), out=tmp_path / "sim", workers=1, nodes=1, stdout=out)
+
+    text = out.getvalue()
+    assert "pool default: 1 nodes x 8 GPUs as asked" in text
+    for policy in ("fifo", "sluice", "sluice-no-backfill"):
+        assert f"\n{policy} " in text
+    data = json.loads((tmp_path / "sim" / "mine.json").read_text())
+    assert [entry["summary"]["policy"] for entry in data["policies"]] == [
+        "fifo",
+        "sluice",
+        "sluice-no-backfill",
+    ]
+    assert all(entry["summary"]["completed"] == 5 for entry in data["policies"])
+    assert (tmp_path / "sim" / "mine.csv").read_text().startswith("trace,policy,jobs")
+    assert (tmp_path / "sim" / "mine.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_simulate_refuses_an_unknown_policy_or_trace(tmp_path):
+    with pytest.raises(CommandError, match="unknown policy"):
+        call_command("simulate", trace="itp-2021", policy="lottery", out=tmp_path)
+    with pytest.raises(CommandError, match="no trace"):
+        call_command("simulate", trace=str(tmp_path / "missing.csv"), out=tmp_path)
+
+
+@pytest.mark.django_db
+def test_export_jobs_csv_writes_finished_jobs_in_the_trace_format(world, tmp_path):
+    started = timezone.now() - timezone.timedelta(hours=2)
+    done = f.JobFactory(
+        queue=world.queue,
+        project=world.project,
+        submitted_by=world.member,
+        state=JobState.SUCCEEDED,
+        gpus_per_node=4,
+        nodes=2,
+        gpu_models=["H100-80GB"],
+        submitted_at=started - timezone.timedelta(minutes=10),
+        started_at=started,
+        finished_at=started + timezone.timedelta(minutes=30),
+        max_runtime_seconds=7200,
+    )
+    f.JobFactory(queue=world.queue, project=world.project, submitted_by=world.member)  # pending
+    path = tmp_path / "history.csv"
+
+    call_command("export_jobs_csv", out=str(path), stderr=io.StringIO())
+
+    (job,) = parse_csv(io.StringIO(path.read_text()))
+    assert job.job_id == str(done.pk)
+    assert (job.num_gpus, job.gpus_per_node, job.duration) == (8, 4, 1800.0)
+    assert (job.tenant, job.priority_class, job.pool) == ("nlp", "normal", "training")
+    assert (job.gpu_models, job.workload_type, job.runtime_limit) == (
+        ("H100-80GB",),
+        "training",
+        7200.0,
+    )
+    assert job.submit_time == pytest.approx(done.submitted_at.timestamp(), abs=0.001)

@@ -1,0 +1,128 @@
+"""Tiny traces whose FIFO and backfill schedules are computed by hand.
+
+All on one node of 4 GPUs, planned at the exact time of every event (dispatch interval
+0) unless a test says otherwise; each job declares its real duration as its limit.
+"""
+
+import pytest
+
+from scheduling.simulator import POLICIES, SimConfig, replay
+from scheduling.simulator.metrics import summarize
+from scheduling.simulator.simulation import COMPLETED
+
+from .conftest import scenario, sim_job
+
+EXACT = SimConfig(dispatch_interval=0)
+
+
+def starts(result) -> dict[str, float]:
+    return {run.job.name: run.first_start for run in result.runs}
+
+
+def test_brief_example_no_gpu_is_idle_before_a_ends_so_backfill_changes_nothing():
+    # A holds all 4 GPUs until 100; at 100 B (submitted before C) takes all 4 until 200:
+    # C (1 GPU, 50 s) finds no idle GPU before 200 under any policy.
+    jobs = [sim_job(1, 0, 100, 4), sim_job(2, 1, 100, 4), sim_job(3, 2, 50, 1)]
+    for policy in ("fifo", "sluice", "sluice-no-backfill"):
+        result = replay(scenario(jobs), POLICIES[policy], EXACT)
+        assert starts(result) == {"job1": 0, "job2": 100, "job3": 200}, policy
+        assert summarize(result)["makespan_s"] == 250
+
+
+# A: 2 GPUs 0-100. B: 4 GPUs, submitted at 1, must wait for A. C: 1 GPU for 50 s at 2:
+# fits the 2 idle GPUs and ends (52) before B's reservation (100), so backfill starts it
+# at once. D: 1 GPU for 200 s at 3 would end after B's start: it waits for B.
+BACKFILL_TRACE = [
+    sim_job(1, 0, 100, 2),
+    sim_job(2, 1, 100, 4),
+    sim_job(3, 2, 50, 1),
+    sim_job(4, 3, 200, 1),
+]
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        ("fifo", {"job1": 0, "job2": 100, "job3": 200, "job4": 200}),
+        ("sluice-no-backfill", {"job1": 0, "job2": 100, "job3": 200, "job4": 200}),
+        ("sluice", {"job1": 0, "job2": 100, "job3": 2, "job4": 200}),
+    ],
+)
+def test_backfill_starts_a_short_job_in_the_hole_before_a_reservation(policy, expected):
+    result = replay(scenario(BACKFILL_TRACE), POLICIES[policy], EXACT)
+
+    assert starts(result) == expected
+    waits = {run.job.name: run.wait for run in result.runs}
+    assert waits == {name: expected[name] - submit for name, submit in _submits().items()}
+    assert all(run.outcome == COMPLETED for run in result.runs)
+
+
+def _submits() -> dict[str, float]:
+    return {job.name: job.submit for job in BACKFILL_TRACE}
+
+
+def test_figures_of_the_backfill_schedule():
+    summary = summarize(replay(scenario(BACKFILL_TRACE), POLICIES["sluice"], EXACT))
+
+    # waits 0, 99, 0, 197; completions 100, 199, 50, 397
+    assert summary["wait_avg_s"] == pytest.approx((0 + 99 + 0 + 197) / 4)
+    assert summary["wait_p50_s"] == pytest.approx(49.5)
+    assert summary["jct_avg_s"] == pytest.approx((100 + 199 + 50 + 397) / 4)
+    assert summary["makespan_s"] == 400
+    busy = 2 * 100 + 4 * 100 + 1 * 50 + 1 * 200
+    assert summary["utilization"] == pytest.approx(busy / (4 * 400))
+    assert summary["preemptions"] == 0
+
+
+def test_cycles_are_coalesced_on_the_dispatch_interval():
+    # With the default 5 s interval, C (submitted at 2) is planned at the tick of 5.
+    result = replay(scenario(BACKFILL_TRACE), POLICIES["sluice"], SimConfig(dispatch_interval=5))
+
+    assert starts(result) == {"job1": 0, "job2": 100, "job3": 5, "job4": 200}
+
+
+def test_a_job_longer_than_its_limit_is_killed_at_the_limit():
+    jobs = [sim_job(1, 0, 500, 1, limit=300), sim_job(2, 0, 100, 4)]
+    result = replay(scenario(jobs), POLICIES["fifo"], EXACT)
+    by_name = {run.job.name: run for run in result.runs}
+
+    assert by_name["job1"].outcome == "timed_out"
+    assert by_name["job1"].finish == 300
+    assert by_name["job2"].first_start == 300
+    assert summarize(result)["timed_out"] == 1
+
+
+def test_a_preempted_job_loses_the_work_since_its_checkpoint_and_is_requeued():
+    # L (low, 4 GPUs, 1000 s) runs from 0; H (high, may preempt) arrives at 700: L stops
+    # after its 5 s grace at 705, keeps its checkpoint of 600 s, and is requeued with
+    # 400 s of work; H runs 705-805, then L 805-1205.
+    jobs = [sim_job(1, 0, 1000, 4, cls="low"), sim_job(2, 700, 100, 4, cls="high")]
+    result = replay(
+        scenario(jobs), POLICIES["sluice"], SimConfig(dispatch_interval=0, checkpoint_interval=600)
+    )
+    low, high = result.runs
+
+    assert high.first_start == 705
+    assert low.preemptions == 1
+    assert low.lost_gpu_seconds == 4 * 105
+    assert [(start, end) for start, end, _ in low.attempts] == [(0, 705), (805, 1205)]
+    assert low.finish == 1205 and low.outcome == COMPLETED
+    assert summarize(result)["lost_gpu_hours"] == pytest.approx(4 * 105 / 3600)
+
+
+def test_fifo_never_preempts():
+    jobs = [sim_job(1, 0, 1000, 4, cls="low"), sim_job(2, 700, 100, 4, cls="high")]
+    result = replay(scenario(jobs), POLICIES["fifo"], EXACT)
+
+    assert starts(result) == {"job1": 0, "job2": 1000}
+    assert summarize(result)["preemptions"] == 0
+
+
+def test_a_job_that_can_never_start_is_set_aside():
+    jobs = [sim_job(1, 0, 100, 8), sim_job(2, 0, 100, 1)]  # 8 GPUs on a 4-GPU node
+    result = replay(scenario(jobs), POLICIES["sluice"], EXACT)
+    by_name = {run.job.name: run for run in result.runs}
+
+    assert by_name["job1"].outcome == "unschedulable"
+    assert by_name["job1"].code == "NO_MATCHING_NODES"
+    assert by_name["job2"].first_start == 0
