@@ -19,9 +19,9 @@ class Account:
     ``leaving_jobs`` are the part of it held by stopping jobs (stopping when the cycle
     starts or preempted in it) that no waiting job counts on yet: that quota counts as
     freed at their stop time, so a job that fits once they are gone waits for them
-    instead of for quota, and takes its share when it gets a reservation. The two timelines
-    plan the future (estimates) and protect reservations: a job may only start now on
-    quota units nobody earlier in the order has been promised.
+    instead of for quota, and takes its share when it gets a reservation. The two
+    timelines plan the future (estimates) and protect reservations: a job may only start
+    now on quota units nobody earlier in the order has been promised.
     """
 
     __slots__ = (

@@ -26,7 +26,7 @@ import math
 import time
 from bisect import bisect_left, insort
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
 from itertools import count, islice
@@ -35,6 +35,7 @@ from scheduling.engine import (
     PendingInfo,
     PendingJob,
     Placement,
+    Plan,
     RunningJob,
     decay_usage,
     plan,
@@ -69,9 +70,9 @@ class SimConfig:
     (0: never), so a preempted job loses what it did since its last checkpoint.
     ``usage_half_life``: fair-share history half-life (Sluice's default is 7 days).
     ``keep_reservations``: hand each pending job's reservation back to the next cycle
-    (``PendingJob.reserved_gpu_ids``), as the engine's contract describes. Without it a
-    job that preempted others may find the freed GPUs taken by a job ordered before it
-    and preempt again, cycle after cycle.
+    (``PendingJob.reserved_gpu_ids``), as the dispatch loop does. Without it a job that
+    preempted others may find the freed GPUs taken by a job ordered before it and
+    preempt again, cycle after cycle.
     ``max_waiting_per_tenant``: 0 (the default) hands every waiting job to each cycle,
     as the dispatch loop does. N > 0 hands only each tenant's N oldest waiting jobs of
     each class, like Slurm's ``bf_max_job_user``: far cheaper cycles on long queues, at
@@ -426,13 +427,14 @@ class Replay:
         self.in_use_pool[job.pool][job.tenant] -= sign * gpus
         self.busy -= sign * gpus
 
-    def _preempt(self, run: JobRun, now: float) -> None:
-        """The engine chose ``run`` as a victim: it stops after its grace period."""
+    def _preempt(self, run: JobRun, preemptor: int, now: float) -> None:
+        """The engine chose ``run`` as a victim for job ``preemptor``: it stops after its
+        grace period, its GPUs kept for that job meanwhile."""
         if run.running_record is None or run.stopping:
             return
         run.stopping = True
         run.running_record = self.builder.running_job(
-            run.job, run.gpu_ids, run.borrowed, run.attempt_start, stopping=True
+            run.job, run.gpu_ids, run.borrowed, run.attempt_start, True, preemptor
         )
         stop_at = now + self.scenario.workload(run.job.workload_type).grace_seconds
         limit = run.job.limit if run.job.limit > 0 else INF
@@ -464,57 +466,64 @@ class Replay:
         """One dispatch cycle of ``pool``: the engine decides, the replay applies."""
         if not self.pending[pool] or not self._worth_a_cycle(pool):
             return
-        policy = self.policy
         while True:
-            pending = self.pending[pool]
-            truncated = policy.global_fifo and len(pending) > self.free[pool] + 1
-            window = self.config.max_waiting_per_tenant
-            if truncated:
-                # Strict FIFO starts a prefix of the submit order, one GPU or more per job:
-                # the jobs after the first (idle GPUs + 1) cannot start in this cycle.
-                selected = islice(pending.values(), self.free[pool] + 1)
-            elif window:
-                by_id = self.by_id
-                selected = [
-                    by_id[job_id]
-                    for group in self.groups[pool].values()
-                    for _, job_id in group[:window]
-                ]
-            else:
-                selected = pending.values()
-            snapshot = self.builder.snapshot(
-                now,
-                [pool],
-                [run.running_record for run in self.running[pool].values()],
-                [run.pending_record for run in selected],
-                self._usage_for(pool),
-                policy,
-            )
-            started = time.perf_counter()
-            result = plan(snapshot)
-            self.plan_seconds += time.perf_counter() - started
-            self.plans += 1
-            for placement in result.placements:
-                self._start(self.by_id[placement.job_id], placement, now)
-            for preemption in result.preemptions:
-                self._preempt(self.by_id[preemption.victim_id], now)
-            # Screened out before the replay; kept as a safety net (an engine that finds
-            # a new reason why a job can never start must not stall the replay).
-            hopeless = [
-                (job_id, info.code)
-                for job_id, info in result.pending.items()
-                if info.code in reasons.NEVER_STARTS
-            ]
-            for job_id, code in hopeless:
-                run = self.by_id[job_id]
-                self._dequeue(run)
-                run.outcome, run.code = UNSCHEDULABLE, code
-            if self.config.keep_reservations:
-                self._keep_reservations(result.pending)
-            if not (hopeless and truncated and self.pending[pool]):
+            selected, truncated = self._select(pool)
+            set_aside = self._apply(self._cycle(pool, now, selected), now)
+            if not (set_aside and truncated and self.pending[pool]):
                 break  # a truncated FIFO cycle that set jobs aside looks further
-        if policy.preemption and self.pending[pool]:
+        if self.policy.preemption and self.pending[pool]:
             self._schedule_wake(pool, now)
+
+    def _select(self, pool: str) -> tuple[Iterable[JobRun], bool]:
+        """The waiting jobs handed to the cycle, and whether some were left out."""
+        pending = self.pending[pool]
+        if self.policy.global_fifo and len(pending) > self.free[pool] + 1:
+            # Strict FIFO starts a prefix of the submit order, one GPU or more per job:
+            # the jobs after the first (idle GPUs + 1) cannot start in this cycle.
+            return islice(pending.values(), self.free[pool] + 1), True
+        window = self.config.max_waiting_per_tenant
+        if window:
+            by_id = self.by_id
+            groups = self.groups[pool].values()
+            return [by_id[job_id] for group in groups for _, job_id in group[:window]], True
+        return pending.values(), False
+
+    def _cycle(self, pool: str, now: float, selected: Iterable[JobRun]) -> Plan:
+        """Build the pool's snapshot and let the engine plan it."""
+        snapshot = self.builder.snapshot(
+            now,
+            [pool],
+            [run.running_record for run in self.running[pool].values()],
+            [run.pending_record for run in selected],
+            self._usage_for(pool),
+            self.policy,
+        )
+        started = time.perf_counter()
+        result = plan(snapshot)
+        self.plan_seconds += time.perf_counter() - started
+        self.plans += 1
+        return result
+
+    def _apply(self, result: Plan, now: float) -> bool:
+        """Start, preempt and set aside what the plan says; True if jobs were set aside."""
+        for placement in result.placements:
+            self._start(self.by_id[placement.job_id], placement, now)
+        for preemption in result.preemptions:
+            self._preempt(self.by_id[preemption.victim_id], preemption.preemptor_id, now)
+        # Screened out before the replay; kept as a safety net (an engine that finds a
+        # new reason why a job can never start must not stall the replay).
+        hopeless = [
+            (job_id, info.code)
+            for job_id, info in result.pending.items()
+            if info.code in reasons.NEVER_STARTS
+        ]
+        for job_id, code in hopeless:
+            run = self.by_id[job_id]
+            self._dequeue(run)
+            run.outcome, run.code = UNSCHEDULABLE, code
+        if self.config.keep_reservations:
+            self._keep_reservations(result.pending)
+        return bool(hopeless)
 
     def _worth_a_cycle(self, pool: str) -> bool:
         """A cheap necessary condition for a cycle to start or stop anything; a cycle

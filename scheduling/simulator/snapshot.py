@@ -5,8 +5,9 @@ database, field by field, so that the same state gives the engine the same input
 (a test checks it): nodes in the scenario's order (the database reader gives them in
 name order, as ``load_snapshot`` does) with their GPUs in index order, a job's
 effective preemptibility from its class and its workload policy, the workload policy's
-grace period and minimum runtime before preemption, and no reservation handed back from
-the previous cycle (the dispatch loop hands none back either).
+grace period and minimum runtime before preemption, and for a job stopping because of a
+preemption the job it makes room for. The replay hands each job's reservation back to
+the next cycle as the dispatch loop does.
 """
 
 from __future__ import annotations
@@ -116,8 +117,10 @@ class SnapshotBuilder:
         borrowed: bool,
         started_at: float,
         stopping: bool = False,
+        preempted_by: int | None = None,
     ) -> RunningJob:
-        """The engine's record of ``job`` holding ``gpu_ids`` since ``started_at``."""
+        """The engine's record of ``job`` holding ``gpu_ids`` since ``started_at``
+        (``preempted_by``: the job a stopping job makes room for)."""
         cls = self._class(job)
         workload = self.scenario.workload(job.workload_type)
         return RunningJob(
@@ -136,6 +139,7 @@ class SnapshotBuilder:
             min_runtime_before_preemption=workload.min_runtime_before_preemption,
             stopping=stopping,
             grace_seconds=workload.grace_seconds,
+            preempted_by=preempted_by,
         )
 
     def snapshot(

@@ -66,7 +66,10 @@ def test_every_job_ends_exactly_once_and_no_gpu_is_held_twice(policy):
 
 
 def test_the_busy_trace_does_preempt_under_sluice():
-    # Otherwise the test above would say nothing about requeues.
+    # Otherwise the test above would say nothing about requeues. Checkpoints as often as
+    # the minimum runtime: with the engine as it stands a borrowed job can be placed
+    # and reclaimed again and again (see the simulator's report), and without progress
+    # saved between two reclaims the replay would end in a preemption storm.
     summary = summarize(
         replay(busy_trace(), POLICIES["sluice"], SimConfig(checkpoint_interval=300))
     )
@@ -95,8 +98,13 @@ def synthetic_trace(pools: int = 1) -> Trace:
 
 
 def test_the_same_seed_gives_the_same_result():
-    first = replay(build_scenario(synthetic_trace(), ScenarioOptions(seed=5)), POLICIES["sluice"])
-    again = replay(build_scenario(synthetic_trace(), ScenarioOptions(seed=5)), POLICIES["sluice"])
+    config = SimConfig(checkpoint_interval=300)
+    first = replay(
+        build_scenario(synthetic_trace(), ScenarioOptions(seed=5)), POLICIES["sluice"], config
+    )
+    again = replay(
+        build_scenario(synthetic_trace(), ScenarioOptions(seed=5)), POLICIES["sluice"], config
+    )
 
     assert _outcome(first) == _outcome(again)
     assert {k: v for k, v in summarize(first).items() if "seconds" not in k} == {
@@ -115,8 +123,9 @@ def test_another_seed_draws_other_tenants_and_classes():
 
 def test_independent_pools_replayed_apart_give_the_same_result():
     scenario_ = build_scenario(synthetic_trace(pools=3), ScenarioOptions(seed=1))
-    together = replay(scenario_, POLICIES["sluice"])
-    apart = replay_split(scenario_, POLICIES["sluice"], workers=2)
+    config = SimConfig(checkpoint_interval=300)  # see test_the_busy_trace_does_preempt...
+    together = replay(scenario_, POLICIES["sluice"], config)
+    apart = replay_split(scenario_, POLICIES["sluice"], config, workers=2)
 
     assert _outcome(apart) == _outcome(together)
     assert apart.series == together.series
