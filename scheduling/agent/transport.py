@@ -243,10 +243,21 @@ class CeleryReportSender:
             result_backend=None,
         )
 
+        # Celery lets the CELERY_BROKER_URL environment variable override the app's broker;
+        # an explicit connection keeps the URL this sender was given.
+        self.connection = broker_connection(url, broker_dir)
+        self.connection.connect_timeout = 2.0
+
     def __call__(self, report: dict[str, Any]) -> None:
         self.app.send_task(
-            REPORT_TASK, args=[report], queue=self.control_queue, retry=False, ignore_result=True
+            REPORT_TASK,
+            args=[report],
+            queue=self.control_queue,
+            retry=False,
+            ignore_result=True,
+            connection=self.connection,
         )
 
     def close(self) -> None:
+        self.connection.release()
         self.app.close()
