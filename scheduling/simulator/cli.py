@@ -96,9 +96,13 @@ def run(options: dict, write: Callable[[str], None] = print) -> list[dict]:
     results, failures = [], []
     for policy in policies:
         try:
-            results.append(replay_split(scenario, policy, config, options["workers"]))
+            result = replay_split(scenario, policy, config, options["workers"])
         except ReplayStalled as error:
             failures.append(str(error))
+            write(f"  {policy.name}: abandoned ({error})")
+            continue
+        results.append(result)
+        write(f"  {policy.name}: replayed in {result.wall_seconds:.1f} s")
     settings = {key: str(value) for key, value in sorted(options.items()) if value is not None}
     data = payload(trace.name, results, scenario.notes, settings)
     data["failures"] = failures

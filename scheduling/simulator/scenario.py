@@ -124,6 +124,10 @@ def _span(jobs: list[TraceJob]) -> float:
     return max(span, 1.0)
 
 
+def _nodes(count: int) -> str:
+    return f"{count} node" if count == 1 else f"{count} nodes"
+
+
 def size_pool(jobs: list[TraceJob], gpus_per_node: int) -> tuple[int, str]:
     """The smallest number of nodes keeping the offered load below 100 %, and why."""
     demand = sum(job.duration * job.num_gpus for job in jobs)
@@ -134,13 +138,13 @@ def size_pool(jobs: list[TraceJob], gpus_per_node: int) -> tuple[int, str]:
     why = (
         f"{len(jobs):,} jobs ask {demand / 3600:,.0f} GPU-hours over "
         f"{span / DAY:.1f} days of submissions = {average:,.1f} GPUs busy on average; "
-        f"{nodes} nodes x {gpus_per_node} GPUs keep the offered load below 100 % "
+        f"{_nodes(nodes)} x {gpus_per_node} GPUs keep the offered load below 100 % "
         f"({average / (nodes * gpus_per_node):.1%})"
     )
     needed = math.ceil(largest / gpus_per_node)
     if needed > nodes:
         nodes = needed
-        why += f"; raised to {nodes} nodes so that the largest job ({largest} GPUs) fits"
+        why += f"; raised to {_nodes(nodes)} so that the largest job ({largest} GPUs) fits"
     return nodes, why
 
 
@@ -185,7 +189,7 @@ def build_cluster(
         if options.nodes:
             count = options.nodes
             load = offered_load(by_pool[pool], count * per_node)
-            why = f"{count} nodes x {per_node} GPUs as asked (offered load {load:.1%})"
+            why = f"{_nodes(count)} x {per_node} GPUs as asked (offered load {load:.1%})"
         else:
             count, why = size_pool(by_pool[pool], per_node)
         notes.append(f"pool {pool}: {why}")

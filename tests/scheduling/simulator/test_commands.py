@@ -28,7 +28,8 @@ def test_simulate_prints_a_table_and_writes_json_csv_and_chart(tmp_path):
     call_command("simulate", trace=str(trace), out=tmp_path / "sim", workers=1, nodes=1, stdout=out)
 
     text = out.getvalue()
-    assert "pool default: 1 nodes x 8 GPUs as asked" in text
+    assert "pool default: 1 node x 8 GPUs as asked" in text
+    assert "  sluice: replayed in " in text
     for policy in ("fifo", "sluice", "sluice-no-backfill"):
         assert f"\n{policy} " in text
     data = json.loads((tmp_path / "sim" / "mine.json").read_text())
