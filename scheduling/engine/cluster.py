@@ -362,9 +362,12 @@ class SliceIndex:
         self._no_fit.clear()
         self.refresh(slot)
 
-    def release_at(self, slot: NodeSlot, positions: list[int], when: float) -> None:
-        """GPUs of ``slot`` held by a job that is being stopped become free at ``when``."""
+    def release_at(
+        self, slot: NodeSlot, positions: list[int], when: float, releasing: bool = True
+    ) -> None:
+        """GPUs of ``slot`` held by a job that is being stopped become free at ``when``
+        (``releasing`` False: GPUs that were only kept for a job, idle at ``when``)."""
         for pos in positions:
             slot.af[pos] = when
-            slot.releasing[pos] = True
+            slot.releasing[pos] = releasing
         self.refresh(slot)

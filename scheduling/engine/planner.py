@@ -84,6 +84,9 @@ class Planner:
         # that job (every such job has an entry in _claims, if only an empty one).
         self._claims: dict[int, list[tuple[SliceIndex, NodeSlot, list[int], float]]] = {}
         self._quota_claims: dict[int, list[tuple[Account, int, float]]] = {}
+        # GPU ids claimed for a pending job (its stopping victims', those it was handed
+        # back): the part of its reservation it reports as claimed for the next cycle.
+        self._claimed_ids: dict[int, set[int]] = {}
         self._class: int | None = None  # priority class being considered
         self._shares: dict[str, float] = {}  # fair share per tenant, kept current
         self._queue_positions: dict[int, int] = defaultdict(int)
@@ -100,11 +103,17 @@ class Planner:
         self._pool_blocker: dict[str, int] = {}
         self._build_cluster()
         self._build_running()
+        self._build_claims()
         for slice_ in self.slices.values():
             slice_.build()
         self._previous = PreviousReservations(snapshot.pending, self._gpu_location.get, self.now)
         self._has_previous = bool(self._previous)
-        if snapshot.global_fifo:
+        # Without backfill jobs start strictly in order, the pool's first blocked job
+        # holding back everything behind it: GPUs held for a later job's old reservation
+        # would only delay the jobs before it, the first blocked one, and with it the
+        # whole pool. A job still gets its old reservation back at its turn if free.
+        self._hold_previous = self._has_previous and snapshot.backfill
+        if snapshot.global_fifo and self._hold_previous:
             self._previous.hold_class(None)  # one queue: no class may ignore a hold
 
     # -- building the cycle's state ---------------------------------------------------------
@@ -149,6 +158,7 @@ class Planner:
             if claimed:
                 account.add_running(len(job.gpu_ids), INF)
                 self._claims.setdefault(job.preempted_by, [])
+                self._claimed_ids.setdefault(job.preempted_by, set()).update(job.gpu_ids)
                 self._quota_claims.setdefault(job.preempted_by, []).append(
                     (account, len(job.gpu_ids), end)
                 )
@@ -172,6 +182,36 @@ class Planner:
                     self._claims.setdefault(job.preempted_by, []).append(
                         (slice_, slot, positions, end)
                     )
+
+    def _build_claims(self) -> None:
+        """Keep the idle GPUs that victims freed for a pending job (handed back as its
+        ``claimed_gpu_ids``) for that job until its turn, like those still stopping.
+
+        A GPU someone else holds now is not claimed (the claim is stale); at the job's
+        turn its claimed GPUs are idle again, without the "releasing" mark, so that a job
+        that still cannot start on them reports its real reason and drops the claim."""
+        now = self.now
+        for job in self.snapshot.pending:
+            if not job.claimed_gpu_ids:
+                continue
+            by_slot: dict[int, tuple[SliceIndex, NodeSlot, list[int]]] = {}
+            for gpu_id in job.claimed_gpu_ids:
+                location = self._gpu_location.get(gpu_id)
+                if location is None:
+                    continue
+                slice_, slot, pos = location
+                if slot.af[pos] > now:
+                    continue  # busy, or already claimed (by a stopping victim or a job)
+                slot.af[pos] = INF
+                by_slot.setdefault(id(slot), (slice_, slot, []))[2].append(pos)
+            if not by_slot:
+                continue
+            claims = self._claims.setdefault(job.id, [])
+            self._quota_claims.setdefault(job.id, [])
+            ids = self._claimed_ids.setdefault(job.id, set())
+            for slice_, slot, positions in by_slot.values():
+                claims.append((slice_, slot, positions, -INF))
+                ids.update(slot.gpu_ids[pos] for pos in positions)
 
     # -- the cycle ---------------------------------------------------------------------------
 
@@ -208,7 +248,7 @@ class Planner:
     def _consider(self, job: PendingJob) -> None:
         if self._claims:
             self._release_claims(job.id)
-        if self._has_previous:
+        if self._hold_previous:
             if job.priority != self._class and not self.snapshot.global_fifo:
                 self._class = job.priority
                 self._previous.hold_class(job.priority)
@@ -257,6 +297,11 @@ class Planner:
         positions are counted among the jobs that stay pending as they come."""
         if start == INF:
             start = None
+        claimed: tuple[int, ...] = ()
+        if reserved and code == reasons.WAITING_FOR_PREEMPTION and self._claimed_ids:
+            mine = self._claimed_ids.get(job.id)
+            if mine:
+                claimed = tuple(gpu_id for gpu_id in reserved if gpu_id in mine)
         self._queue_positions[job.queue_id] += 1
         self._pool_positions[job.pool] += 1
         self.result.pending[job.id] = new_pending_info(
@@ -267,6 +312,7 @@ class Planner:
             self._pool_positions[job.pool],
             start,
             reserved,
+            claimed,
         )
 
     # -- what could ever run the job ----------------------------------------------------------
@@ -708,8 +754,12 @@ class Planner:
         claims = self._claims.pop(job_id, None)
         if claims is None:
             return
+        now = self.now
         for slice_, slot, positions, when in claims:
-            slice_.release_at(slot, positions, when)
+            if when == -INF:  # idle GPUs handed back as claimed: idle again
+                slice_.release_at(slot, positions, now, releasing=False)
+            else:
+                slice_.release_at(slot, positions, when)
         for account, gpus, when in self._quota_claims.pop(job_id, ()):
             account.release_claim(gpus, when)
 
@@ -759,13 +809,18 @@ class Planner:
             if record.account is account
         ]
         latest = max(release.values())
-        start = max(latest, account.earliest(job.gpus, job.preemptible, stops))
+        # Reclaiming is a right of the guarantee: the job must fit it when it starts
+        # (its guaranteed quota may be promised to earlier jobs of its tenant).
+        reclaims = any(preemptor.is_reclaim(record) for record in choice.victims)
+        start = max(latest, account.earliest(job.gpus, job.preemptible, stops, reclaims))
         if start == INF or (slot is not None and slot.start <= start):
             return None  # waiting is as fast as preempting
         if preemptor.short_of_quota and start > max(latest, account.leaving_until):
             return None  # earlier jobs of the tenant count on the quota it would free
+        claimed = self._claimed_ids.setdefault(job.id, set())
         for record in choice.victims:
             self._stop(record, job, release[record.job.id], preemptor, account)
+            claimed.update(record.job.gpu_ids)
         positions = [
             option.slice.choose_reserved(node_slot, job.gpus_per_node, start)
             for node_slot in choice.slots

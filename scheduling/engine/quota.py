@@ -176,11 +176,19 @@ class Account:
             slots.take_now(1, end)
 
     def earliest(
-        self, gpus: int, preemptible: bool, stops: list[tuple[int, float, float]] | None = None
+        self,
+        gpus: int,
+        preemptible: bool,
+        stops: list[tuple[int, float, float]] | None = None,
+        within_guarantee: bool = False,
     ) -> float:
         """Earliest time the quota lets the job start, given what is promised already;
-        ``stops``: as if these (gpus, end, stop time) running jobs were being stopped."""
-        cap = self.guaranteed + self.borrow_limit if preemptible else self.guaranteed
+        ``stops``: as if these (gpus, end, stop time) running jobs were being stopped;
+        ``within_guarantee``: inside the guarantee only (a job that reclaims)."""
+        if preemptible and not within_guarantee:
+            cap = self.guaranteed + self.borrow_limit
+        else:
+            cap = self.guaranteed
         if stops:
             return self._earliest_after(gpus, cap, stops)
         start = (self._gpu_timeline or self._gpus()).earliest(gpus, cap)

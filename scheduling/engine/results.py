@@ -40,6 +40,8 @@ class PendingInfo:
     (held, closed queue, too big for any node or for its quota, unlimited runtimes ahead).
     ``reserved_gpu_ids`` are the GPUs held for the job from ``estimated_start`` (empty if
     it holds no reservation); pass them back in the next snapshot (see ``PendingJob``).
+    ``claimed_gpu_ids`` are those of the reserved GPUs that jobs preempted for this one
+    hold or have freed: pass them back too, so that nobody else takes them meanwhile.
     """
 
     job_id: int
@@ -49,6 +51,7 @@ class PendingInfo:
     pool_position: int
     estimated_start: float | None
     reserved_gpu_ids: tuple[int, ...] = ()
+    claimed_gpu_ids: tuple[int, ...] = ()
 
 
 # The generated ``__init__`` of a frozen dataclass sets every field through
@@ -67,6 +70,7 @@ def new_pending_info(
     pool_position: int,
     estimated_start: float | None,
     reserved_gpu_ids: tuple[int, ...],
+    claimed_gpu_ids: tuple[int, ...] = (),
     _new=object.__new__,
     _set=_SET_PENDING,
 ) -> PendingInfo:
@@ -79,6 +83,7 @@ def new_pending_info(
     _set[4](info, pool_position)
     _set[5](info, estimated_start)
     _set[6](info, reserved_gpu_ids)
+    _set[7](info, claimed_gpu_ids)
     return info
 
 

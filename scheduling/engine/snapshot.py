@@ -73,6 +73,12 @@ class PendingJob:
     keeps those GPUs while they are still free by that time, so that a reservation, and
     the estimates of the jobs behind it, do not move from one cycle to the next (Slurm
     keeps its reservations the same way). Without them every cycle plans afresh.
+
+    ``claimed_gpu_ids`` (optional) carry ``PendingInfo.claimed_gpu_ids``: GPUs that jobs
+    preempted for this one have freed (or are freeing). They stay the job's until its
+    turn, whatever the class or fair share of the jobs ordered before it, so that a
+    victim requeued ahead of its preemptor cannot take its GPUs back and be preempted
+    again, cycle after cycle.
     """
 
     id: int
@@ -95,6 +101,7 @@ class PendingJob:
     held: bool = False
     reserved_gpu_ids: tuple[int, ...] = ()
     reserved_start: float | None = None
+    claimed_gpu_ids: tuple[int, ...] = ()
 
     @property
     def gpus(self) -> int:

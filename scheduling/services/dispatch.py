@@ -144,11 +144,24 @@ def _preemptors_of_stopping(jobs) -> dict[int, int]:
 
 def _remember_reservations(plan: engine.Plan) -> None:
     reservations = {
-        job_id: (list(info.reserved_gpu_ids), info.estimated_start)
+        job_id: (list(info.reserved_gpu_ids), info.estimated_start, list(info.claimed_gpu_ids))
         for job_id, info in plan.pending.items()
         if info.reserved_gpu_ids
     }
     cache.set(RESERVATIONS_KEY, reservations, timeout=3600)
+
+
+def _previous_reservation(entry) -> dict:
+    """``PendingJob`` fields from a remembered reservation (also one from before claims
+    were remembered: two fields)."""
+    if not entry:
+        return {}
+    gpu_ids, start, *rest = entry
+    return {
+        "reserved_gpu_ids": tuple(gpu_ids),
+        "reserved_start": start,
+        "claimed_gpu_ids": tuple(rest[0]) if rest else (),
+    }
 
 
 def load_snapshot(now: datetime, *, update_usage: bool = True) -> Loaded:
@@ -264,8 +277,7 @@ def load_snapshot(now: datetime, *, update_usage: bool = True) -> Loaded:
                 submitted_at=_epoch(job.submitted_at),
                 max_runtime_seconds=job.max_runtime_seconds,
                 held=job.state == JobState.HELD,
-                reserved_gpu_ids=tuple(reservations.get(job.id, ((), None))[0]),
-                reserved_start=reservations.get(job.id, ((), None))[1],
+                **_previous_reservation(reservations.get(job.id)),
             )
         )
     usage = _update_usage(now, in_use) if update_usage else {}

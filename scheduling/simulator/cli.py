@@ -10,6 +10,7 @@ import argparse
 import os
 import re
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -58,6 +59,21 @@ def add_arguments(parser: argparse.ArgumentParser, *, out_dir: Path) -> None:
     add("--chart", type=Path, help="PNG or SVG chart (default: <out>/<trace>.png)")
 
 
+class _Progress:
+    """Prints how far a long replay is, every tenth of its jobs."""
+
+    def __init__(self, name: str, write: Callable[[str], None]) -> None:
+        self.name, self.write, self.next = name, write, 0.1
+        self.started = time.perf_counter()
+
+    def __call__(self, fraction: float) -> None:
+        if fraction >= self.next and fraction < 1:
+            elapsed = time.perf_counter() - self.started
+            self.write(f"  {self.name}: {fraction:.0%} of the jobs submitted ({elapsed:.0f} s)")
+            while self.next <= fraction:
+                self.next += 0.1
+
+
 def _file_stem(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "trace"
 
@@ -96,7 +112,8 @@ def run(options: dict, write: Callable[[str], None] = print) -> list[dict]:
     results, failures = [], []
     for policy in policies:
         try:
-            result = replay_split(scenario, policy, config, options["workers"])
+            progress = _Progress(policy.name, write)
+            result = replay_split(scenario, policy, config, options["workers"], progress)
         except ReplayStalled as error:
             failures.append(str(error))
             write(f"  {policy.name}: abandoned ({error})")

@@ -401,6 +401,7 @@ class Replay:
         self._dequeue(run)
         record = run.pending_record
         record.reserved_gpu_ids, record.reserved_start = (), None
+        record.claimed_gpu_ids = ()
         run.gpu_ids = placement.gpu_ids
         run.borrowed = placement.borrowed
         run.attempt_start = now
@@ -549,6 +550,7 @@ class Replay:
             if reserved or record.reserved_gpu_ids:
                 record.reserved_gpu_ids = reserved
                 record.reserved_start = info.estimated_start if reserved else None
+                record.claimed_gpu_ids = info.claimed_gpu_ids
 
     def _usage_for(self, pool: str) -> dict[str, float]:
         """Usage as the engine should see it when given ``pool`` only (see module doc)."""
