@@ -88,6 +88,7 @@ class SliceIndex:
         "_no_fit",
         "active",
         "epoch",
+        "grown",
     )
 
     def __init__(self, pool: str, model: str, memory_mb: int, now: float) -> None:
@@ -111,6 +112,9 @@ class SliceIndex:
         # Bumped when GPUs become idle again (a held reservation given back): whatever
         # was learnt from "only ever shrinks" before is void.
         self.epoch = 0
+        # Node slots (by number) that gained idle GPUs that way, in order: searches that
+        # keep state across a cycle re-examine these instead of starting over.
+        self.grown: list[int] = []
 
     # -- building -------------------------------------------------------------------
 
@@ -361,6 +365,7 @@ class SliceIndex:
         self.epoch += 1
         self._no_fit.clear()
         self.refresh(slot)
+        self.grown.append(slot.idx)
 
     def release_at(
         self, slot: NodeSlot, positions: list[int], when: float, releasing: bool = True

@@ -390,13 +390,19 @@ class VictimFinder:
 
     def __init__(self, now: float) -> None:
         self.now = now
-        # (slice, epoch, gpus, tenant-blind rule) -> ([(cost, slot idx, version)], {idx: version})
-        self._heaps: dict[tuple, tuple[list, dict[int, int]]] = {}
+        # (slice, gpus, tenant-blind rule) -> ([(cost, slot idx, version)], {idx: version},
+        # [grown slots seen])
+        self._heaps: dict[tuple, tuple[list, dict[int, int], list[int]]] = {}
         # slice key -> tenant -> its preemptible, seasoned running jobs, in victim order
         self._own: dict[tuple, dict[str, list[RunningRecord]]] = {}
 
     def _heap(self, slice_: SliceIndex, gpus: int, rule: Rule) -> tuple[list, dict[int, int]]:
-        key = (slice_.key, slice_.epoch, gpus, rule)
+        """The heap of (lower bound of the cost, slot number, slot version) for a job size
+        and rule, built once per cycle. Slots only lose idle GPUs and victims, so a stale
+        entry's cost is a lower bound, re-evaluated when it reaches the top; a slot that
+        gained idle GPUs (a held reservation given back, ``slice_.grown``) gets a fresh
+        entry with its lower cost before the next search."""
+        key = (slice_.key, gpus, rule)
         found = self._heaps.get(key)
         if found is None:
             heap = []
@@ -409,8 +415,21 @@ class VictimFinder:
                     heap.append((result[0], slot.idx, slot.version))
                     pushed[slot.idx] = slot.version
             heapify(heap)
-            found = self._heaps[key] = (heap, pushed)
-        return found
+            found = self._heaps[key] = (heap, pushed, [len(slice_.grown)])
+        heap, pushed, seen = found
+        grown = slice_.grown
+        if seen[0] < len(grown):
+            slots = slice_.slots
+            for idx in dict.fromkeys(grown[seen[0] :]):
+                slot = slots[idx]
+                if pushed.get(idx) == slot.version or len(slot.gpu_ids) < gpus:
+                    continue
+                pushed[idx] = slot.version
+                result = evaluate_slot(slot, gpus, rule, self.now)
+                if result is not None:
+                    heappush(heap, (result[0], idx, slot.version))
+            seen[0] = len(grown)
+        return heap, pushed
 
     def find(self, slice_: SliceIndex, preemptor: Preemptor) -> VictimChoice | None:
         """The best victim set in ``slice_`` for the preemptor's job, or None."""

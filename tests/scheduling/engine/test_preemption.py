@@ -362,3 +362,83 @@ def test_no_own_tenant_preemption_for_quota_earlier_jobs_count_on():
     result = run_plan(snapshot([node(1, gpus=2)], [quota("a", 2)], pending, run))
     assert result.preemptions == []
     assert result.pending[2].code == reasons.WAITING_FOR_QUOTA
+
+
+# -- GPUs freed by a preemption stay with the preemptor -------------------------------------
+
+
+def _handed_back_with_claims(item, info):
+    return dataclasses.replace(
+        _handed_back(item, info), claimed_gpu_ids=info.claimed_gpu_ids
+    )
+
+
+def test_reclaimed_gpus_are_not_taken_back_by_the_requeued_victim():
+    # Tenant b borrows node 1 with a normal job; tenant a, below its guarantee, reclaims it
+    # with a low job. Once the victim is back in the queue it comes first (higher class),
+    # but the GPUs it freed are claimed for job 1 until job 1's turn: no storm.
+    quotas = [quota("a", 8), quota("b", 0, borrow=8)]
+    victim = running(10, "b", gpu_ids(1, *range(8)), "normal", borrowed=True, runtime=LONG)
+    reclaimer = job(1, "a", gpus=8, cls="low")
+    first = run_plan(snapshot([node(1)], quotas, [reclaimer], [victim]))
+    assert [(p.victim_id, p.reason) for p in first.preemptions] == [(10, "reclaim")]
+    info = first.pending[1]
+    assert info.code == reasons.WAITING_FOR_PREEMPTION
+    assert sorted(info.claimed_gpu_ids) == list(gpu_ids(1, *range(8)))
+
+    requeued = job(10, "b", gpus=8, cls="normal", submitted=NOW - 5000)
+    pending = [_handed_back_with_claims(reclaimer, info), requeued]
+    after = run_plan(snapshot([node(1)], quotas, pending, [], now=NOW + 30))
+    assert [p.job_id for p in after.placements] == [1]
+    assert after.pending[10].code != reasons.WAITING_FOR_PREEMPTION
+
+
+def test_without_the_claim_the_requeued_victim_would_take_the_gpus_back():
+    # The same cycle when the dispatch loop forgot the claim (cache flushed): the victim,
+    # ordered first, borrows the idle node again. This is the loop the claim prevents.
+    quotas = [quota("a", 8), quota("b", 0, borrow=8)]
+    pending = [
+        job(1, "a", gpus=8, cls="low"),
+        job(10, "b", gpus=8, cls="normal", submitted=NOW - 5000),
+    ]
+    after = run_plan(snapshot([node(1)], quotas, pending, [], now=NOW + 30))
+    assert [p.job_id for p in after.placements] == [10]
+
+
+def test_a_stale_claim_on_busy_gpus_is_ignored():
+    quotas = [quota("a", 8), quota("b", 8)]
+    busy = running(11, "b", gpu_ids(1, *range(8)), "normal", runtime=LONG)
+    claimer = dataclasses.replace(job(1, "a", gpus=8), claimed_gpu_ids=gpu_ids(1, *range(8)))
+    result = run_plan(snapshot([node(1), node(2)], quotas, [claimer], [busy]))
+    assert [(p.job_id, p.node_ids) for p in result.placements] == [(1, (2,))]
+
+
+def test_a_claim_the_job_cannot_use_is_dropped():
+    # Job 1 claims node 1 but its quota is now taken by its tenant's running job: it
+    # waits for quota, reports no claim, and the idle node goes to job 2.
+    quotas = [quota("a", 8), quota("b", 8)]
+    own = running(11, "a", gpu_ids(2, *range(8)), "normal", runtime=LONG)
+    claimer = dataclasses.replace(job(1, "a", gpus=8), claimed_gpu_ids=gpu_ids(1, *range(8)))
+    other = job(2, "b", gpus=8, cls="low")
+    result = run_plan(snapshot([node(1), node(2)], quotas, [claimer, other], [own]))
+    assert [p.job_id for p in result.placements] == [2]
+    assert result.pending[1].code == reasons.WAITING_FOR_QUOTA
+    assert result.pending[1].claimed_gpu_ids == ()
+
+
+def test_no_reclaim_for_a_guarantee_promised_to_an_earlier_job_of_the_tenant():
+    # Tenant a (guarantee 3) runs one GPU; its job 1 (2 GPUs on one node) waits for b's
+    # job 12 to end, with a reservation that promises a's other two guaranteed GPUs.
+    # Job 2 (1 GPU) fits the guarantee by usage only: it must not reclaim b's borrowed
+    # GPU, since it could not run inside the guarantee anyway.
+    quotas = [quota("a", 3, borrow=5), quota("b", 2, borrow=2)]
+    run = [
+        running(10, "a", gpu_ids(1, 0), "normal", runtime=LONG),
+        running(11, "b", gpu_ids(1, 1), "normal", borrowed=True, age=5000, runtime=LONG),
+        running(12, "b", gpu_ids(1, 2, 3), "normal", age=0, runtime=600),
+    ]
+    pending = [job(1, "a", gpus=2, runtime=LONG), job(2, "a", gpus=1, cls="low", runtime=LONG)]
+    result = run_plan(snapshot([node(1, gpus=4)], quotas, pending, run))
+    assert result.pending[1].estimated_start == NOW + 600
+    assert result.preemptions == []
+    assert result.pending[2].code != reasons.WAITING_FOR_PREEMPTION

@@ -143,3 +143,19 @@ def test_the_fast_pending_info_constructor_builds_the_same_object():
 
     values = (7, reasons.HELD, "held", 2, 3, None, (1, 2))
     assert new_pending_info(*values) == PendingInfo(*values)
+
+
+def test_without_backfill_a_later_jobs_old_reservation_does_not_block_the_first_job():
+    # Job 2's reservation of the last cycle holds node 1 from NOW + 600. Without backfill
+    # nothing may start before the pool's first blocked job, so holding it against job 1
+    # (ordered first) would block job 1 and, through it, the whole pool.
+    later = dataclasses.replace(
+        job(2, "a", gpus=8), reserved_gpu_ids=gpu_ids(1, *range(8)), reserved_start=NOW + 600
+    )
+    pending = [job(1, "a", gpus=8, submitted=NOW - 5000), later]
+    held = run_plan(snapshot([node(1)], [quota("a", 16)], pending, backfill=True))
+    # With backfill the hold keeps node 1 for job 2 (job 1's hour would delay it), which
+    # then finds its reservation free now.
+    assert [p.job_id for p in held.placements] == [2]
+    strict = run_plan(snapshot([node(1)], [quota("a", 16)], pending, backfill=False))
+    assert [p.job_id for p in strict.placements] == [1]
