@@ -67,6 +67,10 @@ class Slot:
     preheld: bool = False  # partly promised in the timeline already (a kept reservation)
 
 
+def _gpu_index(gpu) -> int:
+    return gpu.index
+
+
 class Planner:
     """Plans one cycle for a snapshot; use :func:`scheduling.engine.plan`."""
 
@@ -122,10 +126,18 @@ class Planner:
         """Group every node's GPUs into slices (pool, model, memory)."""
         now = self.now
         for node in self.snapshot.nodes:
-            by_kind: dict[tuple[str, int], list] = defaultdict(list)
-            for gpu in sorted(node.gpus, key=lambda gpu: gpu.index):
-                by_kind[(gpu.model, gpu.memory_mb)].append(gpu.id)
-            for (model, memory), gpu_ids in by_kind.items():
+            gpus = node.gpus
+            first = gpus[0] if gpus else None
+            if first is not None and all(
+                gpu.model == first.model and gpu.memory_mb == first.memory_mb for gpu in gpus
+            ):  # the common case: one kind of GPU on the node
+                ordered = sorted(gpus, key=_gpu_index)
+                kinds = {(first.model, first.memory_mb): [gpu.id for gpu in ordered]}
+            else:
+                kinds = defaultdict(list)
+                for gpu in sorted(gpus, key=_gpu_index):
+                    kinds[(gpu.model, gpu.memory_mb)].append(gpu.id)
+            for (model, memory), gpu_ids in kinds.items():
                 key = (node.pool, model, memory)
                 slice_ = self.slices.get(key)
                 if slice_ is None:
@@ -151,10 +163,19 @@ class Planner:
         tenant's quota, and keep the GPUs and the quota of jobs stopped for a pending job
         for it."""
         pending_ids = {job.id for job in self.snapshot.pending}
+        now = self.now
+        account_of = self.quotas.account
+        locate = self._gpu_location.get
+        running_gpus = self.running_gpus
         for job in self.snapshot.running:
-            end = self._end_of(job)
+            if job.stopping or job.max_runtime_seconds <= 0:
+                end = self._end_of(job)
+            else:  # the common case of _end_of, inline
+                end = job.started_at + job.max_runtime_seconds
+                if end <= now:
+                    end = now + max(job.grace_seconds, 1)
             claimed = job.stopping and job.preempted_by in pending_ids
-            account = self.quotas.account(job.tenant, job.pool, job.gpu_model)
+            account = account_of(job.tenant, job.pool, job.gpu_model)
             if claimed:
                 account.add_running(len(job.gpu_ids), INF)
                 self._claims.setdefault(job.preempted_by, [])
@@ -164,19 +185,25 @@ class Planner:
                 )
             else:
                 account.add_running(len(job.gpu_ids), end, job.stopping)
-            record = RunningRecord(job, end, self.now, account)
-            self.running_gpus[job.tenant] += len(job.gpu_ids)
+            record = RunningRecord(job, end, now, account)
+            running_gpus[job.tenant] += len(job.gpu_ids)
             by_slot: dict[int, tuple[SliceIndex, NodeSlot, list[int]]] = {}
+            busy_until = INF if claimed else end
+            stopping = job.stopping
             for gpu_id in job.gpu_ids:
-                location = self._gpu_location.get(gpu_id)
+                location = locate(gpu_id)
                 if location is None:
                     continue  # unhealthy GPU or node out of service: not schedulable anyway
                 slice_, slot, pos = location
-                slot.af[pos] = INF if claimed else end
-                slot.releasing[pos] = job.stopping
-                by_slot.setdefault(id(slot), (slice_, slot, []))[2].append(pos)
-            record.placement = list(by_slot.values())
-            for slice_, slot, positions in record.placement:
+                slot.af[pos] = busy_until
+                slot.releasing[pos] = stopping
+                entry = by_slot.get(id(slot))
+                if entry is None:
+                    by_slot[id(slot)] = (slice_, slot, [pos])
+                else:
+                    entry[2].append(pos)
+            record.placement = placement = list(by_slot.values())
+            for slice_, slot, positions in placement:
                 slot.running.append(record)
                 if claimed:
                     self._claims.setdefault(job.preempted_by, []).append(

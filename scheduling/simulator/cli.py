@@ -37,7 +37,14 @@ def add_arguments(parser: argparse.ArgumentParser, *, out_dir: Path) -> None:
     add = parser.add_argument
     add("--trace", required=True, help="itp-2021, alibaba-pai-2023 or a path to a CSV file")
     add("--policy", default=",".join(DEFAULT_POLICIES), help="comma-separated policies")
-    add("--nodes", type=int, help="nodes per pool (default: smallest keeping load < 100 %%)")
+    add("--nodes", type=int, help="nodes per pool (default: smallest meeting --load)")
+    add(
+        "--load",
+        type=float,
+        default=0.85,
+        help="offered load the cluster is sized for when --nodes is not given "
+        "(0-1; 1: the smallest cluster keeping it below 100 %%)",
+    )
     add("--gpus-per-node", type=int, default=8)
     add("--tenants", type=int, default=4, help="tenants drawn for jobs that have none")
     add("--seed", type=int, default=1)
@@ -98,6 +105,7 @@ def run(options: dict, write: Callable[[str], None] = print) -> list[dict]:
             limit_factor=options["limit_factor"],
             limit_cap=options["limit_cap"],
             max_jobs=options.get("max_jobs"),
+            target_load=options.get("load") or 0.85,
         ),
     )
     config = SimConfig(

@@ -171,10 +171,23 @@ def test_cluster_size_keeps_the_offered_load_below_one():
     # 10 jobs of 8 GPUs x 1000 s over a span of 1000 s: 80 GPUs busy on average.
     jobs = [TraceJob(str(n), n * 1000 / 9, 1000, 8) for n in range(10)]
 
-    nodes, why = size_pool(jobs, 8)
+    nodes, why = size_pool(jobs, 8, target_load=1.0)
 
     assert nodes == 11  # 10 nodes would be exactly 100 %
     assert "below 100 %" in why
+
+
+def test_cluster_size_meets_a_target_load():
+    # 80 GPUs busy on average: 85 % needs 94.1 GPUs, so 12 nodes (96 GPUs, 83.3 %).
+    jobs = [TraceJob(str(n), n * 1000 / 9, 1000, 8) for n in range(10)]
+
+    nodes, why = size_pool(jobs, 8, target_load=0.85)
+
+    assert nodes == 12
+    assert "at or below 85% (83.3%)" in why
+    assert size_pool(jobs, 8, target_load=0.8)[0] == 13  # exactly 80 % on 100 GPUs is 12.5
+    with pytest.raises(ValueError):
+        size_pool(jobs, 8, target_load=0)
 
 
 def test_scenario_draws_tenants_and_sizes_quotas_by_demand():
