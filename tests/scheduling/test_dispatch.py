@@ -269,3 +269,86 @@ def test_stopping_victims_name_their_preemptor(world):
     loaded = dispatch.load_snapshot(timezone.now(), update_usage=False)
     [running] = [r for r in loaded.snapshot.running if r.id == victim.pk]
     assert running.stopping and running.preempted_by == 4242
+
+
+def _start_all(jobs):
+    for job in jobs:
+        job.refresh_from_db()
+        job_started(
+            {
+                "type": "started",
+                "node": job.allocations.first().node.name,
+                "job_id": job.pk,
+                "attempt": 0,
+                "pid": 100,
+                "started_at": timezone.now().timestamp(),
+            }
+        )
+
+
+def _exit_preempted(job):
+    job_exited(
+        {
+            "type": "exited",
+            "node": job.allocations.first().node.name,
+            "job_id": job.pk,
+            "attempt": 0,
+            "exit_code": None,
+            "signal": 15,
+            "stop_reason": "preempted",
+            "message": "",
+            "finished_at": timezone.now().timestamp(),
+        }
+    )
+
+
+def test_reclaimed_gpus_go_to_the_reclaimer_not_back_to_the_requeued_victim(
+    world, django_capture_on_commit_callbacks
+):
+    # The other tenant fills both nodes with normal jobs, one of them borrowed. nlp, below
+    # its guarantee, reclaims with a *low* job. The victim is requeued ahead of it (higher
+    # class) but must not take its GPUs back: the claim is handed to the next cycle.
+    batch = f.PriorityClassFactory(name="batch", value=300, preemptible=True)
+    others = [
+        f.JobFactory(
+            queue=world.other_queue,
+            project=world.other_project,
+            gpus_per_node=8,
+            base_priority_class=batch,
+            priority_class=batch,
+        )
+        for _ in range(2)
+    ]
+    with django_capture_on_commit_callbacks(execute=True):
+        dispatch_cycle()
+    _start_all(others)
+    reclaimer = _job(world, gpus=8, priority=world.low)
+    with django_capture_on_commit_callbacks(execute=True):
+        dispatch_cycle()
+    reclaimer.refresh_from_db()
+    assert reclaimer.pending_reason_code == "WAITING_FOR_PREEMPTION"
+    victim = Job.objects.get(pk__in=[o.pk for o in others], state=JobState.STOPPING)
+    loaded = dispatch.load_snapshot(timezone.now(), update_usage=False)
+    [pending] = [p for p in loaded.snapshot.pending if p.id == reclaimer.pk]
+    assert len(pending.claimed_gpu_ids) == 8
+
+    with django_capture_on_commit_callbacks(execute=True):
+        _exit_preempted(victim)
+    victim.refresh_from_db()
+    assert victim.state == JobState.PENDING
+    with django_capture_on_commit_callbacks(execute=True):
+        dispatch_cycle()
+    reclaimer.refresh_from_db()
+    victim.refresh_from_db()
+    assert reclaimer.state == JobState.ADMITTED
+    assert victim.state == JobState.PENDING
+
+
+def test_remembered_reservations_from_before_claims_still_load():
+    assert dispatch._previous_reservation(None) == {}
+    assert dispatch._previous_reservation(([1, 2], 10.0)) == {
+        "reserved_gpu_ids": (1, 2),
+        "reserved_start": 10.0,
+        "claimed_gpu_ids": (),
+    }
+    assert dispatch._previous_reservation(([1, 2], 10.0, [2]))["claimed_gpu_ids"] == (2,)
