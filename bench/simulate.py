@@ -35,12 +35,13 @@ def main() -> None:
     parser.add_argument("--policy", default=",".join(DEFAULT_POLICIES))
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--max-waiting-per-tenant", type=int, default=0)
+    parser.add_argument("--load", type=float, default=0.85, help="offered load sized for")
     parser.add_argument("--quick", action="store_true", help="ITP cluster01 only")
     args = parser.parse_args()
     cluster = "cluster01" if args.quick else args.cluster
     loaded = time.perf_counter()
     trace = load_trace(args.trace, default_traces_dir(), cluster=cluster)
-    scenario = build_scenario(trace, ScenarioOptions())
+    scenario = build_scenario(trace, ScenarioOptions(target_load=args.load))
     setup = time.perf_counter() - loaded
     config = SimConfig(max_waiting_per_tenant=args.max_waiting_per_tenant)
     for policy in parse_policies(args.policy):
@@ -51,6 +52,7 @@ def main() -> None:
             "gpus": scenario.capacity,
             "workers": args.workers,
             "max_waiting_per_tenant": args.max_waiting_per_tenant,
+            "load": args.load,
             "read_and_setup_s": round(setup, 2),
             "target_s": TARGET_SECONDS,
         }

@@ -368,9 +368,7 @@ def test_no_own_tenant_preemption_for_quota_earlier_jobs_count_on():
 
 
 def _handed_back_with_claims(item, info):
-    return dataclasses.replace(
-        _handed_back(item, info), claimed_gpu_ids=info.claimed_gpu_ids
-    )
+    return dataclasses.replace(_handed_back(item, info), claimed_gpu_ids=info.claimed_gpu_ids)
 
 
 def test_reclaimed_gpus_are_not_taken_back_by_the_requeued_victim():
