@@ -189,9 +189,11 @@ def timeline(result: ReplayResult, buckets: int = 400) -> dict[str, list[float]]
         left, right = times[index], times[index + 1]
         while left < right:
             bucket = min(int((left - start) / width), buckets - 1)
-            stop = min(right, start + (bucket + 1) * width)
-            if stop <= left:  # rounding at the last bucket's edge
-                stop = right
+            # Rounding may put ``left`` in the bucket before its own: move on, never
+            # pour the rest of the interval into one bucket.
+            while bucket < buckets - 1 and start + (bucket + 1) * width <= left:
+                bucket += 1
+            stop = right if bucket == buckets - 1 else min(right, start + (bucket + 1) * width)
             wait_area[bucket] += waiting[index] * (stop - left)
             busy_area[bucket] += busy[index] * (stop - left)
             left = stop

@@ -19,7 +19,8 @@ from .simulation import ReplayResult, SimConfig, replay
 
 
 def split_by_pool(scenario: Scenario) -> list[Scenario]:
-    """One scenario per pool, biggest first (so that the longest replay starts first)."""
+    """One scenario per pool, most jobs first (so that the longest replay starts first:
+    a replay's cost follows its number of cycles, hence of jobs, more than its GPU-hours)."""
     parts = []
     for pool in sorted({node.pool for node in scenario.nodes}):
         parts.append(
@@ -32,7 +33,7 @@ def split_by_pool(scenario: Scenario) -> list[Scenario]:
                 notes=[],
             )
         )
-    parts.sort(key=lambda part: -sum(job.duration * job.gpus for job in part.jobs))
+    parts.sort(key=lambda part: (-len(part.jobs), part.name))
     return parts
 
 
