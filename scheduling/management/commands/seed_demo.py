@@ -1,15 +1,28 @@
-"""Seed a demo: users, two tenants, pools, classes, policies, queues, quotas, simulated nodes.
+"""Seed a demo: users, two tenants, pools, classes, policies, queues, quotas, simulated nodes
+and a week of finished jobs (the history the what-if page replays).
 
 Idempotent: running it again changes nothing that exists and adds what is missing.
 """
+
+import random
+from datetime import timedelta
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import transaction
 from django.utils import timezone
 
-from scheduling.choices import Environment, NodeState, PoolPurpose, WorkloadType
-from scheduling.models import Gpu, Node, PriorityClass, Queue, Quota, ResourcePool, WorkloadPolicy
+from scheduling.choices import Environment, JobState, NodeState, PoolPurpose, WorkloadType
+from scheduling.models import (
+    Gpu,
+    Job,
+    Node,
+    PriorityClass,
+    Queue,
+    Quota,
+    ResourcePool,
+    WorkloadPolicy,
+)
 from tenants.choices import Role
 from tenants.models import Membership, Project, Tenant
 
@@ -93,6 +106,13 @@ QUOTAS = {
 }
 
 
+# A week of finished training jobs, so that the what-if page (/simulate/) has a recorded
+# history to replay in a fresh demo: seeded, added once (job names start with this).
+HISTORY_PREFIX = "demo-history-"
+HISTORY_JOBS = 160
+HISTORY_DAYS = 7
+
+
 class Command(BaseCommand):
     help = "Create the demo users, tenants, pools, classes, policies, queues, quotas and simulated nodes."
 
@@ -111,6 +131,54 @@ class Command(BaseCommand):
         return user
 
     @transaction.atomic
+    def _history(self, classes) -> None:
+        """Finished jobs of both tenants in the training pool over the last week (a busy
+        week for 16 GPUs: about 75 % of them asked), unless the history is there already."""
+        if Job.objects.filter(name__startswith=HISTORY_PREFIX).exists():
+            return
+        rng = random.Random(2026)
+        now = timezone.now()
+        queues = {
+            q.tenant.slug: q for q in Queue.objects.filter(name="train").select_related("tenant")
+        }
+        users = {slug: User.objects.get(username=f"{slug}-member") for slug in queues}
+        projects = {
+            slug: list(Project.objects.filter(tenant=queue.tenant).order_by("slug"))
+            for slug, queue in queues.items()
+        }
+        start = now - timedelta(days=HISTORY_DAYS)
+        jobs = []
+        for number in range(HISTORY_JOBS):
+            slug = rng.choices(sorted(queues), weights=[2, 1])[0]
+            queue = queues[slug]
+            submitted = start + timedelta(seconds=rng.uniform(0, (HISTORY_DAYS - 1) * 86400))
+            duration = timedelta(seconds=rng.choice([1200, 1800, 3600, 7200, 4 * 3600, 8 * 3600]))
+            waited = timedelta(seconds=rng.choice([5, 30, 120, 600, 1800]))
+            klass = classes[rng.choices(["normal", "low", "best-effort"], [6, 3, 1])[0]]
+            state = rng.choices([JobState.SUCCEEDED, JobState.FAILED], [9, 1])[0]
+            jobs.append(
+                Job(
+                    tenant=queue.tenant,
+                    project=rng.choice(projects[slug]),
+                    queue=queue,
+                    submitted_by=users[slug],
+                    name=f"{HISTORY_PREFIX}{number + 1:03d}",
+                    workload_type=WorkloadType.TRAINING,
+                    base_priority_class=klass,
+                    priority_class=klass,
+                    state=state,
+                    command=["python", "train.py"],
+                    gpus_per_node=rng.choice([1, 2, 2, 4, 8]),
+                    max_runtime_seconds=int(duration.total_seconds() * 2),
+                    submitted_at=submitted,
+                    admitted_at=submitted + waited,
+                    started_at=submitted + waited,
+                    finished_at=submitted + waited + duration,
+                    exit_code=0 if state == JobState.SUCCEEDED else 1,
+                )
+            )
+        Job.objects.bulk_create(jobs)
+
     def handle(self, *args, **options):
         self._user("admin", staff=True)
         classes = {}
@@ -229,6 +297,7 @@ class Command(BaseCommand):
                         "max_self_service_class": classes[ceiling],
                     },
                 )
+        self._history(classes)
         self.stdout.write(
             self.style.SUCCESS(f"Demo data ready. Logins (password for all: {DEMO_PASSWORD}):")
         )

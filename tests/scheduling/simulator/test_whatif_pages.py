@@ -142,3 +142,37 @@ def test_bad_parameters_are_refused(world):
         whatif.clean_params({"quotas": {"999": {"guaranteed": 1, "borrow_limit": 1}}})
     with pytest.raises(whatif.BusinessError, match="between 1 and"):
         whatif.clean_params({"days": 1000})
+
+
+def test_the_demo_has_a_history_the_what_if_page_replays(
+    client, django_capture_on_commit_callbacks
+):
+    import io
+
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+
+    from scheduling.models import Job
+
+    call_command("seed_demo", stdout=io.StringIO())
+    call_command("seed_demo", stdout=io.StringIO())  # the history is added once
+    finished = Job.objects.filter(name__startswith="demo-history-")
+    assert finished.count() == 160
+    assert all(job.finished_at > job.started_at >= job.submitted_at for job in finished)
+
+    client.force_login(get_user_model().objects.get(username="admin"))
+    vision = Quota.objects.get(tenant__slug="vision", pool__name="training")
+    data = {"days": 30, "policy": "sluice"}
+    for quota in Quota.objects.all():
+        data[f"quota_{quota.pk}_guaranteed"] = quota.guaranteed_gpus
+        data[f"quota_{quota.pk}_borrow"] = quota.borrow_limit_gpus
+    data[f"quota_{vision.pk}_guaranteed"] = 4
+    with django_capture_on_commit_callbacks(execute=True):
+        client.post(reverse("simulate"), data)
+
+    run = SimulationRun.objects.get()
+    assert run.state == SimulationState.DONE, run.error
+    assert run.result["jobs"] == 160
+    assert run.result["baseline"]["summary"]["completed"] == 160
+    page = client.get(reverse("simulate-run", args=[run.pk]))
+    assert page.status_code == 200 and b"vision" in page.content
