@@ -127,18 +127,7 @@ def test_preemption_stops_victim_then_requeues_and_preemptor_runs(
     ]
     with django_capture_on_commit_callbacks(execute=True):
         dispatch_cycle()
-    for v in victims:
-        v.refresh_from_db()
-        job_started(
-            {
-                "type": "started",
-                "node": v.allocations.first().node.name,
-                "job_id": v.pk,
-                "attempt": 0,
-                "pid": 100,
-                "started_at": timezone.now().timestamp(),
-            }
-        )
+    _start_all(victims)
     high = _job(world, gpus=8, priority=world.high)
     outbox.clear()
     with django_capture_on_commit_callbacks(execute=True):
@@ -159,21 +148,8 @@ def test_preemption_stops_victim_then_requeues_and_preemptor_runs(
     # A second cycle during the grace period must not pick another victim.
     dispatch_cycle()
     assert Job.objects.filter(state=JobState.STOPPING).count() == 1
-    node = victim.allocations.first().node.name
     with django_capture_on_commit_callbacks(execute=True):
-        job_exited(
-            {
-                "type": "exited",
-                "node": node,
-                "job_id": victim.pk,
-                "attempt": 0,
-                "exit_code": None,
-                "signal": 15,
-                "stop_reason": "preempted",
-                "message": "",
-                "finished_at": timezone.now().timestamp(),
-            }
-        )
+        _exit_preempted(victim)
     victim.refresh_from_db()
     assert (
         victim.state == JobState.PENDING
