@@ -346,13 +346,41 @@ def _launch_messages(
     )
 
 
+def _ready_placements(plan: engine.Plan, loaded: Loaded) -> list[engine.Placement]:
+    """The placements whose nodes are still ready, their node rows locked until commit.
+
+    The snapshot's queries are not one consistent read: a node marked down (its jobs
+    requeued) between reading the nodes and reading the jobs would get a requeued job
+    placed back on it. Locking the nodes first, before any other write of the cycle, also
+    makes a concurrent ``node_mark_down`` wait and then release what this cycle placed."""
+    if not plan.placements:
+        return []
+    node_ids = {loaded.gpus[gpu_id][0] for p in plan.placements for gpu_id in p.gpu_ids}
+    ready = set(
+        Node.objects.select_for_update()
+        .filter(pk__in=node_ids, state=NodeState.READY)
+        .values_list("pk", flat=True)
+    )
+    kept = [
+        p for p in plan.placements if all(loaded.gpus[gpu_id][0] in ready for gpu_id in p.gpu_ids)
+    ]
+    if len(kept) < len(plan.placements):
+        log.warning(
+            "dispatch: %d placement(s) dropped, node(s) no longer ready",
+            len(plan.placements) - len(kept),
+        )
+        transaction.on_commit(request_dispatch)
+    return kept
+
+
 def _apply_placements(plan: engine.Plan, loaded: Loaded, now: datetime) -> list[tuple[str, dict]]:
-    jobs = [loaded.pending[p.job_id] for p in plan.placements]
+    placements = _ready_placements(plan, loaded)
+    jobs = [loaded.pending[p.job_id] for p in placements]
     if not jobs:
         return []
     allocations: dict[int, list[Allocation]] = {}
     rows = []
-    for placement in plan.placements:
+    for placement in placements:
         allocs = [
             Allocation(
                 job_id=placement.job_id,
@@ -367,7 +395,7 @@ def _apply_placements(plan: engine.Plan, loaded: Loaded, now: datetime) -> list[
         rows.extend(allocs)
     # The partial unique index refuses a GPU that is already held: double allocation cannot commit.
     Allocation.objects.bulk_create(rows, batch_size=1000)
-    kinds = {p.job_id: ("borrowed" if p.borrowed else "guaranteed") for p in plan.placements}
+    kinds = {p.job_id: ("borrowed" if p.borrowed else "guaranteed") for p in placements}
     jobs_transition_bulk(
         jobs,
         JobState.ADMITTED,

@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from portal.audit.models import AuditEvent
 from scheduling.choices import JobState, NodeState, StopReason
-from scheduling.models import Allocation, Job, Quota
+from scheduling.models import Allocation, Job, Node, Quota
 from scheduling.services import dispatch
 from scheduling.services.dispatch import dispatch_cycle, request_dispatch
 from scheduling.services.nodes import job_exited, job_started
@@ -328,3 +328,23 @@ def test_remembered_reservations_from_before_claims_still_load():
         "claimed_gpu_ids": (),
     }
     assert dispatch._previous_reservation(([1, 2], 10.0, [2]))["claimed_gpu_ids"] == (2,)
+
+
+def test_a_node_marked_down_while_the_cycle_plans_gets_no_job(world, monkeypatch):
+    # The snapshot saw the nodes ready; they go down before the plan is applied (the
+    # race of a lost agent: its jobs requeued between the cycle's reads). Nothing may be
+    # placed on them.
+    job = _job(world, gpus=8)
+    real_load = dispatch.load_snapshot
+
+    def load_then_nodes_go_down(now, **kw):
+        loaded = real_load(now, **kw)
+        Node.objects.update(state=NodeState.DOWN)
+        return loaded
+
+    monkeypatch.setattr(dispatch, "load_snapshot", load_then_nodes_go_down)
+    stats = dispatch_cycle()
+    job.refresh_from_db()
+    assert stats["placed"] == 1  # the engine planned it on the snapshot
+    assert job.state == JobState.PENDING
+    assert not Allocation.objects.filter(job=job).exists()
