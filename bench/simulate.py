@@ -22,7 +22,11 @@ from scheduling.simulator.cli import default_traces_dir  # noqa: E402
 from scheduling.simulator.metrics import summarize  # noqa: E402
 from scheduling.simulator.parallel import replay_split  # noqa: E402
 from scheduling.simulator.readers import load_trace  # noqa: E402
-from scheduling.simulator.scenario import ScenarioOptions, build_scenario  # noqa: E402
+from scheduling.simulator.scenario import (  # noqa: E402
+    DEFAULT_TARGET_LOAD,
+    ScenarioOptions,
+    build_scenario,
+)
 from scheduling.simulator.simulation import ReplayStalled  # noqa: E402
 
 TARGET_SECONDS = 60.0
@@ -35,7 +39,7 @@ def main() -> None:
     parser.add_argument("--policy", default=",".join(DEFAULT_POLICIES))
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--max-waiting-per-tenant", type=int, default=0)
-    parser.add_argument("--load", type=float, default=0.85, help="offered load sized for")
+    parser.add_argument("--load", type=float, default=DEFAULT_TARGET_LOAD, help="sized for")
     parser.add_argument("--quick", action="store_true", help="ITP cluster01 only")
     args = parser.parse_args()
     cluster = "cluster01" if args.quick else args.cluster

@@ -86,7 +86,8 @@ class Planner:
         self._gpu_location: dict[int, tuple[SliceIndex, NodeSlot, int]] = {}
         # Stopping jobs preempted for a pending job: their GPUs and their quota wait for
         # that job (every such job has an entry in _claims, if only an empty one).
-        self._claims: dict[int, list[tuple[SliceIndex, NodeSlot, list[int], float]]] = {}
+        # Each claim: (slice, slot, positions, free from, "releasing" mark once released).
+        self._claims: dict[int, list[tuple[SliceIndex, NodeSlot, list[int], float, bool]]] = {}
         self._quota_claims: dict[int, list[tuple[Account, int, float]]] = {}
         # GPU ids claimed for a pending job (its stopping victims', those it was handed
         # back): the part of its reservation it reports as claimed for the next cycle.
@@ -207,7 +208,7 @@ class Planner:
                 slot.running.append(record)
                 if claimed:
                     self._claims.setdefault(job.preempted_by, []).append(
-                        (slice_, slot, positions, end)
+                        (slice_, slot, positions, end, True)
                     )
 
     def _build_claims(self) -> None:
@@ -237,7 +238,7 @@ class Planner:
             self._quota_claims.setdefault(job.id, [])
             ids = self._claimed_ids.setdefault(job.id, set())
             for slice_, slot, positions in by_slot.values():
-                claims.append((slice_, slot, positions, -INF))
+                claims.append((slice_, slot, positions, now, False))
                 ids.update(slot.gpu_ids[pos] for pos in positions)
 
     # -- the cycle ---------------------------------------------------------------------------
@@ -781,12 +782,8 @@ class Planner:
         claims = self._claims.pop(job_id, None)
         if claims is None:
             return
-        now = self.now
-        for slice_, slot, positions, when in claims:
-            if when == -INF:  # idle GPUs handed back as claimed: idle again
-                slice_.release_at(slot, positions, now, releasing=False)
-            else:
-                slice_.release_at(slot, positions, when)
+        for slice_, slot, positions, when, releasing in claims:
+            slice_.release_at(slot, positions, when, releasing)
         for account, gpus, when in self._quota_claims.pop(job_id, ()):
             account.release_claim(gpus, when)
 

@@ -18,7 +18,7 @@ from .parallel import replay_split
 from .policies import DEFAULT_POLICIES, parse_policies
 from .readers import ALIBABA_PODS, FRACTIONAL_MODES, TraceError, load_trace
 from .report import payload, table, write_chart, write_csv, write_json
-from .scenario import ScenarioOptions, build_scenario
+from .scenario import DEFAULT_TARGET_LOAD, ScenarioOptions, build_scenario
 from .simulation import ReplayStalled, SimConfig
 
 DAY = 86400
@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser, *, out_dir: Path) -> None:
     add(
         "--load",
         type=float,
-        default=0.85,
+        default=DEFAULT_TARGET_LOAD,
         help="offered load the cluster is sized for when --nodes is not given "
         "(0-1; 1: the smallest cluster keeping it below 100 %%)",
     )
@@ -105,7 +105,7 @@ def run(options: dict, write: Callable[[str], None] = print) -> list[dict]:
             limit_factor=options["limit_factor"],
             limit_cap=options["limit_cap"],
             max_jobs=options.get("max_jobs"),
-            target_load=options.get("load") or 0.85,
+            target_load=options.get("load", DEFAULT_TARGET_LOAD),
         ),
     )
     config = SimConfig(

@@ -47,6 +47,8 @@ DEFAULT_CLASSES = {
     "normal": ClassSpec("normal", 400),
     "low": ClassSpec("low", 200),
 }
+# Offered load a pool is sized for when the trace has no cluster (see the module doc).
+DEFAULT_TARGET_LOAD = 0.85
 DEFAULT_CLASS_MIX = (("high", 0.10), ("normal", 0.70), ("low", 0.20))
 # A class named in a trace but unknown here runs at the level of "normal".
 UNKNOWN_CLASS_VALUE = 400
@@ -70,7 +72,7 @@ class ScenarioOptions:
     limit_cap: float = 7 * DAY
     class_mix: tuple[tuple[str, float], ...] = DEFAULT_CLASS_MIX
     max_jobs: int | None = None
-    target_load: float = 0.85
+    target_load: float = DEFAULT_TARGET_LOAD
 
 
 def zipf_weights(count: int, exponent: float = 1.0) -> list[float]:

@@ -130,7 +130,6 @@ class Command(BaseCommand):
             user.save()
         return user
 
-    @transaction.atomic
     def _history(self, classes) -> None:
         """Finished jobs of both tenants in the training pool over the last week (a busy
         week for 16 GPUs: about 75 % of them asked), unless the history is there already."""
@@ -179,6 +178,7 @@ class Command(BaseCommand):
             )
         Job.objects.bulk_create(jobs)
 
+    @transaction.atomic
     def handle(self, *args, **options):
         self._user("admin", staff=True)
         classes = {}
