@@ -42,6 +42,7 @@ from .preemption import Preemptor, RunningRecord, VictimChoice, VictimFinder
 from .quota import BORROWED, GUARANTEED, Account, Quotas
 from .reservations import PreviousReservations
 from .results import Placement, Plan, Preemption, new_pending_info
+from .settled import Remaining, nothing_more_can_happen
 from .snapshot import PendingJob, QueueInfo, RunningJob, Snapshot
 
 INF = math.inf
@@ -245,10 +246,32 @@ class Planner:
 
     def run(self) -> Plan:
         """Consider every pending job once, in order, and return the plan."""
-        for job in self._order():
-            self._consider(job)
+        if self.snapshot.decisions_only:
+            self._run_until_settled()
+        else:
+            for job in self._order():
+                self._consider(job)
         self._break_cycles()
         return self.result
+
+    def _run_until_settled(self) -> None:
+        """Consider jobs in order until none of those left could start or preempt.
+
+        The check costs up to a pass over the pool's GPUs and running jobs, so it is
+        made before the first job and then each time the number of jobs considered
+        doubles (at most about twice the jobs that had to be considered, plus eight),
+        and not at all when there are at most eight jobs to consider."""
+        pending = self.snapshot.pending
+        remaining = Remaining(pending)
+        check_at = 0 if len(pending) > 8 else -1
+        for considered, job in enumerate(self._order()):
+            if considered == check_at:
+                if nothing_more_can_happen(self, remaining):
+                    self.result.skipped = len(pending) - considered
+                    return
+                check_at = max(2 * considered, 8)
+            self._consider(job)
+            remaining.remove(job)
 
     def _break_cycles(self) -> None:
         """Node slots and running-job records point at each other; unlinking them lets

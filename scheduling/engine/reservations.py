@@ -25,7 +25,17 @@ Locator = Callable[[int], "tuple[SliceIndex, NodeSlot, int] | None"]
 class Previous:
     """A job's reservation of the previous cycle, on one slice."""
 
-    __slots__ = ("job_id", "slice", "slots", "positions", "start", "end", "held", "kept")
+    __slots__ = (
+        "job_id",
+        "slice",
+        "slots",
+        "positions",
+        "start",
+        "end",
+        "held",
+        "kept",
+        "idle_held",
+    )
 
     def __init__(self, job: PendingJob, slice_: SliceIndex, by_slot: dict) -> None:
         self.job_id = job.id
@@ -38,6 +48,7 @@ class Previous:
         self.held: dict[tuple[int, int], float] = {}
         # held GPUs that an earlier job planned to use right after: they stay held
         self.kept: set[tuple[int, int]] = set()
+        self.idle_held = 0  # held GPUs that were idle before the hold
 
     def gpus(self):
         """(slot number, slot, position) of each GPU."""
@@ -74,6 +85,8 @@ class PreviousReservations:
         # class -> [(reservation, [(slot number, position) to hold])]
         self._to_hold: dict[int, list[tuple[Previous, list[tuple[int, int]]]]] = defaultdict(list)
         self._waiting: dict[int, Previous] = {}  # held, job not considered yet
+        # GPUs idle now but held for jobs not considered yet (idle again at their turn).
+        self.idle_held = 0
         jobs = [job for job in pending if job.reserved_gpu_ids]
         # A GPU has a single "free from" time: it is held for its earliest reservation.
         jobs.sort(key=lambda job: (job.reserved_start or 0.0, job.id))
@@ -120,6 +133,9 @@ class PreviousReservations:
             )
         if previous.held:
             self._waiting[previous.job_id] = previous
+            now = self.now
+            previous.idle_held = sum(1 for ready in previous.held.values() if ready <= now)
+            self.idle_held += previous.idle_held
 
     def turn(self, job_id: int) -> None:
         """The job is being considered: its held GPUs return to the timeline, except
@@ -128,6 +144,7 @@ class PreviousReservations:
         previous = self._waiting.pop(job_id, None)
         if previous is None:
             return
+        self.idle_held -= previous.idle_held
         by_slot: dict[int, tuple[list[int], list[float]]] = {}
         for (number, pos), ready in previous.held.items():
             if previous.slots[number].af[pos] == previous.end:
@@ -138,6 +155,15 @@ class PreviousReservations:
                 previous.kept.add((number, pos))
         for number, (positions, ready) in by_slot.items():
             previous.slice.unhold(previous.slots[number], positions, ready)
+
+    def waiting_holds(self):
+        """(slot, position, free-from time before the hold) of each GPU held for a job
+        not considered yet and still held for it alone: its turn gives it back."""
+        for previous in self._waiting.values():
+            for (number, pos), ready in previous.held.items():
+                slot = previous.slots[number]
+                if slot.af[pos] == previous.end:
+                    yield slot, pos, ready
 
     def _ready(self, previous: Previous, number: int, slot: NodeSlot, pos: int) -> float:
         """When a GPU of the reservation is free for its own job."""

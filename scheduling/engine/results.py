@@ -89,8 +89,10 @@ def new_pending_info(
 
 @dataclass(slots=True)
 class Plan:
-    """The decisions of one scheduling cycle."""
+    """The decisions of one scheduling cycle. ``skipped``: pending jobs left without a
+    ``PendingInfo`` by a ``decisions_only`` cycle (none of them could start or preempt)."""
 
     placements: list[Placement] = field(default_factory=list)
     preemptions: list[Preemption] = field(default_factory=list)
     pending: dict[int, PendingInfo] = field(default_factory=dict)
+    skipped: int = 0

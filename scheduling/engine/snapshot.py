@@ -144,6 +144,10 @@ class Snapshot:
     :func:`~scheduling.engine.decay_usage`). ``global_fifo`` is the simulator's baseline
     policy: one cluster-wide queue in submit order, where the first job that cannot start
     blocks every later one (no priorities, no fair share, no backfill).
+
+    ``decisions_only`` (the simulator): the plan's placements and preemptions are those
+    of a full cycle, but the cycle stops once no job left could start or preempt (see
+    :mod:`scheduling.engine.settled`); the jobs not considered get no ``PendingInfo``.
     """
 
     now: float
@@ -157,3 +161,4 @@ class Snapshot:
     preemption: bool = True
     fair_share: bool = True
     global_fifo: bool = False
+    decisions_only: bool = False

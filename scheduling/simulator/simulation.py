@@ -41,6 +41,7 @@ from scheduling.engine import (
     plan,
     reasons,
 )
+from scheduling.engine.preemption import INFERENCE_WORKLOAD, TRAINING_WORKLOADS
 
 from .model import Scenario, SimJob
 from .policies import Policy
@@ -78,6 +79,11 @@ class SimConfig:
     each class, like Slurm's ``bf_max_job_user``: far cheaper cycles on long queues, at
     the price of deeper jobs not being considered (for backfill in particular) until
     older ones of their tenant and class have started.
+    ``full_cycles``: have the engine consider every waiting job in every cycle, as the
+    dispatch loop does to explain each one. By default a cycle stops once no job left
+    could start or preempt (``Snapshot.decisions_only``): the decisions of each cycle
+    are the same, several times faster on long queues; what differs is that the jobs
+    left out keep the reservation of the last cycle that considered them for the next.
     ``max_preemptions``: the replay gives up (:class:`ReplayStalled`) after this many
     preemptions per job on average: jobs preempted again and again for others that then
     do not start is a policy (or engine) defect worth a report, not hours of replay.
@@ -88,6 +94,7 @@ class SimConfig:
     usage_half_life: float = 7 * 86400.0
     keep_reservations: bool = True
     max_waiting_per_tenant: int = 0
+    full_cycles: bool = False
     max_preemptions: float = 20.0
 
 
@@ -465,7 +472,7 @@ class Replay:
 
     def _plan_pool(self, pool: str, now: float) -> None:
         """One dispatch cycle of ``pool``: the engine decides, the replay applies."""
-        if not self.pending[pool] or not self._worth_a_cycle(pool):
+        if not self.pending[pool] or not self._worth_a_cycle(pool, now):
             return
         while True:
             selected, truncated = self._select(pool)
@@ -498,6 +505,7 @@ class Replay:
             [run.pending_record for run in selected],
             self._usage_for(pool),
             self.policy,
+            decisions_only=not self.config.full_cycles,
         )
         started = time.perf_counter()
         result = plan(snapshot)
@@ -526,7 +534,7 @@ class Replay:
             self._keep_reservations(result.pending)
         return bool(hopeless)
 
-    def _worth_a_cycle(self, pool: str) -> bool:
+    def _worth_a_cycle(self, pool: str, now: float) -> bool:
         """A cheap necessary condition for a cycle to start or stop anything; a cycle
         that would do neither is skipped (it would only refresh estimates).
 
@@ -538,7 +546,7 @@ class Replay:
             return head.gpus_per_node <= largest_idle and head.gpus <= self.free[pool]
         if min(self.pending_sizes[pool]) <= largest_idle:
             return True
-        return self.policy.preemption and self._might_preempt(pool)
+        return self.policy.preemption and self._might_preempt(pool, now)
 
     def _keep_reservations(self, infos: dict[int, PendingInfo]) -> None:
         """Carry each waiting job's reservation into its record for the next cycle (the
@@ -566,15 +574,15 @@ class Replay:
 
     def _schedule_wake(self, pool: str, now: float) -> None:
         """Plan again when a running job becomes old enough to be preempted, if a waiting
-        job might preempt it (the dispatch loop would notice within seconds)."""
+        job might preempt it then (the dispatch loop would notice within seconds)."""
         if not self._might_preempt(pool):
             return
         soonest = INF
         for run in self.running[pool].values():
             if run.stopping:
                 continue
-            minimum = self.scenario.workload(run.job.workload_type).min_runtime_before_preemption
-            seasoned = run.attempt_start + minimum
+            record = run.running_record
+            seasoned = record.started_at + record.min_runtime_before_preemption
             if now < seasoned < soonest:
                 soonest = seasoned
         if soonest == INF:
@@ -584,21 +592,45 @@ class Replay:
             self.wake_at[pool] = soonest
             self._push(soonest, WAKE, pool, 0)
 
-    def _might_preempt(self, pool: str) -> bool:
+    def _might_preempt(self, pool: str, now: float | None = None) -> bool:
         """A cheap necessary condition for a preemption in ``pool`` (the engine decides):
-        a waiting job whose class may preempt, or of a tenant below its guarantee while
-        another tenant borrows."""
-        classes = self.scenario.classes
-        borrowers = {run.job.tenant for run in self.running[pool].values() if run.borrowed}
+        a waiting job whose class may preempt facing a lower, preemptible running job, or
+        of a tenant below its guarantee facing another tenant's borrowed job; the victim
+        must not be inference facing training work. ``now``: only victims old enough to
+        be preempted at that time count (None: whatever their age)."""
+        # Per kind of victim (inference or not): the lowest preemptible class running,
+        # and the tenants running borrowed jobs.
+        lowest = [INF, INF]
+        borrowers: tuple[set[str], set[str]] = (set(), set())
+        for run in self.running[pool].values():
+            if run.stopping:
+                continue
+            record = run.running_record
+            if now is not None and now - record.started_at < record.min_runtime_before_preemption:
+                continue
+            inference = record.workload_type == INFERENCE_WORKLOAD
+            if record.preemptible and record.priority < lowest[inference]:
+                lowest[inference] = record.priority
+            if record.borrowed:
+                borrowers[inference].add(record.tenant)
+        if lowest == [INF, INF] and not (borrowers[0] or borrowers[1]):
+            return False
         held = self.in_use_pool[pool]
         for run in self.pending[pool].values():
-            job = run.job
-            if classes[job.priority_class].can_preempt:
-                return True
-            if borrowers - {job.tenant} and (
-                held.get(job.tenant, 0) + job.gpus <= self.guaranteed_pool[(job.tenant, pool)]
-            ):
-                return True
+            job = run.pending_record
+            # Training-like work never preempts inference.
+            kinds = (0,) if job.workload_type in TRAINING_WORKLOADS else (0, 1)
+            for inference in kinds:
+                if job.can_preempt and lowest[inference] < job.priority:
+                    return True
+                others = borrowers[inference]
+                if (
+                    others
+                    and (len(others) > 1 or job.tenant not in others)
+                    and held.get(job.tenant, 0) + job.gpus
+                    <= self.guaranteed_pool[(job.tenant, pool)]
+                ):
+                    return True
         return False
 
 

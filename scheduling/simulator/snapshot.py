@@ -150,8 +150,10 @@ class SnapshotBuilder:
         pending: list[PendingJob],
         usage: dict[str, float],
         policy: Policy,
+        decisions_only: bool = False,
     ) -> Snapshot:
-        """A snapshot of ``pools`` (None: all) with the policy's knobs."""
+        """A snapshot of ``pools`` (None: all) with the policy's knobs (``decisions_only``:
+        see :class:`~scheduling.engine.Snapshot`)."""
         if pools is None:
             pools = list(self.nodes_by_pool)
         nodes = [node for pool in pools for node in self.nodes_by_pool.get(pool, ())]
@@ -167,4 +169,5 @@ class SnapshotBuilder:
             preemption=policy.preemption,
             fair_share=policy.fair_share,
             global_fifo=policy.global_fifo,
+            decisions_only=decisions_only,
         )

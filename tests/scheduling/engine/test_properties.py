@@ -1,5 +1,7 @@
 """Properties of every plan, over random clusters, quotas, running and pending jobs."""
 
+import dataclasses
+
 from engine_builders import NOW, Simulation, check_plan  # noqa: I001  (test helper)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -14,6 +16,8 @@ from scheduling.engine import (
     Snapshot,
     plan,
 )
+from scheduling.engine.planner import Planner
+from scheduling.engine.settled import Remaining, nothing_more_can_happen
 
 POOLS = ["training", "inference"]
 MODELS = ["H100", "A100"]
@@ -285,4 +289,66 @@ def test_the_cycles_after_preemptions_keep_the_invariants(snap):
     for pause in (1, 60, 60):
         sim.step()
         sim.next_event()  # sets the stopping jobs' stop times
+        sim.advance(sim.snap.now + pause)
+
+
+def _acts_after_settled(snap: Snapshot) -> tuple[int | None, int, int]:
+    """Plan ``snap`` in full, asking before each job whether nothing more can happen:
+    (position of the first yes or None, decisions made before it, decisions in all)."""
+    planner = Planner(snap)
+    remaining = Remaining(snap.pending)
+    settled_at = None
+    decisions_then = 0
+    for position, job in enumerate(planner._order()):
+        if settled_at is None and nothing_more_can_happen(planner, remaining):
+            settled_at = position
+            decisions_then = len(planner.result.placements) + len(planner.result.preemptions)
+        planner._consider(job)
+        remaining.remove(job)
+    decisions = len(planner.result.placements) + len(planner.result.preemptions)
+    return settled_at, decisions_then, decisions
+
+
+@FAST
+@given(st.one_of(snapshots(), crowded_tenants()), st.data())
+def test_nothing_more_happens_once_the_cycle_is_settled(snap, data):
+    """Asked before every job (not only where a decisions-only cycle asks), "nothing
+    more can happen" is never wrong: no job after that point starts or preempts; also
+    with reservations handed back from a first cycle."""
+    first = plan(snap)
+    for job in snap.pending:
+        info = first.pending.get(job.id)
+        if info is not None and info.reserved_gpu_ids and data.draw(st.booleans()):
+            job.reserved_gpu_ids = info.reserved_gpu_ids
+            job.reserved_start = info.estimated_start
+    settled_at, decisions_then, decisions = _acts_after_settled(snap)
+    if settled_at is not None:
+        assert decisions == decisions_then
+
+
+@FAST
+@given(st.one_of(snapshots(), crowded_tenants()))
+def test_a_decisions_only_plan_decides_as_a_full_one(snap):
+    """Same placements and preemptions; the jobs it considered are explained exactly as
+    in the full plan, and the others are counted as skipped."""
+    full = plan(snap)
+    fast = plan(dataclasses.replace(snap, decisions_only=True))
+    assert fast.placements == full.placements
+    assert fast.preemptions == full.preemptions
+    for job_id, info in fast.pending.items():
+        assert info == full.pending[job_id]
+    assert len(fast.pending) + fast.skipped == len(full.pending)
+
+
+@FAST
+@given(st.one_of(snapshots(), crowded_tenants()))
+def test_decisions_only_cycles_after_preemptions(snap):
+    """Through stops, claims and requeues, each decisions-only cycle decides as the full
+    plan of the same snapshot."""
+    sim = Requeueing(snap)
+    for pause in (1, 60, 60):
+        fast = plan(dataclasses.replace(sim.snap, decisions_only=True))
+        full = sim.step()
+        assert (fast.placements, fast.preemptions) == (full.placements, full.preemptions)
+        sim.next_event()
         sim.advance(sim.snap.now + pause)

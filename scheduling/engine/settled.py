@@ -1,0 +1,237 @@
+"""When a cycle may stop early: no job left to consider could start or preempt.
+
+A snapshot with ``decisions_only`` asks the planner for its decisions (placements and
+preemptions) and not for the explanation of every waiting job. The simulator asks that
+way: it replays hundreds of thousands of cycles and reads only their decisions, while in
+a long queue most jobs can neither start nor preempt and considering each of them (its
+estimate, its reservation, its reason) is nearly all of a cycle's cost.
+
+:func:`nothing_more_can_happen` is a *sufficient* condition, checked against the state
+the cycle has reached: if it holds, considering the remaining jobs in order would place
+none of them and stop nothing, so the plan's decisions are exactly those of a full cycle.
+The argument, for the jobs not considered yet (``Remaining``):
+
+- no GPU is idle and unpromised now, none is promised only by an old reservation held
+  for a remaining job (given back at its turn, it could be idle again), no GPU kept for
+  a remaining job by an earlier preemption is idle already (the others are busy until
+  their victims stop), and no idle GPU promised from later
+  ("a hole") stays idle long enough for the shortest remaining job: a job starts now
+  only on such GPUs (a pool blocked without backfill starts nothing at all);
+- no running job is a possible victim of a remaining job: a victim must be seasoned, not
+  stopping, hold no GPU promised to a job considered before (such promises are never
+  taken back during a cycle), and be either of a lower preemptible class than a
+  remaining job whose class may preempt, or borrowed by another tenant than a remaining
+  job whose tenant is still inside its guarantee somewhere, counting its stopping jobs
+  as gone (and the quota of jobs stopped for a remaining job, given back at its turn).
+  Training work never preempts inference.
+
+While the remaining jobs place nothing and stop nothing, the cycle's state only gets
+tighter as they are considered (more GPUs and quota promised), so what holds now holds at
+each of their turns. Quota is not looked at for placements: that only makes the
+condition hold less often, never wrongly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from heapq import heapify, heappop
+from typing import TYPE_CHECKING
+
+from .preemption import INFERENCE_WORKLOAD, TRAINING_WORKLOADS, slice_stats
+from .snapshot import PendingJob
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .planner import Planner
+
+INF = math.inf
+
+
+class Remaining:
+    """What the cycle still has to consider, summed up for :func:`nothing_more_can_happen`
+    (built on first use: most checks are answered before they are needed)."""
+
+    __slots__ = (
+        "_pending",
+        "_done",
+        "_runtimes",
+        "_preemptors",
+        "_tenants",
+        "fewest_gpus",
+        "non_training",
+    )
+
+    def __init__(self, pending: list[PendingJob]) -> None:
+        self._pending = pending
+        self._done: dict[int, PendingJob] = {}
+        self._runtimes: list[tuple[float, int]] | None = None
+        self._preemptors: Counter[tuple[int, bool]] | None = None  # (class, training)
+        self._tenants: Counter[str] | None = None
+        self.fewest_gpus: dict[str, int] = {}  # over all the tenant's jobs of the cycle
+        self.non_training: set[str] = set()  # tenants with work that may preempt inference
+
+    def remove(self, job: PendingJob) -> None:
+        """``job`` has been considered."""
+        self._done[job.id] = job
+        if self._tenants is not None:
+            self._count(job, -1)
+
+    def _count(self, job: PendingJob, sign: int) -> None:
+        if job.can_preempt:
+            self._preemptors[(job.priority, job.workload_type in TRAINING_WORKLOADS)] += sign
+        self._tenants[job.tenant] += sign
+
+    def shortest_runtime(self) -> float:
+        """The shortest runtime limit among the remaining jobs (INF: none left)."""
+        runtimes, done = self._runtimes, self._done
+        if runtimes is None:
+            runtimes = self._runtimes = [
+                (job.max_runtime_seconds if job.max_runtime_seconds > 0 else INF, job.id)
+                for job in self._pending
+                if job.id not in done
+            ]
+            heapify(runtimes)
+        while runtimes and runtimes[0][1] in done:
+            heappop(runtimes)
+        return runtimes[0][0] if runtimes else INF
+
+    def preemptors(self) -> Counter[tuple[int, bool]]:
+        """(class, training-like) of the remaining jobs whose class may preempt, counted."""
+        self._summarize()
+        return self._preemptors
+
+    def tenants(self) -> Counter[str]:
+        """The remaining jobs per tenant."""
+        self._summarize()
+        return self._tenants
+
+    def _summarize(self) -> None:
+        if self._tenants is not None:
+            return
+        self._preemptors = Counter()
+        self._tenants = Counter()
+        fewest = self.fewest_gpus
+        for job in self._pending:
+            if job.id not in self._done:
+                self._count(job, +1)
+            gpus = job.gpus
+            if gpus < fewest.get(job.tenant, gpus + 1):
+                fewest[job.tenant] = gpus
+            if job.workload_type not in TRAINING_WORKLOADS:
+                self.non_training.add(job.tenant)
+
+
+def nothing_more_can_happen(planner: Planner, remaining: Remaining) -> bool:
+    """Whether no remaining job can start now or preempt (see the module doc)."""
+    now = planner.now
+    # GPUs kept for a remaining job by an earlier preemption come back at its turn: idle
+    # then if its victims are gone already, busy until they are otherwise.
+    for claims in planner._claims.values():
+        for _, _, _, free_from, _ in claims:
+            if free_from <= now:
+                return False
+    # GPUs held for old reservations of remaining jobs are given back at their turn.
+    if planner._previous.idle_held:
+        return False
+    blocked = planner._pool_floor
+    latest_end = None
+    for pool, slices in planner.pool_slices.items():
+        if pool in blocked:
+            continue  # without backfill nothing starts behind the pool's blocked job
+        for slice_ in slices:
+            if not slice_.idle:
+                continue  # no GPU idle now, promised or not
+            if latest_end is None:
+                latest_end = now + remaining.shortest_runtime()
+            # A GPU idle and unpromised, or idle long enough for the shortest job.
+            for slot in slice_.slots:
+                if slot.free_total:
+                    hole = slot.hole
+                    for pos, free_from in enumerate(slot.af):
+                        if free_from <= now or hole[pos] >= latest_end:
+                            return False
+    if not planner.snapshot.preemption:
+        return True
+    return not _victims_left(planner, remaining)
+
+
+def _victims_left(planner: Planner, remaining: Remaining) -> bool:
+    """Whether some running job may still be a remaining job's victim."""
+    if not _victims_possible(planner, remaining):
+        return False
+    # GPUs promised only by old reservations held for remaining jobs are given back at
+    # their turn: they do not protect a victim.
+    temporary = {(id(slot), pos) for slot, pos, _ in planner._previous.waiting_holds()}
+    # Per kind of victim (0: not inference, 1: inference): the lowest preemptible class,
+    # and the tenants borrowing.
+    lowest = [INF, INF]
+    borrowers: tuple[set[str], set[str]] = (set(), set())
+    seen: set[int] = set()
+    for slices in planner.pool_slices.values():
+        for slice_ in slices:
+            for slot in slice_.slots:
+                for record in slot.running:
+                    if record.stopping or not record.seasoned or id(record) in seen:
+                        continue
+                    seen.add(id(record))
+                    if _promised(record, temporary):
+                        continue
+                    victim = record.job
+                    kind = int(victim.workload_type == INFERENCE_WORKLOAD)
+                    if victim.preemptible and victim.priority < lowest[kind]:
+                        lowest[kind] = victim.priority
+                    if victim.borrowed:
+                        borrowers[kind].add(victim.tenant)
+    for (priority, training), count in remaining.preemptors().items():
+        if count > 0 and (lowest[0] < priority or (not training and lowest[1] < priority)):
+            return True
+    if not (borrowers[0] or borrowers[1]):
+        return False
+    slices = [slice_ for pool_slices in planner.pool_slices.values() for slice_ in pool_slices]
+    account = planner.quotas.account
+    # Quota kept for a remaining job counts as leaving its victims' tenants at its turn.
+    kept: dict[int, int] = {}
+    for claims in planner._quota_claims.values():
+        for quota, gpus, _ in claims:
+            kept[id(quota)] = kept.get(id(quota), 0) + gpus
+    for tenant, count in remaining.tenants().items():
+        if count <= 0:
+            continue
+        others = borrowers[0] - {tenant}
+        if not others and tenant in remaining.non_training:
+            others = borrowers[1] - {tenant}
+        if not others:
+            continue
+        gpus = remaining.fewest_gpus[tenant]
+        for slice_ in slices:
+            quota = account(tenant, slice_.pool, slice_.model)
+            if quota.used - quota.leaving - kept.get(id(quota), 0) + gpus <= quota.guaranteed:
+                return True
+    return False
+
+
+def _promised(record, temporary: set[tuple[int, int]]) -> bool:
+    """Whether one of the job's GPUs is promised to a job considered already."""
+    for _, slot, positions in record.placement:
+        reserved = slot.reserved
+        for pos in positions:
+            if reserved[pos] and (id(slot), pos) not in temporary:
+                return True
+    return False
+
+
+def _victims_possible(planner: Planner, remaining: Remaining) -> bool:
+    """A first, cheaper pass of :func:`_victims_left` over the slices' victim summaries
+    (which do not know what was promised during the cycle)."""
+    preemptors = [key for key, count in remaining.preemptors().items() if count > 0]
+    tenants = [tenant for tenant, count in remaining.tenants().items() if count > 0]
+    for slices in planner.pool_slices.values():
+        for slice_ in slices:
+            stats = slice_stats(slice_)
+            if stats.priorities and any(
+                stats.priorities[0] < priority for priority, _ in preemptors
+            ):
+                return True
+            if stats.borrowers and any(stats.borrowers - {tenant} for tenant in tenants):
+                return True
+    return False
