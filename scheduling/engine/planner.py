@@ -821,6 +821,15 @@ class Planner:
     ) -> tuple[str, float] | None:
         """Stop victims for the job if that gets it running sooner than waiting (``slot``:
         its earliest start without preempting, None if never)."""
+        if not job.can_preempt and slot is not None:
+            # Its victims can only be reclaimed (borrowed, of other tenants): it starts no
+            # sooner than a victim's stop and its guaranteed quota allow, whoever stops.
+            soonest = min(
+                option.account.earliest(job.gpus, job.preemptible, within_guarantee=True)
+                for option, _ in preemptors
+            )
+            if slot.start <= max(self.now + 1, soonest):
+                return None  # waiting is as fast as any preemption: no search
         best: tuple[VictimChoice, Option, Preemptor] | None = None
         for option, preemptor in preemptors:
             # Searches only get harder during a cycle: a failed one stays failed.

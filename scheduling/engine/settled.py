@@ -38,7 +38,7 @@ from collections import Counter
 from heapq import heapify, heappop
 from typing import TYPE_CHECKING
 
-from .preemption import INFERENCE_WORKLOAD, TRAINING_WORKLOADS, slice_stats
+from .preemption import INFERENCE_WORKLOAD, TRAINING_WORKLOADS
 from .snapshot import PendingJob
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -157,36 +157,16 @@ def nothing_more_can_happen(planner: Planner, remaining: Remaining) -> bool:
 
 def _victims_left(planner: Planner, remaining: Remaining) -> bool:
     """Whether some running job may still be a remaining job's victim."""
-    if not _victims_possible(planner, remaining):
-        return False
-    # GPUs promised only by old reservations held for remaining jobs are given back at
-    # their turn: they do not protect a victim.
-    temporary = {(id(slot), pos) for slot, pos, _ in planner._previous.waiting_holds()}
-    # Per kind of victim (0: not inference, 1: inference): the lowest preemptible class,
-    # and the tenants borrowing.
-    lowest = [INF, INF]
-    borrowers: tuple[set[str], set[str]] = (set(), set())
-    seen: set[int] = set()
-    for slices in planner.pool_slices.values():
-        for slice_ in slices:
-            for slot in slice_.slots:
-                for record in slot.running:
-                    if record.stopping or not record.seasoned or id(record) in seen:
-                        continue
-                    seen.add(id(record))
-                    if _promised(record, temporary):
-                        continue
-                    victim = record.job
-                    kind = int(victim.workload_type == INFERENCE_WORKLOAD)
-                    if victim.preemptible and victim.priority < lowest[kind]:
-                        lowest[kind] = victim.priority
-                    if victim.borrowed:
-                        borrowers[kind].add(victim.tenant)
+    # Who among the remaining jobs could preempt: per kind of victim (0: not inference,
+    # 1: inference), the highest class that may preempt, and the tenants that may
+    # reclaim (inside their guarantee somewhere).
+    highest = [-INF, -INF]
     for (priority, training), count in remaining.preemptors().items():
-        if count > 0 and (lowest[0] < priority or (not training and lowest[1] < priority)):
-            return True
-    if not (borrowers[0] or borrowers[1]):
-        return False
+        if count > 0:
+            highest[0] = max(highest[0], priority)
+            if not training:
+                highest[1] = max(highest[1], priority)
+    reclaimers = (set(), set())
     slices = [slice_ for pool_slices in planner.pool_slices.values() for slice_ in pool_slices]
     account = planner.quotas.account
     # Quota kept for a remaining job counts as leaving its victims' tenants at its turn.
@@ -197,16 +177,43 @@ def _victims_left(planner: Planner, remaining: Remaining) -> bool:
     for tenant, count in remaining.tenants().items():
         if count <= 0:
             continue
-        others = borrowers[0] - {tenant}
-        if not others and tenant in remaining.non_training:
-            others = borrowers[1] - {tenant}
-        if not others:
-            continue
         gpus = remaining.fewest_gpus[tenant]
         for slice_ in slices:
             quota = account(tenant, slice_.pool, slice_.model)
             if quota.used - quota.leaving - kept.get(id(quota), 0) + gpus <= quota.guaranteed:
-                return True
+                reclaimers[0].add(tenant)
+                if tenant in remaining.non_training:
+                    reclaimers[1].add(tenant)
+                break
+    if highest == [-INF, -INF] and not reclaimers[0]:
+        return False
+    # GPUs promised only by old reservations held for remaining jobs are given back at
+    # their turn: they do not protect a victim.
+    temporary: set[tuple[int, int]] | None = None
+    seen: set[int] = set()
+    for slice_ in slices:
+        for slot in slice_.slots:
+            for record in slot.running:
+                if record.stopping or not record.seasoned or id(record) in seen:
+                    continue
+                seen.add(id(record))
+                victim = record.job
+                kind = int(victim.workload_type == INFERENCE_WORKLOAD)
+                by_class = victim.preemptible and victim.priority < highest[kind]
+                if not by_class:
+                    tenants = reclaimers[kind]
+                    if not (
+                        victim.borrowed
+                        and tenants
+                        and (len(tenants) > 1 or victim.tenant not in tenants)
+                    ):
+                        continue
+                if temporary is None:
+                    temporary = {
+                        (id(held), pos) for held, pos, _ in planner._previous.waiting_holds()
+                    }
+                if not _promised(record, temporary):
+                    return True
     return False
 
 
@@ -216,22 +223,5 @@ def _promised(record, temporary: set[tuple[int, int]]) -> bool:
         reserved = slot.reserved
         for pos in positions:
             if reserved[pos] and (id(slot), pos) not in temporary:
-                return True
-    return False
-
-
-def _victims_possible(planner: Planner, remaining: Remaining) -> bool:
-    """A first, cheaper pass of :func:`_victims_left` over the slices' victim summaries
-    (which do not know what was promised during the cycle)."""
-    preemptors = [key for key, count in remaining.preemptors().items() if count > 0]
-    tenants = [tenant for tenant, count in remaining.tenants().items() if count > 0]
-    for slices in planner.pool_slices.values():
-        for slice_ in slices:
-            stats = slice_stats(slice_)
-            if stats.priorities and any(
-                stats.priorities[0] < priority for priority, _ in preemptors
-            ):
-                return True
-            if stats.borrowers and any(stats.borrowers - {tenant} for tenant in tenants):
                 return True
     return False
