@@ -41,13 +41,16 @@ def main() -> None:
     parser.add_argument("--max-waiting-per-tenant", type=int, default=0)
     parser.add_argument("--load", type=float, default=DEFAULT_TARGET_LOAD, help="sized for")
     parser.add_argument("--quick", action="store_true", help="ITP cluster01 only")
+    parser.add_argument("--full-cycles", action="store_true", help="no decisions-only cycles")
     args = parser.parse_args()
     cluster = "cluster01" if args.quick else args.cluster
     loaded = time.perf_counter()
     trace = load_trace(args.trace, default_traces_dir(), cluster=cluster)
     scenario = build_scenario(trace, ScenarioOptions(target_load=args.load))
     setup = time.perf_counter() - loaded
-    config = SimConfig(max_waiting_per_tenant=args.max_waiting_per_tenant)
+    config = SimConfig(
+        max_waiting_per_tenant=args.max_waiting_per_tenant, full_cycles=args.full_cycles
+    )
     for policy in parse_policies(args.policy):
         line = {
             "trace": trace.name,
@@ -57,6 +60,7 @@ def main() -> None:
             "workers": args.workers,
             "max_waiting_per_tenant": args.max_waiting_per_tenant,
             "load": args.load,
+            "full_cycles": args.full_cycles,
             "read_and_setup_s": round(setup, 2),
             "target_s": TARGET_SECONDS,
         }

@@ -54,6 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser, *, out_dir: Path) -> None:
     add("--dispatch-interval", type=float, default=5.0, help="seconds between cycles")
     add("--max-waiting-per-tenant", type=int, default=0, help="cycle window (0: all jobs)")
     add("--keep-reservations", action=argparse.BooleanOptionalAction, default=True)
+    add(
+        "--full-cycles",
+        action="store_true",
+        help="have every cycle consider every waiting job (slower; same decisions per cycle)",
+    )
     add("--cluster", help="ITP: one cluster (cluster01..cluster10) instead of all")
     add("--max-jobs", type=int, help="replay only the first N jobs by submit time")
     add("--alibaba-pods", choices=sorted(ALIBABA_PODS), default="default")
@@ -113,6 +118,7 @@ def run(options: dict, write: Callable[[str], None] = print) -> list[dict]:
         checkpoint_interval=options["checkpoint_interval"],
         keep_reservations=options["keep_reservations"],
         max_waiting_per_tenant=options["max_waiting_per_tenant"],
+        full_cycles=bool(options.get("full_cycles")),
     )
     write(f"Replaying {trace.name}: {len(scenario.jobs):,} jobs on {scenario.capacity:,} GPUs")
     for note in scenario.notes:

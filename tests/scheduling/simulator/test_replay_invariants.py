@@ -6,12 +6,12 @@ from collections import defaultdict
 
 import pytest
 
-from scheduling.engine import QuotaInfo
+from scheduling.engine import QuotaInfo, plan
 from scheduling.simulator import POLICIES, SimConfig, Trace, TraceJob, build_scenario, replay
 from scheduling.simulator.metrics import summarize
 from scheduling.simulator.parallel import replay_split
 from scheduling.simulator.scenario import ScenarioOptions
-from scheduling.simulator.simulation import COMPLETED, TIMED_OUT
+from scheduling.simulator.simulation import COMPLETED, TIMED_OUT, Replay
 
 from .conftest import POOL, scenario, sim_job
 
@@ -39,9 +39,11 @@ def busy_trace(seed: int = 7, count: int = 200):
     return scenario(jobs, nodes=2, gpus=8, quotas=quotas)
 
 
+@pytest.mark.parametrize("full_cycles", [False, True])
 @pytest.mark.parametrize("policy", ["fifo", "sluice", "sluice-no-backfill"])
-def test_every_job_ends_exactly_once_and_no_gpu_is_held_twice(policy):
-    result = replay(busy_trace(), POLICIES[policy], SimConfig(checkpoint_interval=300))
+def test_every_job_ends_exactly_once_and_no_gpu_is_held_twice(policy, full_cycles):
+    config = SimConfig(checkpoint_interval=300, full_cycles=full_cycles)
+    result = replay(busy_trace(), POLICIES[policy], config)
 
     assert sorted(run.job.id for run in result.runs) == list(range(1, 201))
     holders = defaultdict(list)
@@ -63,6 +65,42 @@ def test_every_job_ends_exactly_once_and_no_gpu_is_held_twice(policy):
         intervals.sort()
         for (_, end), (next_start, _) in zip(intervals, intervals[1:], strict=False):
             assert end <= next_start
+
+
+class CheckedReplay(Replay):
+    """A replay that plans each cycle's snapshot a second time in full and compares."""
+
+    compared = skipped = 0
+
+    def _cycle(self, pool, now, selected):
+        selected = list(selected)
+        result = super()._cycle(pool, now, selected)
+        full = plan(
+            self.builder.snapshot(
+                now,
+                [pool],
+                [run.running_record for run in self.running[pool].values()],
+                [run.pending_record for run in selected],
+                self._usage_for(pool),
+                self.policy,
+            )
+        )
+        assert (result.placements, result.preemptions) == (full.placements, full.preemptions)
+        assert len(result.pending) + result.skipped == len(full.pending)
+        self.compared += 1
+        self.skipped += result.skipped
+        return result
+
+
+@pytest.mark.parametrize("policy", ["sluice", "sluice-no-backfill"])
+def test_decisions_only_cycles_decide_as_full_ones_all_through_a_replay(policy):
+    checked = CheckedReplay(
+        busy_trace(count=400), POLICIES[policy], SimConfig(checkpoint_interval=300)
+    )
+    checked.run()
+
+    assert checked.compared > 100
+    assert checked.skipped > 0  # some cycles did stop early
 
 
 def test_the_busy_trace_does_preempt_under_sluice():
