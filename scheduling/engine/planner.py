@@ -820,7 +820,14 @@ class Planner:
         slot: Slot | None,
     ) -> tuple[str, float] | None:
         """Stop victims for the job if that gets it running sooner than waiting (``slot``:
-        its earliest start without preempting, None if never)."""
+        its earliest start without preempting, None if never).
+
+        Without backfill a job behind the pool's first blocked job starts after it (the
+        pool's floor): stopping victims before then would cost their work for nothing,
+        so such a job preempts only if its victims are still stopping by then."""
+        floor = self._pool_floor.get(job.pool) if self._pool_floor else None
+        if floor == INF:
+            return None
         if not job.can_preempt and slot is not None:
             # Its victims can only be reclaimed (borrowed, of other tenants): it starts no
             # sooner than a victim's stop and its guaranteed quota allow, whoever stops.
@@ -865,6 +872,8 @@ class Planner:
             if record.account is account
         ]
         latest = max(release.values())
+        if floor is not None and floor > latest:
+            return None  # it could not start on the GPUs freed before the floor
         # Reclaiming is a right of the guarantee: the job must fit it when it starts
         # (its guaranteed quota may be promised to earlier jobs of its tenant).
         reclaims = any(preemptor.is_reclaim(record) for record in choice.victims)

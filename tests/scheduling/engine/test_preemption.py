@@ -440,3 +440,26 @@ def test_no_reclaim_for_a_guarantee_promised_to_an_earlier_job_of_the_tenant():
     assert result.pending[1].estimated_start == NOW + 600
     assert result.preemptions == []
     assert result.pending[2].code != reasons.WAITING_FOR_PREEMPTION
+
+
+def test_without_backfill_nobody_preempts_for_a_job_behind_the_blocked_head():
+    """Without backfill job 2 cannot start before job 1 (blocked: it waits an hour for
+    node 1), so reclaiming b's borrowed GPU for it now would only cost b its work. With
+    backfill the same reclaim gets job 2 running in 30 s."""
+    nodes = [node(1), node(2)]
+    quotas = [quota("a", 2), quota("b", 8, 8), quota("c", 8)]
+    run = [
+        running(10, "b", gpu_ids(1, *range(8)), age=0, min_runtime=300),
+        running(20, "a", gpu_ids(2, 0)),
+        running(21, "b", gpu_ids(2, 1), borrowed=True, runtime=36000),
+        running(22, "b", gpu_ids(2, *range(2, 8)), borrowed=True, age=10, min_runtime=300),
+    ]
+    pending = [job(1, "c", gpus=8), job(2, "a")]
+
+    strict = run_plan(snapshot(nodes, quotas, pending, run, backfill=False, fair_share=False))
+    assert strict.preemptions == []
+    assert strict.pending[1].estimated_start == NOW + 3600
+    assert strict.pending[2].estimated_start >= NOW + 3600
+
+    relaxed = run_plan(snapshot(nodes, quotas, pending, run, fair_share=False))
+    assert [p.victim_id for p in relaxed.preemptions] == [21]
