@@ -20,6 +20,10 @@ they are gone is handled as in 4 (a borrower reserves only when that quota is al
 waits for). The GPUs and the quota of jobs stopped for a pending job stay with that job
 until its turn.
 
+A ``decisions_only`` snapshot (the simulator) stops the cycle once no job left could
+start or preempt (see :mod:`.settled`): same placements and preemptions, fewer jobs
+explained.
+
 Estimates are the reservation times, computed with one query per job: an upper bound as
 long as running jobs end by their limits, no more important work arrives, and the
 dispatch loop hands each reservation back to the next cycle (see :mod:`.reservations`;

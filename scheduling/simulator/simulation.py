@@ -472,7 +472,11 @@ class Replay:
 
     def _plan_pool(self, pool: str, now: float) -> None:
         """One dispatch cycle of ``pool``: the engine decides, the replay applies."""
-        if not self.pending[pool] or not self._worth_a_cycle(pool, now):
+        if not self.pending[pool]:
+            return
+        if not self._worth_a_cycle(pool, now):
+            if self.policy.preemption:
+                self._schedule_wake(pool, now)  # victims not old enough yet: come back then
             return
         while True:
             selected, truncated = self._select(pool)

@@ -110,6 +110,17 @@ def test_a_preempted_job_loses_the_work_since_its_checkpoint_and_is_requeued():
     assert summarize(result)["lost_gpu_hours"] == pytest.approx(4 * 105 / 3600)
 
 
+def test_a_job_arriving_before_its_victim_may_be_preempted_preempts_it_when_it_may():
+    # L (low, 4 GPUs, 1000 s) starts at 0; H (high) arrives at 100, when L is too young
+    # to be preempted (300 s minimum): the cycle is skipped, but the replay comes back
+    # at 300 and H runs from 305 (5 s grace), not when L ends at 1000.
+    jobs = [sim_job(1, 0, 1000, 4, cls="low"), sim_job(2, 100, 100, 4, cls="high")]
+    result = replay(scenario(jobs), POLICIES["sluice"], EXACT)
+
+    assert starts(result) == {"job1": 0, "job2": 305}
+    assert result.runs[0].preemptions == 1
+
+
 def test_fifo_never_preempts():
     jobs = [sim_job(1, 0, 1000, 4, cls="low"), sim_job(2, 700, 100, 4, cls="high")]
     result = replay(scenario(jobs), POLICIES["fifo"], EXACT)
