@@ -37,6 +37,7 @@ from scheduling.engine import (
     Placement,
     Plan,
     RunningJob,
+    Snapshot,
     decay_usage,
     plan,
     reasons,
@@ -500,17 +501,23 @@ class Replay:
             return [by_id[job_id] for group in groups for _, job_id in group[:window]], True
         return pending.values(), False
 
-    def _cycle(self, pool: str, now: float, selected: Iterable[JobRun]) -> Plan:
-        """Build the pool's snapshot and let the engine plan it."""
-        snapshot = self.builder.snapshot(
+    def _snapshot(
+        self, pool: str, now: float, selected: Iterable[JobRun], decisions_only: bool
+    ) -> Snapshot:
+        """The pool's snapshot with the waiting jobs ``selected``."""
+        return self.builder.snapshot(
             now,
             [pool],
             [run.running_record for run in self.running[pool].values()],
             [run.pending_record for run in selected],
             self._usage_for(pool),
             self.policy,
-            decisions_only=not self.config.full_cycles,
+            decisions_only=decisions_only,
         )
+
+    def _cycle(self, pool: str, now: float, selected: Iterable[JobRun]) -> Plan:
+        """Build the pool's snapshot and let the engine plan it."""
+        snapshot = self._snapshot(pool, now, selected, not self.config.full_cycles)
         started = time.perf_counter()
         result = plan(snapshot)
         self.plan_seconds += time.perf_counter() - started

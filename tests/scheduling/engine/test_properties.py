@@ -236,17 +236,23 @@ def test_plan_is_deterministic_and_leaves_the_snapshot_alone(snap):
     assert plan(snap) == first
 
 
-@FAST
-@given(snapshots(), st.data())
-def test_reservations_handed_back_keep_the_invariants(snap, data):
-    """Feeding a plan's reservations into the next cycle (as the dispatch loop does),
-    possibly for GPUs that changed meanwhile, never breaks a plan."""
+def hand_back_some_reservations(snap: Snapshot, data) -> None:
+    """Give some pending jobs the reservation a first plan made for them, as the
+    dispatch loop hands reservations to the next cycle."""
     first = plan(snap)
     for job in snap.pending:
         info = first.pending.get(job.id)
         if info is not None and info.reserved_gpu_ids and data.draw(st.booleans()):
             job.reserved_gpu_ids = info.reserved_gpu_ids
             job.reserved_start = info.estimated_start
+
+
+@FAST
+@given(snapshots(), st.data())
+def test_reservations_handed_back_keep_the_invariants(snap, data):
+    """Feeding a plan's reservations into the next cycle (as the dispatch loop does),
+    possibly for GPUs that changed meanwhile, never breaks a plan."""
+    hand_back_some_reservations(snap, data)
     if snap.running and data.draw(st.booleans()):
         snap.running.pop(data.draw(st.integers(0, len(snap.running) - 1)))
     check_plan(snap, plan(snap))
@@ -315,12 +321,7 @@ def test_nothing_more_happens_once_the_cycle_is_settled(snap, data):
     """Asked before every job (not only where a decisions-only cycle asks), "nothing
     more can happen" is never wrong: no job after that point starts or preempts; also
     with reservations handed back from a first cycle."""
-    first = plan(snap)
-    for job in snap.pending:
-        info = first.pending.get(job.id)
-        if info is not None and info.reserved_gpu_ids and data.draw(st.booleans()):
-            job.reserved_gpu_ids = info.reserved_gpu_ids
-            job.reserved_start = info.estimated_start
+    hand_back_some_reservations(snap, data)
     settled_at, decisions_then, decisions = _acts_after_settled(snap)
     if settled_at is not None:
         assert decisions == decisions_then

@@ -75,16 +75,7 @@ class CheckedReplay(Replay):
     def _cycle(self, pool, now, selected):
         selected = list(selected)
         result = super()._cycle(pool, now, selected)
-        full = plan(
-            self.builder.snapshot(
-                now,
-                [pool],
-                [run.running_record for run in self.running[pool].values()],
-                [run.pending_record for run in selected],
-                self._usage_for(pool),
-                self.policy,
-            )
-        )
+        full = plan(self._snapshot(pool, now, selected, decisions_only=False))
         assert (result.placements, result.preemptions) == (full.placements, full.preemptions)
         assert len(result.pending) + result.skipped == len(full.pending)
         self.compared += 1
