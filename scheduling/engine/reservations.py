@@ -157,13 +157,13 @@ class PreviousReservations:
             previous.slice.unhold(previous.slots[number], positions, ready)
 
     def waiting_holds(self):
-        """(slot, position, free-from time before the hold) of each GPU held for a job
-        not considered yet and still held for it alone: its turn gives it back."""
+        """(slot, position) of each GPU held for a job not considered yet and still held
+        for it alone: its turn gives it back."""
         for previous in self._waiting.values():
-            for (number, pos), ready in previous.held.items():
+            for number, pos in previous.held:
                 slot = previous.slots[number]
                 if slot.af[pos] == previous.end:
-                    yield slot, pos, ready
+                    yield slot, pos
 
     def _ready(self, previous: Previous, number: int, slot: NodeSlot, pos: int) -> float:
         """When a GPU of the reservation is free for its own job."""

@@ -63,7 +63,7 @@ class Remaining:
 
     def __init__(self, pending: list[PendingJob]) -> None:
         self._pending = pending
-        self._done: dict[int, PendingJob] = {}
+        self._done: set[int] = set()  # ids of the jobs considered
         self._runtimes: list[tuple[float, int]] | None = None
         self._preemptors: Counter[tuple[int, bool]] | None = None  # (class, training)
         self._tenants: Counter[str] | None = None
@@ -72,7 +72,7 @@ class Remaining:
 
     def remove(self, job: PendingJob) -> None:
         """``job`` has been considered."""
-        self._done[job.id] = job
+        self._done.add(job.id)
         if self._tenants is not None:
             self._count(job, -1)
 
@@ -209,9 +209,7 @@ def _victims_left(planner: Planner, remaining: Remaining) -> bool:
                     ):
                         continue
                 if temporary is None:
-                    temporary = {
-                        (id(held), pos) for held, pos, _ in planner._previous.waiting_holds()
-                    }
+                    temporary = {(id(held), pos) for held, pos in planner._previous.waiting_holds()}
                 if not _promised(record, temporary):
                     return True
     return False
