@@ -355,13 +355,27 @@ class SliceIndex:
             self.hole_owners.append((owner, start))
         self.refresh(slot)
 
-    def unhold(self, slot: NodeSlot, positions: list[int], ready: list[float]) -> None:
+    def unhold(
+        self,
+        slot: NodeSlot,
+        positions: list[int],
+        ready: list[float],
+        before: list[tuple[bool, float, int, bool]],
+    ) -> None:
         """Undo a :meth:`reserve` made to hold a reservation: each GPU is free again from
-        ``ready`` (or from the end of a job started in the hole meanwhile)."""
-        for pos, when in zip(positions, ready, strict=True):
-            slot.af[pos] = max(when, slot.lent[pos]) if slot.lent[pos] else when
-            slot.hole[pos] = 0.0
-            slot.reserved[pos] = False
+        ``ready`` (or from the end of a job started in the hole meanwhile) and is again
+        what it was ``before`` the hold (reserved, hole, hole owner, releasing): the
+        promise of a job considered before the hold is still due."""
+        lent = slot.lent
+        for pos, when, (reserved, hole, owner, releasing) in zip(
+            positions, ready, before, strict=True
+        ):
+            slot.af[pos] = max(when, lent[pos]) if lent[pos] else when
+            # A job started in the hole meanwhile: busy now, no hole left.
+            slot.hole[pos] = 0.0 if lent[pos] else hole
+            slot.hole_owner[pos] = owner
+            slot.reserved[pos] = reserved
+            slot.releasing[pos] = releasing and not lent[pos]
         self.epoch += 1
         self._no_fit.clear()
         self.refresh(slot)

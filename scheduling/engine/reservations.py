@@ -33,6 +33,7 @@ class Previous:
         "start",
         "end",
         "held",
+        "before",
         "kept",
         "idle_held",
     )
@@ -46,6 +47,10 @@ class Previous:
         self.end = job.reserved_start + job.max_runtime_seconds
         # (slot number, position) -> free-from time before the hold, for held GPUs
         self.held: dict[tuple[int, int], float] = {}
+        # (slot number, position) -> (reserved, hole, hole owner, releasing) before the
+        # hold: a GPU may already be promised to a job considered earlier in the cycle,
+        # and that promise outlives the hold.
+        self.before: dict[tuple[int, int], tuple[bool, float, int, bool]] = {}
         # held GPUs that an earlier job planned to use right after: they stay held
         self.kept: set[tuple[int, int]] = set()
         self.idle_held = 0  # held GPUs that were idle before the hold
@@ -126,6 +131,12 @@ class PreviousReservations:
             # Not free in time any more (given what this cycle planned so far): not held.
             if slot.af[pos] <= previous.start:
                 previous.held[(number, pos)] = slot.af[pos]
+                previous.before[(number, pos)] = (
+                    slot.reserved[pos],
+                    slot.hole[pos],
+                    slot.hole_owner[pos],
+                    slot.releasing[pos],
+                )
                 by_slot[number].append(pos)
         for number, positions in by_slot.items():
             previous.slice.reserve(
@@ -145,16 +156,17 @@ class PreviousReservations:
         if previous is None:
             return
         self.idle_held -= previous.idle_held
-        by_slot: dict[int, tuple[list[int], list[float]]] = {}
+        by_slot: dict[int, tuple[list[int], list[float], list[tuple]]] = {}
         for (number, pos), ready in previous.held.items():
             if previous.slots[number].af[pos] == previous.end:
-                entry = by_slot.setdefault(number, ([], []))
+                entry = by_slot.setdefault(number, ([], [], []))
                 entry[0].append(pos)
                 entry[1].append(ready)
+                entry[2].append(previous.before[(number, pos)])
             else:
                 previous.kept.add((number, pos))
-        for number, (positions, ready) in by_slot.items():
-            previous.slice.unhold(previous.slots[number], positions, ready)
+        for number, (positions, ready, before) in by_slot.items():
+            previous.slice.unhold(previous.slots[number], positions, ready, before)
 
     def waiting_holds(self):
         """(slot, position) of each GPU held for a job not considered yet and still held

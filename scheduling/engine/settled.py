@@ -17,13 +17,16 @@ The argument, for the jobs not considered yet (``Remaining``):
   their victims stop), and no idle GPU promised from later
   ("a hole") stays idle long enough for the shortest remaining job: a job starts now
   only on such GPUs (a pool blocked without backfill starts nothing at all);
-- no running job is a possible victim of a remaining job: a victim must be seasoned, not
-  stopping, hold no GPU promised to a job considered before (such promises are never
-  taken back during a cycle), and be either of a lower preemptible class than a
-  remaining job whose class may preempt, or borrowed by another tenant than a remaining
-  job whose tenant is still inside its guarantee somewhere, counting its stopping jobs
-  as gone (and the quota of jobs stopped for a remaining job, given back at its turn).
-  Training work never preempts inference.
+- no node can make room for a remaining job by preemption: on each node, the GPUs idle
+  and unpromised plus those of its possible victims there fall short of the fewest GPUs
+  per node any job of the tenant needs. A possible victim of a tenant's job is seasoned,
+  not stopping, holds no GPU on that node promised to a job considered before (such
+  promises are never taken back during a cycle, not even when a held reservation is
+  given back), and is either of a lower preemptible class than a remaining job whose
+  class may preempt (the tenant having such a job), or borrowed by another tenant while
+  the tenant is still inside its guarantee somewhere, counting its stopping jobs as gone
+  (and the quota of jobs stopped for a remaining job, given back at its turn). Training
+  work never preempts inference.
 
 While the remaining jobs place nothing and stop nothing, the cycle's state only gets
 tighter as they are considered (more GPUs and quota promised), so what holds now holds at
@@ -57,7 +60,9 @@ class Remaining:
         "_runtimes",
         "_preemptors",
         "_tenants",
+        "_preempting",
         "fewest_gpus",
+        "fewest_per_node",
         "non_training",
     )
 
@@ -67,7 +72,10 @@ class Remaining:
         self._runtimes: list[tuple[float, int]] | None = None
         self._preemptors: Counter[tuple[int, bool]] | None = None  # (class, training)
         self._tenants: Counter[str] | None = None
-        self.fewest_gpus: dict[str, int] = {}  # over all the tenant's jobs of the cycle
+        self._preempting: Counter[str] | None = None  # tenant: its jobs whose class may
+        # Over all the tenant's jobs of the cycle (considered or not):
+        self.fewest_gpus: dict[str, int] = {}
+        self.fewest_per_node: dict[str, int] = {}
         self.non_training: set[str] = set()  # tenants with work that may preempt inference
 
     def remove(self, job: PendingJob) -> None:
@@ -79,6 +87,7 @@ class Remaining:
     def _count(self, job: PendingJob, sign: int) -> None:
         if job.can_preempt:
             self._preemptors[(job.priority, job.workload_type in TRAINING_WORKLOADS)] += sign
+            self._preempting[job.tenant] += sign
         self._tenants[job.tenant] += sign
 
     def shortest_runtime(self) -> float:
@@ -105,18 +114,28 @@ class Remaining:
         self._summarize()
         return self._tenants
 
+    def preempting_tenants(self) -> Counter[str]:
+        """The remaining jobs whose class may preempt, per tenant."""
+        self._summarize()
+        return self._preempting
+
     def _summarize(self) -> None:
         if self._tenants is not None:
             return
         self._preemptors = Counter()
         self._tenants = Counter()
-        fewest = self.fewest_gpus
+        self._preempting = Counter()
+        fewest, per_node = self.fewest_gpus, self.fewest_per_node
         for job in self._pending:
             if job.id not in self._done:
                 self._count(job, +1)
+            tenant = job.tenant
             gpus = job.gpus
-            if gpus < fewest.get(job.tenant, gpus + 1):
-                fewest[job.tenant] = gpus
+            if gpus < fewest.get(tenant, gpus + 1):
+                fewest[tenant] = gpus
+            gpus = job.gpus_per_node
+            if gpus < per_node.get(tenant, gpus + 1):
+                per_node[tenant] = gpus
             if job.workload_type not in TRAINING_WORKLOADS:
                 self.non_training.add(job.tenant)
 
@@ -156,7 +175,11 @@ def nothing_more_can_happen(planner: Planner, remaining: Remaining) -> bool:
 
 
 def _victims_left(planner: Planner, remaining: Remaining) -> bool:
-    """Whether some running job may still be a remaining job's victim."""
+    """Whether some node may still make room for a remaining job by preemption: its GPUs
+    idle and unpromised plus those of the running jobs there that the job may stop must
+    cover the job's GPUs per node (checked for the fewest GPUs per node of each tenant
+    that may preempt, with every victim any of its jobs may stop: never fewer than the
+    engine's own victim search finds for one job)."""
     # Who among the remaining jobs could preempt: per kind of victim (0: not inference,
     # 1: inference), the highest class that may preempt, and the tenants that may
     # reclaim (inside their guarantee somewhere).
@@ -174,7 +197,8 @@ def _victims_left(planner: Planner, remaining: Remaining) -> bool:
     for claims in planner._quota_claims.values():
         for quota, gpus, _ in claims:
             kept[id(quota)] = kept.get(id(quota), 0) + gpus
-    for tenant, count in remaining.tenants().items():
+    tenants = remaining.tenants()
+    for tenant, count in tenants.items():
         if count <= 0:
             continue
         gpus = remaining.fewest_gpus[tenant]
@@ -185,41 +209,56 @@ def _victims_left(planner: Planner, remaining: Remaining) -> bool:
                 if tenant in remaining.non_training:
                     reclaimers[1].add(tenant)
                 break
-    if highest == [-INF, -INF] and not reclaimers[0]:
+    # The tenants that may preempt, with the fewest GPUs per node one of their jobs needs.
+    by_class = remaining.preempting_tenants()
+    needs = {
+        tenant: remaining.fewest_per_node[tenant]
+        for tenant, count in tenants.items()
+        if count > 0 and (tenant in reclaimers[0] or by_class.get(tenant, 0) > 0)
+    }
+    if not needs:
         return False
     # GPUs promised only by old reservations held for remaining jobs are given back at
     # their turn: they do not protect a victim.
     temporary: set[tuple[int, int]] | None = None
-    seen: set[int] = set()
+    now = planner.now
     for slice_ in slices:
         for slot in slice_.slots:
+            # The possible victims on this node: (GPUs here, tenant, kind, by class, borrowed)
+            victims = []
             for record in slot.running:
-                if record.stopping or not record.seasoned or id(record) in seen:
+                if record.stopping or not record.seasoned:
                     continue
-                seen.add(id(record))
                 victim = record.job
                 kind = int(victim.workload_type == INFERENCE_WORKLOAD)
-                by_class = victim.preemptible and victim.priority < highest[kind]
-                if not by_class:
-                    tenants = reclaimers[kind]
-                    if not (
-                        victim.borrowed
-                        and tenants
-                        and (len(tenants) > 1 or victim.tenant not in tenants)
-                    ):
-                        continue
+                lower = victim.preemptible and victim.priority < highest[kind]
+                if not (lower or (victim.borrowed and reclaimers[kind])):
+                    continue
                 if temporary is None:
                     temporary = {(id(held), pos) for held, pos in planner._previous.waiting_holds()}
-                if not _promised(record, temporary):
+                positions = record.positions_on(slot)
+                if _promised(slot, positions, temporary):
+                    continue  # the engine never stops a job holding GPUs promised here
+                victims.append((len(positions), victim.tenant, kind, lower, victim.borrowed))
+            if not victims:
+                continue
+            idle = slot.idle_unreserved(now)
+            for tenant, need in needs.items():
+                if need > len(slot.gpu_ids):
+                    continue
+                class_ok = by_class.get(tenant, 0) > 0
+                freed = idle
+                for gpus, owner, kind, lower, borrowed in victims:
+                    if (class_ok and lower) or (
+                        borrowed and owner != tenant and tenant in reclaimers[kind]
+                    ):
+                        freed += gpus
+                if freed >= need:
                     return True
     return False
 
 
-def _promised(record, temporary: set[tuple[int, int]]) -> bool:
-    """Whether one of the job's GPUs is promised to a job considered already."""
-    for _, slot, positions in record.placement:
-        reserved = slot.reserved
-        for pos in positions:
-            if reserved[pos] and (id(slot), pos) not in temporary:
-                return True
-    return False
+def _promised(slot, positions: list[int], temporary: set[tuple[int, int]]) -> bool:
+    """Whether one of ``positions`` of ``slot`` is promised to a job considered already."""
+    reserved = slot.reserved
+    return any(reserved[pos] and (id(slot), pos) not in temporary for pos in positions)

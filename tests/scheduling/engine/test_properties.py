@@ -216,7 +216,11 @@ def crowded_tenants(draw) -> Snapshot:
     )
 
 
-FAST = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(
+    max_examples=int(__import__("os").environ.get("PROP_EXAMPLES", "100")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 
 @FAST

@@ -159,3 +159,31 @@ def test_without_backfill_a_later_jobs_old_reservation_does_not_block_the_first_
     assert [p.job_id for p in held.placements] == [2]
     strict = run_plan(snapshot([node(1)], [quota("a", 16)], pending, backfill=False))
     assert [p.job_id for p in strict.placements] == [1]
+
+
+def test_a_reservation_held_and_given_back_leaves_an_earlier_promise_on_its_gpu():
+    """GPU 0 is promised to job 1 (high, training, no preempting class) from the end of the borrowed
+    inference job 10 on it (training never preempts inference). Job 2 (low, inference,
+    inside its tenant's guarantee) held GPU 0 from a reservation of the last cycle,
+    starting after job 1's: giving that hold back at job 2's turn must leave job 1's
+    promise in place, so job 10 is no victim of job 2's reclaim (it used to be)."""
+    nodes = [node(1, gpus=2)]
+    quotas = [quota("a", 2), quota("b", 0, borrow=2), quota("c", 1)]
+    run = [
+        running(10, "b", gpu_ids(1, 0), borrowed=True, runtime=1600, workload="inference"),
+        running(11, "a", gpu_ids(1, 1), runtime=100_000),
+    ]
+    # Job 10 ends at NOW + 1000; job 1 would run from then until NOW + 6000.
+    pending = [
+        job(1, "a", cls="high", can_preempt=False, runtime=5000),
+        dataclasses.replace(
+            job(2, "c", cls="low", workload="inference", runtime=3000),
+            reserved_gpu_ids=gpu_ids(1, 0),
+            reserved_start=NOW + 7000,
+        ),
+    ]
+    result = run_plan(snapshot(nodes, quotas, pending, run))
+    assert result.preemptions == []
+    assert result.pending[1].reserved_gpu_ids == gpu_ids(1, 0)
+    assert result.pending[1].estimated_start == NOW + 1000
+    assert result.pending[2].estimated_start >= NOW + 6000
