@@ -106,6 +106,12 @@ class Planner:
         self._message_cache: dict[tuple, str] = {}
         self._victims = VictimFinder(self.now)
         self._hopeless: set[tuple] = set()  # preemption searches known to fail
+        # Victims stopped now are gone by now + their grace: this is the latest they can
+        # be gone, and a preemptor whose quota is not due by then stops nobody.
+        self.longest_grace = max(
+            (max(job.grace_seconds, 1) for job in snapshot.running if not job.stopping),
+            default=1,
+        )
         self._queue_heads: dict[int, tuple[int, str, float]] = {}
         self._fifo_head: tuple[int, str, float] | None = None
         self._heads_known = False  # any strict-FIFO head recorded yet
@@ -832,15 +838,23 @@ class Planner:
         floor = self._pool_floor.get(job.pool) if self._pool_floor else None
         if floor == INF:
             return None
-        if not job.can_preempt and slot is not None:
+        if not job.can_preempt:
             # Its victims can only be reclaimed (borrowed, of other tenants): it starts no
             # sooner than a victim's stop and its guaranteed quota allow, whoever stops.
-            soonest = min(
+            due = [
                 option.account.earliest(job.gpus, job.preemptible, within_guarantee=True)
                 for option, _ in preemptors
-            )
-            if slot.start <= max(self.now + 1, soonest):
+            ]
+            if slot is not None and slot.start <= max(self.now + 1, min(due)):
                 return None  # waiting is as fast as any preemption: no search
+            victims_gone = self.now + self.longest_grace
+            preemptors = [
+                item
+                for item, soonest in zip(preemptors, due, strict=True)
+                if soonest <= max(victims_gone, item[0].account.leaving_until)
+            ]
+            if not preemptors:
+                return None  # its quota is not due when victims would be gone: no search
         best: tuple[VictimChoice, Option, Preemptor] | None = None
         for option, preemptor in preemptors:
             # Searches only get harder during a cycle: a failed one stays failed.
@@ -882,10 +896,13 @@ class Planner:
         # (its guaranteed quota may be promised to earlier jobs of its tenant).
         reclaims = any(preemptor.is_reclaim(record) for record in choice.victims)
         start = max(latest, account.earliest(job.gpus, job.preemptible, stops, reclaims))
-        if start == INF or (slot is not None and slot.start <= start):
+        if start > max(latest, account.leaving_until):
+            # Its quota is promised to earlier jobs of its tenant until after the victims
+            # are gone (and its own stopping jobs): their GPUs would sit idle until then.
+            # It stops nobody now, and preempts once its quota is due.
+            return None
+        if slot is not None and slot.start <= start:
             return None  # waiting is as fast as preempting
-        if preemptor.short_of_quota and start > max(latest, account.leaving_until):
-            return None  # earlier jobs of the tenant count on the quota it would free
         claimed = self._claimed_ids.setdefault(job.id, set())
         for record in choice.victims:
             self._stop(record, job, release[record.job.id], preemptor, account)

@@ -19,8 +19,10 @@ lacks quota for J (see :meth:`Preemptor.under`: the guarantee for non-preemptibl
 guarantee + borrowing otherwise), enough of that quota: the quota held by J's tenant's
 victims in the slice counts as freed at their stop time, as does that of the tenant's
 jobs already stopping. "Inside its guarantee" is judged after those stops. The planner
-preempts only if that gets J running sooner than waiting, and a job short of quota only
-if it can start once its victims and its tenant's stopping jobs are gone.
+preempts only if that gets J running sooner than waiting, and only if J can start once
+its victims and its tenant's stopping jobs are gone: when J's quota is promised to
+earlier jobs of its tenant until later, stopping the victims now would leave their GPUs
+idle until then, so J waits and preempts once its quota is due.
 
 On each node the victims are taken in the order borrowed first, lowest class, most
 recently started, until enough GPUs would be free; victims that turn out unnecessary are

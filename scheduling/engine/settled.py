@@ -198,19 +198,33 @@ def _victims_left(planner: Planner, remaining: Remaining) -> bool:
         for quota, gpus, _ in claims:
             kept[id(quota)] = kept.get(id(quota), 0) + gpus
     tenants = remaining.tenants()
+    by_class = remaining.preempting_tenants()
+    victims_gone = planner.now + planner.longest_grace
     for tenant, count in tenants.items():
         if count <= 0:
             continue
         gpus = remaining.fewest_gpus[tenant]
         for slice_ in slices:
             quota = account(tenant, slice_.pool, slice_.model)
-            if quota.used - quota.leaving - kept.get(id(quota), 0) + gpus <= quota.guaranteed:
-                reclaimers[0].add(tenant)
-                if tenant in remaining.non_training:
-                    reclaimers[1].add(tenant)
-                break
+            given_back = kept.get(id(quota), 0)
+            if quota.used - quota.leaving - given_back + gpus > quota.guaranteed:
+                continue
+            # A job whose class may not preempt reclaims only if its guaranteed quota is
+            # due by the time its victims are gone (promised to earlier jobs of its
+            # tenant until later otherwise); the promises only grow during the cycle,
+            # unless quota kept for a remaining job is given back at its turn.
+            if (
+                not by_class.get(tenant, 0)
+                and not given_back
+                and quota.earliest(gpus, True, within_guarantee=True)
+                > max(victims_gone, quota.leaving_until)
+            ):
+                continue
+            reclaimers[0].add(tenant)
+            if tenant in remaining.non_training:
+                reclaimers[1].add(tenant)
+            break
     # The tenants that may preempt, with the fewest GPUs per node one of their jobs needs.
-    by_class = remaining.preempting_tenants()
     needs = {
         tenant: remaining.fewest_per_node[tenant]
         for tenant, count in tenants.items()

@@ -463,3 +463,43 @@ def test_without_backfill_nobody_preempts_for_a_job_behind_the_blocked_head():
 
     relaxed = run_plan(snapshot(nodes, quotas, pending, run, fair_share=False))
     assert [p.victim_id for p in relaxed.preemptions] == [21]
+
+
+def _quota_due_after_the_victims(grace: int):
+    """Tenant a (2 GPUs guaranteed) runs nothing. Its job 1 (training, cannot stop the
+    inference jobs) is promised node 1's first GPU at NOW + 1000 and one unit of a's
+    quota until NOW + 2000. Its job 2 (inference, 2 GPUs) could reclaim the borrowed
+    jobs 20 and 21 on node 2, but a's quota has room for it only from NOW + 2000."""
+    nodes = [node(1, gpus=2), node(2, gpus=2)]
+    quotas = [quota("a", 2), quota("b", 0, borrow=4)]
+    inference = {"borrowed": True, "workload": "inference"}
+    run = [
+        running(10, "b", gpu_ids(1, 0), age=600, runtime=1600, **inference),
+        running(11, "b", gpu_ids(1, 1), age=600, runtime=30_600, **inference),
+        running(20, "b", gpu_ids(2, 0), runtime=30_600, grace=grace, **inference),
+        running(21, "b", gpu_ids(2, 1), runtime=30_600, grace=grace, **inference),
+    ]
+    pending = [
+        job(1, "a", runtime=1000),
+        job(2, "a", gpus=2, workload="inference", runtime=3600),
+    ]
+    return run_plan(snapshot(nodes, quotas, pending, run))
+
+
+def test_a_reclaim_whose_quota_is_due_only_after_its_victims_are_gone_waits():
+    """Stopping jobs 20 and 21 now would leave their GPUs idle from NOW + 30 until a's
+    quota is due: job 2 stops nobody yet (it would once the quota is due by the time
+    victims are gone)."""
+    result = _quota_due_after_the_victims(grace=30)
+    assert result.pending[1].estimated_start == NOW + 1000
+    assert result.preemptions == []
+    assert result.pending[2].code != reasons.WAITING_FOR_PREEMPTION
+    assert result.pending[2].estimated_start == NOW + 30_000
+
+
+def test_a_reclaim_whose_quota_is_due_by_the_end_of_the_grace_period_preempts():
+    result = _quota_due_after_the_victims(grace=3000)
+    assert _victims(result) == [20, 21]
+    info = result.pending[2]
+    assert info.code == reasons.WAITING_FOR_PREEMPTION
+    assert info.estimated_start == NOW + 3000
