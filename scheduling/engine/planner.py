@@ -72,10 +72,6 @@ class Slot:
     preheld: bool = False  # partly promised in the timeline already (a kept reservation)
 
 
-def _gpu_index(gpu) -> int:
-    return gpu.index
-
-
 class Planner:
     """Plans one cycle for a snapshot; use :func:`scheduling.engine.plan`."""
 
@@ -138,18 +134,7 @@ class Planner:
         """Group every node's GPUs into slices (pool, model, memory)."""
         now = self.now
         for node in self.snapshot.nodes:
-            gpus = node.gpus
-            first = gpus[0] if gpus else None
-            if first is not None and all(
-                gpu.model == first.model and gpu.memory_mb == first.memory_mb for gpu in gpus
-            ):  # the common case: one kind of GPU on the node
-                ordered = sorted(gpus, key=_gpu_index)
-                kinds = {(first.model, first.memory_mb): [gpu.id for gpu in ordered]}
-            else:
-                kinds = defaultdict(list)
-                for gpu in sorted(gpus, key=_gpu_index):
-                    kinds[(gpu.model, gpu.memory_mb)].append(gpu.id)
-            for (model, memory), gpu_ids in kinds.items():
+            for model, memory, gpu_ids in node.kinds():
                 key = (node.pool, model, memory)
                 slice_ = self.slices.get(key)
                 if slice_ is None:

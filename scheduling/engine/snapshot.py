@@ -28,6 +28,24 @@ class NodeInfo:
     name: str
     pool: str
     gpus: list[GpuInfo]
+    _kinds: list[tuple[str, int, list[int]]] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
+
+    def kinds(self) -> list[tuple[str, int, list[int]]]:
+        """(model, memory, GPU ids in index order) per kind of GPU on the node, in the
+        order of their first GPU; computed once (a snapshot is not changed once made, and
+        the simulator hands the same nodes to every cycle)."""
+        if self._kinds is None:
+            grouped: dict[tuple[str, int], list[int]] = {}
+            for gpu in sorted(self.gpus, key=_gpu_index):
+                grouped.setdefault((gpu.model, gpu.memory_mb), []).append(gpu.id)
+            self._kinds = [(model, memory, ids) for (model, memory), ids in grouped.items()]
+        return self._kinds
+
+
+def _gpu_index(gpu: GpuInfo) -> int:
+    return gpu.index
 
 
 @dataclass(frozen=True, slots=True)
