@@ -19,7 +19,7 @@ The argument, for the jobs not considered yet (``Remaining``):
   only on such GPUs (a pool blocked without backfill starts nothing at all);
 - no node can make room for a remaining job by preemption: on each node, the GPUs idle
   and unpromised plus those of its possible victims there fall short of the fewest GPUs
-  per node any job of the tenant needs. A possible victim of a tenant's job is seasoned,
+  per node any remaining job of the tenant needs. A possible victim of a tenant's job is seasoned,
   not stopping, holds no GPU on that node promised to a job considered before (such
   promises are never taken back during a cycle, not even when a held reservation is
   given back), and is either of a lower preemptible class than a remaining job whose
@@ -61,8 +61,8 @@ class Remaining:
         "_preemptors",
         "_tenants",
         "_preempting",
-        "fewest_gpus",
-        "fewest_per_node",
+        "_by_gpus",
+        "_by_node_gpus",
         "non_training",
     )
 
@@ -73,9 +73,10 @@ class Remaining:
         self._preemptors: Counter[tuple[int, bool]] | None = None  # (class, training)
         self._tenants: Counter[str] | None = None
         self._preempting: Counter[str] | None = None  # tenant: its jobs whose class may
-        # Over all the tenant's jobs of the cycle (considered or not):
-        self.fewest_gpus: dict[str, int] = {}
-        self.fewest_per_node: dict[str, int] = {}
+        # tenant -> heaps of (GPUs, id) and (GPUs per node, id) of its jobs not considered
+        # (entries of considered jobs are dropped when they reach the top)
+        self._by_gpus: dict[str, list[tuple[int, int]]] = {}
+        self._by_node_gpus: dict[str, list[tuple[int, int]]] = {}
         self.non_training: set[str] = set()  # tenants with work that may preempt inference
 
     def remove(self, job: PendingJob) -> None:
@@ -114,6 +115,20 @@ class Remaining:
         self._summarize()
         return self._tenants
 
+    def fewest_gpus(self, tenant: str) -> int:
+        """The fewest GPUs a remaining job of ``tenant`` needs (it has one left)."""
+        return self._smallest(self._by_gpus[tenant])
+
+    def fewest_per_node(self, tenant: str) -> int:
+        """The fewest GPUs per node a remaining job of ``tenant`` needs."""
+        return self._smallest(self._by_node_gpus[tenant])
+
+    def _smallest(self, heap: list[tuple[int, int]]) -> int:
+        done = self._done
+        while heap[0][1] in done:
+            heappop(heap)
+        return heap[0][0]
+
     def preempting_tenants(self) -> Counter[str]:
         """The remaining jobs whose class may preempt, per tenant."""
         self._summarize()
@@ -125,19 +140,21 @@ class Remaining:
         self._preemptors = Counter()
         self._tenants = Counter()
         self._preempting = Counter()
-        fewest, per_node = self.fewest_gpus, self.fewest_per_node
+        by_gpus, by_node_gpus = self._by_gpus, self._by_node_gpus
+        done = self._done
         for job in self._pending:
-            if job.id not in self._done:
-                self._count(job, +1)
+            if job.id in done:
+                continue
+            self._count(job, +1)
             tenant = job.tenant
-            gpus = job.gpus
-            if gpus < fewest.get(tenant, gpus + 1):
-                fewest[tenant] = gpus
-            gpus = job.gpus_per_node
-            if gpus < per_node.get(tenant, gpus + 1):
-                per_node[tenant] = gpus
+            if tenant not in by_gpus:
+                by_gpus[tenant], by_node_gpus[tenant] = [], []
+            by_gpus[tenant].append((job.gpus, job.id))
+            by_node_gpus[tenant].append((job.gpus_per_node, job.id))
             if job.workload_type not in TRAINING_WORKLOADS:
-                self.non_training.add(job.tenant)
+                self.non_training.add(tenant)
+        for heap in (*by_gpus.values(), *by_node_gpus.values()):
+            heapify(heap)
 
 
 def nothing_more_can_happen(planner: Planner, remaining: Remaining) -> bool:
@@ -203,7 +220,7 @@ def _victims_left(planner: Planner, remaining: Remaining) -> bool:
     for tenant, count in tenants.items():
         if count <= 0:
             continue
-        gpus = remaining.fewest_gpus[tenant]
+        gpus = remaining.fewest_gpus(tenant)
         for slice_ in slices:
             quota = account(tenant, slice_.pool, slice_.model)
             given_back = kept.get(id(quota), 0)
@@ -226,7 +243,7 @@ def _victims_left(planner: Planner, remaining: Remaining) -> bool:
             break
     # The tenants that may preempt, with the fewest GPUs per node one of their jobs needs.
     needs = {
-        tenant: remaining.fewest_per_node[tenant]
+        tenant: remaining.fewest_per_node(tenant)
         for tenant, count in tenants.items()
         if count > 0 and (tenant in reclaimers[0] or by_class.get(tenant, 0) > 0)
     }
