@@ -19,8 +19,8 @@ The argument, for the jobs not considered yet (``Remaining``):
   only on such GPUs (a pool blocked without backfill starts nothing at all);
 - no node can make room for a remaining job by preemption: on each node, the GPUs idle
   and unpromised plus those of its possible victims there fall short of the fewest GPUs
-  per node any remaining job of the tenant needs. A possible victim of a tenant's job is seasoned,
-  not stopping, holds no GPU on that node promised to a job considered before (such
+  per node any remaining job of the tenant needs. A possible victim of a tenant's job is
+  seasoned, not stopping, holds no GPU on that node promised to a job considered before (such
   promises are never taken back during a cycle, not even when a held reservation is
   given back), and is either of a lower preemptible class than a remaining job whose
   class may preempt (the tenant having such a job), or borrowed by another tenant while
@@ -72,7 +72,7 @@ class Remaining:
         self._runtimes: list[tuple[float, int]] | None = None
         self._preemptors: Counter[tuple[int, bool]] | None = None  # (class, training)
         self._tenants: Counter[str] | None = None
-        self._preempting: Counter[str] | None = None  # tenant: its jobs whose class may
+        self._preempting: Counter[str] | None = None  # remaining jobs that may preempt by class
         # tenant -> heaps of (GPUs, id) and (GPUs per node, id) of its jobs not considered
         # (entries of considered jobs are dropped when they reach the top)
         self._by_gpus: dict[str, list[tuple[int, int]]] = {}

@@ -1,6 +1,7 @@
 """Properties of every plan, over random clusters, quotas, running and pending jobs."""
 
 import dataclasses
+import os
 
 from engine_builders import NOW, Simulation, check_plan  # noqa: I001  (test helper)
 from hypothesis import HealthCheck, given, settings
@@ -217,7 +218,7 @@ def crowded_tenants(draw) -> Snapshot:
 
 
 FAST = settings(
-    max_examples=int(__import__("os").environ.get("PROP_EXAMPLES", "100")),
+    max_examples=int(os.environ.get("PROP_EXAMPLES", "100")),  # more for a deeper check
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )

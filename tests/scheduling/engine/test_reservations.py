@@ -162,8 +162,8 @@ def test_without_backfill_a_later_jobs_old_reservation_does_not_block_the_first_
 
 
 def test_a_reservation_held_and_given_back_leaves_an_earlier_promise_on_its_gpu():
-    """GPU 0 is promised to job 1 (high, training, no preempting class) from the end of the borrowed
-    inference job 10 on it (training never preempts inference). Job 2 (low, inference,
+    """GPU 0 is promised to job 1 (high but not preempting, training) from the end of
+    the borrowed inference job 10 on it (training never preempts inference). Job 2 (low, inference,
     inside its tenant's guarantee) held GPU 0 from a reservation of the last cycle,
     starting after job 1's: giving that hold back at job 2's turn must leave job 1's
     promise in place, so job 10 is no victim of job 2's reclaim (it used to be)."""
