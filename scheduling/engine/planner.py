@@ -252,19 +252,18 @@ class Planner:
     def _run_until_settled(self) -> None:
         """Consider jobs in order until none of those left could start or preempt.
 
-        The check costs up to a pass over the pool's GPUs and running jobs, so it is
-        made before the first job and then each time the number of jobs considered
-        doubles (at most about twice the jobs that had to be considered, plus eight),
-        and not at all when there are at most eight jobs to consider."""
+        The check is made before each job (it mostly re-reads the answer of the last
+        one, see :mod:`.settled`), and not at all when there are at most eight jobs."""
         pending = self.snapshot.pending
+        if len(pending) <= 8:
+            for job in self._order():
+                self._consider(job)
+            return
         remaining = Remaining(pending)
-        check_at = 0 if len(pending) > 8 else -1
         for considered, job in enumerate(self._order()):
-            if considered == check_at:
-                if nothing_more_can_happen(self, remaining):
-                    self.result.skipped = len(pending) - considered
-                    return
-                check_at = max(2 * considered, 8)
+            if nothing_more_can_happen(self, remaining):
+                self.result.skipped = len(pending) - considered
+                return
             self._consider(job)
             remaining.remove(job)
 

@@ -45,6 +45,7 @@ from .preemption import INFERENCE_WORKLOAD, TRAINING_WORKLOADS
 from .snapshot import PendingJob
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .cluster import NodeSlot
     from .planner import Planner
 
 INF = math.inf
@@ -64,6 +65,7 @@ class Remaining:
         "_by_gpus",
         "_by_node_gpus",
         "non_training",
+        "witness",
     )
 
     def __init__(self, pending: list[PendingJob]) -> None:
@@ -78,18 +80,17 @@ class Remaining:
         self._by_gpus: dict[str, list[tuple[int, int]]] = {}
         self._by_node_gpus: dict[str, list[tuple[int, int]]] = {}
         self.non_training: set[str] = set()  # tenants with work that may preempt inference
+        # (tenant, node) where the last check found room for a preemption
+        self.witness: tuple[str, NodeSlot] | None = None
 
     def remove(self, job: PendingJob) -> None:
         """``job`` has been considered."""
         self._done.add(job.id)
         if self._tenants is not None:
-            self._count(job, -1)
-
-    def _count(self, job: PendingJob, sign: int) -> None:
-        if job.can_preempt:
-            self._preemptors[(job.priority, job.workload_type in TRAINING_WORKLOADS)] += sign
-            self._preempting[job.tenant] += sign
-        self._tenants[job.tenant] += sign
+            if job.can_preempt:
+                self._preemptors[(job.priority, job.workload_type in TRAINING_WORKLOADS)] -= 1
+                self._preempting[job.tenant] -= 1
+            self._tenants[job.tenant] -= 1
 
     def shortest_runtime(self) -> float:
         """The shortest runtime limit among the remaining jobs (INF: none left)."""
@@ -137,24 +138,33 @@ class Remaining:
     def _summarize(self) -> None:
         if self._tenants is not None:
             return
-        self._preemptors = Counter()
-        self._tenants = Counter()
-        self._preempting = Counter()
+        preemptors: Counter[tuple[int, bool]] = Counter()
+        tenants: Counter[str] = Counter()
+        preempting: Counter[str] = Counter()
         by_gpus, by_node_gpus = self._by_gpus, self._by_node_gpus
+        non_training = self.non_training
         done = self._done
         for job in self._pending:
             if job.id in done:
                 continue
-            self._count(job, +1)
             tenant = job.tenant
-            if tenant not in by_gpus:
-                by_gpus[tenant], by_node_gpus[tenant] = [], []
-            by_gpus[tenant].append((job.gpus, job.id))
-            by_node_gpus[tenant].append((job.gpus_per_node, job.id))
-            if job.workload_type not in TRAINING_WORKLOADS:
-                self.non_training.add(tenant)
+            training = job.workload_type in TRAINING_WORKLOADS
+            if job.can_preempt:
+                preemptors[(job.priority, training)] += 1
+                preempting[tenant] += 1
+            tenants[tenant] += 1
+            per_node = job.gpus_per_node
+            gpus = (per_node * job.nodes, job.id)
+            if tenant in by_gpus:
+                by_gpus[tenant].append(gpus)
+                by_node_gpus[tenant].append((per_node, job.id))
+            else:
+                by_gpus[tenant], by_node_gpus[tenant] = [gpus], [(per_node, job.id)]
+            if not training:
+                non_training.add(tenant)
         for heap in (*by_gpus.values(), *by_node_gpus.values()):
             heapify(heap)
+        self._preemptors, self._tenants, self._preempting = preemptors, tenants, preempting
 
 
 def nothing_more_can_happen(planner: Planner, remaining: Remaining) -> bool:
@@ -196,100 +206,180 @@ def _victims_left(planner: Planner, remaining: Remaining) -> bool:
     idle and unpromised plus those of the running jobs there that the job may stop must
     cover the job's GPUs per node (checked for the fewest GPUs per node of each tenant
     that may preempt, with every victim any of its jobs may stop: never fewer than the
-    engine's own victim search finds for one job)."""
-    # Who among the remaining jobs could preempt: per kind of victim (0: not inference,
-    # 1: inference), the highest class that may preempt, and the tenants that may
-    # reclaim (inside their guarantee somewhere).
-    highest = [-INF, -INF]
-    for (priority, training), count in remaining.preemptors().items():
-        if count > 0:
-            highest[0] = max(highest[0], priority)
-            if not training:
-                highest[1] = max(highest[1], priority)
-    reclaimers = (set(), set())
-    slices = [slice_ for pool_slices in planner.pool_slices.values() for slice_ in pool_slices]
-    account = planner.quotas.account
-    # Quota kept for a remaining job counts as leaving its victims' tenants at its turn.
-    kept: dict[int, int] = {}
-    for claims in planner._quota_claims.values():
-        for quota, gpus, _ in claims:
-            kept[id(quota)] = kept.get(id(quota), 0) + gpus
-    tenants = remaining.tenants()
-    by_class = remaining.preempting_tenants()
-    victims_gone = planner.now + planner.longest_grace
-    for tenant, count in tenants.items():
-        if count <= 0:
-            continue
+    engine's own victim search finds for one job).
+
+    The (tenant, node) that answered yes last time is asked first: while it still has
+    room the answer is yes again, at the cost of one tenant and one node, and the cycle
+    asks before every job."""
+    room = _Room(planner, remaining)
+    witness = remaining.witness
+    if witness is not None and room.has_room(*witness):
+        return True
+    remaining.witness = room.find()
+    return remaining.witness is not None
+
+
+class _Room:
+    """What :func:`_victims_left` asks of the cycle's state, worked out on demand."""
+
+    __slots__ = (
+        "planner",
+        "remaining",
+        "now",
+        "highest",
+        "by_class",
+        "_kept",
+        "_reclaims",
+        "_temporary",
+    )
+
+    def __init__(self, planner: Planner, remaining: Remaining) -> None:
+        self.planner = planner
+        self.remaining = remaining
+        self.now = planner.now
+        # Per kind of victim (0: not inference, 1: inference), the highest class of a
+        # remaining job that may preempt (training work never preempts inference).
+        self.highest = [-INF, -INF]
+        for (priority, training), count in remaining.preemptors().items():
+            if count > 0:
+                self.highest[0] = max(self.highest[0], priority)
+                if not training:
+                    self.highest[1] = max(self.highest[1], priority)
+        self.by_class = remaining.preempting_tenants()
+        self._kept: dict[int, int] | None = None
+        self._reclaims: dict[str, tuple[bool, bool]] = {}
+        self._temporary: set[tuple[int, int]] | None = None
+
+    def kept(self) -> dict[int, int]:
+        """Quota kept for a remaining job, per account: it leaves its victims' tenants at
+        that job's turn."""
+        if self._kept is None:
+            self._kept = {}
+            for claims in self.planner._quota_claims.values():
+                for quota, gpus, _ in claims:
+                    self._kept[id(quota)] = self._kept.get(id(quota), 0) + gpus
+        return self._kept
+
+    def reclaims(self, tenant: str) -> tuple[bool, bool]:
+        """Whether ``tenant`` may reclaim borrowed GPUs (not inference, inference): it
+        is still inside its guarantee somewhere, counting its stopping jobs as gone."""
+        found = self._reclaims.get(tenant)
+        if found is not None:
+            return found
+        planner, remaining = self.planner, self.remaining
         gpus = remaining.fewest_gpus(tenant)
-        for slice_ in slices:
-            quota = account(tenant, slice_.pool, slice_.model)
-            given_back = kept.get(id(quota), 0)
-            if quota.used - quota.leaving - given_back + gpus > quota.guaranteed:
-                continue
-            # A job whose class may not preempt reclaims only if its guaranteed quota is
-            # due by the time its victims are gone (promised to earlier jobs of its
-            # tenant until later otherwise); the promises only grow during the cycle,
-            # unless quota kept for a remaining job is given back at its turn.
-            if (
-                not by_class.get(tenant, 0)
-                and not given_back
-                and quota.earliest(gpus, True, within_guarantee=True)
-                > max(victims_gone, quota.leaving_until)
-            ):
-                continue
-            reclaimers[0].add(tenant)
-            if tenant in remaining.non_training:
-                reclaimers[1].add(tenant)
-            break
-    # The tenants that may preempt, with the fewest GPUs per node one of their jobs needs.
-    needs = {
-        tenant: remaining.fewest_per_node(tenant)
-        for tenant, count in tenants.items()
-        if count > 0 and (tenant in reclaimers[0] or by_class.get(tenant, 0) > 0)
-    }
-    if not needs:
-        return False
-    # GPUs promised only by old reservations held for remaining jobs are given back at
-    # their turn: they do not protect a victim.
-    temporary: set[tuple[int, int]] | None = None
-    now = planner.now
-    for slice_ in slices:
-        for slot in slice_.slots:
-            # The possible victims on this node: (GPUs here, tenant, kind, by class, borrowed)
-            victims = []
-            for record in slot.running:
-                if record.stopping or not record.seasoned:
+        account = planner.quotas.account
+        kept = self.kept()
+        victims_gone = self.now + planner.longest_grace
+        answer = False
+        for pool_slices in planner.pool_slices.values():
+            for slice_ in pool_slices:
+                quota = account(tenant, slice_.pool, slice_.model)
+                given_back = kept.get(id(quota), 0)
+                if quota.used - quota.leaving - given_back + gpus > quota.guaranteed:
                     continue
-                victim = record.job
-                kind = int(victim.workload_type == INFERENCE_WORKLOAD)
-                lower = victim.preemptible and victim.priority < highest[kind]
-                if not (lower or (victim.borrowed and reclaimers[kind])):
+                # A job whose class may not preempt reclaims only if its guaranteed
+                # quota is due by the time its victims are gone (promised to earlier
+                # jobs of its tenant until later otherwise); the promises only grow
+                # during the cycle, unless quota kept for a remaining job is given back
+                # at its turn.
+                if (
+                    not self.by_class.get(tenant, 0)
+                    and not given_back
+                    and quota.earliest(gpus, True, within_guarantee=True)
+                    > max(victims_gone, quota.leaving_until)
+                ):
                     continue
-                if temporary is None:
-                    temporary = {(id(held), pos) for held, pos in planner._previous.waiting_holds()}
-                positions = record.positions_on(slot)
-                if _promised(slot, positions, temporary):
-                    continue  # the engine never stops a job holding GPUs promised here
-                victims.append((len(positions), victim.tenant, kind, lower, victim.borrowed))
-            if not victims:
-                continue
-            idle = slot.idle_unreserved(now)
-            for tenant, need in needs.items():
-                if need > len(slot.gpu_ids):
-                    continue
-                class_ok = by_class.get(tenant, 0) > 0
-                freed = idle
-                for gpus, owner, kind, lower, borrowed in victims:
-                    if (class_ok and lower) or (
-                        borrowed and owner != tenant and tenant in reclaimers[kind]
-                    ):
-                        freed += gpus
-                if freed >= need:
-                    return True
-    return False
+                answer = True
+                break
+            if answer:
+                break
+        found = (answer, answer and tenant in remaining.non_training)
+        self._reclaims[tenant] = found
+        return found
 
+    def need(self, tenant: str) -> int | None:
+        """The fewest GPUs per node a remaining job of ``tenant`` needs, if the tenant
+        may preempt at all (None otherwise)."""
+        if self.remaining.tenants()[tenant] <= 0:
+            return None
+        if self.by_class.get(tenant, 0) <= 0 and not self.reclaims(tenant)[0]:
+            return None
+        return self.remaining.fewest_per_node(tenant)
 
-def _promised(slot, positions: list[int], temporary: set[tuple[int, int]]) -> bool:
-    """Whether one of ``positions`` of ``slot`` is promised to a job considered already."""
-    reserved = slot.reserved
-    return any(reserved[pos] and (id(slot), pos) not in temporary for pos in positions)
+    def victims(self, slot: NodeSlot, anyone: tuple[bool, bool]) -> list[tuple]:
+        """The possible victims on ``slot``: (GPUs here, tenant, kind, lower class,
+        borrowed); ``anyone``: whether some tenant may reclaim, per kind of victim."""
+        found = []
+        highest = self.highest
+        for record in slot.running:
+            if record.stopping or not record.seasoned:
+                continue
+            victim = record.job
+            kind = int(victim.workload_type == INFERENCE_WORKLOAD)
+            lower = victim.preemptible and victim.priority < highest[kind]
+            if not (lower or (victim.borrowed and anyone[kind])):
+                continue
+            positions = record.positions_on(slot)
+            if self._promised(slot, positions):
+                continue  # the engine never stops a job holding GPUs promised here
+            found.append((len(positions), victim.tenant, kind, lower, victim.borrowed))
+        return found
+
+    def _promised(self, slot: NodeSlot, positions: list[int]) -> bool:
+        """Whether one of ``positions`` of ``slot`` is promised to a job considered
+        already (GPUs promised only by old reservations held for remaining jobs are
+        given back at their turn: they do not protect a victim)."""
+        reserved = slot.reserved
+        if not any(reserved[pos] for pos in positions):
+            return False
+        temporary = self._temporary
+        if temporary is None:
+            holds = self.planner._previous.waiting_holds()
+            temporary = self._temporary = {(id(held), pos) for held, pos in holds}
+        return any(reserved[pos] and (id(slot), pos) not in temporary for pos in positions)
+
+    def freed(self, slot: NodeSlot, victims: list[tuple], tenant: str) -> int:
+        """GPUs of ``slot`` a job of ``tenant`` could have: idle and unpromised, or
+        held by victims it may stop."""
+        class_ok = self.by_class.get(tenant, 0) > 0
+        reclaims = self.reclaims(tenant)
+        freed = slot.idle_unreserved(self.now)
+        for gpus, owner, kind, lower, borrowed in victims:
+            if (class_ok and lower) or (borrowed and owner != tenant and reclaims[kind]):
+                freed += gpus
+        return freed
+
+    def has_room(self, tenant: str, slot: NodeSlot) -> bool:
+        """Whether ``slot`` may make room for a remaining job of ``tenant``."""
+        need = self.need(tenant)
+        if need is None or need > len(slot.gpu_ids):
+            return False
+        reclaims = self.reclaims(tenant)
+        victims = self.victims(slot, reclaims)
+        return bool(victims) and self.freed(slot, victims, tenant) >= need
+
+    def find(self) -> tuple[str, NodeSlot] | None:
+        """A (tenant, node) with room for a remaining job of the tenant, if any."""
+        needs = {}
+        anyone = [False, False]
+        for tenant in self.remaining.tenants():
+            need = self.need(tenant)
+            if need is not None:
+                needs[tenant] = need
+                reclaims = self.reclaims(tenant)
+                anyone[0] |= reclaims[0]
+                anyone[1] |= reclaims[1]
+        if not needs:
+            return None
+        anyone_ = (anyone[0], anyone[1])
+        for pool_slices in self.planner.pool_slices.values():
+            for slice_ in pool_slices:
+                for slot in slice_.slots:
+                    victims = self.victims(slot, anyone_)
+                    if not victims:
+                        continue
+                    for tenant, need in needs.items():
+                        if need <= len(slot.gpu_ids) and self.freed(slot, victims, tenant) >= need:
+                            return tenant, slot
+        return None

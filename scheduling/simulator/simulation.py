@@ -202,6 +202,9 @@ class Replay:
                 self.node_free[node.id] = len(node.gpus)
         self.pending: dict[str, dict[int, JobRun]] = defaultdict(dict)
         self.pending_sizes: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+        # Waiting jobs per pool counted by what decides whether they might preempt
+        # (training-like, class may preempt, class, tenant, GPUs): see _might_preempt.
+        self.pending_kinds: dict[str, dict[tuple, int]] = defaultdict(lambda: defaultdict(int))
         # (submit, id) of the waiting jobs per pool and (tenant, class), in order: the
         # window of max_waiting_per_tenant.
         self.groups: dict[str, dict[tuple[str, str], list]] = defaultdict(lambda: defaultdict(list))
@@ -342,6 +345,7 @@ class Replay:
         run.pending_since = when
         self.pending[job.pool][job.id] = run
         self.pending_sizes[job.pool][job.gpus_per_node] += 1
+        self.pending_kinds[job.pool][_preemptor_kind(run.pending_record)] += 1
         if self.config.max_waiting_per_tenant:
             insort(self.groups[job.pool][(job.tenant, job.priority_class)], (job.submit, job.id))
         self.waiting += 1
@@ -354,6 +358,11 @@ class Replay:
         sizes[job.gpus_per_node] -= 1
         if not sizes[job.gpus_per_node]:
             del sizes[job.gpus_per_node]
+        kinds = self.pending_kinds[job.pool]
+        kind = _preemptor_kind(run.pending_record)
+        kinds[kind] -= 1
+        if not kinds[kind]:
+            del kinds[kind]
         if self.config.max_waiting_per_tenant:
             group = self.groups[job.pool][(job.tenant, job.priority_class)]
             del group[bisect_left(group, (job.submit, job.id))]
@@ -627,22 +636,26 @@ class Replay:
         if lowest == [INF, INF] and not (borrowers[0] or borrowers[1]):
             return False
         held = self.in_use_pool[pool]
-        for run in self.pending[pool].values():
-            job = run.pending_record
+        guaranteed = self.guaranteed_pool
+        for training, can_preempt, priority, tenant, gpus in self.pending_kinds[pool]:
             # Training-like work never preempts inference.
-            kinds = (0,) if job.workload_type in TRAINING_WORKLOADS else (0, 1)
-            for inference in kinds:
-                if job.can_preempt and lowest[inference] < job.priority:
+            for inference in (0,) if training else (0, 1):
+                if can_preempt and lowest[inference] < priority:
                     return True
                 others = borrowers[inference]
                 if (
                     others
-                    and (len(others) > 1 or job.tenant not in others)
-                    and held.get(job.tenant, 0) + job.gpus
-                    <= self.guaranteed_pool[(job.tenant, pool)]
+                    and (len(others) > 1 or tenant not in others)
+                    and held.get(tenant, 0) + gpus <= guaranteed[(tenant, pool)]
                 ):
                     return True
         return False
+
+
+def _preemptor_kind(job: PendingJob) -> tuple[bool, bool, int, str, int]:
+    """What :meth:`Replay._might_preempt` reads of a waiting job."""
+    training = job.workload_type in TRAINING_WORKLOADS
+    return training, job.can_preempt, job.priority, job.tenant, job.gpus
 
 
 def replay(

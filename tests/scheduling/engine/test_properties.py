@@ -333,6 +333,27 @@ def test_nothing_more_happens_once_the_cycle_is_settled(snap, data):
 
 
 @FAST
+@given(st.one_of(snapshots(), crowded_tenants()), st.data())
+def test_the_check_answers_alike_with_or_without_its_last_witness(snap, data):
+    """Asked before every job, the check first re-reads the node that had room last time;
+    its answer is the one a check without that memory gives."""
+    hand_back_some_reservations(snap, data)
+    planner = Planner(snap)
+    remaining = Remaining(snap.pending)
+    considered = []
+    for job in planner._order():
+        fresh = Remaining(snap.pending)
+        for done in considered:
+            fresh.remove(done)
+        assert nothing_more_can_happen(planner, remaining) == nothing_more_can_happen(
+            planner, fresh
+        )
+        planner._consider(job)
+        remaining.remove(job)
+        considered.append(job)
+
+
+@FAST
 @given(st.one_of(snapshots(), crowded_tenants()))
 def test_a_decisions_only_plan_decides_as_a_full_one(snap):
     """Same placements and preemptions; the jobs it considered are explained exactly as

@@ -1,0 +1,32 @@
+"""Decisions-only cycles: where a cycle stops, and that it decides as a full one."""
+
+import dataclasses
+
+from engine_builders import gpu_ids, job, node, quota, run_plan, running, snapshot
+
+from scheduling.engine import plan
+
+
+def _one_preemption_then_a_queue_that_can_do_nothing():
+    """Tenant a's high job 1 preempts b's low job on the one node; then a's job 2 finds
+    no victim left, and ten jobs of tenant c, which has no quota of its own and may not
+    preempt, can do nothing at all."""
+    quotas = [quota("a", 8), quota("b", 8), quota("c", 0, 8)]
+    run = [running(10, "b", gpu_ids(1, *range(8)), "low", runtime=86400)]
+    pending = [job(1, "a", gpus=8, cls="high"), job(2, "a", gpus=8, cls="high")]
+    pending += [job(100 + n, "c", gpus=1) for n in range(10)]
+    return snapshot([node(1)], quotas, pending, run)
+
+
+def test_a_cycle_stops_once_the_room_it_remembered_is_taken():
+    """Before job 1 the check finds room on node 1 for tenant a and remembers it; once
+    job 1 has taken it, that memory must not keep the cycle going: neither for a's job 2
+    (the victim is stopping) nor, after it, for c's jobs (a has none left)."""
+    snap = _one_preemption_then_a_queue_that_can_do_nothing()
+    full = run_plan(snap)
+    fast = plan(dataclasses.replace(snap, decisions_only=True))
+    assert [p.victim_id for p in full.preemptions] == [10]
+    assert (fast.placements, fast.preemptions) == (full.placements, full.preemptions)
+    assert fast.skipped == 11
+    assert set(fast.pending) == {1}
+    assert fast.pending[1] == full.pending[1]
