@@ -66,6 +66,7 @@ class Remaining:
         "_by_node_gpus",
         "non_training",
         "witness",
+        "_witness_kept",
     )
 
     def __init__(self, pending: list[PendingJob]) -> None:
@@ -80,17 +81,43 @@ class Remaining:
         self._by_gpus: dict[str, list[tuple[int, int]]] = {}
         self._by_node_gpus: dict[str, list[tuple[int, int]]] = {}
         self.non_training: set[str] = set()  # tenants with work that may preempt inference
-        # (tenant, node) where the last check found room for a preemption
-        self.witness: tuple[str, NodeSlot] | None = None
+        # (tenant, node, node version, stamp) where the last check found room for a
+        # preemption, and whether the jobs considered since could not have changed that
+        self.witness: tuple[str, NodeSlot, int, tuple] | None = None
+        self._witness_kept = False
 
     def remove(self, job: PendingJob) -> None:
         """``job`` has been considered."""
         self._done.add(job.id)
+        if self._witness_kept and (job.tenant == self.witness[0] or job.can_preempt):
+            self._witness_kept = False
         if self._tenants is not None:
             if job.can_preempt:
                 self._preemptors[(job.priority, job.workload_type in TRAINING_WORKLOADS)] -= 1
                 self._preempting[job.tenant] -= 1
             self._tenants[job.tenant] -= 1
+
+    def remember(self, tenant: str, slot: NodeSlot, stamp: tuple) -> None:
+        """The last check found room on ``slot`` for a remaining job of ``tenant``."""
+        self.witness = (tenant, slot, slot.version, stamp)
+        self._witness_kept = True
+
+    def forget(self) -> None:
+        """The last check found no room for a preemption."""
+        self.witness = None
+        self._witness_kept = False
+
+    def witness_holds(self, stamp: tuple) -> bool:
+        """Whether the room remembered is certainly still there: what it was worked out
+        from has not changed since. That is the node's GPUs and the jobs on them (any
+        change re-indexes the node, bumping its version), the tenant's remaining jobs
+        and quota (only its own jobs, a placement, or quota kept for a job given back
+        change those: the stamp), and the classes that may preempt (a job whose class
+        may preempt has been considered)."""
+        if not self._witness_kept:
+            return False
+        _, slot, version, known = self.witness
+        return slot.version == version and known == stamp
 
     def shortest_runtime(self) -> float:
         """The shortest runtime limit among the remaining jobs (INF: none left)."""
@@ -208,15 +235,29 @@ def _victims_left(planner: Planner, remaining: Remaining) -> bool:
     that may preempt, with every victim any of its jobs may stop: never fewer than the
     engine's own victim search finds for one job).
 
-    The (tenant, node) that answered yes last time is asked first: while it still has
-    room the answer is yes again, at the cost of one tenant and one node, and the cycle
-    asks before every job."""
-    room = _Room(planner, remaining)
+    The cycle asks before every job, so the (tenant, node) that answered yes is
+    remembered (see :meth:`Remaining.remember`) and asked first."""
+    room = None
     witness = remaining.witness
-    if witness is not None and room.has_room(*witness):
-        return True
-    remaining.witness = room.find()
-    return remaining.witness is not None
+    if witness is not None:
+        if remaining.witness_holds(_stamp(planner)):
+            return True
+        room = _Room(planner, remaining)
+        if room.has_room(witness[0], witness[1]):
+            remaining.remember(witness[0], witness[1], _stamp(planner))
+            return True
+    found = (room or _Room(planner, remaining)).find()
+    if found is None:
+        remaining.forget()
+        return False
+    remaining.remember(found[0], found[1], _stamp(planner))
+    return True
+
+
+def _stamp(planner: Planner) -> tuple[int, int]:
+    """Changes whenever the cycle decides something or gives quota kept for a job back."""
+    result = planner.result
+    return len(result.placements) + len(result.preemptions), len(planner._quota_claims)
 
 
 class _Room:

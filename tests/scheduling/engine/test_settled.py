@@ -30,3 +30,28 @@ def test_a_cycle_stops_once_the_room_it_remembered_is_taken():
     assert fast.skipped == 11
     assert set(fast.pending) == {1}
     assert fast.pending[1] == full.pending[1]
+
+
+def test_a_cycle_stops_once_the_victim_it_remembered_is_promised_to_another_job():
+    """Before d's job the check finds room on node 1 for a's high job (b's low job) and
+    remembers it; d's job, which may not preempt, then reserves the low job's GPUs for
+    when it ends, which protects that job: a's job can stop nobody, and the cycle stops
+    there (the node changed since the room was found)."""
+    quotas = [quota("a", 8), quota("b", 8), quota("d", 8), quota("c", 0, 8)]
+    run = [
+        running(10, "b", gpu_ids(1, 0, 1, 2, 3), "low"),
+        running(11, "b", gpu_ids(1, 4, 5, 6, 7), "normal", preemptible=False, runtime=86400),
+    ]
+    pending = [
+        job(1, "d", gpus=4, cls="critical", can_preempt=False),
+        job(2, "a", gpus=4, cls="high"),
+    ]
+    pending += [job(100 + n, "c", gpus=1) for n in range(10)]
+    snap = snapshot([node(1)], quotas, pending, run)
+    full = run_plan(snap)
+    fast = plan(dataclasses.replace(snap, decisions_only=True))
+    assert full.preemptions == [] and full.placements == []
+    assert full.pending[1].reserved_gpu_ids == gpu_ids(1, 0, 1, 2, 3)
+    assert (fast.placements, fast.preemptions) == ([], [])
+    assert fast.skipped == 11
+    assert fast.pending[1] == full.pending[1]
