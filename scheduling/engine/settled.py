@@ -39,6 +39,8 @@ from __future__ import annotations
 import math
 from collections import Counter
 from heapq import heapify, heappop
+from itertools import groupby
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from .preemption import INFERENCE_WORKLOAD, TRAINING_WORKLOADS
@@ -62,9 +64,10 @@ class Remaining:
         "_preemptors",
         "_tenants",
         "_preempting",
+        "_jobs",
         "_by_gpus",
         "_by_node_gpus",
-        "non_training",
+        "_non_training",
         "witness",
         "_witness_kept",
     )
@@ -80,7 +83,8 @@ class Remaining:
         # (entries of considered jobs are dropped when they reach the top)
         self._by_gpus: dict[str, list[tuple[int, int]]] = {}
         self._by_node_gpus: dict[str, list[tuple[int, int]]] = {}
-        self.non_training: set[str] = set()  # tenants with work that may preempt inference
+        self._jobs: dict[str, list[PendingJob]] = {}  # tenant -> its jobs at the summary
+        self._non_training: dict[str, bool] = {}  # tenant -> has work that may preempt inference
         # (tenant, node, node version, stamp) where the last check found room for a
         # preemption, and whether the jobs considered since could not have changed that
         self.witness: tuple[str, NodeSlot, int, tuple] | None = None
@@ -145,17 +149,38 @@ class Remaining:
 
     def fewest_gpus(self, tenant: str) -> int:
         """The fewest GPUs a remaining job of ``tenant`` needs (it has one left)."""
-        return self._smallest(self._by_gpus[tenant])
+        heap = self._by_gpus.get(tenant)
+        if heap is None:
+            self._summarize()
+            heap = self._by_gpus[tenant] = [(job.gpus, job.id) for job in self._jobs[tenant]]
+            heapify(heap)
+        return self._smallest(heap)
 
     def fewest_per_node(self, tenant: str) -> int:
         """The fewest GPUs per node a remaining job of ``tenant`` needs."""
-        return self._smallest(self._by_node_gpus[tenant])
+        heap = self._by_node_gpus.get(tenant)
+        if heap is None:
+            self._summarize()
+            jobs = self._jobs[tenant]
+            heap = self._by_node_gpus[tenant] = [(job.gpus_per_node, job.id) for job in jobs]
+            heapify(heap)
+        return self._smallest(heap)
 
     def _smallest(self, heap: list[tuple[int, int]]) -> int:
         done = self._done
         while heap[0][1] in done:
             heappop(heap)
         return heap[0][0]
+
+    def non_training(self, tenant: str) -> bool:
+        """Whether ``tenant`` has (or had, this cycle) work that may preempt inference."""
+        found = self._non_training.get(tenant)
+        if found is None:
+            self._summarize()
+            found = self._non_training[tenant] = any(
+                job.workload_type not in TRAINING_WORKLOADS for job in self._jobs[tenant]
+            )
+        return found
 
     def preempting_tenants(self) -> Counter[str]:
         """The remaining jobs whose class may preempt, per tenant."""
@@ -165,33 +190,21 @@ class Remaining:
     def _summarize(self) -> None:
         if self._tenants is not None:
             return
-        preemptors: Counter[tuple[int, bool]] = Counter()
-        tenants: Counter[str] = Counter()
-        preempting: Counter[str] = Counter()
-        by_gpus, by_node_gpus = self._by_gpus, self._by_node_gpus
-        non_training = self.non_training
         done = self._done
-        for job in self._pending:
-            if job.id in done:
-                continue
-            tenant = job.tenant
-            training = job.workload_type in TRAINING_WORKLOADS
-            if job.can_preempt:
-                preemptors[(job.priority, training)] += 1
-                preempting[tenant] += 1
-            tenants[tenant] += 1
-            per_node = job.gpus_per_node
-            gpus = (per_node * job.nodes, job.id)
-            if tenant in by_gpus:
-                by_gpus[tenant].append(gpus)
-                by_node_gpus[tenant].append((per_node, job.id))
-            else:
-                by_gpus[tenant], by_node_gpus[tenant] = [gpus], [(per_node, job.id)]
-            if not training:
-                non_training.add(tenant)
-        for heap in (*by_gpus.values(), *by_node_gpus.values()):
-            heapify(heap)
-        self._preemptors, self._tenants, self._preempting = preemptors, tenants, preempting
+        jobs = [job for job in self._pending if job.id not in done] if done else self._pending
+        self._jobs = {
+            tenant: list(group)
+            for tenant, group in groupby(sorted(jobs, key=_tenant_of), key=_tenant_of)
+        }
+        self._tenants = Counter({tenant: len(group) for tenant, group in self._jobs.items()})
+        self._preemptors = Counter()
+        self._preempting = Counter()
+        for job in [job for job in jobs if job.can_preempt]:
+            self._preemptors[(job.priority, job.workload_type in TRAINING_WORKLOADS)] += 1
+            self._preempting[job.tenant] += 1
+
+
+_tenant_of = attrgetter("tenant")
 
 
 def nothing_more_can_happen(planner: Planner, remaining: Remaining) -> bool:
@@ -335,7 +348,7 @@ class _Room:
                 break
             if answer:
                 break
-        found = (answer, answer and tenant in remaining.non_training)
+        found = (answer, answer and remaining.non_training(tenant))
         self._reclaims[tenant] = found
         return found
 
