@@ -44,6 +44,7 @@ class NodeSlot:
         "running",
         "victim_view",
         "lent",
+        "state",
     )
 
     def __init__(self, idx: int, node_id: int, node_name: str, gpu_ids: list[int], now: float):
@@ -62,6 +63,9 @@ class NodeSlot:
         self.running: list = []  # running-job records holding GPUs here (victim search)
         self.victim_view = None  # possible victims here, cached by the victim search
         self.lent = [0.0] * count  # end of a job started in a hole (GPU busy until then)
+        # (version, sorted free-from times, GPUs idle and unreserved, hole ends) as of
+        # that version: SliceIndex._state, worked out once per change
+        self.state: tuple[int, list[float], int, list[float]] | None = None
 
     def idle_unreserved(self, now: float) -> int:
         """GPUs idle now and promised to nobody."""
@@ -160,6 +164,9 @@ class SliceIndex:
 
     def _state(self, slot: NodeSlot) -> tuple[list[float], int, list[float]]:
         """Sorted free-from times, GPUs idle and unreserved, hole ends (longest first)."""
+        known = slot.state
+        if known is not None and known[0] == slot.version:
+            return known[1], known[2], known[3]
         now = self.now
         af = slot.af
         hole = slot.hole
@@ -171,7 +178,9 @@ class SliceIndex:
             elif hole[pos] > now:
                 windows.append(hole[pos])
         windows.sort(reverse=True)
-        return sorted(af), free, windows
+        ordered = sorted(af)
+        slot.state = (slot.version, ordered, free, windows)
+        return ordered, free, windows
 
     @staticmethod
     def _entries(slot, size, ordered, free, windows) -> tuple[tuple | None, tuple | None]:
