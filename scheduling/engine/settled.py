@@ -25,8 +25,9 @@ The argument, for the jobs not considered yet (``Remaining``):
   given back), and is either of a lower preemptible class than a remaining job whose
   class may preempt (the tenant having such a job), or borrowed by another tenant while
   the tenant is still inside its guarantee somewhere, counting its stopping jobs as gone
-  (and the quota of jobs stopped for a remaining job, given back at its turn). Training
-  work never preempts inference.
+  (and the quota of jobs stopped for a remaining job, given back at its turn), or has a
+  job whose class may preempt (it may stop lower jobs of its own first to get back inside
+  its guarantee, then reclaim). Training work never preempts inference.
 
 While the remaining jobs place nothing and stop nothing, the cycle's state only gets
 tighter as they are considered (more GPUs and quota promised), so what holds now holds at
@@ -316,11 +317,16 @@ class _Room:
 
     def reclaims(self, tenant: str) -> tuple[bool, bool]:
         """Whether ``tenant`` may reclaim borrowed GPUs (not inference, inference): it
-        is still inside its guarantee somewhere, counting its stopping jobs as gone."""
+        is still inside its guarantee somewhere, counting its stopping jobs as gone, or
+        it has a job whose class may preempt (which may first stop lower jobs of its own
+        tenant to get back inside its guarantee)."""
         found = self._reclaims.get(tenant)
         if found is not None:
             return found
         planner, remaining = self.planner, self.remaining
+        if self.by_class.get(tenant, 0) > 0:
+            found = self._reclaims[tenant] = (True, remaining.non_training(tenant))
+            return found
         gpus = remaining.fewest_gpus(tenant)
         account = planner.quotas.account
         kept = self.kept()
@@ -337,11 +343,8 @@ class _Room:
                 # jobs of its tenant until later otherwise); the promises only grow
                 # during the cycle, unless quota kept for a remaining job is given back
                 # at its turn.
-                if (
-                    not self.by_class.get(tenant, 0)
-                    and not given_back
-                    and quota.earliest(gpus, True, within_guarantee=True)
-                    > max(victims_gone, quota.leaving_until)
+                if not given_back and quota.earliest(gpus, True, within_guarantee=True) > max(
+                    victims_gone, quota.leaving_until
                 ):
                     continue
                 answer = True

@@ -55,3 +55,23 @@ def test_a_cycle_stops_once_the_victim_it_remembered_is_promised_to_another_job(
     assert (fast.placements, fast.preemptions) == ([], [])
     assert fast.skipped == 11
     assert fast.pending[1] == full.pending[1]
+
+
+def test_a_job_that_may_preempt_its_own_jobs_first_may_then_reclaim():
+    """Tenant b holds one GPU over its guarantee for its 8-GPU job, which may preempt: it
+    stops its own low job to get back inside its guarantee and reclaims the GPUs tenant
+    a borrowed. The check must not call the cycle settled before it (it once did: b
+    was not inside its guarantee before stopping its own job)."""
+    quotas = [quota("a", 0, 8), quota("b", 8), quota("c", 0, 8)]
+    run = [
+        running(10, "a", gpu_ids(1, 0, 1, 2), "low", preemptible=False, borrowed=True),
+        running(11, "a", gpu_ids(1, 3, 4, 5, 6), "low", preemptible=False, borrowed=True),
+        running(12, "b", gpu_ids(1, 7), "low"),
+    ]
+    pending = [job(1, "b", gpus=8, preemptible=False, can_preempt=True)]
+    pending += [job(100 + n, "c", gpus=1) for n in range(10)]
+    snap = snapshot([node(1)], quotas, pending, run)
+    full = run_plan(snap)
+    fast = plan(dataclasses.replace(snap, decisions_only=True))
+    assert sorted(p.victim_id for p in full.preemptions) == [10, 11, 12]
+    assert (fast.placements, fast.preemptions) == (full.placements, full.preemptions)
