@@ -85,7 +85,8 @@ class Remaining:
         self._by_gpus: dict[str, list[tuple[int, int]]] = {}
         self._by_node_gpus: dict[str, list[tuple[int, int]]] = {}
         self._jobs: dict[str, list[PendingJob]] = {}  # tenant -> its jobs at the summary
-        self._non_training: dict[str, bool] = {}  # tenant -> has work that may preempt inference
+        # tenant -> its remaining jobs that may preempt inference (not training-like)
+        self._non_training: dict[str, int] = {}
         # (tenant, node, node version, stamp) where the last check found room for a
         # preemption, and whether the jobs considered since could not have changed that
         self.witness: tuple[str, NodeSlot, int, tuple] | None = None
@@ -94,6 +95,8 @@ class Remaining:
     def remove(self, job: PendingJob) -> None:
         """``job`` has been considered."""
         self._done.add(job.id)
+        if job.tenant in self._non_training and job.workload_type not in TRAINING_WORKLOADS:
+            self._non_training[job.tenant] -= 1
         if self._witness_kept and (job.tenant == self.witness[0] or job.can_preempt):
             self._witness_kept = False
         if self._tenants is not None:
@@ -174,14 +177,17 @@ class Remaining:
         return heap[0][0]
 
     def non_training(self, tenant: str) -> bool:
-        """Whether ``tenant`` has (or had, this cycle) work that may preempt inference."""
+        """Whether ``tenant`` has a remaining job that may preempt inference."""
         found = self._non_training.get(tenant)
         if found is None:
             self._summarize()
-            found = self._non_training[tenant] = any(
-                job.workload_type not in TRAINING_WORKLOADS for job in self._jobs[tenant]
+            done = self._done
+            found = self._non_training[tenant] = sum(
+                1
+                for job in self._jobs[tenant]
+                if job.workload_type not in TRAINING_WORKLOADS and job.id not in done
             )
-        return found
+        return found > 0
 
     def preempting_tenants(self) -> Counter[str]:
         """The remaining jobs whose class may preempt, per tenant."""
