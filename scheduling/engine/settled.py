@@ -50,6 +50,7 @@ from .snapshot import PendingJob
 if TYPE_CHECKING:  # pragma: no cover
     from .cluster import NodeSlot
     from .planner import Planner
+    from .quota import Account
 
 INF = math.inf
 
@@ -214,6 +215,20 @@ class Remaining:
 _tenant_of = attrgetter("tenant")
 
 
+def _inside_guarantee(quota: Account, gpus: int, kept: dict[int, int], victims_gone: float) -> bool:
+    """Whether a job of ``gpus`` GPUs whose class may not preempt could reclaim under
+    ``quota``: inside the guarantee, counting stopping jobs (and quota kept for a
+    remaining job, given back at its turn) as gone, and the guaranteed quota due by the
+    time its victims are gone (promised to earlier jobs of its tenant until later
+    otherwise; the promises only grow during the cycle, unless kept quota is given back)."""
+    given_back = kept.get(id(quota), 0)
+    if quota.used - quota.leaving - given_back + gpus > quota.guaranteed:
+        return False
+    return bool(given_back) or quota.earliest(gpus, True, within_guarantee=True) <= max(
+        victims_gone, quota.leaving_until
+    )
+
+
 def nothing_more_can_happen(planner: Planner, remaining: Remaining) -> bool:
     """Whether no remaining job can start now or preempt (see the module doc)."""
     now = planner.now
@@ -337,26 +352,10 @@ class _Room:
         account = planner.quotas.account
         kept = self.kept()
         victims_gone = self.now + planner.longest_grace
-        answer = False
-        for pool_slices in planner.pool_slices.values():
-            for slice_ in pool_slices:
-                quota = account(tenant, slice_.pool, slice_.model)
-                given_back = kept.get(id(quota), 0)
-                if quota.used - quota.leaving - given_back + gpus > quota.guaranteed:
-                    continue
-                # A job whose class may not preempt reclaims only if its guaranteed
-                # quota is due by the time its victims are gone (promised to earlier
-                # jobs of its tenant until later otherwise); the promises only grow
-                # during the cycle, unless quota kept for a remaining job is given back
-                # at its turn.
-                if not given_back and quota.earliest(gpus, True, within_guarantee=True) > max(
-                    victims_gone, quota.leaving_until
-                ):
-                    continue
-                answer = True
-                break
-            if answer:
-                break
+        answer = any(
+            _inside_guarantee(account(tenant, slice_.pool, slice_.model), gpus, kept, victims_gone)
+            for slice_ in planner.slices.values()
+        )
         found = (answer, answer and remaining.non_training(tenant))
         self._reclaims[tenant] = found
         return found
@@ -425,16 +424,23 @@ class _Room:
     def find(self) -> tuple[str, NodeSlot] | None:
         """A (tenant, node) with room for a remaining job of the tenant, if any."""
         needs = {}
-        anyone = [False, False]
         for tenant in self.remaining.tenants():
             need = self.need(tenant)
             if need is not None:
                 needs[tenant] = need
-                reclaims = self.reclaims(tenant)
-                anyone[0] |= reclaims[0]
-                anyone[1] |= reclaims[1]
         if not needs:
             return None
+        reclaims = [self.reclaims(tenant) for tenant in needs]
+        anyone = (any(r[0] for r in reclaims), any(r[1] for r in reclaims))
+        for slice_ in self.planner.slices.values():
+            for slot in slice_.slots:
+                victims = self.victims(slot, anyone)
+                if not victims:
+                    continue
+                for tenant, need in needs.items():
+                    if need <= len(slot.gpu_ids) and self.freed(slot, victims, tenant) >= need:
+                        return tenant, slot
+        return None
         anyone_ = (anyone[0], anyone[1])
         for pool_slices in self.planner.pool_slices.values():
             for slice_ in pool_slices:

@@ -354,15 +354,8 @@ class Replay:
     def _dequeue(self, run: JobRun) -> None:
         job = run.job
         del self.pending[job.pool][job.id]
-        sizes = self.pending_sizes[job.pool]
-        sizes[job.gpus_per_node] -= 1
-        if not sizes[job.gpus_per_node]:
-            del sizes[job.gpus_per_node]
-        kinds = self.pending_kinds[job.pool]
-        kind = _preemptor_kind(run.pending_record)
-        kinds[kind] -= 1
-        if not kinds[kind]:
-            del kinds[kind]
+        _count_down(self.pending_sizes[job.pool], job.gpus_per_node)
+        _count_down(self.pending_kinds[job.pool], _preemptor_kind(run.pending_record))
         if self.config.max_waiting_per_tenant:
             group = self.groups[job.pool][(job.tenant, job.priority_class)]
             del group[bisect_left(group, (job.submit, job.id))]
@@ -650,6 +643,13 @@ class Replay:
                 ):
                     return True
         return False
+
+
+def _count_down(counts: dict, key) -> None:
+    """One fewer ``key`` in ``counts`` (a key counted down to zero is dropped)."""
+    counts[key] -= 1
+    if not counts[key]:
+        del counts[key]
 
 
 def _preemptor_kind(job: PendingJob) -> tuple[bool, bool, int, str, int]:
