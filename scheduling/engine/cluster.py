@@ -399,3 +399,72 @@ class SliceIndex:
             slot.af[pos] = when
             slot.releasing[pos] = releasing
         self.refresh(slot)
+
+
+class Locator:
+    """Where the GPUs of the cycle's cluster index are: a GPU id's (slice, slot,
+    position), and the GPUs of a job grouped by node slot.
+
+    Records the simulator hands to cycle after cycle (a running job's GPUs, a waiting
+    job's kept reservation) carry the same GPU ids each time, and nodes are the same
+    objects with the same lists of GPU ids (:meth:`NodeInfo.kinds`): the grouping of
+    a record's ids by those lists is remembered on the record (``layout``), so that
+    later cycles map each list to its slot instead of every GPU id to its location.
+    The GPU id map itself is built on first use only.
+    """
+
+    __slots__ = ("_slots", "_location")
+
+    def __init__(self) -> None:
+        self._slots: dict[int, tuple[SliceIndex, NodeSlot]] = {}  # id(slot.gpu_ids) ->
+        self._location: dict[int, tuple[SliceIndex, NodeSlot, int]] | None = None
+
+    def add(self, slice_: SliceIndex, slot: NodeSlot) -> None:
+        self._slots[id(slot.gpu_ids)] = (slice_, slot)
+
+    def locate(self, gpu_id: int) -> tuple[SliceIndex, NodeSlot, int] | None:
+        """(slice, slot, position) of a GPU (None: not schedulable in this cycle)."""
+        location = self._location
+        if location is None:
+            location = self._location = {}
+            for slice_, slot in self._slots.values():
+                for pos, known in enumerate(slot.gpu_ids):
+                    location[known] = (slice_, slot, pos)
+        return location.get(gpu_id)
+
+    def group(self, gpu_ids: tuple[int, ...]) -> list[tuple[SliceIndex, NodeSlot, list[int]]]:
+        """The GPUs by node slot, in order of first GPU (GPUs not found are left out)."""
+        by_slot: dict[int, tuple[SliceIndex, NodeSlot, list[int]]] = {}
+        locate = self.locate
+        for gpu_id in gpu_ids:
+            location = locate(gpu_id)
+            if location is None:
+                continue
+            slice_, slot, pos = location
+            entry = by_slot.get(id(slot))
+            if entry is None:
+                by_slot[id(slot)] = (slice_, slot, [pos])
+            else:
+                entry[2].append(pos)
+        return list(by_slot.values())
+
+    def placement(
+        self, record, gpu_ids: tuple[int, ...]
+    ) -> list[tuple[SliceIndex, NodeSlot, list[int]]]:
+        """:meth:`group` of ``gpu_ids``, the ids of ``record`` (a job record with a
+        ``layout`` attribute, where the grouping is remembered for later cycles)."""
+        layout = record.layout
+        if layout is not None and layout[0] == gpu_ids:
+            slots = self._slots
+            found = []
+            for kind, positions in layout[1]:
+                entry = slots.get(id(kind))
+                if entry is None:
+                    break  # a node not in this cycle's index: group afresh
+                found.append((entry[0], entry[1], positions))
+            else:
+                return found
+        grouped = self.group(gpu_ids)
+        if sum(len(positions) for _, _, positions in grouped) == len(gpu_ids):
+            record.layout = (gpu_ids, [(slot.gpu_ids, positions) for _, slot, positions in grouped])
+        return grouped

@@ -40,7 +40,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from . import messages, reasons
-from .cluster import NodeSlot, SliceIndex
+from .cluster import Locator, NodeSlot, SliceIndex
 from .order import class_order, fair_share_order, fifo_order
 from .preemption import Preemptor, RunningRecord, VictimChoice, VictimFinder
 from .quota import BORROWED, GUARANTEED, Account, Quotas
@@ -84,7 +84,7 @@ class Planner:
         self.running_gpus: dict[str, int] = defaultdict(int)
         self.slices: dict[tuple[str, str, int], SliceIndex] = {}
         self.pool_slices: dict[str, list[SliceIndex]] = defaultdict(list)
-        self._gpu_location: dict[int, tuple[SliceIndex, NodeSlot, int]] = {}
+        self._locator = Locator()
         # Stopping jobs preempted for a pending job: their GPUs and their quota wait for
         # that job (every such job has an entry in _claims, if only an empty one).
         # Each claim: (slice, slot, positions, free from, "releasing" mark once released).
@@ -118,7 +118,7 @@ class Planner:
         self._build_claims()
         for slice_ in self.slices.values():
             slice_.build()
-        self._previous = PreviousReservations(snapshot.pending, self._gpu_location.get, self.now)
+        self._previous = PreviousReservations(snapshot.pending, self._locator, self.now)
         self._has_previous = bool(self._previous)
         # Without backfill jobs start strictly in order, the pool's first blocked job
         # holding back everything behind it: GPUs held for a later job's old reservation
@@ -140,9 +140,7 @@ class Planner:
                 if slice_ is None:
                     slice_ = self.slices[key] = SliceIndex(node.pool, model, memory, now)
                     self.pool_slices[node.pool].append(slice_)
-                slot = slice_.add_slot(node.id, node.name, gpu_ids)
-                for pos, gpu_id in enumerate(gpu_ids):
-                    self._gpu_location[gpu_id] = (slice_, slot, pos)
+                self._locator.add(slice_, slice_.add_slot(node.id, node.name, gpu_ids))
 
     def _end_of(self, job: RunningJob) -> float:
         """When a running job's GPUs are free at the latest (always after now)."""
@@ -162,7 +160,7 @@ class Planner:
         pending_ids = {job.id for job in self.snapshot.pending}
         now = self.now
         account_of = self.quotas.account
-        locate = self._gpu_location.get
+        placement_of = self._locator.placement
         running_gpus = self.running_gpus
         for job in self.snapshot.running:
             if job.stopping or job.max_runtime_seconds <= 0:
@@ -184,28 +182,20 @@ class Planner:
                 account.add_running(len(job.gpu_ids), end, job.stopping)
             record = RunningRecord(job, end, now, account)
             running_gpus[job.tenant] += len(job.gpu_ids)
-            by_slot: dict[int, tuple[SliceIndex, NodeSlot, list[int]]] = {}
             busy_until = INF if claimed else end
             stopping = job.stopping
-            for gpu_id in job.gpu_ids:
-                location = locate(gpu_id)
-                if location is None:
-                    continue  # unhealthy GPU or node out of service: not schedulable anyway
-                slice_, slot, pos = location
-                slot.af[pos] = busy_until
-                slot.releasing[pos] = stopping
-                entry = by_slot.get(id(slot))
-                if entry is None:
-                    by_slot[id(slot)] = (slice_, slot, [pos])
-                else:
-                    entry[2].append(pos)
-            record.placement = placement = list(by_slot.values())
+            # GPUs not in the index (unhealthy, node out of service) are left out: they
+            # are not schedulable anyway.
+            record.placement = placement = placement_of(job, job.gpu_ids)
             for slice_, slot, positions in placement:
+                af = slot.af
+                releasing = slot.releasing
+                for pos in positions:
+                    af[pos] = busy_until
+                    releasing[pos] = stopping
                 slot.running.append(record)
                 if claimed:
-                    self._claims.setdefault(job.preempted_by, []).append(
-                        (slice_, slot, positions, end, True)
-                    )
+                    self._claims[job.preempted_by].append((slice_, slot, positions, end, True))
 
     def _build_claims(self) -> None:
         """Keep the idle GPUs that victims freed for a pending job (handed back as its
@@ -220,7 +210,7 @@ class Planner:
                 continue
             by_slot: dict[int, tuple[SliceIndex, NodeSlot, list[int]]] = {}
             for gpu_id in job.claimed_gpu_ids:
-                location = self._gpu_location.get(gpu_id)
+                location = self._locator.locate(gpu_id)
                 if location is None:
                     continue
                 slice_, slot, pos = location

@@ -14,12 +14,10 @@ important work may still take the GPUs, and the job is then planned afresh.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
-from .cluster import NodeSlot, SliceIndex
+from .cluster import Locator, NodeSlot, SliceIndex
 from .snapshot import PendingJob
-
-Locator = Callable[[int], "tuple[SliceIndex, NodeSlot, int] | None"]
 
 
 class Previous:
@@ -62,29 +60,27 @@ class Previous:
                 yield number, slot, pos
 
 
-def _parse(job: PendingJob, locate: Locator) -> Previous | None:
+def _parse(job: PendingJob, locator: Locator) -> Previous | None:
     """The job's previous reservation if it still names a valid gang of one slice."""
     if not job.reserved_gpu_ids or job.reserved_start is None or job.max_runtime_seconds <= 0:
         return None
-    slice_ = None
+    grouped = locator.placement(job, job.reserved_gpu_ids)
+    if len(grouped) != job.nodes or len(job.reserved_gpu_ids) != job.gpus:
+        return None
+    # Every GPU found (a GPU no longer schedulable voids it), on one slice, a full gang.
+    slice_ = grouped[0][0]
     by_slot: dict[NodeSlot, list[int]] = {}
-    for gpu_id in job.reserved_gpu_ids:
-        location = locate(gpu_id)
-        if location is None or (slice_ is not None and location[0] is not slice_):
+    for location_slice, slot, positions in grouped:
+        if location_slice is not slice_ or len(positions) != job.gpus_per_node:
             return None
-        slice_ = location[0]
-        by_slot.setdefault(location[1], []).append(location[2])
-    if len(by_slot) != job.nodes or len(job.reserved_gpu_ids) != job.gpus:
-        return None
-    if any(len(positions) != job.gpus_per_node for positions in by_slot.values()):
-        return None
+        by_slot[slot] = positions
     return Previous(job, slice_, by_slot)
 
 
 class PreviousReservations:
     """Holds, releases and answers questions about last cycle's reservations."""
 
-    def __init__(self, pending: Iterable[PendingJob], locate: Locator, now: float) -> None:
+    def __init__(self, pending: Iterable[PendingJob], locator: Locator, now: float) -> None:
         self.now = now
         self._by_job: dict[int, Previous] = {}
         # class -> [(reservation, [(slot number, position) to hold])]
@@ -97,7 +93,7 @@ class PreviousReservations:
         jobs.sort(key=lambda job: (job.reserved_start or 0.0, job.id))
         seen: set[tuple[int, int]] = set()
         for job in jobs:
-            previous = _parse(job, locate)
+            previous = _parse(job, locator)
             if previous is None:
                 continue
             self._by_job[job.id] = previous

@@ -441,14 +441,3 @@ class _Room:
                     if need <= len(slot.gpu_ids) and self.freed(slot, victims, tenant) >= need:
                         return tenant, slot
         return None
-        anyone_ = (anyone[0], anyone[1])
-        for pool_slices in self.planner.pool_slices.values():
-            for slice_ in pool_slices:
-                for slot in slice_.slots:
-                    victims = self.victims(slot, anyone_)
-                    if not victims:
-                        continue
-                    for tenant, need in needs.items():
-                        if need <= len(slot.gpu_ids) and self.freed(slot, victims, tenant) >= need:
-                            return tenant, slot
-        return None

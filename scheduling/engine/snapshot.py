@@ -120,6 +120,8 @@ class PendingJob:
     reserved_gpu_ids: tuple[int, ...] = ()
     reserved_start: float | None = None
     claimed_gpu_ids: tuple[int, ...] = ()
+    # (reserved_gpu_ids, their grouping by node): remembered by the planner (Locator)
+    layout: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def gpus(self) -> int:
@@ -152,6 +154,8 @@ class RunningJob:
     stopping: bool = False
     grace_seconds: int = 30
     preempted_by: int | None = None
+    # (gpu_ids, their grouping by node): remembered by the planner (Locator)
+    layout: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
 
 @dataclass(slots=True)
