@@ -22,6 +22,10 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 from heapq import heapify, heappop, heappush
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .preemption import RunningRecord, SliceStats
 
 INF = math.inf
 
@@ -61,7 +65,8 @@ class NodeSlot:
         self.version = 0
         self.free_total = 0  # GPUs idle now, reserved or not
         self.running: list = []  # running-job records holding GPUs here (victim search)
-        self.victim_view = None  # possible victims here, cached by the victim search
+        # possible victims here, cached by the victim search
+        self.victim_view: list[tuple[RunningRecord, list[int]]] | None = None
         self.lent = [0.0] * count  # end of a job started in a hole (GPU busy until then)
         # (version, sorted free-from times, GPUs idle and unreserved, hole ends) as of
         # that version: SliceIndex._state, worked out once per change
@@ -83,14 +88,13 @@ class SliceIndex:
         "now",
         "slots",
         "sizes",
-        "af_heaps",
-        "hole_heaps",
+        "heaps",
+        "largest",
         "buckets",
         "idle",
         "hole_owners",
         "victim_stats",
         "_no_fit",
-        "active",
         "epoch",
         "grown",
     )
@@ -103,16 +107,16 @@ class SliceIndex:
         self.now = now
         self.slots: list[NodeSlot] = []
         self.sizes: list[int] = []
-        self.af_heaps: list[list] = []
-        self.hole_heaps: list[list] = []
+        # job size -> its (af, hole) heaps, built when a job of that size first asks
+        self.heaps: dict[int, tuple[list, list]] = {}
+        self.largest = 0  # the most GPUs of one node of the slice
         self.buckets: list[int] = []  # buckets[n] = slots with n GPUs idle now
         self.idle = 0  # GPUs idle now (reserved or not)
         self.hole_owners: list[tuple[int, float]] = []  # (job id, start) of reservations
-        self.victim_stats = None  # filled lazily by the preemption search
+        self.victim_stats: SliceStats | None = None  # filled lazily by the preemption search
         # (gpus, nodes) -> shortest end for which find_now failed. Idle GPUs and holes
         # only ever shrink during a cycle, so a longer job cannot fit either.
         self._no_fit: dict[tuple[int, int], float] = {}
-        self.active: list[int] = []  # job sizes whose heaps exist
         # Bumped when GPUs become idle again (a held reservation given back): whatever
         # was learnt from "only ever shrinks" before is void.
         self.epoch = 0
@@ -131,10 +135,8 @@ class SliceIndex:
     def build(self) -> None:
         """Count idle GPUs once every GPU's initial state is known. The heaps of a job
         size are only built when a job of that size first asks (see :meth:`_heaps`)."""
-        largest = max((len(slot.gpu_ids) for slot in self.slots), default=0)
+        largest = self.largest = max((len(slot.gpu_ids) for slot in self.slots), default=0)
         self.sizes = sorted(len(slot.gpu_ids) for slot in self.slots)
-        self.af_heaps = [None] * (largest + 1)
-        self.hole_heaps = [None] * (largest + 1)
         self.buckets = [0] * (largest + 1)
         now = self.now
         for slot in self.slots:
@@ -145,8 +147,8 @@ class SliceIndex:
 
     def _heaps(self, size: int) -> tuple[list, list]:
         """The (af, hole) heaps for jobs of ``size`` GPUs per node, built on first use."""
-        heap = self.af_heaps[size]
-        if heap is None:
+        heaps = self.heaps.get(size)
+        if heaps is None:
             af_heap: list = []
             hole_heap: list = []
             for slot in self.slots:
@@ -157,10 +159,8 @@ class SliceIndex:
                     hole_heap.append(hole_entry)
             heapify(af_heap)
             heapify(hole_heap)
-            self.af_heaps[size] = af_heap
-            self.hole_heaps[size] = hole_heap
-            self.active.append(size)
-        return self.af_heaps[size], self.hole_heaps[size]
+            heaps = self.heaps[size] = (af_heap, hole_heap)
+        return heaps
 
     def _state(self, slot: NodeSlot) -> tuple[list[float], int, list[float]]:
         """Sorted free-from times, GPUs idle and unreserved, hole ends (longest first)."""
@@ -206,14 +206,12 @@ class SliceIndex:
         """Re-index ``slot`` after its GPUs changed; older heap entries become stale."""
         slot.version += 1
         ordered, free, windows = self._state(slot)
-        af_heaps = self.af_heaps
-        hole_heaps = self.hole_heaps
-        for size in self.active:
+        for size, (af_heap, hole_heap) in self.heaps.items():
             af_entry, hole_entry = self._entries(slot, size, ordered, free, windows)
             if af_entry is not None:
-                heappush(af_heaps[size], af_entry)
+                heappush(af_heap, af_entry)
             if hole_entry is not None:
-                heappush(hole_heaps[size], hole_entry)
+                heappush(hole_heap, hole_entry)
         total = free + len(windows)
         self.buckets[slot.free_total] -= 1
         self.buckets[total] += 1
@@ -247,7 +245,7 @@ class SliceIndex:
     def find_now(self, gpus: int, nodes: int, end: float) -> list[NodeSlot] | None:
         """Slots that can run ``nodes`` x ``gpus`` now until ``end`` without delaying a
         reservation; holes first (only short jobs fit there), then best-fit idle GPUs."""
-        if gpus >= len(self.af_heaps) or end >= self._no_fit.get((gpus, nodes), INF):
+        if gpus > self.largest or end >= self._no_fit.get((gpus, nodes), INF):
             return None
         found = self._find_now(gpus, nodes, end)
         if found is None:
@@ -276,11 +274,10 @@ class SliceIndex:
     def earliest(self, gpus: int, nodes: int) -> tuple[float, list[NodeSlot]] | None:
         """Earliest time ``nodes`` slots each have ``gpus`` GPUs free for good, and those
         slots (None if never: not enough nodes, or GPUs held without end)."""
-        if gpus >= len(self.af_heaps):
+        if gpus > self.largest:
             return None
-        heap = self.af_heaps[gpus]
-        if heap is None:
-            heap = self._heaps(gpus)[0]
+        heaps = self.heaps.get(gpus)
+        heap = heaps[0] if heaps is not None else self._heaps(gpus)[0]
         if nodes == 1:
             slots = self.slots
             while heap:  # the top entry, dropping stale ones (inlined: hot path)

@@ -169,15 +169,17 @@ class Planner:
                 end = job.started_at + job.max_runtime_seconds
                 if end <= now:
                     end = now + max(job.grace_seconds, 1)
-            claimed = job.stopping and job.preempted_by in pending_ids
+            # A stopping job preempted for a pending job: its GPUs and quota are claimed.
+            claimant = job.preempted_by if job.stopping else None
+            if claimant is not None and claimant not in pending_ids:
+                claimant = None
+            claimed = claimant is not None
             account = account_of(job.tenant, job.pool, job.gpu_model)
-            if claimed:
+            if claimant is not None:
                 account.add_running(len(job.gpu_ids), INF)
-                self._claims.setdefault(job.preempted_by, [])
-                self._claimed_ids.setdefault(job.preempted_by, set()).update(job.gpu_ids)
-                self._quota_claims.setdefault(job.preempted_by, []).append(
-                    (account, len(job.gpu_ids), end)
-                )
+                self._claims.setdefault(claimant, [])
+                self._claimed_ids.setdefault(claimant, set()).update(job.gpu_ids)
+                self._quota_claims.setdefault(claimant, []).append((account, len(job.gpu_ids), end))
             else:
                 account.add_running(len(job.gpu_ids), end, job.stopping)
             record = RunningRecord(job, end, now, account)
@@ -194,8 +196,8 @@ class Planner:
                     af[pos] = busy_until
                     releasing[pos] = stopping
                 slot.running.append(record)
-                if claimed:
-                    self._claims[job.preempted_by].append((slice_, slot, positions, end, True))
+                if claimant is not None:
+                    self._claims[claimant].append((slice_, slot, positions, end, True))
 
     def _build_claims(self) -> None:
         """Keep the idle GPUs that victims freed for a pending job (handed back as its
@@ -732,7 +734,8 @@ class Planner:
                 self.now if floor is None else floor,
                 option.account.earliest(job.gpus, job.preemptible),
             )
-            if start > self._previous.previous_start(job):
+            previous_start = self._previous.previous_start(job)
+            if previous_start is None or start > previous_start:
                 return None
             releasing = any(
                 slot.releasing[pos]

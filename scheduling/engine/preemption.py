@@ -194,7 +194,8 @@ class SliceStats:
 
 def slice_stats(slice_: SliceIndex) -> SliceStats:
     """The slice's :class:`SliceStats`, computed once per cycle."""
-    if slice_.victim_stats is None:
+    stats = slice_.victim_stats
+    if stats is None:
         priorities = set()
         borrowers = set()
         has_inference = False
@@ -207,8 +208,9 @@ def slice_stats(slice_: SliceIndex) -> SliceStats:
                 if record.job.borrowed:
                     borrowers.add(record.job.tenant)
                 has_inference |= record.inference
-        slice_.victim_stats = SliceStats(sorted(priorities), frozenset(borrowers), has_inference)
-    return slice_.victim_stats
+        stats = SliceStats(sorted(priorities), frozenset(borrowers), has_inference)
+        slice_.victim_stats = stats
+    return stats
 
 
 @dataclass(slots=True)
@@ -223,15 +225,16 @@ class VictimChoice:
 def _candidates(slot: NodeSlot) -> list[tuple[RunningRecord, list[int]]]:
     """The jobs on ``slot`` that may ever be victims this cycle, in victim order, with
     their GPUs on the slot (computed once per slot; what changes is checked per use)."""
-    if slot.victim_view is None:
+    view = slot.victim_view
+    if view is None:
         found = [
             (record.order_key, record, record.positions_on(slot))
             for record in slot.running
             if record.seasoned and not record.stopping
         ]
         found.sort(key=lambda item: item[0])
-        slot.victim_view = [(record, held) for _, record, held in found]
-    return slot.victim_view
+        view = slot.victim_view = [(record, held) for _, record, held in found]
+    return view
 
 
 def evaluate_slot(

@@ -162,9 +162,11 @@ class Account:
         cap = self.guaranteed if mode == GUARANTEED else self.limit
         if (self._gpu_timeline or self._gpus()).free_now(cap, end) < gpus:
             return False
-        if self.max_running is None:
+        max_running = self.max_running
+        if max_running is None:
             return True
-        return (self._job_timeline or self._job_slots()).free_now(self.max_running, end) >= 1
+        slots = self._job_timeline or self._job_slots()
+        return slots is not None and slots.free_now(max_running, end) >= 1
 
     def start(self, gpus: int, end: float) -> None:
         """Count a job placed now until ``end``."""
@@ -192,9 +194,11 @@ class Account:
         if stops:
             return self._earliest_after(gpus, cap, stops)
         start = (self._gpu_timeline or self._gpus()).earliest(gpus, cap)
-        if self.max_running is not None:
+        max_running = self.max_running
+        if max_running is not None:
             slots = self._job_timeline or self._job_slots()
-            start = max(start, slots.earliest(1, self.max_running))
+            if slots is not None:
+                start = max(start, slots.earliest(1, max_running))
         return start
 
     def _earliest_after(self, gpus: int, cap: int, stops: list[tuple[int, float, float]]) -> float:
@@ -206,7 +210,7 @@ class Account:
             if slots is not None:
                 slots.move(1, end, when)
         start = timeline.earliest(gpus, cap)
-        if slots is not None:
+        if slots is not None and self.max_running is not None:
             start = max(start, slots.earliest(1, self.max_running))
         return start
 
@@ -215,7 +219,9 @@ class Account:
         ``hold_now=False``: only count it in later estimates (see UnitTimeline)."""
         (self._gpu_timeline or self._gpus()).reserve(gpus, start, end, hold_now)
         if self.max_running is not None:
-            (self._job_timeline or self._job_slots()).reserve(1, start, end, hold_now)
+            slots = self._job_timeline or self._job_slots()
+            if slots is not None:
+                slots.reserve(1, start, end, hold_now)
 
 
 class Quotas:

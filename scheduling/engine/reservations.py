@@ -36,13 +36,13 @@ class Previous:
         "idle_held",
     )
 
-    def __init__(self, job: PendingJob, slice_: SliceIndex, by_slot: dict) -> None:
+    def __init__(self, job: PendingJob, slice_: SliceIndex, by_slot: dict, start: float) -> None:
         self.job_id = job.id
         self.slice = slice_
         self.slots: list[NodeSlot] = list(by_slot)
         self.positions: list[list[int]] = list(by_slot.values())
-        self.start: float = job.reserved_start
-        self.end = job.reserved_start + job.max_runtime_seconds
+        self.start = start
+        self.end = start + job.max_runtime_seconds
         # (slot number, position) -> free-from time before the hold, for held GPUs
         self.held: dict[tuple[int, int], float] = {}
         # (slot number, position) -> (reserved, hole, hole owner, releasing) before the
@@ -62,7 +62,8 @@ class Previous:
 
 def _parse(job: PendingJob, locator: Locator) -> Previous | None:
     """The job's previous reservation if it still names a valid gang of one slice."""
-    if not job.reserved_gpu_ids or job.reserved_start is None or job.max_runtime_seconds <= 0:
+    start = job.reserved_start
+    if not job.reserved_gpu_ids or start is None or job.max_runtime_seconds <= 0:
         return None
     grouped = locator.placement(job, job.reserved_gpu_ids)
     if len(grouped) != job.nodes or len(job.reserved_gpu_ids) != job.gpus:
@@ -74,7 +75,7 @@ def _parse(job: PendingJob, locator: Locator) -> Previous | None:
         if location_slice is not slice_ or len(positions) != job.gpus_per_node:
             return None
         by_slot[slot] = positions
-    return Previous(job, slice_, by_slot)
+    return Previous(job, slice_, by_slot, start)
 
 
 class PreviousReservations:
@@ -161,8 +162,8 @@ class PreviousReservations:
                 entry[2].append(previous.before[(number, pos)])
             else:
                 previous.kept.add((number, pos))
-        for number, (positions, ready, before) in by_slot.items():
-            previous.slice.unhold(previous.slots[number], positions, ready, before)
+        for number, (positions, readies, before) in by_slot.items():
+            previous.slice.unhold(previous.slots[number], positions, readies, before)
 
     def waiting_holds(self):
         """(slot, position) of each GPU held for a job not considered yet and still held

@@ -66,6 +66,7 @@ class Remaining:
         "_preemptors",
         "_tenants",
         "_preempting",
+        "_summarized",
         "_jobs",
         "_by_gpus",
         "_by_node_gpus",
@@ -78,9 +79,11 @@ class Remaining:
         self._pending = pending
         self._done: set[int] = set()  # ids of the jobs considered
         self._runtimes: list[tuple[float, int]] | None = None
-        self._preemptors: Counter[tuple[int, bool]] | None = None  # (class, training)
-        self._tenants: Counter[str] | None = None
-        self._preempting: Counter[str] | None = None  # remaining jobs that may preempt by class
+        # Filled by _summarize on first use:
+        self._summarized = False
+        self._preemptors: Counter[tuple[int, bool]] = Counter()  # (class, training)
+        self._tenants: Counter[str] = Counter()
+        self._preempting: Counter[str] = Counter()  # remaining jobs that may preempt by class
         # tenant -> heaps of (GPUs, id) and (GPUs per node, id) of its jobs not considered
         # (entries of considered jobs are dropped when they reach the top)
         self._by_gpus: dict[str, list[tuple[int, int]]] = {}
@@ -98,9 +101,14 @@ class Remaining:
         self._done.add(job.id)
         if job.tenant in self._non_training and job.workload_type not in TRAINING_WORKLOADS:
             self._non_training[job.tenant] -= 1
-        if self._witness_kept and (job.tenant == self.witness[0] or job.can_preempt):
+        witness = self.witness
+        if (
+            self._witness_kept
+            and witness is not None
+            and (job.tenant == witness[0] or job.can_preempt)
+        ):
             self._witness_kept = False
-        if self._tenants is not None:
+        if self._summarized:
             if job.can_preempt:
                 self._preemptors[(job.priority, job.workload_type in TRAINING_WORKLOADS)] -= 1
                 self._preempting[job.tenant] -= 1
@@ -123,9 +131,10 @@ class Remaining:
         and quota (only its own jobs, a placement, or quota kept for a job given back
         change those: the stamp), and the classes that may preempt (a job whose class
         may preempt has been considered)."""
-        if not self._witness_kept:
+        witness = self.witness
+        if not self._witness_kept or witness is None:
             return False
-        _, slot, version, known = self.witness
+        _, slot, version, known = witness
         return slot.version == version and known == stamp
 
     def shortest_runtime(self) -> float:
@@ -196,8 +205,9 @@ class Remaining:
         return self._preempting
 
     def _summarize(self) -> None:
-        if self._tenants is not None:
+        if self._summarized:
             return
+        self._summarized = True
         done = self._done
         jobs = [job for job in self._pending if job.id not in done] if done else self._pending
         self._jobs = {
