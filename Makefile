@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 export DEBUG ?= 1
 
-.PHONY: run test lint check migrations-check pytest integration browser bench demo-reset clean
+.PHONY: run test lint check migrations-check pytest integration browser bench native demo-reset clean
 
 $(VENV)/bin/python:
 	python3 -m venv $(VENV)
@@ -30,6 +30,17 @@ test: $(VENV)/.installed-dev lint check migrations-check pytest
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+## The scheduling engine compiled with mypyc (about a third faster; see scheduling/engine/native.py).
+## Rebuilt when its sources change; without a C compiler the engine runs as pure Python.
+ENGINE_SOURCES := $(wildcard scheduling/engine/*.py)
+native: scheduling/engine/native.stamp
+
+scheduling/engine/native.stamp: $(ENGINE_SOURCES) tools/build_native.py $(VENV)/.installed-dev
+	@mkdir -p build
+	@if $(PY) tools/build_native.py > build/native.log 2>&1; then tail -1 build/native.log; \
+	else tail -20 build/native.log; echo "engine NOT compiled (see build/native.log): it runs as pure Python"; fi
 
 check: $(VENV)/.installed-dev
 	$(PY) manage.py check
@@ -37,14 +48,14 @@ check: $(VENV)/.installed-dev
 migrations-check: $(VENV)/.installed-dev
 	$(PY) manage.py makemigrations --check --dry-run
 
-pytest: $(VENV)/.installed-dev
+pytest: $(VENV)/.installed-dev native
 	$(VENV)/bin/pytest -m "not integration" $(PYTEST_ARGS)
 
 ## Integration tests: real PostgreSQL, Redis, Celery worker, beat and agents (see .ci/run)
-integration: $(VENV)/.installed-dev
+integration: $(VENV)/.installed-dev native
 	$(VENV)/bin/pytest -m integration $(PYTEST_ARGS)
 
-bench: $(VENV)/.installed-dev
+bench: $(VENV)/.installed-dev native
 	$(PY) bench/engine.py
 	$(PY) bench/dispatch.py
 
@@ -52,4 +63,4 @@ demo-reset:
 	rm -rf var/
 
 clean:
-	rm -rf $(VENV) var staticfiles
+	rm -rf $(VENV) var staticfiles build scheduling/engine/*.so scheduling/engine/native.stamp sluice_engine__mypyc*.so

@@ -4,10 +4,14 @@ No Django and nothing else of the project is imported here, so the dispatch loop
 benchmarks and the simulator can all run the very same code.
 """
 
-from . import reasons
-from .plan import PendingInfo, Placement, Plan, Preemption, plan
-from .snapshot import GpuInfo, NodeInfo, PendingJob, QueueInfo, QuotaInfo, RunningJob, Snapshot
-from .usage import decay_usage
+from .native import guard
+
+guard()  # before any compiled module is imported: never a stale build (see .native)
+
+from . import reasons  # noqa: E402
+from .plan import PendingInfo, Placement, Plan, Preemption, plan  # noqa: E402
+from .snapshot import GpuInfo, NodeInfo, PendingJob, QueueInfo, QuotaInfo, RunningJob, Snapshot  # noqa: E402
+from .usage import decay_usage  # noqa: E402
 
 __all__ = [
     "GpuInfo",

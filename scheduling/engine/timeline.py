@@ -73,7 +73,7 @@ class UnitTimeline:
 
     def copy(self) -> UnitTimeline:
         """An independent copy (to try a change without making it)."""
-        twin = UnitTimeline.__new__(UnitTimeline)
+        twin = UnitTimeline(self.now, [])
         twin.now = self.now
         twin.used = self.used
         twin.pencilled = self.pencilled

@@ -1,0 +1,100 @@
+"""The engine compiled to C with mypyc, and the guard that never lets a stale build run.
+
+The engine is plain, type-annotated Python, and stays the source of truth. ``make native``
+(``tools/build_native.py``) compiles its hot modules with mypyc (the
+compiler mypy and black ship with) into extension modules beside the sources, which
+Python then imports instead of them: a cycle costs about a third less (see the README).
+The compiled modules check the annotations at run time, so ``make lint`` type-checks the
+engine with mypy.
+
+An extension module is imported before its source, even when the source is newer: after
+an edit, the old compiled engine would run. :func:`guard` (called first thing by the
+package) hashes the sources and compares them with those the build recorded
+(``native.stamp``); if they differ, or ``SLUICE_PURE_ENGINE=1`` is set, the compiled
+modules are bypassed and the sources imported, with a warning in the log for the stale
+case. Without a build (no C compiler, ``make run``) the engine is pure Python.
+
+Not compiled: :mod:`.snapshot` and :mod:`.results` (the records the dispatch loop and the
+simulator build, pickle and compare), :mod:`.plan` and the package itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import logging
+import os
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PACKAGE = __name__.rpartition(".")[0]
+COMPILED = (
+    "cluster",
+    "messages",
+    "order",
+    "planner",
+    "preemption",
+    "quota",
+    "reasons",
+    "reservations",
+    "settled",
+    "timeline",
+    "usage",
+)
+STAMP = HERE / "native.stamp"
+GROUP = "sluice_engine"  # mypyc's shared library: sluice_engine__mypyc*.so at the project root
+
+log = logging.getLogger(__name__)
+
+
+def source_digest() -> str:
+    """One hash of the sources of the compiled modules (and of this file's list)."""
+    digest = hashlib.sha256(" ".join(COMPILED).encode())
+    for name in COMPILED:
+        digest.update((HERE / f"{name}.py").read_bytes())
+    return digest.hexdigest()
+
+
+def built_modules() -> list[str]:
+    """The compiled modules present beside their sources."""
+    suffixes = importlib.machinery.EXTENSION_SUFFIXES
+    return [
+        name for name in COMPILED if any((HERE / f"{name}{suffix}").exists() for suffix in suffixes)
+    ]
+
+
+def is_compiled() -> bool:
+    """Whether the engine running in this process is the compiled one."""
+    module = sys.modules.get(f"{PACKAGE}.planner")
+    return module is not None and not str(getattr(module, "__file__", "")).endswith(".py")
+
+
+class _Sources(importlib.abc.MetaPathFinder):
+    """Imports the compiled modules' sources, ahead of the extension modules."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        package, _, name = fullname.rpartition(".")
+        if package != PACKAGE or name not in COMPILED:
+            return None
+        return importlib.util.spec_from_file_location(fullname, HERE / f"{name}.py")
+
+
+def guard() -> None:
+    """Bypass the compiled modules if they are stale or not wanted (see module doc)."""
+    if any(isinstance(finder, _Sources) for finder in sys.meta_path):
+        return
+    if not built_modules():
+        return
+    wanted = os.environ.get("SLUICE_PURE_ENGINE", "") not in ("1", "true", "yes")
+    stamp = STAMP.read_text().strip() if STAMP.exists() else ""
+    if wanted and stamp == source_digest():
+        return
+    if wanted:
+        log.warning(
+            "the compiled engine is older than its sources: running the pure-Python "
+            "engine (`make native` rebuilds it)"
+        )
+    sys.meta_path.insert(0, _Sources())
