@@ -59,6 +59,10 @@ class Remaining:
     """What the cycle still has to consider, summed up for :func:`nothing_more_can_happen`
     (built on first use: most checks are answered before they are needed)."""
 
+    _preemptors: Counter[tuple[int, bool]]
+    _tenants: Counter[str]
+    _preempting: Counter[str]
+
     __slots__ = (
         "_pending",
         "_done",
@@ -79,11 +83,9 @@ class Remaining:
         self._pending = pending
         self._done: set[int] = set()  # ids of the jobs considered
         self._runtimes: list[tuple[float, int]] | None = None
-        # Filled by _summarize on first use:
+        # _preemptors (class, training), _tenants and _preempting (remaining jobs that
+        # may preempt by class) are set by _summarize, on first use.
         self._summarized = False
-        self._preemptors: Counter[tuple[int, bool]] = Counter()  # (class, training)
-        self._tenants: Counter[str] = Counter()
-        self._preempting: Counter[str] = Counter()  # remaining jobs that may preempt by class
         # tenant -> heaps of (GPUs, id) and (GPUs per node, id) of its jobs not considered
         # (entries of considered jobs are dropped when they reach the top)
         self._by_gpus: dict[str, list[tuple[int, int]]] = {}

@@ -122,11 +122,12 @@ class PendingJob:
     claimed_gpu_ids: tuple[int, ...] = ()
     # (reserved_gpu_ids, their grouping by node): remembered by the planner (Locator)
     layout: tuple | None = field(default=None, init=False, repr=False, compare=False)
+    # Total GPUs of the job (``gpus_per_node * nodes``), worked out once: read millions
+    # of times per replay.
+    gpus: int = field(default=0, init=False, repr=False, compare=False)
 
-    @property
-    def gpus(self) -> int:
-        """Total GPUs of the job (``gpus_per_node * nodes``)."""
-        return self.gpus_per_node * self.nodes
+    def __post_init__(self) -> None:
+        self.gpus = self.gpus_per_node * self.nodes
 
 
 @dataclass(slots=True)

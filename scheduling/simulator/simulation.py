@@ -203,8 +203,11 @@ class Replay:
         self.pending: dict[str, dict[int, JobRun]] = defaultdict(dict)
         self.pending_sizes: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
         # Waiting jobs per pool counted by what decides whether they might preempt
-        # (training-like, class may preempt, class, tenant, GPUs): see _might_preempt.
+        # (training-like, class may preempt, class, tenant, GPUs): see _preemptors.
         self.pending_kinds: dict[str, dict[tuple, int]] = defaultdict(lambda: defaultdict(int))
+        # ... and by what decides whether they might start (tenant, GPUs per node, GPUs,
+        # preemptible): see _might_start.
+        self.pending_shapes: dict[str, dict[tuple, int]] = defaultdict(lambda: defaultdict(int))
         # (submit, id) of the waiting jobs per pool and (tenant, class), in order: the
         # window of max_waiting_per_tenant.
         self.groups: dict[str, dict[tuple[str, str], list]] = defaultdict(lambda: defaultdict(list))
@@ -214,6 +217,7 @@ class Replay:
         self.guaranteed_pool: dict[tuple[str, str], int] = defaultdict(int)
         for quota in scenario.quotas:
             self.guaranteed_pool[(quota.tenant, quota.pool)] += max(quota.guaranteed, 0)
+        self.caps = _quota_caps(scenario)
         self.usage: dict[str, float] = {}
         self.usage_time = self.usage_origin = 0.0
         self.events: list = []
@@ -346,6 +350,7 @@ class Replay:
         self.pending[job.pool][job.id] = run
         self.pending_sizes[job.pool][job.gpus_per_node] += 1
         self.pending_kinds[job.pool][_preemptor_kind(run.pending_record)] += 1
+        self.pending_shapes[job.pool][_shape(run.pending_record)] += 1
         if self.config.max_waiting_per_tenant:
             insort(self.groups[job.pool][(job.tenant, job.priority_class)], (job.submit, job.id))
         self.waiting += 1
@@ -356,6 +361,7 @@ class Replay:
         del self.pending[job.pool][job.id]
         _count_down(self.pending_sizes[job.pool], job.gpus_per_node)
         _count_down(self.pending_kinds[job.pool], _preemptor_kind(run.pending_record))
+        _count_down(self.pending_shapes[job.pool], _shape(run.pending_record))
         if self.config.max_waiting_per_tenant:
             group = self.groups[job.pool][(job.tenant, job.priority_class)]
             del group[bisect_left(group, (job.submit, job.id))]
@@ -549,17 +555,33 @@ class Replay:
 
     def _worth_a_cycle(self, pool: str, now: float) -> bool:
         """A cheap necessary condition for a cycle to start or stop anything; a cycle
-        that would do neither is skipped (it would only refresh estimates).
-
-        Something can start only if a waiting job's per-node GPUs are idle on some node
-        (under strict FIFO: the first job's, and all its GPUs idle in the pool)."""
+        that would do neither is skipped (it would only refresh estimates)."""
         largest_idle = max(self.node_free[node] for node in self.pool_nodes[pool])
         if self.policy.global_fifo:
             head = next(iter(self.pending[pool].values())).job
             return head.gpus_per_node <= largest_idle and head.gpus <= self.free[pool]
-        if min(self.pending_sizes[pool]) <= largest_idle:
+        if self._might_start(pool, largest_idle):
             return True
         return self.policy.preemption and self._might_preempt(pool, now)
+
+    def _might_start(self, pool: str, largest_idle: int) -> bool:
+        """Whether a waiting job might start now: its GPUs per node are idle on some
+        node, all its GPUs are idle in the pool, and its tenant's quota admits it (the
+        engine admits a job only if the GPUs its tenant holds, stopping jobs included,
+        plus its own stay within the guarantee, or guarantee + borrowing for
+        preemptible work). Reservations and GPU models are left to the engine."""
+        if min(self.pending_sizes[pool]) > largest_idle:
+            return False
+        free = self.free[pool]
+        held = self.in_use_pool[pool]
+        caps = self.caps
+        for tenant, per_node, gpus, preemptible in self.pending_shapes[pool]:
+            if per_node > largest_idle or gpus > free:
+                continue
+            cap = caps.get((tenant, pool))
+            if cap is None or held.get(tenant, 0) + gpus <= cap[preemptible]:
+                return True
+        return False
 
     def _keep_reservations(self, infos: dict[int, PendingInfo]) -> None:
         """Carry each waiting job's reservation into its record for the next cycle (the
@@ -586,9 +608,10 @@ class Replay:
         return usage
 
     def _schedule_wake(self, pool: str, now: float) -> None:
-        """Plan again when a running job becomes old enough to be preempted, if a waiting
-        job might preempt it then (the dispatch loop would notice within seconds)."""
-        if not self._might_preempt(pool):
+        """Plan again when a running job that a waiting job might preempt becomes old
+        enough to be preempted (the dispatch loop would notice within seconds)."""
+        preemptors = self._preemptors(pool)
+        if preemptors is None:
             return
         soonest = INF
         for run in self.running[pool].values():
@@ -596,7 +619,7 @@ class Replay:
                 continue
             record = run.running_record
             seasoned = record.started_at + record.min_runtime_before_preemption
-            if now < seasoned < soonest:
+            if now < seasoned < soonest and _may_stop(preemptors, record):
                 soonest = seasoned
         if soonest == INF:
             return
@@ -605,44 +628,57 @@ class Replay:
             self.wake_at[pool] = soonest
             self._push(soonest, WAKE, pool, 0)
 
-    def _might_preempt(self, pool: str, now: float | None = None) -> bool:
+    def _might_preempt(self, pool: str, now: float) -> bool:
         """A cheap necessary condition for a preemption in ``pool`` (the engine decides):
-        a waiting job whose class may preempt facing a lower, preemptible running job, or
-        of a tenant below its guarantee facing another tenant's borrowed job; the victim
-        must not be inference facing training work. ``now``: only victims old enough to
-        be preempted at that time count (None: whatever their age)."""
-        # Per kind of victim (inference or not): the lowest preemptible class running,
-        # and the tenants running borrowed jobs.
-        lowest = [INF, INF]
-        borrowers: tuple[set[str], set[str]] = (set(), set())
+        a running job old enough to be preempted at ``now`` that a waiting job might stop
+        (see :func:`_may_stop`)."""
+        preemptors = self._preemptors(pool)
+        if preemptors is None:
+            return False
         for run in self.running[pool].values():
             if run.stopping:
                 continue
             record = run.running_record
-            if now is not None and now - record.started_at < record.min_runtime_before_preemption:
+            if now - record.started_at < record.min_runtime_before_preemption:
                 continue
-            inference = record.workload_type == INFERENCE_WORKLOAD
-            if record.preemptible and record.priority < lowest[inference]:
-                lowest[inference] = record.priority
-            if record.borrowed:
-                borrowers[inference].add(record.tenant)
-        if lowest == [INF, INF] and not (borrowers[0] or borrowers[1]):
-            return False
+            if _may_stop(preemptors, record):
+                return True
+        return False
+
+    def _preemptors(self, pool: str) -> tuple[list[float], list[set[str]]] | None:
+        """What the waiting jobs of ``pool`` could stop, per kind of victim (0: not
+        inference, 1: inference; training-like work never preempts inference): the
+        highest class among waiting jobs whose class may preempt, and the tenants with
+        a waiting job inside their guarantee (who may reclaim others' borrowed GPUs).
+        None when no waiting job could preempt anything."""
+        highest = [-INF, -INF]
+        reclaimers: list[set[str]] = [set(), set()]
         held = self.in_use_pool[pool]
         guaranteed = self.guaranteed_pool
         for training, can_preempt, priority, tenant, gpus in self.pending_kinds[pool]:
-            # Training-like work never preempts inference.
+            within = held.get(tenant, 0) + gpus <= guaranteed[(tenant, pool)]
             for inference in (0,) if training else (0, 1):
-                if can_preempt and lowest[inference] < priority:
-                    return True
-                others = borrowers[inference]
-                if (
-                    others
-                    and (len(others) > 1 or tenant not in others)
-                    and held.get(tenant, 0) + gpus <= guaranteed[(tenant, pool)]
-                ):
-                    return True
-        return False
+                if can_preempt and priority > highest[inference]:
+                    highest[inference] = priority
+                if within:
+                    reclaimers[inference].add(tenant)
+        if highest == [-INF, -INF] and not (reclaimers[0] or reclaimers[1]):
+            return None
+        return highest, reclaimers
+
+
+def _may_stop(preemptors: tuple[list[float], list[set[str]]], record: RunningJob) -> bool:
+    """Whether some waiting job summed up in ``preemptors`` might stop ``record``: its
+    class is lower and preemptible, below a waiting job whose class may preempt, or it
+    runs on borrowed GPUs and another tenant's waiting job is inside its guarantee."""
+    highest, reclaimers = preemptors
+    inference = record.workload_type == INFERENCE_WORKLOAD
+    if record.preemptible and record.priority < highest[inference]:
+        return True
+    if record.borrowed:
+        tenants = reclaimers[inference]
+        return len(tenants) > 1 or (bool(tenants) and record.tenant not in tenants)
+    return False
 
 
 def _count_down(counts: dict, key) -> None:
@@ -656,6 +692,27 @@ def _preemptor_kind(job: PendingJob) -> tuple[bool, bool, int, str, int]:
     """What :meth:`Replay._might_preempt` reads of a waiting job."""
     training = job.workload_type in TRAINING_WORKLOADS
     return training, job.can_preempt, job.priority, job.tenant, job.gpus
+
+
+def _shape(job: PendingJob) -> tuple[str, int, int, bool]:
+    """What :meth:`Replay._might_start` reads of a waiting job."""
+    return job.tenant, job.gpus_per_node, job.gpus, job.preemptible
+
+
+def _quota_caps(scenario: Scenario) -> dict[tuple[str, str], tuple[int, int]]:
+    """(tenant, pool) -> (GPUs a non-preemptible job may bring the tenant to, a
+    preemptible one): its guarantee, and guarantee + borrowing. Only for tenants with a
+    single quota in the pool, for any GPU model (with several, which one a job counts
+    against depends on the model it gets: no cap is known beforehand)."""
+    rows: dict[tuple[str, str], list] = defaultdict(list)
+    for quota in scenario.quotas:
+        rows[(quota.tenant, quota.pool)].append(quota)
+    caps = {}
+    for key, quotas in rows.items():
+        if len(quotas) == 1 and quotas[0].gpu_model == "":
+            guaranteed = max(quotas[0].guaranteed, 0)
+            caps[key] = (guaranteed, guaranteed + max(quotas[0].borrow_limit, 0))
+    return caps
 
 
 def replay(

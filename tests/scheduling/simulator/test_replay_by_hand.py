@@ -6,9 +6,9 @@ All on one node of 4 GPUs, planned at the exact time of every event (dispatch in
 
 import pytest
 
-from scheduling.simulator import POLICIES, SimConfig, replay
+from scheduling.simulator import POLICIES, ClassSpec, SimConfig, replay
 from scheduling.simulator.metrics import summarize
-from scheduling.simulator.simulation import COMPLETED
+from scheduling.simulator.simulation import COMPLETED, Replay
 
 from .conftest import scenario, sim_job
 
@@ -137,3 +137,37 @@ def test_a_job_that_can_never_start_is_set_aside():
     assert by_name["job1"].outcome == "unschedulable"
     assert by_name["job1"].code == "NO_MATCHING_NODES"
     assert by_name["job2"].first_start == 0
+
+
+class _Timed(Replay):
+    """A replay that notes when it planned."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.planned_at: list[float] = []
+
+    def _cycle(self, pool, now, selected):
+        self.planned_at.append(now)
+        return super()._cycle(pool, now, selected)
+
+
+def test_the_replay_comes_back_when_a_job_that_may_be_stopped_comes_of_age_only():
+    # One node of 4 GPUs. L (low, 2 GPUs) runs from 0, C (critical: not preemptible,
+    # 2 GPUs) from 10; H (high, 4 GPUs) arrives at 100, when L is too young to be
+    # preempted. The replay comes back at 300, when L may be: H still cannot free 4 GPUs
+    # (C may not be stopped), so nothing happens. At 310 C comes of age, but nobody may
+    # stop it: no cycle then. At 5010 C ends: H preempts L and runs from 5015.
+    jobs = [
+        sim_job(1, 0, 10_000, 2, cls="low"),
+        sim_job(2, 10, 5000, 2, cls="critical"),
+        sim_job(3, 100, 1000, 4, cls="high"),
+    ]
+    world = scenario(jobs)
+    world.classes["critical"] = ClassSpec("critical", 800, preemptible=False)
+    timed = _Timed(world, POLICIES["sluice"], EXACT)
+    result = timed.run()
+
+    assert starts(result) == {"job1": 0, "job2": 10, "job3": 5015}
+    assert 300 in timed.planned_at and 310 not in timed.planned_at
+    assert timed.planned_at == sorted(set(timed.planned_at))
+    assert 100 not in timed.planned_at  # L too young: the cycle was not worth it

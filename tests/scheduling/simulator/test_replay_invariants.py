@@ -175,3 +175,56 @@ def test_timeline_buckets_never_pour_an_interval_into_one_bucket():
 
     assert utilization[0] == pytest.approx(0.0, abs=1e-6)
     assert utilization[1:] == pytest.approx([1.0] * 6)
+
+
+def capped_trace(seed: int = 11, count: int = 400):
+    """Three tenants on 2 x 8 GPUs, c with a small quota (2 guaranteed + 2 to borrow):
+    GPUs are often idle while c's jobs wait for its quota."""
+    rng = random.Random(seed)
+    jobs = [
+        sim_job(
+            number,
+            rng.uniform(0, 20_000),
+            rng.randint(60, 3000),
+            rng.choice([1, 1, 2, 4]),
+            tenant=rng.choices("abc", [0.25, 0.25, 0.5])[0],
+            cls=rng.choices(["high", "normal", "low"], [0.2, 0.5, 0.3])[0],
+        )
+        for number in range(1, count + 1)
+    ]
+    quotas = [
+        QuotaInfo("a", POOL, "", 7, 4),
+        QuotaInfo("b", POOL, "", 7, 4),
+        QuotaInfo("c", POOL, "", 2, 2),
+    ]
+    return scenario(jobs, nodes=2, gpus=8, quotas=quotas)
+
+
+class GatedReplay(Replay):
+    """A replay that plans, in full, every cycle it skips as not worth it, and checks
+    that it would have started and stopped nothing."""
+
+    skipped = skipped_with_idle_gpus = 0
+
+    def _worth_a_cycle(self, pool, now):
+        if super()._worth_a_cycle(pool, now):
+            return True
+        pending = list(self.pending[pool].values())
+        full = plan(self._snapshot(pool, now, pending, decisions_only=False))
+        assert (full.placements, full.preemptions) == ([], [])
+        self.skipped += 1
+        largest_idle = max(self.node_free[node] for node in self.pool_nodes[pool])
+        if min(run.job.gpus_per_node for run in pending) <= largest_idle:
+            self.skipped_with_idle_gpus += 1  # skipped for its tenants' quota
+        return False
+
+
+@pytest.mark.parametrize("trace", [busy_trace, capped_trace])
+@pytest.mark.parametrize("policy", ["fifo", "sluice", "sluice-no-backfill"])
+def test_a_cycle_skipped_as_not_worth_it_would_have_done_nothing(policy, trace):
+    gated = GatedReplay(trace(), POLICIES[policy], SimConfig(checkpoint_interval=300))
+    gated.run()
+
+    assert gated.skipped > 10
+    if trace is capped_trace and policy != "fifo":
+        assert gated.skipped_with_idle_gpus >= 5
