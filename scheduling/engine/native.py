@@ -83,18 +83,33 @@ class _Sources(importlib.abc.MetaPathFinder):
 
 
 def guard() -> None:
-    """Bypass the compiled modules if they are stale or not wanted (see module doc)."""
+    """Bypass the compiled modules if they are stale, incomplete or not wanted (see the
+    module doc)."""
     if any(isinstance(finder, _Sources) for finder in sys.meta_path):
         return
-    if not built_modules():
+    built = built_modules()
+    if not built:
         return
-    wanted = os.environ.get("SLUICE_PURE_ENGINE", "") not in ("1", "true", "yes")
-    stamp = STAMP.read_text().strip() if STAMP.exists() else ""
-    if wanted and stamp == source_digest():
+    problem = _problem(built)
+    if problem is None:
         return
-    if wanted:
-        log.warning(
-            "the compiled engine is older than its sources: running the pure-Python "
-            "engine (`make native` rebuilds it)"
-        )
+    if problem:
+        log.warning("%s: running the pure-Python engine (`make native` rebuilds it)", problem)
     sys.meta_path.insert(0, _Sources())
+
+
+def _problem(built: list[str]) -> str | None:
+    """Why the compiled modules must not run ("" when the sources are asked for, None
+    when they may run)."""
+    if os.environ.get("SLUICE_PURE_ENGINE", "") in ("1", "true", "yes"):
+        return ""
+    stamp = STAMP.read_text().strip() if STAMP.exists() else ""
+    if stamp != source_digest():
+        return "the compiled engine is older than its sources"
+    # A partial build would mix compiled and pure classes of one engine.
+    if len(built) != len(COMPILED):
+        return "the compiled engine lacks " + ", ".join(sorted(set(COMPILED) - set(built)))
+    # The modules' shared library, imported by its own name from the project root.
+    if importlib.util.find_spec(f"{GROUP}__mypyc") is None:
+        return f"the compiled engine's library {GROUP}__mypyc is not on the import path"
+    return None

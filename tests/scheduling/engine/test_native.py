@@ -76,3 +76,22 @@ def test_without_a_build_the_engine_is_pure_python(tmp_path):
     )
     (tmp_path / "scheduling" / "__init__.py").write_text("")
     assert _probe(tmp_path).stdout.strip() == "pure"
+
+
+@needs_build
+def test_an_incomplete_build_is_not_used(copy_of_the_build):
+    for library in copy_of_the_build.glob(f"{native.GROUP}__mypyc*.so"):
+        library.unlink()
+    probe = _probe(copy_of_the_build)
+    assert probe.stdout.strip() == "pure"
+    assert "not on the import path" in probe.stderr
+
+
+@needs_build
+def test_a_build_missing_a_module_is_not_used(copy_of_the_build):
+    engine = copy_of_the_build / "scheduling" / "engine"
+    for module in engine.glob("quota.*.so"):
+        module.unlink()
+    probe = _probe(copy_of_the_build)
+    assert probe.stdout.strip() == "pure"
+    assert "lacks quota" in probe.stderr
