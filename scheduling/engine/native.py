@@ -1,18 +1,20 @@
 """The engine compiled to C with mypyc, and the guard that never lets a stale build run.
 
 The engine is plain, type-annotated Python, and stays the source of truth. ``make native``
-(``tools/build_native.py``) compiles its hot modules with mypyc (the
-compiler mypy and black ship with) into extension modules beside the sources, which
-Python then imports instead of them: a cycle costs about a third less (see the README).
+(``tools/build_native.py``) compiles its hot modules with mypyc (the compiler mypy and
+black ship with) into extension modules beside the sources, which Python then imports
+instead of them: a cycle costs about a quarter to a third less (see the README).
 The compiled modules check the annotations at run time, so ``make lint`` type-checks the
 engine with mypy.
 
 An extension module is imported before its source, even when the source is newer: after
 an edit, the old compiled engine would run. :func:`guard` (called first thing by the
 package) hashes the sources and compares them with those the build recorded
-(``native.stamp``); if they differ, or ``SLUICE_PURE_ENGINE=1`` is set, the compiled
-modules are bypassed and the sources imported, with a warning in the log for the stale
-case. Without a build (no C compiler, ``make run``) the engine is pure Python.
+(``native.stamp``); if they differ, if the build is incomplete (a module, or mypyc's
+shared library on the import path, missing), or if ``SLUICE_PURE_ENGINE=1`` is set, the
+compiled modules are bypassed and the sources imported, with the reason in the log
+(unless asked for). Without a build (no C compiler, ``make run``) the engine is pure
+Python.
 
 Not compiled: :mod:`.snapshot` and :mod:`.results` (the records the dispatch loop and the
 simulator build, pickle and compare), :mod:`.plan` and the package itself.
