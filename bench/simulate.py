@@ -2,7 +2,8 @@
 
 Run ``.venv/bin/python bench/simulate.py`` (``--quick``: ITP cluster01 only). Replays the
 whole ITP trace (69,351 jobs, ten clusters) under each policy and prints one JSON line per
-policy: wall seconds, engine seconds, cycles, and the headline figures. Traces are read
+policy: wall seconds, engine seconds, cycles, and the headline figures, and whether the
+engine ran compiled (``make native``) or as Python (``SLUICE_PURE_ENGINE=1``). Traces are read
 from ``../shared/traces`` (or ``SLUICE_TRACES_DIR``). No Django.
 """
 
@@ -17,6 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from scheduling.engine import native  # noqa: E402
 from scheduling.simulator import DEFAULT_POLICIES, SimConfig, parse_policies  # noqa: E402
 from scheduling.simulator.cli import default_traces_dir  # noqa: E402
 from scheduling.simulator.metrics import summarize  # noqa: E402
@@ -58,6 +60,7 @@ def main() -> None:
             "jobs": len(scenario.jobs),
             "gpus": scenario.capacity,
             "workers": args.workers,
+            "engine": "compiled" if native.is_compiled() else "python",
             "max_waiting_per_tenant": args.max_waiting_per_tenant,
             "load": args.load,
             "full_cycles": args.full_cycles,
