@@ -173,7 +173,6 @@ class Planner:
             claimant = job.preempted_by if job.stopping else None
             if claimant is not None and claimant not in pending_ids:
                 claimant = None
-            claimed = claimant is not None
             account = account_of(job.tenant, job.pool, job.gpu_model)
             if claimant is not None:
                 account.add_running(len(job.gpu_ids), INF)
@@ -184,7 +183,7 @@ class Planner:
                 account.add_running(len(job.gpu_ids), end, job.stopping)
             record = RunningRecord(job, end, now, account)
             running_gpus[job.tenant] += len(job.gpu_ids)
-            busy_until = INF if claimed else end
+            busy_until = INF if claimant is not None else end
             stopping = job.stopping
             # GPUs not in the index (unhealthy, node out of service) are left out: they
             # are not schedulable anyway.
