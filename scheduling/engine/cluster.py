@@ -22,12 +22,12 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 from heapq import heapify, heappop, heappush
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:  # pragma: no cover
     from .preemption import RunningRecord, SliceStats
 
-INF = math.inf
+INF: Final = math.inf
 
 
 class NodeSlot:

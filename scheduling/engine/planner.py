@@ -38,6 +38,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Final
 
 from . import messages, reasons
 from .cluster import Locator, NodeSlot, SliceIndex
@@ -49,7 +50,7 @@ from .results import Placement, Plan, Preemption, new_pending_info
 from .settled import Remaining, nothing_more_can_happen
 from .snapshot import PendingJob, QueueInfo, RunningJob, Snapshot
 
-INF = math.inf
+INF: Final = math.inf
 
 
 @dataclass(slots=True)

@@ -47,14 +47,15 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass
 from heapq import heapify, heappop, heappush
+from typing import Final
 
 from .cluster import NodeSlot, SliceIndex
 from .quota import Account
 from .snapshot import PendingJob, RunningJob
 
 # Training-like work never preempts inference (DESIGN.md §1, §6).
-TRAINING_WORKLOADS = frozenset({"training", "fine_tuning"})
-INFERENCE_WORKLOAD = "inference"
+TRAINING_WORKLOADS: Final = frozenset({"training", "fine_tuning"})
+INFERENCE_WORKLOAD: Final = "inference"
 
 
 class RunningRecord:

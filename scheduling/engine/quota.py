@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Final
 
 from .snapshot import QuotaInfo
 from .timeline import INF, UnitTimeline
 
-GUARANTEED = "guaranteed"
-BORROWED = "borrowed"
+GUARANTEED: Final = "guaranteed"
+BORROWED: Final = "borrowed"
 
 
 class Account:

@@ -42,7 +42,7 @@ from collections import Counter
 from heapq import heapify, heappop
 from itertools import groupby
 from operator import attrgetter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from .preemption import INFERENCE_WORKLOAD, TRAINING_WORKLOADS
 from .snapshot import PendingJob
@@ -52,7 +52,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .planner import Planner
     from .quota import Account
 
-INF = math.inf
+INF: Final = math.inf
 
 
 class Remaining:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right, insort
+from typing import Final
 
-INF = math.inf
+INF: Final = math.inf
 
 
 class UnitTimeline:
