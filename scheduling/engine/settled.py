@@ -165,24 +165,24 @@ class Remaining:
 
     def fewest_gpus(self, tenant: str) -> int:
         """The fewest GPUs a remaining job of ``tenant`` needs (it has one left)."""
-        heap = self._by_gpus.get(tenant)
-        if heap is None:
-            self._summarize()
-            heap = self._by_gpus[tenant] = [(job.gpus, job.id) for job in self._jobs[tenant]]
-            heapify(heap)
-        return self._smallest(heap)
+        return self._smallest(self._by_gpus, tenant, False)
 
     def fewest_per_node(self, tenant: str) -> int:
         """The fewest GPUs per node a remaining job of ``tenant`` needs."""
-        heap = self._by_node_gpus.get(tenant)
+        return self._smallest(self._by_node_gpus, tenant, True)
+
+    def _smallest(
+        self, heaps: dict[str, list[tuple[int, int]]], tenant: str, per_node: bool
+    ) -> int:
+        """The smallest size in the tenant's heap of ``heaps`` (GPUs per node, or in
+        all), the heap built on first use and cleared of considered jobs on the way."""
+        heap = heaps.get(tenant)
         if heap is None:
             self._summarize()
             jobs = self._jobs[tenant]
-            heap = self._by_node_gpus[tenant] = [(job.gpus_per_node, job.id) for job in jobs]
+            heap = [(job.gpus_per_node if per_node else job.gpus, job.id) for job in jobs]
             heapify(heap)
-        return self._smallest(heap)
-
-    def _smallest(self, heap: list[tuple[int, int]]) -> int:
+            heaps[tenant] = heap
         done = self._done
         while heap[0][1] in done:
             heappop(heap)

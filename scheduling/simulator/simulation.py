@@ -201,7 +201,6 @@ class Replay:
             for node in nodes:
                 self.node_free[node.id] = len(node.gpus)
         self.pending: dict[str, dict[int, JobRun]] = defaultdict(dict)
-        self.pending_sizes: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
         # Waiting jobs per pool counted by what decides whether they might preempt
         # (training-like, class may preempt, class, tenant, GPUs): see _preemptors.
         self.pending_kinds: dict[str, dict[tuple, int]] = defaultdict(lambda: defaultdict(int))
@@ -348,7 +347,6 @@ class Replay:
         job = run.job
         run.pending_since = when
         self.pending[job.pool][job.id] = run
-        self.pending_sizes[job.pool][job.gpus_per_node] += 1
         self.pending_kinds[job.pool][_preemptor_kind(run.pending_record)] += 1
         self.pending_shapes[job.pool][_shape(run.pending_record)] += 1
         if self.config.max_waiting_per_tenant:
@@ -359,7 +357,6 @@ class Replay:
     def _dequeue(self, run: JobRun) -> None:
         job = run.job
         del self.pending[job.pool][job.id]
-        _count_down(self.pending_sizes[job.pool], job.gpus_per_node)
         _count_down(self.pending_kinds[job.pool], _preemptor_kind(run.pending_record))
         _count_down(self.pending_shapes[job.pool], _shape(run.pending_record))
         if self.config.max_waiting_per_tenant:
@@ -570,8 +567,8 @@ class Replay:
         engine admits a job only if the GPUs its tenant holds, stopping jobs included,
         plus its own stay within the guarantee, or guarantee + borrowing for
         preemptible work). Reservations and GPU models are left to the engine."""
-        if min(self.pending_sizes[pool]) > largest_idle:
-            return False
+        if not largest_idle:
+            return False  # every job needs a GPU per node at least
         free = self.free[pool]
         held = self.in_use_pool[pool]
         caps = self.caps
