@@ -10,24 +10,27 @@ from pathlib import Path
 
 import dj_database_url
 from celery.schedules import schedule
-from django.core.exceptions import ImproperlyConfigured
 
 from portal.env import env_bool, env_int, env_list, env_str
+from portal.varfiles import persistent_secret_key, secure_var_dir
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("SLUICE_VAR_DIR", str(BASE_DIR / "var")))
-VAR_DIR.mkdir(parents=True, exist_ok=True)
+# What the portal writes (database, broker messages with job secrets, logs, keys) is its
+# own: files 0600, directories 0700. var/ itself stays traversable (0711, not listable) only
+# because the demo's node agents keep their job directories under var/agent/, which job
+# accounts must reach; see portal.varfiles.
+secure_var_dir(VAR_DIR)
 
 DEBUG = env_bool("DEBUG", False)
 
 _DEV_SECRET = "django-insecure-sluice-development-only-never-in-production"
 SECRET_KEY = env_str("SECRET_KEY", "")
 if not SECRET_KEY:
-    if not DEBUG:
-        raise ImproperlyConfigured(
-            "SECRET_KEY is not set. Set SECRET_KEY to a long random value, or DEBUG=1 for development."
-        )
-    SECRET_KEY = _DEV_SECRET
+    # Without DEBUG a random key is made once and kept in var/secret_key (0600), so that
+    # management commands and a single-machine install work without configuration.
+    # Production sets SECRET_KEY (shared by every web replica and worker).
+    SECRET_KEY = _DEV_SECRET if DEBUG else persistent_secret_key(VAR_DIR / "secret_key")
 
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost"] if DEBUG else [])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
@@ -228,6 +231,14 @@ SLUICE_USAGE_HALF_LIFE_SECONDS = env_int("SLUICE_USAGE_HALF_LIFE_SECONDS", 7 * 2
 SLUICE_NODE_LOST_SECONDS = env_int("SLUICE_NODE_LOST_SECONDS", 60)
 SLUICE_STUCK_LAUNCH_SECONDS = env_int("SLUICE_STUCK_LAUNCH_SECONDS", 300)
 SLUICE_LOG_DIR = Path(env_str("SLUICE_LOG_DIR", str(VAR_DIR / "logs")))
+# The Unix account a job runs as on the nodes, unless its tenant names one: {tenant} is
+# the tenant's slug, {user} the submitter's user name (sites whose portal users are
+# LDAP accounts known to the nodes use "{user}").
+SLUICE_JOB_ACCOUNT = env_str("SLUICE_JOB_ACCOUNT", "sluice-{tenant}")
+# Absolute directories (on the nodes) a job's working_dir or checkpoint_dir may point
+# into, "{tenant}" replaced by its tenant, e.g. "/data/{tenant}". Anything else must be a
+# relative path inside the job's own directory.
+SLUICE_JOB_PATH_ROOTS = env_list("SLUICE_JOB_PATH_ROOTS", [])
 SLUICE_RUNTIME_WARNINGS = [float(x) for x in env_list("SLUICE_RUNTIME_WARNINGS", ["0.8", "0.95"])]
 SLUICE_RETENTION_CLEANUP_SECONDS = env_int("SLUICE_RETENTION_CLEANUP_SECONDS", 3600)
 # "broker" sends node messages through the broker; "memory" keeps them in a list (tests).

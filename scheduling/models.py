@@ -65,6 +65,11 @@ class Node(models.Model):
     zombies = models.JSONField(
         default=list, blank=True, help_text="GPU processes of no job, last report."
     )
+    isolation = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="What the agent said at start it can enforce (accounts, cgroups, devices).",
+    )
 
     class Meta:
         ordering = ["name"]
@@ -151,6 +156,33 @@ class WorkloadPolicy(models.Model):
     kill_zombies = models.BooleanField(default=False)
     retention_days = models.PositiveIntegerField(
         default=14, help_text="Days logs and checkpoints are kept."
+    )
+    # Enforced on the node by a cgroup v2 scope per job where the node supports it (the
+    # nodes page says which nodes do); per GPU so that a bigger job gets more.
+    cpu_limit_per_gpu = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0.01)],
+        help_text="CPU cores a job may use per GPU on a node (blank: no limit).",
+    )
+    memory_limit_mb_per_gpu = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(16)],
+        help_text="Memory (MiB) a job may use per GPU on a node (blank: no limit).",
+    )
+    pids_limit = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        default=4096,
+        validators=[MinValueValidator(16)],
+        help_text="Processes and threads a job may have on a node (blank: no limit).",
+    )
+    log_cap_mb = models.PositiveIntegerField(
+        default=100,
+        validators=[MinValueValidator(1)],
+        help_text="Output kept per job attempt; beyond it the log is cut with a marker "
+        "(the job goes on).",
     )
     allowed_pools = models.ManyToManyField(ResourcePool, blank=True, related_name="+")
 

@@ -12,7 +12,7 @@ class MembershipInline(admin.TabularInline):
 
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
-    list_display = ["slug", "name", "active"]
+    list_display = ["slug", "name", "active", "unix_account"]
     search_fields = ["slug", "name"]
     inlines = [MembershipInline]
 

@@ -12,13 +12,30 @@ slug_validator = RegexValidator(
 )
 
 
+unix_account_validator = RegexValidator(
+    r"^[a-z_][a-z0-9_-]{0,31}$",
+    "A Unix account name: 1-32 lowercase letters, digits, '_' and '-', not starting with a digit or '-'.",
+)
+
+
 class Tenant(models.Model):
-    """A team or department that owns quota; users belong to it through memberships."""
+    """A team or department that owns quota; users belong to it through memberships.
+
+    ``unix_account`` is the account the tenant's jobs run as on GPU nodes; blank means the
+    site's default mapping (``SLUICE_JOB_ACCOUNT``, ``sluice-<slug>`` unless configured).
+    """
 
     slug = models.CharField(max_length=50, unique=True, validators=[slug_validator])
     name = models.CharField(max_length=120)
     description = models.TextField(blank=True, max_length=2000)
     active = models.BooleanField(default=True)
+    unix_account = models.CharField(
+        max_length=32,
+        blank=True,
+        validators=[unix_account_validator],
+        help_text="Unix account its jobs run as on the nodes; blank: the site default "
+        "(sluice-<tenant> unless SLUICE_JOB_ACCOUNT says otherwise).",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

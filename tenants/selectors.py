@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import re
+
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db.models import QuerySet
 
@@ -96,3 +100,27 @@ def administers_any_tenant(user) -> bool:
     if not user or not user.is_authenticated:
         return False
     return Membership.objects.filter(user=user, role=Role.ADMIN, tenant__active=True).exists()
+
+
+#: What a Unix account name may be (useradd's portable set, at most 32 characters).
+UNIX_ACCOUNT_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+
+
+def job_unix_account(*, tenant: Tenant, username: str) -> str:
+    """The Unix account a job of ``tenant`` submitted by ``username`` runs as on the nodes.
+
+    The tenant's own ``unix_account`` when set, else ``settings.SLUICE_JOB_ACCOUNT``
+    filled in. A tenant slug too long for a Unix name is shortened with a digest of it,
+    so two tenants never map to the same account. Returns "" when the mapping gives no
+    valid account name (``{user}`` with a user name Unix does not allow): such a job is
+    refused at submission.
+    """
+    if tenant.unix_account:
+        return tenant.unix_account
+    template = settings.SLUICE_JOB_ACCOUNT
+    name = template.replace("{tenant}", tenant.slug).replace("{user}", username)
+    if len(name) > 32 and "{tenant}" in template:
+        digest = hashlib.sha256(tenant.slug.encode()).hexdigest()[:8]
+        short = f"{tenant.slug[: max(1, 32 - len(name) + len(tenant.slug) - 9)]}-{digest}"
+        name = template.replace("{tenant}", short).replace("{user}", username)
+    return name if UNIX_ACCOUNT_RE.match(name) else ""

@@ -18,7 +18,7 @@ from .selectors import has_role, is_platform_admin
 
 User = get_user_model()
 
-_TENANT_FIELDS = ["slug", "name", "description", "active"]
+_TENANT_FIELDS = ["slug", "name", "description", "active", "unix_account"]
 _PROJECT_FIELDS = ["slug", "name", "description", "active", "restricted"]
 _USER_FIELDS = ["username", "email", "first_name", "last_name", "is_active", "is_staff"]
 
@@ -136,9 +136,10 @@ def tenant_create(
 
 @transaction.atomic
 def tenant_update(*, actor, tenant: Tenant, **changes) -> Tenant:
-    """Tenant admins change name and description; platform admins also slug, active, ceiling."""
+    """Tenant admins change name and description; platform admins also slug, active and the
+    Unix account its jobs run as."""
     admin_fields = {"name", "description"}
-    platform_fields = admin_fields | {"slug", "active"}
+    platform_fields = admin_fields | {"slug", "active", "unix_account"}
     allowed = platform_fields if is_platform_admin(actor) else admin_fields
     _require_tenant_admin(actor, tenant)
     before = snapshot_fields(tenant, _TENANT_FIELDS)

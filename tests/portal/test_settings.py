@@ -1,4 +1,4 @@
-"""Production settings: no default secret, and clean under ``manage.py check --deploy``."""
+"""Production settings: never the development secret, and clean under ``manage.py check --deploy``."""
 
 import os
 import secrets
@@ -22,12 +22,27 @@ def _run(args: list[str], tmp_path: Path, **env_overrides) -> subprocess.Complet
     )
 
 
-def test_settings_refuse_to_load_without_secret_key_when_debug_is_off(tmp_path):
-    result = _run(["-c", "import portal.settings"], tmp_path)
+def test_settings_without_secret_key_make_one_private_key_and_keep_it(tmp_path):
+    show = "import portal.settings as s; print(s.SECRET_KEY)"
+    first = _run(["-c", show], tmp_path)
+    second = _run(["-c", show], tmp_path)
 
-    assert result.returncode != 0
-    assert "ImproperlyConfigured" in result.stderr
-    assert "SECRET_KEY is not set" in result.stderr
+    assert first.returncode == 0, first.stderr
+    key = first.stdout.strip()
+    assert second.stdout.strip() == key
+    assert len(key) >= 50 and not key.startswith("django-insecure")
+    key_file = tmp_path / "var" / "secret_key"
+    assert key_file.read_text().strip() == key
+    assert key_file.stat().st_mode & 0o777 == 0o600
+
+
+def test_settings_prefer_the_secret_key_from_the_environment(tmp_path):
+    result = _run(
+        ["-c", "import portal.settings as s; print(s.SECRET_KEY)"], tmp_path, SECRET_KEY="x" * 60
+    )
+
+    assert result.stdout.strip() == "x" * 60
+    assert not (tmp_path / "var" / "secret_key").exists()
 
 
 def test_settings_load_without_secret_key_in_debug(tmp_path):
