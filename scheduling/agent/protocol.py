@@ -129,6 +129,28 @@ SUPERSEDED = "superseded"
 EXIT_STOP_REASONS = (*STOP_REASONS, LAUNCH_FAILED, SUPERSEDED)
 
 NOT_RUNNING_MESSAGE = "not running on this node"
+
+#: Environment names a job may not set: the agent sets them (GPU visibility, identity, the
+#: job's home) or they would let the job subvert what it runs (the dynamic loader's
+#: hooks). The portal refuses them at submission (400); the agent drops them too.
+RESERVED_ENV_NAMES = frozenset(
+    {
+        "CUDA_VISIBLE_DEVICES",
+        "NVIDIA_VISIBLE_DEVICES",
+        "HIP_VISIBLE_DEVICES",
+        "ROCR_VISIBLE_DEVICES",
+        "GPU_DEVICE_ORDINAL",
+        "CUDA_DEVICE_ORDER",
+        "LD_PRELOAD",
+        "LD_LIBRARY_PATH",
+        "LD_AUDIT",
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+    }
+)
+RESERVED_ENV_PREFIXES = ("SLUICE_",)
 LOG_CHUNK_BYTES = 64 * 1024
 LOG_INTERVAL_SECONDS = 2.0
 DEFAULT_HEARTBEAT_SECONDS = 5.0

@@ -6,8 +6,10 @@ import json
 import re
 import uuid
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -15,7 +17,9 @@ from portal.audit.services import audit_record
 from portal.errors import BusinessError, NotFoundError, PermissionDeniedError
 from tenants.choices import Role
 from tenants.models import Project
-from tenants.selectors import can_submit_to_project, has_role
+from tenants.selectors import can_submit_to_project, has_role, job_unix_account
+
+from scheduling.agent.protocol import RESERVED_ENV_NAMES, RESERVED_ENV_PREFIXES
 
 from ..choices import JobState, QueueState, StopReason
 from ..models import Job, JobEvent, PriorityClass, Queue, WorkloadPolicy
@@ -24,7 +28,6 @@ from .lifecycle import job_event, job_transition
 from .raises import effective_class_for, higher_class, project_grant_classes
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-RESERVED_ENV_PREFIXES = ("SLUICE_", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
 MAX_COMMAND_BYTES = 64 * 1024
 MAX_JSON_BYTES = 64 * 1024
 MAX_ARRAY = 10_000
@@ -134,8 +137,13 @@ def _validate_shapes(spec: JobSpec) -> None:
     for key, value in spec.env.items():
         if not isinstance(key, str) or not ENV_NAME.match(key):
             _fail("env", f"{key!r} is not a valid environment variable name.")
-        if key.startswith(RESERVED_ENV_PREFIXES):
-            _fail("env", f"{key} is set by Sluice and cannot be given.")
+        if key in RESERVED_ENV_NAMES or key.startswith(RESERVED_ENV_PREFIXES):
+            _fail(
+                "env",
+                f"{key} is set by Sluice on the node and cannot be given "
+                f"(reserved: {', '.join(sorted(RESERVED_ENV_NAMES))} and SLUICE_*).",
+                code="reserved_env",
+            )
         if not isinstance(value, str) or "\x00" in value:
             _fail("env", f"The value of {key} must be a string.")
     if _json_size(spec.env) > MAX_JSON_BYTES:
@@ -182,6 +190,56 @@ def _check_access(user, spec: JobSpec, lookups: Lookups) -> None:
     if queue.state != QueueState.OPEN:
         _fail(
             "queue", f"Queue {queue} is {queue.state}: it takes no new jobs.", code="queue_closed"
+        )
+
+
+def _check_node_path(field_name: str, value: str, tenant_slug: str) -> str:
+    """A directory on the node: relative inside the job's own directory, or absolute under
+    one of the site's roots for the tenant (``SLUICE_JOB_PATH_ROOTS``). Returns it
+    normalized; the agent checks again where it resolves links."""
+    if not isinstance(value, str):
+        _fail(field_name, f"{field_name} must be a path.")
+    if not value:
+        return ""
+    if "\x00" in value or len(value) > 500:
+        _fail(field_name, f"{field_name} must be a path of at most 500 characters.")
+    path = PurePosixPath(value)
+    if ".." in path.parts:
+        _fail(field_name, f"{field_name} must not contain '..': it stays inside the job's directory.")
+    if not path.is_absolute():
+        return str(path)
+    roots = [r.replace("{tenant}", tenant_slug) for r in settings.SLUICE_JOB_PATH_ROOTS]
+    if any(path == PurePosixPath(r) or PurePosixPath(r) in path.parents for r in roots):
+        return str(path)
+    where = f" or a path under {', '.join(roots)}" if roots else ""
+    _fail(
+        field_name,
+        f"{field_name} {value!r} is outside the job's directory: give a relative path "
+        f"(it is created inside the job's own directory){where}.",
+        code="path_not_allowed",
+    )
+    return ""  # not reached: _fail raises
+
+
+def _check_node_paths(spec: JobSpec) -> None:
+    slug = spec.project.tenant.slug
+    spec.working_dir = _check_node_path("working_dir", spec.working_dir, slug)
+    spec.checkpoint_dir = _check_node_path("checkpoint_dir", spec.checkpoint_dir, slug)
+
+
+def _check_unix_account(user, spec: JobSpec, lookups: Lookups) -> None:
+    tenant = spec.project.tenant
+    account = lookups.get(
+        ("unix_account", tenant.pk, user.pk),
+        lambda: job_unix_account(tenant=tenant, username=user.get_username()),
+    )
+    if not account:
+        _fail(
+            "project",
+            f"No Unix account on the nodes maps to you in {tenant}: the site runs jobs as "
+            f"{settings.SLUICE_JOB_ACCOUNT!r} and your user name is not a valid account name. "
+            "Ask a platform admin to set the tenant's Unix account.",
+            code="no_unix_account",
         )
 
 
@@ -343,6 +401,8 @@ def job_validate(*, user, spec: JobSpec, lookups: Lookups | None = None) -> tupl
     lookups = lookups or Lookups()
     _validate_shapes(spec)
     _check_access(user, spec, lookups)
+    _check_node_paths(spec)
+    _check_unix_account(user, spec, lookups)
     policy = lookups.get(
         ("policy", spec.workload_type),
         lambda: (
