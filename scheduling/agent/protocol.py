@@ -18,14 +18,37 @@ serializer ``json``); see :func:`node_queue_name` and
 ``launch``
     ``job_id`` int, ``attempt`` int, ``name`` str, ``command`` [str, ...] (argv), ``shell``
     bool (true: run ``/bin/sh -c command[0] <name> command[1:]...``), ``env`` {str: str},
-    ``working_dir`` str ("" = the job directory), ``gpu_indices`` [int], ``gpu_uuids``
+    ``working_dir`` str ("" = the job's workspace), ``gpu_indices`` [int], ``gpu_uuids``
     [str] (may be empty; when given they must match the node's GPUs at those indices),
-    ``checkpoint_dir`` str ("" = ``<jobdir>/checkpoints``), ``array_index`` int | None,
+    ``checkpoint_dir`` str ("" = ``workspace/checkpoints``), ``array_index`` int | None,
     ``grace_seconds`` int, ``sent_at`` float (unix time); optional ``retention_days``
     number (how long the node keeps the job's directory, with its checkpoints, after the
-    job ended; absent: the agent's ``--retention-days``). The job runs in its own process
-    group under ``<work>/jobs/<job_id>-<attempt>/`` with ``CUDA_VISIBLE_DEVICES`` (the
-    indices), ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, ``SLUICE_JOB_ID``, ``SLUICE_ATTEMPT``,
+    job ended; absent: the agent's ``--retention-days``).
+
+    Isolation fields, all optional (a message without them is valid and gets the
+    defaults): ``tenant`` str (the tenant's slug, "" if unknown; default ""), ``run_as``
+    str (the Unix account the job runs as, chosen by the portal; "" = ``sluice-<tenant>``,
+    or ``sluice-job`` without a tenant; must match :data:`ACCOUNT_NAME_RE`), ``limits``
+    {``cpus`` number | null, ``memory_mb`` int | null, ``pids`` int | null} (null: no
+    limit; enforced through the job's cgroup where the node has cgroup v2; default all
+    null), ``log_cap_bytes`` int | null (output shipped at most; null = the agent's
+    ``--log-cap-mb``, 100 MiB by default).
+
+    The job runs in its own process group as ``run_as`` (when the agent runs as root; a
+    non-root agent runs jobs as itself and says so in ``register``'s ``isolation``). Its
+    directory ``<work>/jobs/<job_id>-<attempt>/`` (mode 0711, the agent's) holds the agent's
+    files (0600, unreadable to the job) and ``workspace/`` (0700, the job's account), the
+    job's cwd and ``HOME``. ``working_dir`` ("" = the workspace) and ``checkpoint_dir`` (""
+    = ``workspace/checkpoints``) are relative to the workspace and created there, without
+    ``..``; an absolute one must lie under one of the agent's ``--allowed-root``
+    directories (``{tenant}`` replaced by the launch's tenant) and exist already. Anything
+    else fails the launch (``exited`` / ``launch_failed``, the message names the field).
+    The environment is the node's few basics, the message's ``env`` less the reserved
+    names (:data:`RESERVED_ENV_NAMES`, :data:`RESERVED_ENV_PREFIXES`: dropped with a
+    warning; the portal refuses them at submission), then Sluice's own:
+    ``CUDA_VISIBLE_DEVICES`` and ``NVIDIA_VISIBLE_DEVICES`` (the indices; ``none`` for no
+    GPU in the latter), ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, ``HOME`` (the workspace), ``USER``
+    and ``LOGNAME`` (the account), ``SLUICE_JOB_ID``, ``SLUICE_ATTEMPT``,
     ``SLUICE_JOB_NAME``, ``SLUICE_NODE``, ``SLUICE_CHECKPOINT_DIR``, ``SLUICE_GPU_UUIDS``
     (when given) and ``SLUICE_ARRAY_INDEX`` (when not null); see
     :func:`scheduling.agent.runner.job_environment`. A launch whose GPUs are held by a job
@@ -50,7 +73,13 @@ report is a dict with ``type``, ``node``, ``sent_at`` (unix time) and:
 ``register`` (once at agent start)
     ``pool`` str | None, ``hostname``, ``agent_version``, ``protocol_version`` int, ``cpus``,
     ``memory_mb``, ``backend`` ("nvml" | "simulated"), ``gpus`` [{index, uuid, model, name,
-    memory_mb}], ``jobs`` [as in heartbeat].
+    memory_mb}], ``jobs`` [as in heartbeat]; optional ``isolation`` (what this node enforces,
+    see :func:`scheduling.agent.isolation.isolation_report`): {``run_as_user`` bool (jobs
+    run as their own account; false when the agent is not root), ``cgroup`` bool (jobs get
+    a cgroup v2 with the limits below), ``cgroup_controllers`` [str] (of cpu, memory, pids),
+    ``device_isolation`` bool (always false: GPUs are hidden through
+    ``CUDA_VISIBLE_DEVICES`` only), ``proc_hidden`` bool (/proc mounted with hidepid),
+    ``notes`` [str] (what is not enforced and why, in words)}.
 ``heartbeat`` (every ``--heartbeat`` seconds)
     ``gpus`` [{index, uuid, utilization (0-100 | None), memory_used_mb, temperature_c,
     power_w, processes: [{pid, memory_mb}]}] (sample values are None where the GPU does
@@ -61,7 +90,10 @@ report is a dict with ``type``, ``node``, ``sent_at`` (unix time) and:
     ``kills`` [{pid, gpu_index, killed: bool, message}] (``kill_process`` outcomes since the
     previous heartbeat).
 ``started``
-    ``job_id``, ``attempt``, ``pid`` (the job's process-group leader), ``started_at``.
+    ``job_id``, ``attempt``, ``pid`` (the job's process-group leader), ``started_at``;
+    optional ``isolation``: {``run_as`` str (the account), ``uid`` int, ``gid`` int,
+    ``cgroup`` str | null (its cgroup's path), ``limits`` {name: value} (the limits its
+    cgroup enforces; empty without one)}.
 ``exited``
     ``job_id``, ``attempt``, ``exit_code`` int | None, ``signal`` int | None,
     ``stop_reason`` None | a stop reason | ``"launch_failed"`` | ``"superseded"``,
@@ -71,7 +103,9 @@ report is a dict with ``type``, ``node``, ``sent_at`` (unix time) and:
     ``job_id``, ``attempt``, ``offset`` (byte offset of ``data`` in the job's log),
     ``data`` str (UTF-8, invalid bytes replaced; chunks are cut on character boundaries),
     at most :data:`LOG_CHUNK_BYTES` bytes each. Sent every ~2 s while there is new output,
-    and all remaining output before the ``exited`` report.
+    and all remaining output before the ``exited`` report. A job's output is shipped up to
+    its log cap (``log_cap_bytes``): the bytes ``[0, cap)``, then one chunk at offset
+    ``cap`` holding :func:`log_truncated_marker`, then nothing more (the job goes on).
 
 Delivery is at least once: after an agent restart or a broker outage a report may come
 twice, so the control side must treat every report idempotently (``log`` by offset,
@@ -151,6 +185,15 @@ RESERVED_ENV_NAMES = frozenset(
     }
 )
 RESERVED_ENV_PREFIXES = ("SLUICE_",)
+
+#: Unix account names a job may run as (as ``useradd`` accepts them, without ``$``).
+ACCOUNT_NAME_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+#: Tenant slugs: they end up in account names and in paths (``--allowed-root /d/{tenant}``).
+TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+#: Limits a launch may set (``limits``); a job's cgroup enforces them where it can.
+LIMIT_NAMES = ("cpus", "memory_mb", "pids")
+#: Output shipped per job attempt when the launch does not say (``log_cap_bytes``).
+DEFAULT_LOG_CAP_BYTES = 100 * 1024 * 1024
 LOG_CHUNK_BYTES = 64 * 1024
 LOG_INTERVAL_SECONDS = 2.0
 DEFAULT_HEARTBEAT_SECONDS = 5.0
@@ -216,6 +259,7 @@ _CHECKS = {
     "str_list": (_is_str_list, "a list of strings"),
     "int_list": (_is_int_list, "a list of integers"),
     "str_dict": (_is_str_dict, "an object of strings"),
+    "dict": (lambda v: isinstance(v, dict), "an object"),
 }
 
 _CONTROL_FIELDS: dict[str, dict[str, str]] = {
@@ -246,7 +290,13 @@ _CONTROL_FIELDS: dict[str, dict[str, str]] = {
 
 # Fields a message may leave out; checked when present.
 _OPTIONAL_CONTROL_FIELDS: dict[str, dict[str, str]] = {
-    LAUNCH: {"retention_days": "number"},
+    LAUNCH: {
+        "retention_days": "number",
+        "tenant": "str",
+        "run_as": "str",
+        "limits": "dict",
+        "log_cap_bytes": "int?",
+    },
 }
 
 _REPORT_FIELDS: dict[str, dict[str, str]] = {
@@ -272,6 +322,27 @@ _REPORT_FIELDS: dict[str, dict[str, str]] = {
         "finished_at": "number",
     },
     LOG: {"job_id": "int", "attempt": "int", "offset": "int", "data": "str"},
+}
+
+# Report fields an older agent leaves out; checked when present.
+_OPTIONAL_REPORT_FIELDS: dict[str, dict[str, str]] = {
+    REGISTER: {"isolation": "dict"},
+    STARTED: {"isolation": "dict"},
+}
+
+_NODE_ISOLATION_FIELDS = {
+    "run_as_user": "bool",
+    "cgroup": "bool",
+    "cgroup_controllers": "str_list",
+    "device_isolation": "bool",
+    "notes": "str_list",
+}
+_JOB_ISOLATION_FIELDS = {
+    "run_as": "str",
+    "uid": "int",
+    "gid": "int",
+    "cgroup": "str?",
+    "limits": "dict",
 }
 
 
@@ -300,6 +371,7 @@ def validate_control_message(message: Any) -> dict[str, Any]:
     if kind == LAUNCH:
         if message.get("retention_days", 0) < 0:
             raise ProtocolError("launch: 'retention_days' must not be negative")
+        _check_isolation_fields(message)
         if not message["command"]:
             raise ProtocolError("launch: 'command' must not be empty")
         if message["shell"] and not message["command"][0].strip():
@@ -311,6 +383,29 @@ def validate_control_message(message: Any) -> dict[str, Any]:
     return message
 
 
+def _check_isolation_fields(message: Mapping[str, Any]) -> None:
+    """The launch's isolation fields: names that can become accounts and path parts,
+    positive limits. Checked here so that the portal's builder fails loudly, not the node."""
+    tenant = message.get("tenant", "")
+    if tenant and not TENANT_RE.match(tenant):
+        raise ProtocolError(f"launch: 'tenant' {tenant!r} is not a tenant slug")
+    run_as = message.get("run_as", "")
+    if run_as and not ACCOUNT_NAME_RE.match(run_as):
+        raise ProtocolError(f"launch: 'run_as' {run_as!r} is not a Unix account name")
+    limits = message.get("limits", {})
+    for name in LIMIT_NAMES:
+        value = limits.get(name)
+        if value is None:
+            continue
+        valid = _is_number(value) if name == "cpus" else _is_int(value)
+        if not valid or value <= 0:
+            kind = "a positive number" if name == "cpus" else "a positive integer"
+            raise ProtocolError(f"launch: 'limits.{name}' must be {kind} or null")
+    cap = message.get("log_cap_bytes")
+    if cap is not None and cap <= 0:
+        raise ProtocolError("launch: 'log_cap_bytes' must be positive or null")
+
+
 def validate_report(report: Any) -> dict[str, Any]:
     """Check an agent → control report and return it; raise ProtocolError if invalid."""
     if not isinstance(report, dict):
@@ -320,6 +415,11 @@ def validate_report(report: Any) -> dict[str, Any]:
         raise ProtocolError(f"unknown report type {kind!r}")
     _check_fields(report, {"node": "str", "sent_at": "number"}, kind)
     _check_fields(report, _REPORT_FIELDS[kind], kind)
+    optional = _OPTIONAL_REPORT_FIELDS.get(kind, {})
+    _check_fields(report, {k: v for k, v in optional.items() if k in report}, kind)
+    if "isolation" in report and kind in (REGISTER, STARTED):
+        fields = _NODE_ISOLATION_FIELDS if kind == REGISTER else _JOB_ISOLATION_FIELDS
+        _check_fields(report["isolation"], fields, f"{kind} isolation")
     if kind == EXITED and report["stop_reason"] not in (None, *EXIT_STOP_REASONS):
         raise ProtocolError(f"exited: unknown stop_reason {report['stop_reason']!r}")
     return report
@@ -343,10 +443,19 @@ def launch_message(
     array_index: int | None = None,
     grace_seconds: int = 30,
     retention_days: float | None = None,
+    tenant: str = "",
+    run_as: str = "",
+    limits: Mapping[str, float | int | None] | None = None,
+    log_cap_bytes: int | None = None,
     sent_at: float | None = None,
 ) -> dict[str, Any]:
-    """Build and validate a ``launch`` message (``retention_days`` only when given)."""
+    """Build and validate a ``launch`` message (``retention_days`` only when given; the
+    isolation fields always, ``limits`` with every name of :data:`LIMIT_NAMES`)."""
     optional = {} if retention_days is None else {"retention_days": retention_days}
+    limits = dict(limits or {})
+    unknown = set(limits) - set(LIMIT_NAMES)
+    if unknown:
+        raise ProtocolError(f"launch: unknown limits {sorted(unknown)}")
     return validate_control_message(
         {
             "type": LAUNCH,
@@ -362,6 +471,10 @@ def launch_message(
             "checkpoint_dir": checkpoint_dir,
             "array_index": array_index,
             "grace_seconds": grace_seconds,
+            "tenant": tenant,
+            "run_as": run_as,
+            "limits": {name: limits.get(name) for name in LIMIT_NAMES},
+            "log_cap_bytes": log_cap_bytes,
             "sent_at": time.time() if sent_at is None else sent_at,
             **optional,
         }
@@ -399,9 +512,20 @@ def report(kind: str, node: str, **fields: Any) -> dict[str, Any]:
     return {"type": kind, "node": node, "sent_at": time.time(), **fields}
 
 
-def started_report(*, node: str, job_id: int, attempt: int, pid: int, started_at: float) -> dict:
-    """Build a ``started`` report."""
-    return report(STARTED, node, job_id=job_id, attempt=attempt, pid=pid, started_at=started_at)
+def started_report(
+    *,
+    node: str,
+    job_id: int,
+    attempt: int,
+    pid: int,
+    started_at: float,
+    isolation: dict[str, Any] | None = None,
+) -> dict:
+    """Build a ``started`` report (``isolation`` only when given)."""
+    optional = {} if isolation is None else {"isolation": isolation}
+    return report(
+        STARTED, node, job_id=job_id, attempt=attempt, pid=pid, started_at=started_at, **optional
+    )
 
 
 def exited_report(
@@ -427,6 +551,16 @@ def exited_report(
         message=message,
         finished_at=finished_at,
     )
+
+
+def log_truncated_marker(cap: int) -> str:
+    """The text of the last ``log`` chunk of a job whose output passed its cap."""
+    return f"\n[sluice: log truncated at {cap} bytes; the job goes on running]\n"
+
+
+def is_reserved_env_name(name: str) -> bool:
+    """True for an environment name only Sluice may set on the node."""
+    return name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES)
 
 
 def log_report(*, node: str, job_id: int, attempt: int, offset: int, data: str) -> dict:

@@ -1,5 +1,7 @@
 """The protocol module: builders produce valid messages, validators reject bad ones."""
 
+import re
+
 import pytest
 
 from scheduling.agent import protocol as p
@@ -13,8 +15,67 @@ def test_launch_message_has_every_field_of_the_protocol():
     assert set(message) == {
         "type", "job_id", "attempt", "name", "command", "shell", "env", "working_dir",
         "gpu_indices", "gpu_uuids", "checkpoint_dir", "array_index", "grace_seconds", "sent_at",
+        "tenant", "run_as", "limits", "log_cap_bytes",
     }  # fmt: skip
+    assert (message["tenant"], message["run_as"], message["log_cap_bytes"]) == ("", "", None)
+    assert message["limits"] == {"cpus": None, "memory_mb": None, "pids": None}
     assert p.validate_control_message(message) is message
+
+
+def test_a_launch_of_an_older_portal_without_isolation_fields_is_valid():
+    message = p.launch_message(job_id=1, attempt=1, name="x", command=["true"], gpu_indices=[0])
+    for name in ("tenant", "run_as", "limits", "log_cap_bytes"):
+        del message[name]
+    assert p.validate_control_message(message) is message
+
+
+def test_launch_isolation_fields_are_carried():
+    message = p.launch_message(
+        job_id=1, attempt=1, name="x", command=["true"], gpu_indices=[0], tenant="nlp",
+        run_as="sluice-nlp", limits={"cpus": 2.5, "memory_mb": 4096}, log_cap_bytes=1000,
+    )  # fmt: skip
+    assert (message["tenant"], message["run_as"], message["log_cap_bytes"]) == (
+        "nlp",
+        "sluice-nlp",
+        1000,
+    )
+    assert message["limits"] == {"cpus": 2.5, "memory_mb": 4096, "pids": None}
+    with pytest.raises(p.ProtocolError, match="unknown limits"):
+        p.launch_message(
+            job_id=1, attempt=1, name="x", command=["x"], gpu_indices=[0], limits={"gpus": 1}
+        )
+
+
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        ({"tenant": "../etc"}, "'tenant' '../etc' is not a tenant slug"),
+        ({"tenant": 3}, "'tenant' must be a string"),
+        ({"run_as": "root:0"}, "'run_as' 'root:0' is not a Unix account name"),
+        ({"run_as": "Sluice"}, "not a Unix account name"),
+        ({"run_as": "a" * 33}, "not a Unix account name"),
+        ({"limits": [1]}, "'limits' must be an object"),
+        ({"limits": {"cpus": 0}}, "'limits.cpus' must be a positive number"),
+        ({"limits": {"memory_mb": 1.5}}, "'limits.memory_mb' must be a positive integer"),
+        ({"limits": {"pids": -1}}, "'limits.pids' must be a positive integer"),
+        ({"limits": {"pids": True}}, "'limits.pids' must be a positive integer"),
+        ({"log_cap_bytes": 0}, "'log_cap_bytes' must be positive"),
+        ({"log_cap_bytes": "1"}, "'log_cap_bytes' must be an integer or null"),
+    ],
+)
+def test_invalid_isolation_fields_are_rejected(change, error):
+    message = p.launch_message(job_id=1, attempt=1, name="x", command=["true"], gpu_indices=[0])
+    message.update(change)
+    with pytest.raises(p.ProtocolError, match=re.escape(error)):
+        p.validate_control_message(message)
+
+
+def test_reserved_env_names():
+    for name in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "LD_PRELOAD", "PATH", "HOME",
+                 "SLUICE_JOB_ID", "SLUICE_ANYTHING"):  # fmt: skip
+        assert p.is_reserved_env_name(name), name
+    for name in ("PYTHONPATH", "FOO", "HF_HOME", "CUDA_HOME", "LD_PRELOADX"):
+        assert not p.is_reserved_env_name(name), name
 
 
 def test_stop_and_kill_messages_are_valid():
@@ -68,6 +129,32 @@ def test_reports_validate():
     assert p.validate_report(log)["type"] == "log"
     with pytest.raises(p.ProtocolError, match="missing field 'node'"):
         p.validate_report({"type": "started", "sent_at": 1.0})
+
+
+def test_isolation_of_register_and_started_reports_is_optional_and_checked():
+    started = p.started_report(node="n1", job_id=1, attempt=1, pid=5, started_at=1.0)
+    assert "isolation" not in started and p.validate_report(started)
+    isolation = {"run_as": "sluice-nlp", "uid": 990, "gid": 990, "cgroup": None, "limits": {}}
+    started = p.started_report(
+        node="n1", job_id=1, attempt=1, pid=5, started_at=1.0, isolation=isolation
+    )
+    assert p.validate_report(started)["isolation"]["uid"] == 990
+    started["isolation"] = {**isolation, "uid": "990"}
+    with pytest.raises(p.ProtocolError, match="started isolation: 'uid' must be an integer"):
+        p.validate_report(started)
+    register = p.report(
+        "register", "n1", pool=None, hostname="h", agent_version="1", cpus=1, memory_mb=1,
+        backend="simulated", gpus=[], jobs=[],
+    )  # fmt: skip
+    assert p.validate_report(register)
+    register["isolation"] = {
+        "run_as_user": False, "cgroup": False, "cgroup_controllers": [],
+        "device_isolation": False, "notes": ["jobs run as the agent's user (agent not root)"],
+    }  # fmt: skip
+    assert p.validate_report(register)
+    del register["isolation"]["notes"]
+    with pytest.raises(p.ProtocolError, match="register isolation: missing field 'notes'"):
+        p.validate_report(register)
 
 
 @pytest.mark.parametrize("name", ["gpu-01", "dgx.a100_3", "n1"])
