@@ -214,6 +214,7 @@ CELERY_TIMEZONE = TIME_ZONE
 # One beat schedule, in code (Read the Docs' habit); tasks are thin and idempotent.
 SLUICE_DISPATCH_INTERVAL = env_int("SLUICE_DISPATCH_INTERVAL", 5)
 SLUICE_CONTROL_INTERVAL = env_int("SLUICE_CONTROL_INTERVAL", 5)
+SLUICE_AUDIT_VERIFY_INTERVAL = env_int("SLUICE_AUDIT_VERIFY_INTERVAL", 3600)
 CELERY_BEAT_SCHEDULE = {
     "dispatch": {
         "task": "scheduling.dispatch",
@@ -223,8 +224,19 @@ CELERY_BEAT_SCHEDULE = {
         "task": "scheduling.control_sweep",
         "schedule": schedule(timedelta(seconds=SLUICE_CONTROL_INTERVAL)),
     },
+    "audit-verify": {
+        "task": "audit.verify",
+        "schedule": schedule(timedelta(seconds=SLUICE_AUDIT_VERIFY_INTERVAL)),
+    },
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+
+# --- Audit log (DESIGN §7): keyed hash chain, head anchored outside the database ---
+# Key of the chain's HMACs; derived from SECRET_KEY when empty. Set it on its own in production
+# (and keep it): with the derived key, rotating SECRET_KEY makes every keyed event fail to verify.
+SLUICE_AUDIT_KEY = env_str("SLUICE_AUDIT_KEY", "")
+# Where audit_verify keeps the verified head; somewhere the database's users cannot write.
+SLUICE_AUDIT_ANCHOR = Path(env_str("SLUICE_AUDIT_ANCHOR", str(VAR_DIR / "audit-anchor.json")))
 
 # --- Sluice behaviour ---
 SLUICE_USAGE_HALF_LIFE_SECONDS = env_int("SLUICE_USAGE_HALF_LIFE_SECONDS", 7 * 24 * 3600)

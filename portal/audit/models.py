@@ -1,10 +1,9 @@
 """The append-only, hash-chained audit log."""
 
-import hashlib
-import json
-
 from django.conf import settings
 from django.db import models
+
+from . import chain
 
 
 class AppendOnlyError(Exception):
@@ -23,8 +22,11 @@ class AuditEvent(models.Model):
     """One audited action: who did what to which object, before and after, chained by hash.
 
     ``hash`` covers every field and ``prev_hash``; changing any stored row breaks the chain,
-    which ``manage.py audit_verify`` detects. On PostgreSQL a trigger also rejects UPDATE and
-    DELETE on the table.
+    which ``manage.py audit_verify`` detects. New events are hashed with an HMAC keyed with
+    the server's audit key (``hash_version`` 2, see ``chain``), so write access to the database
+    alone cannot forge them; ``audit_verify`` also keeps the chain's head in an anchor file
+    outside the database, so deleting the newest events is detected too. Triggers (PostgreSQL
+    and SQLite) reject UPDATE and DELETE on the table.
     """
 
     created_at = models.DateTimeField(db_index=True)
@@ -46,6 +48,8 @@ class AuditEvent(models.Model):
     request_id = models.CharField(max_length=64, blank=True)
     prev_hash = models.CharField(max_length=64)
     hash = models.CharField(max_length=64, unique=True)
+    # No default: the writer says which hash it computed (rows from before version 2 are 1).
+    hash_version = models.PositiveSmallIntegerField()
 
     objects = AuditEventQuerySet.as_manager()
 
@@ -65,24 +69,8 @@ class AuditEvent(models.Model):
         raise AppendOnlyError("Audit events are append-only; they cannot be deleted.")
 
     def canonical_payload(self) -> str:
-        """The exact text the hash covers (stable key order, ISO time, ids not objects)."""
-        data = {
-            "created_at": self.created_at.isoformat(timespec="microseconds"),
-            "actor": self.actor_id,
-            "actor_label": self.actor_label,
-            "action": self.action,
-            "target_type": self.target_type,
-            "target_id": self.target_id,
-            "target_label": self.target_label,
-            "tenant": self.tenant_id,
-            "before": self.before,
-            "after": self.after,
-            "reason": self.reason,
-            "source_address": self.source_address,
-            "request_id": self.request_id,
-            "prev_hash": self.prev_hash,
-        }
-        return json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+        """The exact text the hash covers (see ``chain.canonical_payload``)."""
+        return chain.canonical_payload(self)
 
     def compute_hash(self) -> str:
-        return hashlib.sha256(self.canonical_payload().encode()).hexdigest()
+        return chain.event_hash(self)

@@ -1,17 +1,29 @@
-"""Writing audit events. Call inside the transaction that makes the audited change."""
+"""Writing audit events (call inside the transaction that makes the audited change), and
+verifying the log: the hash chain, the anchor outside the database, the append-only guard."""
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
+from django.core.cache import cache
 from django.db import connection, transaction
 from django.utils import timezone
 
 from portal.middleware import current_request_context
 
+from . import chain
+from .anchor import Anchor, AnchorError, anchor_path, anchor_read, anchor_write
+from .db import append_only_guard_missing
 from .models import AuditEvent
 
-GENESIS_HASH = "0" * 64
+log = logging.getLogger(__name__)
+
+GENESIS_HASH = chain.GENESIS_HASH
+# The last verification's outcome, for the audit page (derived state: losing it loses nothing).
+LAST_VERIFICATION_CACHE_KEY = "audit:last-verification"
 # Any constant works; it only has to be the same for every writer of the chain.
 _CHAIN_LOCK_KEY = 0x5_1C_E_A0D1
 
@@ -65,28 +77,218 @@ def audit_record(
         source_address=context["source_address"],
         request_id=context["request_id"],
         prev_hash=last or GENESIS_HASH,
+        hash_version=chain.KEYED,
     )
     event.hash = event.compute_hash()
     event.save()
     return event
 
 
+@dataclass
+class _ChainWalk:
+    checked: int = 0
+    head: AuditEvent | None = None
+    broken: AuditEvent | None = None
+    why: str = ""
+    # (position, hash) of the anchored event, when the walk met it.
+    anchored_seen: tuple[int, str] | None = None
+
+
+def _walk_chain(anchored_id: int | None = None) -> _ChainWalk:
+    """Recompute every event's hash and link, oldest first; stop at the first broken one."""
+    walk = _ChainWalk()
+    prev = GENESIS_HASH
+    keyed_seen = False
+    last_plain = None
+    for event in AuditEvent.objects.order_by("id").iterator(chunk_size=2000):
+        walk.checked += 1
+        if event.pk == anchored_id:
+            walk.anchored_seen = (walk.checked, event.hash)
+        problem = ""
+        if event.prev_hash != prev:
+            problem = "prev_hash does not match the previous event's hash (deleted or reordered)"
+        elif event.hash_version not in chain.HASH_VERSIONS:
+            problem = f"unknown hash version {event.hash_version}"
+        elif event.hash_version == chain.PLAIN and keyed_seen:
+            problem = (
+                "a plain-hash event after keyed ones (rewritten with the unkeyed hash function)"
+            )
+        elif event.compute_hash() != event.hash:
+            problem = (
+                "content does not match its hash (changed after it was written, "
+                "or hashed without the server's audit key)"
+            )
+        if problem:
+            walk.broken, walk.why = event, problem
+            return walk
+        if event.hash_version == chain.PLAIN:
+            last_plain = event
+        else:
+            keyed_seen = True
+        walk.head = event
+        prev = event.hash
+    if last_plain is not None and not keyed_seen:
+        # Migration 0004 seals plain events with a keyed one; a log of plain events only
+        # was written (or rewritten) by someone without the audit key.
+        walk.broken = last_plain
+        walk.why = (
+            "the log ends with plain-hash events that no keyed event seals "
+            "(rewritten with the unkeyed hash function)"
+        )
+    return walk
+
+
 def audit_verify_chain() -> tuple[int, AuditEvent | None, str]:
     """Recompute the chain. Returns (events checked, first broken event or None, what broke)."""
-    prev = GENESIS_HASH
-    checked = 0
-    for event in AuditEvent.objects.order_by("id").iterator(chunk_size=2000):
-        checked += 1
-        if event.prev_hash != prev:
-            return (
-                checked,
-                event,
-                "prev_hash does not match the previous event's hash (deleted or reordered)",
-            )
-        if event.compute_hash() != event.hash:
-            return checked, event, "content does not match its hash (changed after it was written)"
-        prev = event.hash
-    return checked, None, ""
+    walk = _walk_chain()
+    return walk.checked, walk.broken, walk.why
+
+
+@dataclass
+class AuditVerification:
+    """The outcome of one ``audit_verify`` run."""
+
+    verified_at: datetime
+    checked: int = 0
+    head: AuditEvent | None = None
+    broken: AuditEvent | None = None
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    anchor_before: Anchor | None = None
+    anchor_written: Anchor | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def as_dict(self) -> dict:
+        """A JSON-safe summary (kept in the cache for the audit page)."""
+        return {
+            "ok": self.ok,
+            "verified_at": self.verified_at.isoformat(),
+            "checked": self.checked,
+            "head_id": self.head.pk if self.head else None,
+            "broken_id": self.broken.pk if self.broken else None,
+            "problems": list(self.problems),
+            "notes": list(self.notes),
+            "anchor_id": (self.anchor_written or self.anchor_before).last_id
+            if (self.anchor_written or self.anchor_before)
+            else None,
+        }
+
+
+def _anchor_problems(anchor: Anchor, walk: _ChainWalk) -> list[str]:
+    """What the anchor says was there and is not any more."""
+    head_id = walk.head.pk if walk.head else None
+    if walk.anchored_seen is None:
+        if walk.broken is not None and walk.broken.pk <= anchor.last_id:
+            return []  # the walk stopped before reaching it; the chain problem says why
+        if head_id is None or head_id < anchor.last_id:
+            return [
+                f"events deleted after the anchor: the log now ends at "
+                f"{'event ' + str(head_id) if head_id else 'nothing'} ({walk.checked} events), "
+                f"but {anchor.describe()} was there"
+            ]
+        return [f"the anchored event {anchor.last_id} is gone: {anchor.describe()} was there"]
+    position, stored_hash = walk.anchored_seen
+    problems = []
+    if stored_hash != anchor.hash:
+        problems.append(f"the anchored event {anchor.last_id} was replaced (its hash changed)")
+    if position != anchor.count:
+        problems.append(
+            f"{position} events up to event {anchor.last_id}, but the anchor counted "
+            f"{anchor.count}: events before it were deleted or inserted"
+        )
+    return problems
+
+
+def audit_verify(*, update_anchor: bool = True, reset_anchor_reason: str = "") -> AuditVerification:
+    """Verify the whole log and move the anchor to the verified head.
+
+    Checks the hash chain (every event, oldest first), the anchor file (the anchored event is
+    still there with the same hash and position), and the database's append-only guard. The
+    anchor moves only when everything passed. ``reset_anchor_reason`` accepts the current log
+    as the new reference after an operator looked into a reported anchor problem; the reset is
+    itself an audit event. The outcome is also kept for the audit page.
+    """
+    result = AuditVerification(verified_at=timezone.now())
+    try:
+        result.anchor_before = anchor_read()
+    except AnchorError as exc:
+        if not reset_anchor_reason:
+            result.problems.append(str(exc))
+        anchor_error = str(exc)
+    else:
+        anchor_error = ""
+    if reset_anchor_reason:
+        audit_record(
+            action="audit.anchor_reset",
+            target_type="audit.anchor",
+            target_id=str(anchor_path()),
+            target_label="audit chain anchor",
+            before={"anchor": anchor_error or _anchor_dict(result.anchor_before)},
+            reason=reset_anchor_reason,
+        )
+        result.notes.append("anchor reset: the log as it is now becomes the reference")
+        result.anchor_before = None
+
+    anchored_id = result.anchor_before.last_id if result.anchor_before else None
+    walk = _walk_chain(anchored_id)
+    result.checked, result.head, result.broken = walk.checked, walk.head, walk.broken
+    if walk.broken is not None:
+        result.problems.append(
+            f"Audit chain broken at event {walk.broken.pk} "
+            f"({walk.broken.created_at:%Y-%m-%d %H:%M:%S}, {walk.broken.action}): {walk.why}"
+        )
+    if result.anchor_before is not None:
+        result.problems.extend(_anchor_problems(result.anchor_before, walk))
+    missing = append_only_guard_missing(connection)
+    if missing:
+        result.problems.append(
+            "the database's append-only guard is missing or disabled "
+            f"(trigger {', '.join(missing)}); run manage.py migrate to restore it, and find out "
+            "who removed it"
+        )
+
+    if result.ok and (update_anchor or reset_anchor_reason):
+        _anchor_move(result, reset=bool(reset_anchor_reason))
+    cache.set(LAST_VERIFICATION_CACHE_KEY, result.as_dict(), timeout=None)
+    return result
+
+
+def _anchor_dict(anchor: Anchor | None) -> dict | None:
+    if anchor is None:
+        return None
+    return {"last_id": anchor.last_id, "count": anchor.count, "hash": anchor.hash}
+
+
+def _anchor_move(result: AuditVerification, *, reset: bool) -> None:
+    if result.head is None:
+        result.notes.append("the log is empty: nothing to anchor yet")
+        return
+    if result.anchor_before is None and not reset:
+        result.notes.append(f"no anchor yet: anchoring at event {result.head.pk}")
+    if not reset:
+        # Another run may have anchored further meanwhile; an anchor never moves back.
+        try:
+            current = anchor_read()
+        except AnchorError:
+            current = None
+        if current is not None and current.count > result.checked:
+            return
+    anchor = Anchor(
+        last_id=result.head.pk,
+        count=result.checked,
+        hash=result.head.hash,
+        verified_at=result.verified_at.isoformat(timespec="seconds"),
+    )
+    anchor_write(anchor)
+    result.anchor_written = anchor
+
+
+def audit_last_verification() -> dict | None:
+    """The last ``audit_verify`` outcome (see ``AuditVerification.as_dict``), if known."""
+    return cache.get(LAST_VERIFICATION_CACHE_KEY)
 
 
 def snapshot_fields(obj, fields: list[str]) -> dict:

@@ -11,9 +11,11 @@ from django.core.paginator import Paginator
 from django.http import StreamingHttpResponse
 from django.shortcuts import render
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from .filters import AuditEventFilter
 from .selectors import audit_events_visible_to, audit_tenant_slugs, may_read_audit_log
+from .services import audit_last_verification
 
 CSV_COLUMNS = [
     "id",
@@ -57,8 +59,17 @@ def audit_list(request):
             "page": page,
             "query": query.urlencode(),
             "tenant_slugs": audit_tenant_slugs(request.user),
+            # The whole log's integrity is a platform matter: tenant admins see their events only.
+            "verification": _verification_for_page() if request.user.is_staff else None,
         },
     )
+
+
+def _verification_for_page() -> dict:
+    last = audit_last_verification()
+    if last is None:
+        return {"known": False}
+    return {**last, "known": True, "verified_at": parse_datetime(last["verified_at"])}
 
 
 class _Echo:

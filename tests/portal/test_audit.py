@@ -1,20 +1,20 @@
-"""The audit log is append-only and hash-chained; tampering is detected or refused."""
+"""The audit log is append-only and hash-chained; tampering is detected or refused.
+
+The database refuses UPDATE and DELETE (triggers on PostgreSQL and SQLite); the tampering
+tests play an attacker who can write the database and removes that guard first.
+"""
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, connection, models, transaction
 
+from portal.audit import chain as audit_chain
+from portal.audit.db import append_only_guard_ensure, append_only_guard_missing
 from portal.audit.models import AppendOnlyError, AuditEvent
 from portal.audit.services import GENESIS_HASH, audit_record, audit_verify_chain
 from tenants import services as tenant_services
 from tests import factories as f
-
-on_postgresql = pytest.mark.skipif(
-    connection.vendor != "postgresql", reason="the append-only trigger exists on PostgreSQL only"
-)
-on_sqlite = pytest.mark.skipif(
-    connection.vendor != "sqlite", reason="raw tampering is refused by the trigger elsewhere"
-)
+from tests.audit_helpers import append_only_guard_dropped, tamper
 
 
 @pytest.fixture
@@ -33,6 +33,7 @@ def test_events_are_chained_by_hash(chain):
     assert chain[1].prev_hash == chain[0].hash
     assert chain[2].prev_hash == chain[1].hash
     assert all(e.hash == e.compute_hash() for e in chain)
+    assert {e.hash_version for e in chain} == {audit_chain.KEYED}
     assert chain[1].before["name"] == "Language"
     assert chain[1].after["name"] == "Language models"
     assert chain[2].actor_label == "root"
@@ -50,13 +51,9 @@ def test_audit_verify_passes_on_an_empty_log(db, capsys):
     assert "0 events verified" in capsys.readouterr().out
 
 
-@on_sqlite
 def test_raw_sql_change_of_a_row_is_detected(chain):
     victim = chain[1]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE audit_auditevent SET reason = %s WHERE id = %s", ["nothing happened", victim.pk]
-        )
+    tamper("UPDATE audit_auditevent SET reason = %s WHERE id = %s", ["nothing happened", victim.pk])
 
     with pytest.raises(CommandError) as excinfo:
         call_command("audit_verify")
@@ -66,10 +63,8 @@ def test_raw_sql_change_of_a_row_is_detected(chain):
     assert "changed after it was written" in str(excinfo.value)
 
 
-@on_sqlite
 def test_raw_sql_delete_of_a_row_is_detected(chain):
-    with connection.cursor() as cursor:
-        cursor.execute("DELETE FROM audit_auditevent WHERE id = %s", [chain[1].pk])
+    tamper("DELETE FROM audit_auditevent WHERE id = %s", [chain[1].pk])
 
     checked, broken, why = audit_verify_chain()
 
@@ -79,17 +74,15 @@ def test_raw_sql_delete_of_a_row_is_detected(chain):
         call_command("audit_verify")
 
 
-@on_sqlite
 def test_rewriting_a_row_with_a_fresh_hash_still_breaks_the_chain(chain):
     """A forger who recomputes the changed row's hash breaks the next row's link instead."""
     victim = chain[0]
     victim.reason = "forged"
     new_hash = victim.compute_hash()
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE audit_auditevent SET reason = %s, hash = %s WHERE id = %s",
-            ["forged", new_hash, victim.pk],
-        )
+    tamper(
+        "UPDATE audit_auditevent SET reason = %s, hash = %s WHERE id = %s",
+        ["forged", new_hash, victim.pk],
+    )
 
     _, broken, why = audit_verify_chain()
 
@@ -97,7 +90,6 @@ def test_rewriting_a_row_with_a_fresh_hash_still_breaks_the_chain(chain):
     assert "prev_hash" in why
 
 
-@on_postgresql
 @pytest.mark.parametrize(
     "sql",
     [
@@ -105,7 +97,8 @@ def test_rewriting_a_row_with_a_fresh_hash_still_breaks_the_chain(chain):
         "DELETE FROM audit_auditevent WHERE id = %s",
     ],
 )
-def test_postgresql_trigger_rejects_raw_update_and_delete(chain, sql):
+def test_database_trigger_rejects_raw_update_and_delete(chain, sql):
+    """PostgreSQL and SQLite alike: the database itself refuses, and nothing changes."""
     victim = chain[0]
     with (
         pytest.raises(DatabaseError, match="append-only"),
@@ -116,7 +109,32 @@ def test_postgresql_trigger_rejects_raw_update_and_delete(chain, sql):
 
     stored = AuditEvent.objects.get(pk=victim.pk)
     assert stored.reason == victim.reason
+    assert stored.hash == victim.hash
+    assert AuditEvent.objects.count() == 3
     call_command("audit_verify")
+
+
+def test_database_trigger_rejects_orm_update_and_delete_that_skip_the_model(chain):
+    """A plain QuerySet (not the model's append-only one) still meets the trigger."""
+    plain = models.QuerySet(model=AuditEvent)
+    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
+        plain.filter(pk=chain[0].pk).update(reason="changed")
+    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
+        plain.filter(pk=chain[2].pk).delete()
+
+    assert AuditEvent.objects.count() == 3
+    assert AuditEvent.objects.get(pk=chain[0].pk).reason == ""
+
+
+def test_the_guard_is_reported_missing_and_put_back_by_migrate(chain):
+    assert append_only_guard_missing(connection) == []
+    with append_only_guard_dropped():
+        assert append_only_guard_missing(connection) != []
+        with pytest.raises(CommandError, match="append-only guard is missing"):
+            call_command("audit_verify")
+        append_only_guard_ensure(connection)  # what post_migrate does
+        assert append_only_guard_missing(connection) == []
+    assert append_only_guard_missing(connection) == []
 
 
 def test_saving_an_existing_event_raises(chain):

@@ -16,6 +16,7 @@ from scheduling.services import raises
 from scheduling.services.jobs import JobSpec, job_submit, job_submit_bulk
 from scheduling.services.sweeps import CHECKS, control_sweep
 from tests import factories as f
+from tests.audit_helpers import tamper
 from tests.raise_helpers import ask
 
 T0 = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
@@ -618,24 +619,24 @@ def test_only_platform_admins_set_the_ceiling_and_it_is_audited(world, urgent):
 # --- the audit chain over raises -------------------------------------------------------------
 
 
-@pytest.mark.skipif(connection.vendor != "sqlite", reason="PostgreSQL refuses the raw change")
-def test_tampering_with_a_raise_audit_row_is_found_by_audit_verify(world, ceiling, job):
+def test_tampering_with_a_raise_audit_row_is_found_by_audit_verify(
+    world, ceiling, job, settings, tmp_path
+):
+    settings.SLUICE_AUDIT_ANCHOR = tmp_path / "audit-anchor.json"
     raise_ = ask(world, job)
     raises.priority_raise_approve(raise_=raise_, user=world.tenant_admin)
     call_command("audit_verify")
     approval = AuditEvent.objects.get(action="priority_raise.approve")
 
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE audit_auditevent SET actor_label = %s WHERE id = %s",
-            ["nlp-member", approval.pk],
-        )
+    # Someone with write access to the database, past its append-only trigger.
+    tamper(
+        "UPDATE audit_auditevent SET actor_label = %s WHERE id = %s", ["nlp-member", approval.pk]
+    )
 
     with pytest.raises(CommandError, match=f"broken at event {approval.pk}"):
         call_command("audit_verify")
 
 
-@pytest.mark.skipif(connection.vendor != "postgresql", reason="the trigger exists on PostgreSQL")
 @pytest.mark.parametrize(
     "sql",
     [
@@ -643,7 +644,7 @@ def test_tampering_with_a_raise_audit_row_is_found_by_audit_verify(world, ceilin
         "DELETE FROM audit_auditevent WHERE id = %s",
     ],
 )
-def test_postgresql_rejects_raw_update_and_delete_of_raise_events(world, ceiling, job, sql):
+def test_the_database_rejects_raw_update_and_delete_of_raise_events(world, ceiling, job, sql):
     ask(world, job)
     row = AuditEvent.objects.get(action="priority_raise.request")
 

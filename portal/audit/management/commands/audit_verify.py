@@ -1,16 +1,46 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from portal.audit.services import audit_verify_chain
+from portal.audit.anchor import anchor_path
+from portal.audit.services import audit_verify
 
 
 class Command(BaseCommand):
-    help = "Recompute the audit log's hash chain and report the first broken link."
+    help = (
+        "Recompute the audit log's hash chain, check it against the anchor file outside the "
+        "database (events deleted after the last verification) and the database's append-only "
+        "guard; then move the anchor to the verified head. Exits non-zero on any problem."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--no-anchor-update",
+            action="store_true",
+            help="Check only; leave the anchor file as it is.",
+        )
+        parser.add_argument(
+            "--reset-anchor",
+            metavar="REASON",
+            default="",
+            help=(
+                "Accept the log as it is now as the new reference (after looking into a reported "
+                "anchor problem). Writes an audit event with REASON. The chain must still verify."
+            ),
+        )
 
     def handle(self, *args, **options):
-        checked, broken, why = audit_verify_chain()
-        if broken is not None:
+        result = audit_verify(
+            update_anchor=not options["no_anchor_update"],
+            reset_anchor_reason=options["reset_anchor"].strip(),
+        )
+        for note in result.notes:
+            self.stdout.write(note)
+        if not result.ok:
             raise CommandError(
-                f"Audit chain broken at event {broken.pk} ({broken.created_at:%Y-%m-%d %H:%M:%S}, "
-                f"{broken.action}): {why}. {checked} events read."
+                "; ".join(result.problems) + f". {result.checked} events read. "
+                f"Anchor file: {anchor_path()}."
             )
-        self.stdout.write(self.style.SUCCESS(f"Audit chain intact: {checked} events verified."))
+        message = f"Audit chain intact: {result.checked} events verified."
+        anchor = result.anchor_written or result.anchor_before
+        if anchor is not None:
+            message += f" Anchor: {anchor.describe()} in {anchor_path()}."
+        self.stdout.write(self.style.SUCCESS(message))
