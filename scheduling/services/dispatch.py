@@ -15,12 +15,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.cache import cache
 from django.db import connection, transaction
 from django.utils import timezone
 
 from portal.audit.services import audit_record
 from scheduling.agent.protocol import launch_message
+from tenants.selectors import job_unix_account
 
 from .. import engine
 from ..choices import ACTIVE_STATES, GpuHealth, JobState, NodeState, QueueState, StopReason
@@ -28,6 +30,8 @@ from ..models import Allocation, Gpu, Job, JobEvent, Node, Queue, Quota, TenantU
 from .lifecycle import jobs_transition_bulk
 from .messaging import send_node_messages
 from .stopping import job_stop
+
+MIB = 1024 * 1024
 
 log = logging.getLogger(__name__)
 
@@ -303,11 +307,12 @@ def load_snapshot(now: datetime, *, update_usage: bool = True) -> Loaded:
 def launch_messages(
     job: Job,
     gpus_by_node: dict[str, list[tuple[int, str]]],
-    grace: int,
-    retention_days: int | None = None,
+    policy: WorkloadPolicy | None,
+    run_as: str,
 ) -> list[tuple[str, dict]]:
-    """One ``launch`` per node of the job, with that node's GPU indices and UUIDs (and how
-    long the node keeps the job's directory and checkpoints after it ends)."""
+    """One ``launch`` per node of the job, with that node's GPU indices and UUIDs, the
+    Unix account it runs as, the limits its policy sets (cgroup on the node, scaled by the
+    GPUs it holds there), its log cap and how long the node keeps its directory."""
     messages = []
     for node_name, gpus in sorted(gpus_by_node.items()):
         gpus = sorted(gpus)
@@ -323,27 +328,54 @@ def launch_messages(
             gpu_uuids=[g[1] for g in gpus],
             checkpoint_dir=job.checkpoint_dir,
             array_index=job.array_index,
-            grace_seconds=grace,
-            retention_days=retention_days,
+            grace_seconds=policy.stop_grace_seconds if policy else 30,
+            retention_days=policy.retention_days if policy else None,
+            tenant=job.tenant.slug,
+            run_as=run_as,
+            limits=node_limits(policy, max(1, len(gpus))),
+            log_cap_bytes=policy.log_cap_mb * MIB if policy else None,
         )
         messages.append((node_name, message))
     return messages
 
 
+def node_limits(policy: WorkloadPolicy | None, gpus: int) -> dict[str, float | int | None]:
+    """The cgroup limits of a job on one node: its policy's per-GPU values times the GPUs
+    it holds there (None: no limit)."""
+    if policy is None:
+        return {"cpus": None, "memory_mb": None, "pids": None}
+    cpus = policy.cpu_limit_per_gpu
+    memory = policy.memory_limit_mb_per_gpu
+    return {
+        "cpus": round(cpus * gpus, 2) if cpus else None,
+        "memory_mb": memory * gpus if memory else None,
+        "pids": policy.pids_limit,
+    }
+
+
+def job_accounts(jobs: list[Job]) -> dict[int, str]:
+    """The Unix account each job runs as (one query for the submitters' names when the
+    site maps accounts per user)."""
+    usernames: dict[int, str] = {}
+    if "{user}" in settings.SLUICE_JOB_ACCOUNT:
+        user_ids = {j.submitted_by_id for j in jobs}
+        usernames = dict(
+            get_user_model().objects.filter(pk__in=user_ids).values_list("pk", "username")
+        )
+    return {
+        j.id: job_unix_account(tenant=j.tenant, username=usernames.get(j.submitted_by_id, ""))
+        for j in jobs
+    }
+
+
 def _launch_messages(
-    job: Job, allocations: list[Allocation], loaded: Loaded
+    job: Job, allocations: list[Allocation], loaded: Loaded, run_as: str
 ) -> list[tuple[str, dict]]:
     gpus_by_node: dict[str, list[tuple[int, str]]] = defaultdict(list)
     for alloc in allocations:
         node_id, index, uuid = loaded.gpus[alloc.gpu_id]
         gpus_by_node[loaded.node_names[node_id]].append((index, uuid))
-    policy = loaded.policies.get(job.workload_type)
-    return launch_messages(
-        job,
-        gpus_by_node,
-        policy.stop_grace_seconds if policy else 30,
-        policy.retention_days if policy else None,
-    )
+    return launch_messages(job, gpus_by_node, loaded.policies.get(job.workload_type), run_as)
 
 
 def _ready_placements(plan: engine.Plan, loaded: Loaded) -> list[engine.Placement]:
@@ -410,8 +442,9 @@ def _apply_placements(plan: engine.Plan, loaded: Loaded, now: datetime) -> list[
         estimated_start=None,
     )
     messages = []
+    accounts = job_accounts(jobs)
     for job in jobs:
-        messages.extend(_launch_messages(job, allocations[job.id], loaded))
+        messages.extend(_launch_messages(job, allocations[job.id], loaded, accounts[job.id]))
     return messages
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import F, Q, Subquery
 from django.utils import timezone
 
 from portal.audit.services import audit_record
@@ -33,6 +33,9 @@ from .lifecycle import (
 )
 from .messaging import send_node_message
 from .waste import gpu_hours_left, reclaim_record_add
+
+#: Log cap of a job whose workload type has no policy (the policy's default).
+DEFAULT_LOG_CAP_MB = 100
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +78,7 @@ def node_register(report: dict) -> Node:
     node.backend = report.get("backend", "")[:20]
     node.cpus = int(report.get("cpus") or 0)
     node.memory_mb = int(report.get("memory_mb") or 0)
+    node.isolation = _isolation(report.get("isolation"))
     node.registered_at = node.last_heartbeat = now
     if was_down:
         node.state = NodeState.READY
@@ -101,6 +105,21 @@ def node_register(report: dict) -> Node:
     _reconcile_jobs(node, report.get("jobs", []))
     _dispatch_on_commit()
     return node
+
+
+def _isolation(reported) -> dict:
+    """What the agent said it enforces; an agent too old to say enforces nothing known."""
+    if not isinstance(reported, dict):
+        return {"reported": False, "notes": ["the agent did not report what it enforces"]}
+    notes = reported.get("notes")
+    return {
+        "reported": True,
+        "run_as_user": bool(reported.get("run_as_user")),
+        "cgroup": bool(reported.get("cgroup")),
+        "cgroup_controllers": [str(c)[:20] for c in reported.get("cgroup_controllers") or []][:10],
+        "device_isolation": bool(reported.get("device_isolation")),
+        "notes": [str(n)[:300] for n in notes][:10] if isinstance(notes, list) else [],
+    }
 
 
 def _reconcile_jobs(node: Node, reported: list[dict]) -> None:
@@ -340,18 +359,39 @@ def job_log_path(job_id: int, attempt: int) -> Path:
 
 
 def job_log_append(report: dict) -> None:
-    """Write a chunk of a job's output at its offset (idempotent: a resent chunk overwrites itself)."""
-    path = job_log_path(int(report["job_id"]), int(report.get("attempt", 0)))
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write a chunk of a job's output at its offset (idempotent: a resent chunk overwrites
+    itself). What lies beyond the job's log cap (its policy's ``log_cap_mb``) is dropped and
+    a marker says so; the agent stops shipping there too, this bounds what any agent sends."""
+    job_id, attempt = int(report["job_id"]), int(report.get("attempt", 0))
+    cap = _log_cap_bytes(job_id)
     data = str(report.get("data", "")).encode("utf-8", errors="replace")
     offset = int(report.get("offset", 0))
+    if offset >= cap:
+        data, offset = log_truncated_marker(cap), cap
+    elif offset + len(data) > cap:
+        data = data[: cap - offset] + log_truncated_marker(cap)
+    path = job_log_path(job_id, attempt)
+    path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "r+b" if path.exists() else "w+b") as handle:
         handle.seek(offset)
         handle.write(data)
         size = handle.seek(0, 2)
-    Job.objects.filter(pk=report["job_id"], requeue_count=report.get("attempt", 0)).update(
-        log_size=size
+    Job.objects.filter(pk=job_id, requeue_count=attempt).update(log_size=size)
+
+
+def log_truncated_marker(cap: int) -> bytes:
+    return f"\n[sluice: log truncated at {cap} bytes; the job goes on running]\n".encode()
+
+
+def _log_cap_bytes(job_id: int) -> int:
+    cap_mb = (
+        WorkloadPolicy.objects.filter(
+            workload_type=Subquery(Job.objects.filter(pk=job_id).values("workload_type")[:1])
+        )
+        .values_list("log_cap_mb", flat=True)
+        .first()
     )
+    return (cap_mb or DEFAULT_LOG_CAP_MB) * 1024 * 1024
 
 
 # --- lost nodes -----------------------------------------------------------------------------
