@@ -9,6 +9,10 @@ is enforced on time while other jobs start and stop.
 
 The message source and the report sender are injected: the CLI wires them to the broker
 (:mod:`scheduling.agent.transport`), tests to a local queue and a list.
+
+Jobs are kept apart as :mod:`scheduling.agent.isolation` describes: each runs as its
+account, in its own workspace and cgroup; what the node cannot enforce is said at start and
+in the ``register`` report.
 """
 
 from __future__ import annotations
@@ -27,9 +31,23 @@ from typing import Any, Protocol
 
 from scheduling.agent import procfs
 from scheduling.agent.gpus import GpuBackend, GpuSample
+from scheduling.agent.isolation import (
+    MOUNTS_FILE,
+    Isolation,
+    agent_is_root,
+    create_job_cgroup,
+    isolation_report,
+    job_account,
+    job_cgroup_name,
+    make_workspace,
+    remove_job_cgroup,
+    resolve_job_dir,
+    unreachable_parent,
+)
 from scheduling.agent.protocol import (
     AGENT_VERSION,
     DEFAULT_HEARTBEAT_SECONDS,
+    DEFAULT_LOG_CAP_BYTES,
     DEFAULT_RETENTION_DAYS,
     FINISHED_JOB_RETENTION_SECONDS,
     HEARTBEAT,
@@ -46,24 +64,29 @@ from scheduling.agent.protocol import (
     ProtocolError,
     exited_report,
     log_report,
+    log_truncated_marker,
     report,
     started_report,
     validate_control_message,
     validate_node_name,
 )
 from scheduling.agent.runner import (
+    CHECKPOINT_DIR,
+    TRAVERSE_ONLY,
     JobPaths,
     JobRecord,
     LaunchError,
     clean_workspace,
     describe_exit,
+    ensure_dir,
     job_argv,
     job_environment,
     kill_leftovers,
     load_record,
+    open_private,
     read_json,
     remove_job_dir,
-    resolve_dir,
+    reserved_env_names,
     save_record,
     signal_group,
     spawn,
@@ -106,6 +129,21 @@ class AgentConfig:
     retention_days: float = DEFAULT_RETENTION_DAYS
     #: How often the job directories are scanned for ones past their retention.
     retention_check_seconds: float = 3600.0
+    #: Create a missing job account (``useradd --system``) instead of failing the launch.
+    create_accounts: bool = False
+    #: Absolute directories a launch's ``working_dir`` / ``checkpoint_dir`` may point into
+    #: (``{tenant}`` is replaced by the launch's tenant); anything else stays in the workspace.
+    allowed_roots: tuple[str, ...] = ()
+    #: Output shipped per job attempt when its launch does not say (``log_cap_bytes``).
+    log_cap_bytes: int = DEFAULT_LOG_CAP_BYTES
+    #: cgroup v2 directory under which job cgroups go (None: the cgroup2 mount found).
+    cgroup_root: Path | None = None
+    #: Where the mounts are read from (cgroup2 and /proc options); tests give their own.
+    mounts_file: str = MOUNTS_FILE
+
+
+class AgentStartError(RuntimeError):
+    """The agent cannot run jobs safely on this node as configured; the message says why."""
 
 
 # --- message sources ----------------------------------------------------------------------
@@ -288,21 +326,56 @@ class Agent:
         self._next_heartbeat = 0.0
         self._next_retention_check = 0.0
         self._stop_requested = False
+        #: What this node enforces; decided by :meth:`start`.
+        self.isolation: Isolation | None = None
 
     # --- lifecycle ---
 
     def start(self) -> None:
-        """Recover the jobs of a previous run, register, send the first heartbeat."""
-        self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        """Prepare the work dir and the isolation, recover the jobs of a previous run,
+        register, send the first heartbeat."""
+        self._prepare_work_dir()
+        self.isolation = isolation_report(
+            cgroup_root=self.config.cgroup_root, mounts_file=self.config.mounts_file
+        )
+        self._log_isolation(self.isolation)
         self._recover()
         self._register()
         self._heartbeat()
         self.outbox.flush()
 
+    def _prepare_work_dir(self) -> None:
+        """Work dir and ``jobs/`` 0711: job accounts pass through to their workspaces but
+        list nothing. A root agent refuses to start where they could not pass: every job
+        would fail, or run with paths it cannot use."""
+        ensure_dir(self.config.work_dir, TRAVERSE_ONLY)
+        ensure_dir(self.jobs_dir, TRAVERSE_ONLY)
+        if not agent_is_root():
+            return
+        blocked = unreachable_parent(self.jobs_dir)
+        if blocked is not None:
+            raise AgentStartError(
+                f"job accounts cannot reach the work dir {self.config.work_dir}: {blocked} is "
+                f"not searchable by other users; give it o+x (chmod o+x {blocked}) or choose "
+                "another --work-dir"
+            )
+
+    @staticmethod
+    def _log_isolation(isolation: Isolation) -> None:
+        report = isolation.report()
+        logger.info(
+            "isolation: jobs run as their own account: %s; cgroup: %s (%s); devices: not isolated",
+            "yes" if report["run_as_user"] else "NO",
+            "yes" if report["cgroup"] else "NO",
+            ", ".join(report["cgroup_controllers"]) or "no controllers",
+        )
+        for note in isolation.notes:
+            logger.warning("isolation: %s", note)
+
     def run(self) -> None:
         """Start, then loop until :meth:`request_stop`; jobs keep running afterwards."""
-        self.start()
         try:
+            self.start()
             while not self._stop_requested:
                 try:
                     self.tick()
@@ -423,8 +496,10 @@ class Agent:
             name=message["name"],
             gpu_indices=list(message["gpu_indices"]),
             retention_days=message.get("retention_days"),
+            log_cap_bytes=message.get("log_cap_bytes") or self.config.log_cap_bytes,
         )
         self.jobs[record.key] = record
+        ensure_dir(self._paths(record).root, TRAVERSE_ONLY)
         write_json(self._paths(record).launch, message)
         self._save(record)
         problem = self._gpu_problem(message)
@@ -514,27 +589,67 @@ class Agent:
                 self._start(record, message)
 
     def _start(self, record: JobRecord, message: dict[str, Any]) -> None:
+        """Start the job as its account, in its workspace and cgroup; a launch that cannot
+        be started so fails (``launch_failed``) rather than running with less isolation."""
         paths = self._paths(record)
         self._warn_if_gpus_busy(record)
+        tenant = message.get("tenant", "")
+        cgroup: Path | None = None
         try:
-            checkpoints = resolve_dir(
-                message["checkpoint_dir"], default=paths.checkpoints, base=paths.root, create=True
+            account = job_account(
+                run_as=message.get("run_as", ""),
+                tenant=tenant,
+                create=self.config.create_accounts,
             )
-            cwd = resolve_dir(
-                message["working_dir"], default=paths.root, base=paths.root, create=False
+            places = {
+                name: resolve_job_dir(
+                    name,
+                    message[name],
+                    workspace=paths.workspace,
+                    default=default,
+                    allowed_roots=self.config.allowed_roots,
+                    tenant=tenant,
+                )
+                for name, default in (("working_dir", ""), ("checkpoint_dir", CHECKPOINT_DIR))
+            }
+            make_workspace(
+                paths.workspace,
+                [d.relative for d in places.values() if d.relative is not None],
+                account,
             )
+            dropped = reserved_env_names(message["env"])
+            if dropped:
+                logger.warning(
+                    "job %s attempt %s: dropped environment names only Sluice sets: %s",
+                    record.job_id,
+                    record.attempt,
+                    ", ".join(dropped),
+                )
+            checkpoints = places["checkpoint_dir"].path
             env = job_environment(
-                message, node=self.config.node, checkpoint_dir=checkpoints, base=self._base_env
+                message,
+                node=self.config.node,
+                checkpoint_dir=checkpoints,
+                home=paths.workspace,
+                user=account.name,
+                base=self._base_env,
             )
+            cgroup, limits = self._make_cgroup(record, message)
             spawned = spawn(
                 argv=job_argv(message),
                 env=env,
-                cwd=cwd,
+                cwd=places["working_dir"].path,
                 paths=paths,
                 timeout=self.config.launch_timeout_seconds,
+                uid=account.uid if account.switched else None,
+                gid=account.gid if account.switched else None,
+                cgroup=cgroup,
             )
-        except LaunchError as exc:
-            self._fail_launch(record, str(exc))
+        except (LaunchError, OSError) as exc:
+            if cgroup is not None:
+                remove_job_cgroup(cgroup)
+            words = str(exc) if isinstance(exc, LaunchError) else f"cannot prepare the job: {exc}"
+            self._fail_launch(record, words)
             return
         record.pid = spawned.pid
         record.pid_start_ticks = spawned.pid_start_ticks
@@ -542,15 +657,43 @@ class Agent:
         record.started_at = time.time()
         record.process = spawned.process
         record.checkpoint_path = str(checkpoints)
+        record.cgroup_path = str(cgroup) if cgroup is not None else None
+        record.isolation = {
+            "run_as": account.name,
+            "uid": account.uid,
+            "gid": account.gid,
+            "cgroup": record.cgroup_path,
+            "limits": limits,
+        }
         self._save(record)
         logger.info(
-            "started job %s attempt %s as process group %s on GPUs %s",
+            "started job %s attempt %s as process group %s on GPUs %s, as %s (uid %s)%s",
             record.job_id,
             record.attempt,
             record.pid,
             record.gpu_indices,
+            account.name,
+            account.uid,
+            f" in cgroup {cgroup}" if cgroup else "",
         )
         self._send_started(record)
+
+    def _make_cgroup(
+        self, record: JobRecord, message: dict[str, Any]
+    ) -> tuple[Path | None, dict[str, Any]]:
+        """The job's cgroup with its limits, where the node has cgroup v2 (else none: the
+        ``register`` report said limits are not enforced)."""
+        support = self.isolation.cgroups if self.isolation else None
+        if support is None or support.slice is None:
+            return None, {}
+        name = job_cgroup_name(record.job_id, record.attempt)
+        return create_job_cgroup(support, name, message.get("limits") or {})
+
+    def _release_cgroup(self, record: JobRecord) -> None:
+        """Remove an ended job's cgroup (killing what is left in it); tried again on
+        later passes while processes are still dying."""
+        if record.cgroup_path and remove_job_cgroup(Path(record.cgroup_path)):
+            record.cgroup_path = None
 
     def _warn_if_gpus_busy(self, record: JobRecord) -> None:
         # The control side owns allocation; a clash means its view is stale. Start anyway
@@ -573,7 +716,8 @@ class Agent:
             "job %s attempt %s failed to launch: %s", record.job_id, record.attempt, message
         )
         try:
-            with self._paths(record).log.open("a") as log:
+            fd = open_private(self._paths(record).log, os.O_WRONLY | os.O_APPEND)
+            with os.fdopen(fd, "a") as log:
                 log.write(f"[sluice] launch failed: {message}\n")
         except OSError:
             pass  # the report below still carries the message
@@ -699,6 +843,7 @@ class Agent:
         record.finished_at = time.time()
         record.kill_deadline = None
         record.process = None
+        self._release_cgroup(record)
         self._save(record)
 
     def _report_finished(self) -> None:
@@ -731,27 +876,79 @@ class Agent:
     def _ship_log(self, record: JobRecord, *, final: bool) -> bool:
         """Queue up to one pass worth of new output; True when all output so far is queued.
 
-        ``final`` (the job has ended) also sends a trailing partial UTF-8 character.
+        ``final`` (the job has ended) also sends a trailing partial UTF-8 character. Output
+        is shipped up to the job's log cap, then a marker chunk, then nothing more (the
+        job goes on; see the protocol).
         """
         path = self._paths(record).log
+        cap = record.log_cap_bytes or self.config.log_cap_bytes
+        if record.log_truncated or record.log_marker_queued:
+            self._trim_log(record, path, cap)
+            return True
         try:
             size = path.stat().st_size
         except FileNotFoundError:
             return True
-        if size <= record.log_read_offset:
+        over = size > cap
+        end = min(size, cap)
+        if end <= record.log_read_offset and not over:
             return True
         with path.open("rb") as log:
             for _ in range(self.config.log_chunks_per_pass):
+                remaining = end - record.log_read_offset
+                if remaining <= 0:
+                    break
                 log.seek(record.log_read_offset)
-                data = log.read(self.config.log_chunk_bytes)
+                data = log.read(min(self.config.log_chunk_bytes, remaining))
                 if not data:
                     return True
-                at_end = record.log_read_offset + len(data) >= size
-                length = len(data) if final and at_end else utf8_complete_length(data)
+                # At the cap the bytes up to it go, a character split there included.
+                whole = len(data) >= remaining and (final or over)
+                length = len(data) if whole else utf8_complete_length(data)
                 if length == 0:
                     return True
                 self._queue_log(record, data[:length])
-        return record.log_read_offset >= size
+        if over and record.log_read_offset >= cap:
+            self._queue_log_marker(record, cap)
+            return True
+        return not over and record.log_read_offset >= size
+
+    def _queue_log_marker(self, record: JobRecord, cap: int) -> None:
+        record.log_marker_queued = True
+        record.log_read_offset = cap
+        marker = log_report(
+            node=self.config.node,
+            job_id=record.job_id,
+            attempt=record.attempt,
+            offset=cap,
+            data=log_truncated_marker(cap),
+        )
+        self.outbox.put(marker, on_sent=lambda: self._log_marker_sent(record, cap))
+        logger.warning(
+            "job %s attempt %s: output passed its log cap of %d bytes; no more of it is shipped",
+            record.job_id,
+            record.attempt,
+            cap,
+        )
+
+    def _log_marker_sent(self, record: JobRecord, cap: int) -> None:
+        """Remembered on disk: a restarted agent does not resume shipping."""
+        record.log_truncated = True
+        record.log_offset = max(record.log_offset, cap)
+        self._save(record)
+
+    @staticmethod
+    def _trim_log(record: JobRecord, path: Path, cap: int) -> None:
+        """Cut the log file back to the cap once the marker is out: nothing beyond it is
+        ever read, and a job printing without end would fill the node's disk. The job
+        writes in append mode, so it goes on at the new end."""
+        if not record.log_truncated:
+            return
+        try:
+            if path.stat().st_size > cap:
+                os.truncate(path, cap)
+        except OSError:
+            pass  # gone with the workspace clean-up, or not ours to cut
 
     def _queue_log(self, record: JobRecord, data: bytes) -> None:
         offset = record.log_read_offset
@@ -824,6 +1021,7 @@ class Agent:
     # --- reports ---
 
     def _register(self) -> None:
+        optional = {"isolation": self.isolation.report()} if self.isolation else {}
         self.outbox.put(
             report(
                 REGISTER,
@@ -837,6 +1035,7 @@ class Agent:
                 backend=self.backend.name,
                 gpus=[gpu.as_dict() for gpu in self.gpus],
                 jobs=self._job_summaries(),
+                **optional,
             )
         )
 
@@ -867,6 +1066,10 @@ class Agent:
         and checkpoints), and remove those past their retention."""
         now = time.time()
         for record in list(self.jobs.values()):
+            if record.finished and record.cgroup_path:
+                self._release_cgroup(record)
+                if not record.cgroup_path:
+                    self._save(record)
             if not record.workspace_cleaned and self._ended_before(
                 record, now - self.config.workspace_grace_seconds
             ):
@@ -967,6 +1170,7 @@ class Agent:
                 attempt=record.attempt,
                 pid=record.pid or 0,
                 started_at=record.started_at or time.time(),
+                isolation=record.isolation,
             )
         )
 

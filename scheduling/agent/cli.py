@@ -6,6 +6,12 @@
     python -m scheduling.agent --node sim-01 --simulate 4xA100-40GB,2xL4-24GB
     python -m scheduling.agent --node sim-01 --simulate 8xH100-80GB --once
     python -m scheduling.agent --discover                               # print GPUs as JSON
+    sudo python -m scheduling.agent --node gpu-01 --create-accounts --allowed-root '/data/{tenant}'
+
+Run as root, the agent starts every job as its own unprivileged account (``run_as`` of the
+launch; ``--create-accounts`` makes missing ones with ``useradd --system``), in a 0700
+workspace, in a cgroup v2 with the job's limits where the node has one. Not root, it runs
+jobs as itself and says so. Either way it logs at start what it enforces and what not.
 """
 
 from __future__ import annotations
@@ -13,17 +19,19 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import socket
 import sys
 import time
 from pathlib import Path
 
-from scheduling.agent.agent import Agent, AgentConfig
+from scheduling.agent.agent import Agent, AgentConfig, AgentStartError
 from scheduling.agent.gpus import select_backend
 from scheduling.agent.protocol import (
     CONTROL_QUEUE,
     DEFAULT_HEARTBEAT_SECONDS,
+    DEFAULT_LOG_CAP_BYTES,
     DEFAULT_RETENTION_DAYS,
     ProtocolError,
     validate_node_name,
@@ -73,6 +81,34 @@ def build_parser() -> argparse.ArgumentParser:
         "--control-queue", default=CONTROL_QUEUE, help="queue for reports (default: %(default)s)"
     )
     parser.add_argument(
+        "--create-accounts",
+        action="store_true",
+        help="as root: create a job's missing Unix account (useradd --system, no home, no "
+        "login) instead of failing its launch",
+    )
+    parser.add_argument(
+        "--allowed-root",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="absolute directory a job's working_dir or checkpoint_dir may point into, "
+        "'{tenant}' replaced by the job's tenant (e.g. /data/{tenant}); repeatable. "
+        "Anything else stays inside the job's workspace",
+    )
+    parser.add_argument(
+        "--log-cap-mb",
+        type=float,
+        default=DEFAULT_LOG_CAP_BYTES / 2**20,
+        metavar="MB",
+        help="output shipped per job when its launch does not say (MiB, default: %(default)g)",
+    )
+    parser.add_argument(
+        "--cgroup-root",
+        metavar="DIR",
+        help="cgroup v2 directory for job cgroups, e.g. a subtree delegated to the agent "
+        "(default: the cgroup2 mount, /sys/fs/cgroup)",
+    )
+    parser.add_argument(
         "--once", action="store_true", help="register, send one heartbeat, then exit"
     )
     parser.add_argument(
@@ -91,6 +127,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--heartbeat must be positive")
     if args.retention_days < 0:
         parser.error("--retention-days must not be negative")
+    if args.log_cap_mb <= 0:
+        parser.error("--log-cap-mb must be positive")
+    for root in args.allowed_root:
+        if not root.startswith("/") or ".." in root.split("/") or root.rstrip("/") == "":
+            parser.error(f"--allowed-root {root!r}: give an absolute directory, not / (no '..')")
     if args.discover:
         return _discover(args)
     if not args.node:
@@ -132,12 +173,19 @@ def _run(args: argparse.Namespace) -> int:
     # Imported here so that --discover works without a broker library.
     from scheduling.agent.transport import CeleryReportSender, KombuMessageSource
 
+    # What the agent writes is its own (job state, launch messages with the users' secrets);
+    # directories jobs must pass through get their modes explicitly.
+    os.umask(0o077)
     config = AgentConfig(
         node=args.node,
         pool=args.pool,
         work_dir=Path(args.work_dir or Path("var") / "agent" / args.node),
         heartbeat_seconds=args.heartbeat,
         retention_days=args.retention_days,
+        create_accounts=args.create_accounts,
+        allowed_roots=tuple(args.allowed_root),
+        log_cap_bytes=max(1, round(args.log_cap_mb * 2**20)),
+        cgroup_root=Path(args.cgroup_root) if args.cgroup_root else None,
     )
     backend = select_backend(node=args.node, simulate=args.simulate)
     sender = CeleryReportSender(args.broker, args.broker_dir, control_queue=args.control_queue)
@@ -156,6 +204,9 @@ def _run(args: argparse.Namespace) -> int:
         )
         agent.run()
         return 0
+    except AgentStartError as exc:
+        logger.error("cannot start: %s", exc)
+        return 2
     finally:
         sender.close()
 

@@ -1,17 +1,22 @@
 """Starting, signalling and remembering one job on this node.
 
-Every job attempt has a directory ``<work>/jobs/<job_id>-<attempt>/`` holding:
+Every job attempt has a directory ``<work>/jobs/<job_id>-<attempt>/`` (the agent's, mode
+0711: the job may pass through to its workspace but not list it) holding:
 
 ``launch.json``  the launch message (so a launch deferred while GPUs drain survives a restart)
 ``state.json``   the agent's record of the job (:class:`JobRecord`), rewritten on each change
 ``exit.json``    written by the wrapper when the command ends (see ``wrapper.py``)
 ``output.log``   the command's stdout and stderr
-``checkpoints/`` the default ``SLUICE_CHECKPOINT_DIR``
+``workspace/``   the job's own directory (its account's, 0700): its cwd and ``HOME``, with
+                 ``checkpoints/``, the default ``SLUICE_CHECKPOINT_DIR``
 
-Once the job has ended and its exit is reported, everything in it but ``state.json`` and the
-checkpoint directory is removed (:func:`clean_workspace`); the rest goes when the job's
-retention is over (:func:`remove_job_dir`). Only what lies under the job directory is ever
-removed: a ``working_dir`` or ``checkpoint_dir`` elsewhere belongs to the user.
+The agent's files are 0600: they hold the job's secrets (its environment) and what the
+agent knows, and the job writes its output through the descriptor it inherits, so it never
+needs to open them. Once the job has ended and its exit is reported, everything but
+``state.json`` and the checkpoint directory is removed (:func:`clean_workspace`); the rest
+goes when the job's retention is over (:func:`remove_job_dir`). Only what lies under the job
+directory is ever removed: a ``working_dir`` or ``checkpoint_dir`` under an allowed root
+belongs to the user.
 """
 
 from __future__ import annotations
@@ -22,14 +27,16 @@ import os
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field, fields
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from scheduling.agent import procfs, wrapper
+from scheduling.agent.protocol import is_reserved_env_name
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +45,15 @@ STATE_FILE = "state.json"
 LAUNCH_FILE = "launch.json"
 EXIT_FILE = "exit.json"
 LOG_FILE = "output.log"
+ENV_FILE = "env.json"
+WORKSPACE_DIR = "workspace"
 CHECKPOINT_DIR = "checkpoints"
+#: Modes of what the agent makes: directories the job passes through, the agent's files.
+TRAVERSE_ONLY = 0o711
+PRIVATE_FILE = 0o600
+#: The PATH of the wrapper itself (it runs with the agent's rights, so nothing of the job's
+#: environment reaches it; the job's environment is handed over in a file).
+WRAPPER_PATH_ENV = "/usr/sbin:/usr/bin:/sbin:/bin"
 
 #: Variables of the agent's own environment that jobs inherit; the rest (broker URL,
 #: credentials, Django settings) stays with the agent.
@@ -100,15 +115,25 @@ class JobRecord:
     retention_days: float | None = None
     #: Everything but the state and the checkpoints was removed after the job ended.
     workspace_cleaned: bool = False
+    #: Output shipped at most (bytes); the rest stays on the node (see the protocol).
+    log_cap_bytes: int | None = None
+    #: The truncation marker was delivered: nothing more of the log is ever shipped.
+    log_truncated: bool = False
+    #: How the job is kept apart (the ``isolation`` of its ``started`` report).
+    isolation: dict[str, Any] | None = None
+    #: The job's cgroup, until it is removed after the job ended.
+    cgroup_path: str | None = None
 
     # Runtime only (not persisted): the wrapper if this agent started it, the log read
-    # position (sent or queued), when to ship the log next, whether `exited` is queued.
+    # position (sent or queued), when to ship the log next, whether `exited` is queued,
+    # whether the truncation marker is queued.
     process: subprocess.Popen | None = field(default=None, repr=False, compare=False)
     log_read_offset: int = field(default=0, repr=False, compare=False)
     next_log_ship: float = field(default=0.0, repr=False, compare=False)
     exit_queued: bool = field(default=False, repr=False, compare=False)
+    log_marker_queued: bool = field(default=False, repr=False, compare=False)
 
-    _RUNTIME = ("process", "log_read_offset", "next_log_ship", "exit_queued")
+    _RUNTIME = ("process", "log_read_offset", "next_log_ship", "exit_queued", "log_marker_queued")
 
     @property
     def key(self) -> tuple[int, int]:
@@ -166,19 +191,54 @@ class JobPaths:
         return self.root / LOG_FILE
 
     @property
+    def env(self) -> Path:
+        return self.root / ENV_FILE
+
+    @property
+    def workspace(self) -> Path:
+        return self.root / WORKSPACE_DIR
+
+    @property
     def checkpoints(self) -> Path:
-        return self.root / CHECKPOINT_DIR
+        return self.workspace / CHECKPOINT_DIR
 
 
 # --- persistence -------------------------------------------------------------------------------
 
 
+def ensure_dir(path: Path, mode: int = TRAVERSE_ONLY) -> None:
+    """Make ``path`` (and missing parents) with ``mode`` whatever the umask, and set
+    ``mode`` on ``path`` if it existed: parents made with the agent's umask 077 would
+    keep job accounts out of their workspaces."""
+    missing = [p for p in [path, *path.parents] if not p.exists()]
+    for directory in reversed(missing):
+        try:
+            directory.mkdir(mode)
+        except FileExistsError:
+            continue
+        os.chmod(directory, mode)
+    os.chmod(path, mode)
+
+
+def open_private(path: Path, flags: int) -> int:
+    """Open (creating) a file only the agent can read, whatever the umask, without
+    following a link put in its place."""
+    fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, PRIVATE_FILE)
+    try:
+        if stat.S_IMODE(os.fstat(fd).st_mode) != PRIVATE_FILE:
+            os.fchmod(fd, PRIVATE_FILE)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """Write JSON atomically (write a temporary file, then rename), so a crash mid-write
-    leaves the previous version."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    leaves the previous version; the file is the agent's alone (0600)."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
+    with os.fdopen(open_private(tmp, os.O_WRONLY | os.O_TRUNC), "w") as f:
+        f.write(json.dumps(data, indent=1))
     os.replace(tmp, path)
 
 
@@ -209,23 +269,42 @@ def load_record(paths: JobPaths) -> JobRecord | None:
 # --- launching ----------------------------------------------------------------------------------
 
 
+def reserved_env_names(env: dict[str, str]) -> list[str]:
+    """The names of ``env`` only Sluice may set (see the protocol's reserved names)."""
+    return sorted(name for name in env if is_reserved_env_name(name))
+
+
 def job_environment(
-    message: dict[str, Any], *, node: str, checkpoint_dir: Path, base: dict[str, str]
+    message: dict[str, Any],
+    *,
+    node: str,
+    checkpoint_dir: Path,
+    home: Path,
+    user: str,
+    base: dict[str, str],
 ) -> dict[str, str]:
     """The job's environment: a few variables of the node, the user's, then Sluice's own.
 
-    Sluice's variables come last so that a user cannot widen ``CUDA_VISIBLE_DEVICES``.
+    The user's reserved names are dropped (the portal refuses them already; this is the
+    second line) and Sluice's variables come last, so that a user can neither widen
+    ``CUDA_VISIBLE_DEVICES`` nor preload a library into the job's programs.
+    ``NVIDIA_VISIBLE_DEVICES`` says the same GPUs to container runtimes;
     ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` makes CUDA number the GPUs as NVML does.
     """
     env = {
         k: v for k, v in base.items() if k in INHERITED_ENV or k.startswith(INHERITED_ENV_PREFIXES)
     }
     env.update(DEFAULT_JOB_ENV)
-    env.update(message["env"])
+    env.update({k: v for k, v in message["env"].items() if not is_reserved_env_name(k)})
+    gpus = ",".join(str(i) for i in message["gpu_indices"])
     env.update(
         {
-            "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in message["gpu_indices"]),
+            "CUDA_VISIBLE_DEVICES": gpus,
+            "NVIDIA_VISIBLE_DEVICES": gpus or "none",
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            "HOME": str(home),
+            "USER": user,
+            "LOGNAME": user,
             "SLUICE_JOB_ID": str(message["job_id"]),
             "SLUICE_ATTEMPT": str(message["attempt"]),
             "SLUICE_JOB_NAME": message["name"],
@@ -249,22 +328,6 @@ def job_argv(message: dict[str, Any]) -> list[str]:
     return list(command)
 
 
-def resolve_dir(value: str, *, default: Path, base: Path, create: bool) -> Path:
-    """A directory setting of a launch: ``default`` when empty, relative paths under
-    ``base`` (the job directory). ``create`` makes it; otherwise it must exist."""
-    path = Path(value) if value else default
-    if not path.is_absolute():
-        path = base / path
-    try:
-        if create:
-            path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise LaunchError(f"cannot create {path}: {exc.strerror or exc}") from exc
-    if not path.is_dir():
-        raise LaunchError(f"directory {path} does not exist")
-    return path
-
-
 @dataclass(frozen=True)
 class Spawned:
     process: subprocess.Popen
@@ -273,31 +336,61 @@ class Spawned:
     command_pid: int
 
 
+def open_log(paths: JobPaths) -> int:
+    """The job's log for appending (0600): the job writes through this descriptor and
+    can neither reopen nor read the file. Appending, so that the agent may cut the file
+    back to the log cap while the job writes (see ``Agent._ship_log``)."""
+    return open_private(paths.log, os.O_WRONLY | os.O_APPEND)
+
+
 def spawn(
-    *, argv: list[str], env: dict[str, str], cwd: Path, paths: JobPaths, timeout: float
+    *,
+    argv: list[str],
+    env: dict[str, str],
+    cwd: Path,
+    paths: JobPaths,
+    timeout: float,
+    uid: int | None = None,
+    gid: int | None = None,
+    cgroup: Path | None = None,
 ) -> Spawned:
     """Start ``argv`` under the wrapper, in a new session, output appended to the log.
 
+    The wrapper keeps the agent's rights (it writes the exit file into the agent's
+    directory) and starts only the command as ``uid``/``gid``, in ``cgroup`` when given.
+    The job's environment goes to it in a 0600 file, not in its own environment: a root
+    process must not start with variables the user chose (``LOCPATH``, ``GCONV_PATH``...).
     Waits (at most ``timeout`` seconds, a few tens of milliseconds normally) for the
     wrapper to say whether the command started; raises LaunchError if it did not.
     """
     paths.exit.unlink(missing_ok=True)
+    write_json(paths.env, env)
+    args = [sys.executable, "-I", str(WRAPPER_PATH), "--exit-file", str(paths.exit)]
+    args += ["--env-file", str(paths.env), "--cwd", str(cwd)]
+    if uid is not None and gid is not None:
+        args += ["--uid", str(uid), "--gid", str(gid)]
+    if cgroup is not None:
+        args += ["--cgroup", str(cgroup)]
     read_fd, write_fd = os.pipe()
     try:
-        with open(paths.log, "ab") as log:
+        log = open_log(paths)
+        try:
             process = subprocess.Popen(
-                [sys.executable, "-I", str(WRAPPER_PATH), "--exit-file", str(paths.exit)]
-                + ["--status-fd", str(write_fd), "--cwd", str(cwd), "--", *argv],
+                [*args, "--status-fd", str(write_fd), "--", *argv],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=env,
+                env={"PATH": WRAPPER_PATH_ENV},
                 cwd=paths.root,
                 start_new_session=True,
                 pass_fds=(write_fd,),
+                umask=0o077,
             )
+        finally:
+            os.close(log)
     except OSError as exc:
         os.close(read_fd)
+        paths.env.unlink(missing_ok=True)
         raise LaunchError(f"cannot start the job wrapper: {exc}") from exc
     finally:
         os.close(write_fd)
@@ -305,6 +398,7 @@ def spawn(
         status = _read_status_line(read_fd, timeout)
     finally:
         os.close(read_fd)
+        paths.env.unlink(missing_ok=True)  # the wrapper removed it once read, normally
     return _spawned(process, status, timeout)
 
 
@@ -405,41 +499,68 @@ def describe_exit(exit_code: int | None, signum: int | None) -> str:
 # --- clean-up after the job ------------------------------------------------------------------
 
 
-def _remove(path: Path) -> None:
-    """Remove a file, a link or a whole directory (links are removed, never followed)."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _remove_at(dir_fd: int, name: str) -> None:
+    """Remove a file, a link or a whole directory in ``dir_fd`` (links are removed, never
+    followed: ``shutil.rmtree`` with a descriptor resists links swapped in meanwhile)."""
+    info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    if stat.S_ISDIR(info.st_mode):
+        shutil.rmtree(name, dir_fd=dir_fd)
     else:
-        path.unlink(missing_ok=True)
+        os.unlink(name, dir_fd=dir_fd)
 
 
 def clean_workspace(paths: JobPaths, keep: Path | None) -> int:
     """Remove what an ended job left in its directory except ``state.json`` and ``keep``
     (its checkpoint directory, when that lies under the job directory); returns how many
-    entries were removed. Directories on the way to ``keep`` are cleaned, not removed."""
-    keep = keep.resolve() if keep is not None else None
-    root = paths.root.resolve()
-    if keep is not None and root not in keep.parents:
-        keep = None  # outside the job directory: not ours to keep or remove
+    entries were removed. Directories on the way to ``keep`` are cleaned, not removed.
 
-    def clean(directory: Path) -> int:
+    The workspace belongs to the job's account, whose other processes (another job of the
+    same tenant) may still change it while the agent, as root, cleans: so the walk goes
+    through descriptors opened without following links, and ``keep`` is compared by name,
+    never resolved.
+    """
+    keep_parts: tuple[str, ...] = ()
+    if keep is not None:
+        try:
+            relative = PurePosixPath(keep).relative_to(PurePosixPath(paths.root))
+        except ValueError:
+            relative = None  # outside the job directory: not ours to keep or remove
+        if relative is not None and ".." not in relative.parts:
+            keep_parts = relative.parts
+
+    def clean(dir_fd: int, keep_parts: tuple[str, ...], top: bool) -> int:
         removed = 0
-        for entry in sorted(directory.iterdir()):
-            if directory == root and entry.name == STATE_FILE:
+        for name in sorted(os.listdir(dir_fd)):
+            if top and name == STATE_FILE:
                 continue
-            if keep is not None and entry == keep:
-                continue
-            if keep is not None and entry in keep.parents and not entry.is_symlink():
-                removed += clean(entry)
-                continue
-            _remove(entry)
+            if keep_parts and name == keep_parts[0]:
+                if len(keep_parts) == 1:
+                    continue
+                try:
+                    child = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+                except OSError:
+                    pass  # not a directory (any more): removed like the rest
+                else:
+                    try:
+                        removed += clean(child, keep_parts[1:], top=False)
+                    finally:
+                        os.close(child)
+                    continue
+            _remove_at(dir_fd, name)
             removed += 1
         return removed
 
     try:
-        return clean(root)
+        root = os.open(paths.root, _DIR_FLAGS)
     except FileNotFoundError:
         return 0
+    try:
+        return clean(root, keep_parts, top=True)
+    finally:
+        os.close(root)
 
 
 def remove_job_dir(paths: JobPaths) -> None:

@@ -1,12 +1,18 @@
 """The tiny process that runs a job's command and writes down how it ended.
 
-The agent starts every job as ``python -I wrapper.py --exit-file F --status-fd N [--cwd D]
--- argv...`` in a new session, so the wrapper leads the job's process group. The wrapper
-starts the command as its child (same group), tells the agent through the status pipe
-whether that worked (``ok <pid>`` or ``error <message>``), waits for the command and writes
-``{"exit_code", "signal", "finished_at"}`` to the exit file. Because the exit file is on
-disk, no exit status is lost when the agent restarts while a job runs: the new agent is not
-the job's parent and could not wait for it otherwise.
+The agent starts every job as ``python -I wrapper.py --exit-file F --env-file E --status-fd
+N [--cwd D] [--uid U --gid G] [--cgroup C] -- argv...`` in a new session, so the wrapper
+leads the job's process group. The wrapper joins the job's cgroup (so that everything the
+job starts is inside), reads the job's environment from the env file (and removes it),
+starts the command as its child (same group) as the job's account, tells the agent through
+the status pipe whether that worked (``ok <pid>`` or ``error <message>``), waits for the
+command and writes ``{"exit_code", "signal", "finished_at"}`` to the exit file. Because the
+exit file is on disk, no exit status is lost when the agent restarts while a job runs: the
+new agent is not the job's parent and could not wait for it otherwise.
+
+The wrapper keeps the agent's rights: it writes the exit file into the agent's directory,
+which the job cannot, and a job's processes (another uid) cannot signal or trace it. Only
+the command drops to the job's account: uid, gid, no supplementary groups, umask 077.
 
 The wrapper survives the SIGTERM of a stop (the whole group gets it) so that it can record
 the command's answer to it; the SIGKILL after the grace period ends it with the rest of the
@@ -17,25 +23,53 @@ group, and then the agent records the signal itself. Standard library only, and 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from subprocess import SubprocessError
 
 #: Exit status of the wrapper when the command could not be started (as a shell does).
 CANNOT_START = 127
 
 
 def write_exit_file(path: str, info: dict) -> None:
-    """Write ``info`` to ``path`` atomically, so a reader never sees half a file."""
+    """Write ``info`` to ``path`` atomically, so a reader never sees half a file; the
+    file is the agent's alone (0600), as everything in the job's directory."""
     tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as f:
         json.dump(info, f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def read_env_file(path: str) -> dict[str, str]:
+    """The job's environment, written by the agent; removed once read (it holds the
+    user's secrets, and the launch file keeps them anyway)."""
+    try:
+        with open(path) as f:
+            env = json.load(f)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+    ):
+        raise ValueError("the environment file is not an object of strings")
+    return env
+
+
+def join_cgroup(path: str) -> None:
+    """Move the wrapper into the job's cgroup before the command starts, so the command
+    and all it starts are inside (children inherit the cgroup)."""
+    with open(os.path.join(path, "cgroup.procs"), "w") as f:
+        f.write(str(os.getpid()))
 
 
 def _tell_agent(status_fd: int, line: str) -> None:
@@ -55,6 +89,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--exit-file", required=True)
     parser.add_argument("--status-fd", type=int, required=True)
     parser.add_argument("--cwd", default=None)
+    parser.add_argument("--env-file", required=True)
+    parser.add_argument("--uid", type=int, default=None)
+    parser.add_argument("--gid", type=int, default=None)
+    parser.add_argument("--cgroup", default=None)
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.command[:1] == ["--"]:
@@ -64,16 +102,49 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def _prepare(args: argparse.Namespace) -> tuple[dict[str, str] | None, str]:
+    """The job's environment, with the wrapper in the job's cgroup; or None and why not."""
+    try:
+        env = read_env_file(args.env_file)
+    except (OSError, ValueError) as exc:
+        return None, f"cannot read the job's environment: {exc}"
+    if args.cgroup:
+        try:
+            join_cgroup(args.cgroup)
+        except OSError as exc:
+            return None, f"cannot join the job's cgroup {args.cgroup}: {exc}"
+    return env, ""
+
+
+def _start(args: argparse.Namespace, env: dict[str, str]) -> subprocess.Popen:
+    account = {}
+    if args.uid is not None:
+        account = {"user": args.uid, "group": args.gid, "extra_groups": []}
+    return subprocess.Popen(
+        args.command,
+        cwd=args.cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        close_fds=True,
+        umask=0o077,
+        **account,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command, report its pid, wait, record how it ended; return its status."""
     args = _parse(sys.argv[1:] if argv is None else argv)
     # A Python handler (unlike SIG_IGN) is reset to the default when the child execs.
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, _ignore)
-    try:
-        child = subprocess.Popen(args.command, cwd=args.cwd, close_fds=True)
-    except (OSError, ValueError) as exc:
-        message = f"cannot start {args.command[0]!r}: {exc}"
+    env, message = _prepare(args)
+    child = None
+    if env is not None:
+        try:
+            child = _start(args, env)
+        except (OSError, ValueError, SubprocessError) as exc:
+            message = f"cannot start {args.command[0]!r}: {exc}"
+    if child is None:
         write_exit_file(
             args.exit_file,
             {"exit_code": None, "signal": None, "error": message, "finished_at": time.time()},

@@ -2,18 +2,70 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import stat
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from scheduling.agent.agent import Agent, LocalMessageSource
+from scheduling.agent.isolation import create_account, unreachable_parent
 from scheduling.agent.protocol import launch_message, stop_message
 from scheduling.agent.runner import JobPaths
 
-PYTHON = sys.executable
+#: The agent switches users only as root; the isolation tests need that.
+IS_ROOT = os.geteuid() == 0
+
+
+def _runnable_by_others(path: str) -> bool:
+    real = Path(os.path.realpath(path))
+    return (
+        real.is_file()
+        and bool(real.stat().st_mode & stat.S_IXOTH)
+        and unreachable_parent(real.parent) is None
+    )
+
+
+def _job_python() -> str:
+    """A Python the job accounts can run: the test's own may live under a private home
+    (pyenv in /root), which only the agent (the wrapper) may use."""
+    if not IS_ROOT:
+        return sys.executable
+    candidates = (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3")
+    return next((p for p in candidates if _runnable_by_others(p)), sys.executable)
+
+
+#: The Python of test jobs (standard library only).
+PYTHON = _job_python()
+NOT_ROOT_REASON = "jobs run as their own account only when the agent runs as root"
+#: Accounts the tests run jobs as (made once per session, see ensure_test_accounts).
+ACCOUNT_A = "sluice-test-a"
+ACCOUNT_B = "sluice-test-b"
+
+
+def ensure_test_accounts() -> dict[str, int]:
+    """Create the test accounts (as root; tolerates another test worker doing the same at
+    the same time) and return their uids; nothing when not root."""
+    if not IS_ROOT:
+        return {}
+    return {name: create_account(name).pw_uid for name in (ACCOUNT_A, ACCOUNT_B)}
+
+
+def traversable_temp_dir() -> Iterator[Path]:
+    """A temporary directory job accounts can pass through (0711, under /tmp): pytest's
+    own lies under a 0700 directory, where a job running as another user could not reach
+    its workspace (nor a trigger file of the test)."""
+    path = Path(tempfile.mkdtemp(prefix="sluice-agent-test-"))
+    path.chmod(0o711)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @dataclass
@@ -52,6 +104,9 @@ class Harness:
     def paths(self, job_id: int, attempt: int = 1) -> JobPaths:
         return JobPaths.for_job(self.agent.config.work_dir, job_id, attempt)
 
+    def workspace(self, job_id: int, attempt: int = 1) -> Path:
+        return self.paths(job_id, attempt).workspace
+
     def log_text(self, job_id: int, attempt: int = 1) -> str:
         """The job's output as received through ``log`` reports, in offset order."""
         chunks = sorted(
@@ -80,6 +135,7 @@ def launch(job_id: int, command: list[str], **fields: Any) -> dict[str, Any]:
     fields.setdefault("name", f"job-{job_id}")
     fields.setdefault("gpu_indices", [0])
     fields.setdefault("grace_seconds", 5)
+    fields.setdefault("run_as", ACCOUNT_A)  # ignored by an agent that is not root
     return launch_message(job_id=job_id, command=command, **fields)
 
 

@@ -2,11 +2,12 @@
 the checkpoints once its retention is over."""
 
 import json
+import os
 
 import pytest
 
 from scheduling.agent.protocol import ProtocolError, launch_message, validate_control_message
-from tests.scheduling.agent.helpers import launch, python_job
+from tests.scheduling.agent.helpers import ACCOUNT_A, launch, python_job
 
 #: Writes a scratch file in its working directory and a checkpoint where Sluice says.
 WRITES_FILES = """
@@ -36,8 +37,13 @@ def test_ended_job_keeps_only_its_state_and_checkpoints(make_agent):
     assert h.wait_report("exited", 1)["exit_code"] == 0
     _cleaned(h, 1)
     root = h.paths(1).root
-    assert _entries(root) == ["checkpoints", "checkpoints/step-10.pt", "state.json"]
-    assert (root / "checkpoints" / "step-10.pt").read_text() == "weights"
+    assert _entries(root) == [
+        "state.json",
+        "workspace",
+        "workspace/checkpoints",
+        "workspace/checkpoints/step-10.pt",
+    ]
+    assert (root / "workspace/checkpoints/step-10.pt").read_text() == "weights"
     assert h.log_text(1) == "done\n"  # the output was shipped before it was removed
     assert json.loads(h.paths(1).state.read_text())["workspace_cleaned"] is True
 
@@ -49,7 +55,7 @@ def test_nothing_is_removed_before_the_grace_or_before_the_exit_is_reported(make
     h.wait_for(lambda: h.agent.jobs[(2, 1)].exit_reported)
     h.agent.tick(0.1)
     h.agent.tick(0.1)
-    assert (h.paths(2).root / "scratch.bin").exists() and h.paths(2).log.exists()
+    assert (h.workspace(2) / "scratch.bin").exists() and h.paths(2).log.exists()
 
 
 def test_a_nested_checkpoint_dir_is_kept_and_its_siblings_removed(make_agent):
@@ -62,13 +68,32 @@ def test_a_nested_checkpoint_dir_is_kept_and_its_siblings_removed(make_agent):
     h.send(launch(3, python_job(code), checkpoint_dir="out/ckpt"))
     assert h.wait_report("exited", 3)["exit_code"] == 0
     _cleaned(h, 3)
-    assert _entries(h.paths(3).root) == ["out", "out/ckpt", "out/ckpt/c.pt", "state.json"]
+    assert _entries(h.paths(3).root) == [
+        "state.json",
+        "workspace",
+        "workspace/out",
+        "workspace/out/ckpt",
+        "workspace/out/ckpt/c.pt",
+    ]
 
 
-def test_directories_outside_the_job_directory_are_never_touched(make_agent, tmp_path):
-    work, ckpt = tmp_path / "project", tmp_path / "ckpt"
-    work.mkdir()
-    h = make_agent(heartbeat_seconds=0.05, workspace_grace_seconds=0, retention_check_seconds=0)
+def test_directories_outside_the_job_directory_are_never_touched(
+    make_agent, tmp_path, job_accounts
+):
+    # Directories under an allowed root exist beforehand, given to the job's account.
+    root = tmp_path / "data" / "nlp"
+    work, ckpt = root / "project", root / "ckpt"
+    for directory in (root, work, ckpt):
+        directory.mkdir(parents=True)
+        directory.chmod(0o755)
+        if job_accounts:
+            os.chown(directory, job_accounts[ACCOUNT_A], -1)
+    h = make_agent(
+        heartbeat_seconds=0.05,
+        workspace_grace_seconds=0,
+        retention_check_seconds=0,
+        allowed_roots=(str(tmp_path / "data" / "{tenant}"),),
+    )
     h.send(
         launch(
             4,
@@ -76,6 +101,7 @@ def test_directories_outside_the_job_directory_are_never_touched(make_agent, tmp
             working_dir=str(work),
             checkpoint_dir=str(ckpt),
             retention_days=0,
+            tenant="nlp",
         )
     )
     assert h.wait_report("exited", 4)["exit_code"] == 0
@@ -93,6 +119,7 @@ def test_retention_from_the_launch_removes_the_directory_with_its_checkpoints(ma
     assert (5, 1) not in h.agent.jobs
     _cleaned(h, 6)
     assert (h.paths(6).checkpoints / "step-10.pt").exists()
+    assert not (h.workspace(6) / "scratch.bin").exists()
 
 
 def test_the_agent_default_retention_applies_to_directories_found_on_disk(make_agent, tmp_path):

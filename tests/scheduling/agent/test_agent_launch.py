@@ -9,17 +9,21 @@ from tests.scheduling.agent.helpers import PYTHON, launch, python_job, stop, wai
 
 SHOW_ENV = """
 import os
-for key in ["CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "SLUICE_JOB_ID", "SLUICE_ATTEMPT",
-            "SLUICE_NODE", "SLUICE_ARRAY_INDEX", "SLUICE_GPU_UUIDS", "FOO", "CELERY_BROKER_URL"]:
+for key in ["CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
+            "SLUICE_JOB_ID", "SLUICE_ATTEMPT", "SLUICE_NODE", "SLUICE_ARRAY_INDEX",
+            "SLUICE_GPU_UUIDS", "FOO", "PYTHONPATH", "CELERY_BROKER_URL", "LD_PRELOAD",
+            "SLUICE_EVIL", "HOME"]:
     print(f"{key}={os.environ.get(key)}")
+print(f"PATH_IS_NODES={os.environ.get('PATH') == os.environ.get('EXPECTED_PATH')}")
 print(f"CKPT_IS_DIR={os.path.isdir(os.environ['SLUICE_CHECKPOINT_DIR'])}")
 print(f"CKPT={os.environ['SLUICE_CHECKPOINT_DIR']}")
 print(f"CWD={os.getcwd()}")
 """
 
 
-def test_job_runs_with_its_gpus_and_environment(make_agent):
-    h = make_agent(base_env={**os.environ, "CELERY_BROKER_URL": "redis://secret@broker/0"})
+def test_job_runs_with_its_gpus_and_environment(make_agent, caplog):
+    base = {**os.environ, "CELERY_BROKER_URL": "redis://secret@broker/0", "PATH": "/usr/bin:/bin"}
+    h = make_agent(base_env=base)
     uuids = [h.agent.gpus[1].uuid, h.agent.gpus[3].uuid]
     h.send(
         launch(
@@ -28,8 +32,19 @@ def test_job_runs_with_its_gpus_and_environment(make_agent):
             gpu_indices=[1, 3],
             gpu_uuids=uuids,
             array_index=4,
-            # A user cannot widen the GPUs it was given.
-            env={"FOO": "bar", "CUDA_VISIBLE_DEVICES": "0,1,2,3"},
+            # A user can neither widen the GPUs it was given nor hook the loader, nor pass
+            # for Sluice; the agent drops reserved names even if the portal let them by.
+            env={
+                "FOO": "bar",
+                "PYTHONPATH": "/opt/lib",
+                "CUDA_VISIBLE_DEVICES": "0,1,2,3",
+                "NVIDIA_VISIBLE_DEVICES": "all",
+                "LD_PRELOAD": "/tmp/evil.so",
+                "PATH": "/tmp/evil-bin",
+                "HOME": "/root",
+                "SLUICE_EVIL": "1",
+                "EXPECTED_PATH": "/usr/bin:/bin",
+            },
         )
     )
     exited = h.wait_report("exited", 1)
@@ -43,8 +58,18 @@ def test_job_runs_with_its_gpus_and_environment(make_agent):
         validate_report(report)
 
     log = h.log_text(1)
-    job_dir = h.paths(1).root
+    workspace = h.workspace(1)
     assert "CUDA_VISIBLE_DEVICES=1,3\n" in log
+    assert "NVIDIA_VISIBLE_DEVICES=1,3\n" in log
+    assert "LD_PRELOAD=None\n" in log and "SLUICE_EVIL=None\n" in log
+    assert "PATH_IS_NODES=True\n" in log  # the node's PATH, not the message's
+    assert "PYTHONPATH=/opt/lib\n" in log  # user configuration, not reserved
+    assert f"HOME={workspace}\n" in log
+    dropped = [r.getMessage() for r in caplog.records if "dropped environment" in r.getMessage()]
+    assert dropped == [
+        "job 1 attempt 1: dropped environment names only Sluice sets: CUDA_VISIBLE_DEVICES, "
+        "HOME, LD_PRELOAD, NVIDIA_VISIBLE_DEVICES, PATH, SLUICE_EVIL"
+    ]
     assert "CUDA_DEVICE_ORDER=PCI_BUS_ID\n" in log
     assert "SLUICE_JOB_ID=1\n" in log
     assert "SLUICE_ATTEMPT=1\n" in log
@@ -54,27 +79,25 @@ def test_job_runs_with_its_gpus_and_environment(make_agent):
     assert "FOO=bar\n" in log
     assert "CELERY_BROKER_URL=None\n" in log  # the agent's secrets stay with the agent
     assert "CKPT_IS_DIR=True\n" in log
-    assert f"CKPT={job_dir / 'checkpoints'}\n" in log
-    assert f"CWD={job_dir}\n" in log
+    assert f"CKPT={workspace / 'checkpoints'}\n" in log
+    assert f"CWD={workspace}\n" in log
     # The log reports carry exactly what is in the job's log file.
     assert log == h.paths(1).log.read_text()
     state = json.loads(h.paths(1).state.read_text())
     assert state["exit_reported"] is True and state["log_offset"] == len(log.encode())
 
 
-def test_array_index_absent_and_working_and_checkpoint_dirs(make_agent, tmp_path):
-    work = tmp_path / "project"
-    work.mkdir()
+def test_array_index_absent_and_working_and_checkpoint_dirs(make_agent):
     h = make_agent()
-    h.send(
-        launch(2, python_job(SHOW_ENV), working_dir=str(work), checkpoint_dir=str(tmp_path / "ck"))
-    )
+    h.send(launch(2, python_job(SHOW_ENV), working_dir="project/src", checkpoint_dir="ck/run-1"))
     assert h.wait_report("exited", 2)["exit_code"] == 0
     log = h.log_text(2)
+    workspace = h.workspace(2)
     assert "SLUICE_ARRAY_INDEX=None\n" in log
-    assert f"CWD={work}\n" in log
-    assert f"CKPT={tmp_path / 'ck'}\n" in log
-    assert (tmp_path / "ck").is_dir()
+    # Both are made inside the job's workspace, before it starts.
+    assert f"CWD={workspace / 'project/src'}\n" in log
+    assert f"CKPT={workspace / 'ck/run-1'}\n" in log
+    assert "CKPT_IS_DIR=True\n" in log
 
 
 def test_nonzero_exit_code_is_reported(make_agent):
@@ -107,13 +130,13 @@ def test_command_that_cannot_start_is_reported_as_launch_failed(make_agent):
 
 def test_launch_failures_of_bad_directories_and_gpus(make_agent, tmp_path):
     h = make_agent()
-    h.send(launch(6, ["true"], working_dir=str(tmp_path / "missing")))
+    h.send(launch(6, ["true"], working_dir=str(tmp_path)))
     h.send(launch(7, ["true"], gpu_indices=[9]))
     h.send(launch(8, ["true"], gpu_indices=[0], gpu_uuids=["GPU-not-this-one"]))
     h.send(launch(9, ["true"], gpu_indices=[1, 1]))
     messages = {job: h.wait_report("exited", job)["message"] for job in (6, 7, 8, 9)}
     assert all(r["stop_reason"] == "launch_failed" for r in h.of_type("exited"))
-    assert "does not exist" in messages[6]
+    assert "working_dir" in messages[6] and "outside the job's workspace" in messages[6]
     assert "GPU 9 does not exist on node node-a" in messages[7]
     assert "not GPU-not-this-one" in messages[8]
     assert "repeat" in messages[9]
@@ -195,5 +218,5 @@ def test_relative_work_dir_is_made_absolute(make_agent, tmp_path, monkeypatch):
     h.send(launch(16, python_job(SHOW_ENV)))
     assert h.wait_report("exited", 16)["exit_code"] == 0
     job_dir = tmp_path / "var/agent/node-a/jobs/16-1"
-    assert f"CWD={job_dir}\n" in h.log_text(16)
+    assert f"CWD={job_dir / 'workspace'}\n" in h.log_text(16)
     assert (job_dir / "exit.json").exists()

@@ -121,6 +121,6 @@ def test_processes_left_behind_by_a_finished_job_are_killed(make_agent):
     exited = h.wait_report("exited", 7)
     assert exited["exit_code"] == 0
     assert "left behind" in exited["message"]
-    pid = int((h.paths(7).root / "bg.pid").read_text())
+    pid = int((h.workspace(7) / "bg.pid").read_text())
     h.wait_for(lambda: not procfs.is_same_process(pid, None), timeout=5)
     assert not os.path.exists(f"/proc/{pid}") or procfs.read_stat(pid).state == "Z"

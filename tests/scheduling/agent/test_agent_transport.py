@@ -22,6 +22,7 @@ from scheduling.agent.transport import (
     broker_connection,
     send_control_message,
 )
+from tests.scheduling.agent.helpers import ACCOUNT_A, PYTHON
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -65,7 +66,13 @@ def test_agent_over_kombu_memory_transport(tmp_path):
     control = f"control-{node}"  # the memory broker is shared by the whole test process
     sender = CeleryReportSender(url, control_queue=control)
     agent = Agent(
-        AgentConfig(node=node, work_dir=tmp_path / "work", heartbeat_seconds=60, poll_seconds=0.05),
+        AgentConfig(
+            node=node,
+            work_dir=tmp_path / "work",
+            heartbeat_seconds=60,
+            poll_seconds=0.05,
+            mounts_file="/dev/null",
+        ),
         SimulatedBackend("2xL4", node),
         sender,
         KombuMessageSource(node, url),
@@ -77,8 +84,9 @@ def test_agent_over_kombu_memory_transport(tmp_path):
                 job_id=1,
                 attempt=1,
                 name="hello",
-                command=[sys.executable, "-c", "import os; print(os.environ['SLUICE_NODE'])"],
+                command=[PYTHON, "-c", "import os; print(os.environ['SLUICE_NODE'])"],
                 gpu_indices=[1],
+                run_as=ACCOUNT_A,
             )
             send_control_message(connection, node, message)
         reports = read_reports(
@@ -138,6 +146,9 @@ def test_once_over_the_filesystem_broker_without_django(tmp_path):
     assert [r["type"] for r in reports] == ["register", "heartbeat"]
     register, heartbeat = reports
     assert register["node"] == "fs-node" and register["pool"] == "general"
+    # The agent says what it enforces (validated by read_reports).
+    assert register["isolation"]["device_isolation"] is False
+    assert register["isolation"]["run_as_user"] is (os.geteuid() == 0)
     assert [g["model"] for g in register["gpus"]] == ["A100-40GB", "A100-40GB"]
     assert len(heartbeat["gpus"]) == 2
 
@@ -179,14 +190,24 @@ def test_agent_process_runs_jobs_and_leaves_them_running_on_sigterm(tmp_path):
                 connection,
                 "fs-loop",
                 launch_message(
-                    job_id=1, attempt=1, name="quick", command=["echo", "hi"], gpu_indices=[0]
+                    job_id=1,
+                    attempt=1,
+                    name="quick",
+                    command=["echo", "hi"],
+                    gpu_indices=[0],
+                    run_as=ACCOUNT_A,
                 ),
             )
             send_control_message(
                 connection,
                 "fs-loop",
                 launch_message(
-                    job_id=2, attempt=1, name="long", command=["sleep", "600"], gpu_indices=[1]
+                    job_id=2,
+                    attempt=1,
+                    name="long",
+                    command=["sleep", "600"],
+                    gpu_indices=[1],
+                    run_as=ACCOUNT_A,
                 ),
             )
             send_control_message(
