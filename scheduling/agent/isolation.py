@@ -185,7 +185,7 @@ def allowed_roots_for(roots: Iterable[str], tenant: str) -> list[PurePosixPath]:
             if not tenant or not TENANT_RE.match(tenant):
                 continue
             root = root.replace("{tenant}", tenant)
-        path = PurePosixPath(os.path.normpath(root))
+        path = PurePosixPath(root)
         if path.is_absolute() and ".." not in path.parts and path != PurePosixPath("/"):
             expanded.append(path)
     return expanded
