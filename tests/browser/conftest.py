@@ -44,13 +44,61 @@ def browser():
         browser.close()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _flush_past_the_audit_guard():
+    """Empty the test database after each browser test although the audit log is append-only.
+
+    On SQLite Django empties tables with DELETE, which the audit table's triggers refuse:
+    drop them for the flush and create them again in the same transaction. (PostgreSQL
+    empties tables with TRUNCATE, which its trigger lets through.) Session-wide, because the
+    flush runs after every function-scoped fixture has been torn down.
+    """
+    from django.db.backends.sqlite3.operations import DatabaseOperations
+
+    from portal.audit import db as audit_db
+
+    sql_flush = DatabaseOperations.sql_flush
+
+    def flush_with_the_guard_lifted(self, style, tables, **kwargs):
+        statements = sql_flush(self, style, tables, **kwargs)
+        if audit_db.TABLE not in tables:
+            return statements
+        return [*audit_db.SQLITE_DROP, *statements, *audit_db.SQLITE_CREATE]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(DatabaseOperations, "sql_flush", flush_with_the_guard_lifted)
+        yield
+
+
+# Every page reports Content-Security-Policy violations to the console, where the fixture
+# below collects them (Chromium's own "Refused to ..." messages are collected too).
+_REPORT_CSP_VIOLATIONS = """
+document.addEventListener("securitypolicyviolation", (e) => {
+  console.error(`CSP violation: ${e.violatedDirective} blocked ${e.blockedURI || "inline"} ` +
+                `in ${e.sourceFile || e.documentURI}:${e.lineNumber} ${e.sample || ""}`);
+});
+"""
+
+
+def csp_violations_in(messages: list[str]) -> list[str]:
+    return [m for m in messages if "CSP violation" in m or "Content Security Policy" in m]
+
+
 @pytest.fixture
 def page(browser, live_server, transactional_db):
+    """A fresh browser page on the live server. Fails the test if any page it showed broke
+    the Content-Security-Policy (``page.console_messages`` has what the console said)."""
     context = browser.new_context(base_url=live_server.url)
+    context.add_init_script(_REPORT_CSP_VIOLATIONS)
     page = context.new_page()
     page.set_default_timeout(15_000)
+    messages: list[str] = []
+    page.on("console", lambda message: messages.append(f"{page.url}: {message.text}"))
+    page.console_messages = messages
     yield page
     context.close()
+    violations = csp_violations_in(messages)
+    assert not violations, "Content-Security-Policy violations:\n" + "\n".join(violations)
 
 
 @pytest.fixture
