@@ -44,7 +44,8 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django.contrib.humanize",
     "rest_framework",
-    "rest_framework.authtoken",
+    "knox",
+    "axes",
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -52,6 +53,7 @@ INSTALLED_APPS = [
     "guardian",
     "portal",
     "portal.audit",
+    "portal.accounts",
     "tenants",
     "scheduling",
 ]
@@ -68,6 +70,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "portal.middleware.RequestContextMiddleware",
+    # Last, as django-axes asks: turns a locked-out sign-in into its 429 answer.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "portal.urls"
@@ -108,6 +112,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTHENTICATION_BACKENDS = [
+    # First: refuses a locked-out account before any password is checked.
+    "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
     "guardian.backends.ObjectPermissionBackend",
 ]
@@ -126,6 +132,40 @@ LOGIN_REDIRECT_URL = "dashboard"
 LOGOUT_REDIRECT_URL = "login"
 GUARDIAN_RAISE_403 = False
 ANONYMOUS_USER_NAME = None
+
+# --- Credentials: hashed API tokens (django-rest-knox), sign-in lockout (django-axes) ---
+# A token lasts SLUICE_API_TOKEN_DAYS unless its owner asks for another lifetime, never
+# more than SLUICE_API_TOKEN_MAX_DAYS. Only a SHA-512 hash of its key is stored.
+SLUICE_API_TOKEN_DAYS = env_int("SLUICE_API_TOKEN_DAYS", 90)
+SLUICE_API_TOKEN_MAX_DAYS = env_int("SLUICE_API_TOKEN_MAX_DAYS", 365)
+KNOX_TOKEN_MODEL = "accounts.ApiToken"
+REST_KNOX = {
+    "TOKEN_TTL": timedelta(days=SLUICE_API_TOKEN_DAYS),
+    "AUTH_HEADER_PREFIX": "Token",  # clients send "Authorization: Token <key>"
+    "AUTO_REFRESH": False,
+}
+# knox's own token model is swapped for accounts.ApiToken; its migrations would only make
+# an unused table.
+MIGRATION_MODULES = {"knox": None}
+# After SLUICE_LOGIN_FAILURE_LIMIT failed sign-ins for a username (login page, admin login,
+# POST /api/v1/auth/token), that account is refused, even with the right password, until
+# SLUICE_LOGIN_COOLOFF_MINUTES after its last failure. The lock is by username (for every
+# address) and by IP+username; with one limit the second only adds a record of where the
+# failures came from (and satisfies axes' check that asks for the address). Unlock early:
+# `manage.py axes_reset_username <name>` or the admin's "Access attempts".
+SLUICE_LOGIN_FAILURE_LIMIT = env_int("SLUICE_LOGIN_FAILURE_LIMIT", 10)
+SLUICE_LOGIN_COOLOFF_MINUTES = env_int("SLUICE_LOGIN_COOLOFF_MINUTES", 15)
+AXES_ENABLED = env_bool("AXES_ENABLED", True)
+AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
+AXES_FAILURE_LIMIT = SLUICE_LOGIN_FAILURE_LIMIT
+AXES_COOLOFF_TIME = timedelta(minutes=SLUICE_LOGIN_COOLOFF_MINUTES)
+AXES_LOCKOUT_PARAMETERS = ["username", ["ip_address", "username"]]
+AXES_RESET_ON_SUCCESS = True
+# Attempts while locked do not restart the cool-off, so "try again in N minutes" holds.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_LOCKOUT_CALLABLE = "portal.accounts.lockout.lockout_response"
+# The proxy in front is trusted for X-Forwarded-For, as for the audit log's source address.
+AXES_CLIENT_IP_CALLABLE = "portal.accounts.lockout.client_ip_address"
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = env_str("TIME_ZONE", "UTC")
@@ -275,7 +315,7 @@ SLUICE_NODE_TRANSPORT = env_str("SLUICE_NODE_TRANSPORT", "broker")
 # --- REST API ---
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "portal.accounts.auth.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],

@@ -3,21 +3,30 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from portal.api.views import TokenView
+from portal.accounts.forms import AdminLoginForm, LoginForm
 
 from . import views
 
 api_v1 = [
-    path("auth/token", TokenView.as_view(), name="api-token"),
+    path("", include("portal.accounts.api.urls")),
     path("", include("tenants.api.urls")),
     path("", include("scheduling.limits.api")),
     path("", include("scheduling.api.urls")),
     path("", include("portal.audit.api.urls")),
 ]
 
+# The admin login says "locked" too, like the login page (django-axes lockout).
+admin.site.login_form = AdminLoginForm
+
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
-    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path(
+        "login/",
+        auth_views.LoginView.as_view(
+            authentication_form=LoginForm, redirect_authenticated_user=True
+        ),
+        name="login",
+    ),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("api/v1/", include(api_v1)),
@@ -33,4 +42,5 @@ urlpatterns = [
     path("", include("scheduling.limits.urls")),
     path("", include("scheduling.urls")),
     path("", include("portal.audit.urls")),
+    path("", include("portal.accounts.urls")),
 ]

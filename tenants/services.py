@@ -7,8 +7,8 @@ from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from guardian.shortcuts import assign_perm, remove_perm
-from rest_framework.authtoken.models import Token
 
+from portal.accounts.services import api_tokens_revoke_all
 from portal.audit.services import audit_record, snapshot_fields
 from portal.errors import BusinessError, PermissionDeniedError
 
@@ -94,7 +94,7 @@ def user_update(*, actor, user: User, **changes) -> User:
     _clean(user, exclude=["password"])
     user.save()
     if changes.get("is_active") is False:
-        Token.objects.filter(user=user).delete()
+        api_tokens_revoke_all(actor=actor, user=user, reason="User deactivated")
     action = "user.deactivate" if before["is_active"] and not user.is_active else "user.update"
     audit_record(
         action=action,
@@ -107,7 +107,7 @@ def user_update(*, actor, user: User, **changes) -> User:
 
 
 def user_deactivate(*, actor, user: User) -> User:
-    """Deactivated users cannot log in, and their API tokens are deleted."""
+    """Deactivated users cannot log in, and their API tokens are revoked (audited)."""
     return user_update(actor=actor, user=user, is_active=False)
 
 

@@ -138,3 +138,27 @@ def dispatch_requests(monkeypatch):
     calls: list[int] = []
     monkeypatch.setattr("scheduling.services.dispatch.request_dispatch", lambda: calls.append(1))
     return calls
+
+
+@pytest.fixture
+def api_token():
+    """``api_token(user, days=None, name=...)`` makes an API token through the service and
+    returns ``(token row, key)``; only the key's hash is stored."""
+    from portal.accounts.services import api_token_create
+
+    def make(user, *, days=None, name="test token"):
+        return api_token_create(user=user, name=name, expires_in_days=days)
+
+    return make
+
+
+@pytest.fixture
+def token_client():
+    """``token_client(key)``: an API client that sends ``Authorization: Token <key>``."""
+
+    def make(key: str) -> APIClient:
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+        return client
+
+    return make

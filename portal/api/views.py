@@ -1,8 +1,9 @@
-"""Shared API plumbing: input validation helper and token endpoint."""
+"""Shared API plumbing: the input validation helper.
+
+The token endpoints (``auth/token``, ``auth/tokens``) live in ``portal.accounts.api``.
+"""
 
 from rest_framework import serializers
-from rest_framework.authtoken.views import ObtainAuthToken
-from rest_framework.permissions import AllowAny
 
 
 def validated(serializer_class: type[serializers.Serializer], data, **kwargs) -> dict:
@@ -10,9 +11,3 @@ def validated(serializer_class: type[serializers.Serializer], data, **kwargs) ->
     serializer = serializer_class(data=data, **kwargs)
     serializer.is_valid(raise_exception=True)
     return serializer.validated_data
-
-
-class TokenView(ObtainAuthToken):
-    """POST username and password, get ``{"token": "..."}``; use it as ``Authorization: Token <key>``."""
-
-    permission_classes = [AllowAny]

@@ -2,8 +2,8 @@
 
 import pytest
 from django.contrib.auth import get_user_model
-from rest_framework.authtoken.models import Token
 
+from portal.accounts.models import ApiToken
 from portal.audit.models import AuditEvent
 
 User = get_user_model()
@@ -109,8 +109,8 @@ def test_tenant_admin_cannot_change_users(world, api):
     assert world.member.is_staff is False
 
 
-def test_deactivate_through_the_api_deletes_tokens_and_is_audited(world, api):
-    Token.objects.create(user=world.member)
+def test_deactivate_through_the_api_revokes_tokens_and_is_audited(world, api, api_token):
+    token, _ = api_token(world.member)
 
     response = api(world.platform_admin).post(f"/api/v1/users/{world.member.pk}/deactivate")
 
@@ -118,7 +118,8 @@ def test_deactivate_through_the_api_deletes_tokens_and_is_audited(world, api):
     assert response.json()["is_active"] is False
     world.member.refresh_from_db()
     assert world.member.is_active is False
-    assert not Token.objects.filter(user=world.member).exists()
+    assert not ApiToken.objects.filter(user=world.member).exists()
+    assert AuditEvent.objects.get(action="token.revoke").target_id == str(token.pk)
     event = AuditEvent.objects.get(action="user.deactivate")
     assert event.before["is_active"] is True
     assert event.after["is_active"] is False

@@ -1,0 +1,42 @@
+"""Reads of API tokens, always scoped to the user asking.
+
+``portal.accounts`` sits below ``tenants`` (DESIGN §3): platform admin is read from the
+user's staff flag here, as ``portal.audit`` does.
+"""
+
+from __future__ import annotations
+
+from django.db.models import QuerySet
+
+from portal.errors import NotFoundError
+
+from .models import ApiToken
+
+
+def is_platform_admin(user) -> bool:
+    return bool(user and user.is_authenticated and user.is_active and user.is_staff)
+
+
+def api_tokens_visible_to(user) -> QuerySet[ApiToken]:
+    """Everyone sees their own tokens; platform admins see every user's."""
+    qs = ApiToken.objects.select_related("user")
+    if is_platform_admin(user):
+        return qs
+    if not user or not user.is_authenticated or not user.is_active:
+        return qs.none()
+    return qs.filter(user=user)
+
+
+def api_tokens_of(user) -> QuerySet[ApiToken]:
+    """The user's own tokens, newest first (the token page and ``GET /auth/tokens``)."""
+    if not user or not user.is_authenticated:
+        return ApiToken.objects.none()
+    return api_tokens_visible_to(user).filter(user=user)
+
+
+def api_token_get(user, pk) -> ApiToken:
+    """One token the user may see; another user's token is "not found" (404)."""
+    try:
+        return api_tokens_visible_to(user).get(pk=pk)
+    except (ApiToken.DoesNotExist, ValueError, TypeError):
+        raise NotFoundError("API token not found.") from None
