@@ -72,6 +72,7 @@ from scheduling.agent.protocol import (
 )
 from scheduling.agent.runner import (
     CHECKPOINT_DIR,
+    SYSTEM_JOB_PATH,
     TRAVERSE_ONLY,
     JobPaths,
     JobRecord,
@@ -140,6 +141,10 @@ class AgentConfig:
     cgroup_root: Path | None = None
     #: Where the mounts are read from (cgroup2 and /proc options); tests give their own.
     mounts_file: str = MOUNTS_FILE
+    #: The PATH jobs get; None: the agent's own when jobs run as the agent's user, else
+    #: SYSTEM_JOB_PATH (the agent's install, a virtual environment under /root say, is
+    #: neither the jobs' software nor theirs to reach).
+    job_path: str | None = None
 
 
 class AgentStartError(RuntimeError):
@@ -632,7 +637,7 @@ class Agent:
                 checkpoint_dir=checkpoints,
                 home=paths.workspace,
                 user=account.name,
-                base=self._base_env,
+                base=self._job_base_env(account.switched),
             )
             cgroup, limits = self._make_cgroup(record, message)
             spawned = spawn(
@@ -677,6 +682,12 @@ class Agent:
             f" in cgroup {cgroup}" if cgroup else "",
         )
         self._send_started(record)
+
+    def _job_base_env(self, switched: bool) -> dict[str, str]:
+        path = self.config.job_path
+        if path is None and switched:
+            path = SYSTEM_JOB_PATH
+        return self._base_env if path is None else {**self._base_env, "PATH": path}
 
     def _make_cgroup(
         self, record: JobRecord, message: dict[str, Any]

@@ -36,6 +36,7 @@ from scheduling.agent.protocol import (
     ProtocolError,
     validate_node_name,
 )
+from scheduling.agent.runner import SYSTEM_JOB_PATH
 
 logger = logging.getLogger("scheduling.agent")
 
@@ -94,6 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="absolute directory a job's working_dir or checkpoint_dir may point into, "
         "'{tenant}' replaced by the job's tenant (e.g. /data/{tenant}); repeatable. "
         "Anything else stays inside the job's workspace",
+    )
+    parser.add_argument(
+        "--job-path",
+        default=None,
+        metavar="PATH",
+        help="the PATH jobs get (default: the agent's own PATH when jobs run as the agent's "
+        f"user, else {SYSTEM_JOB_PATH}: the agent's install is not the jobs' software)",
     )
     parser.add_argument(
         "--log-cap-mb",
@@ -186,6 +194,7 @@ def _run(args: argparse.Namespace) -> int:
         allowed_roots=tuple(args.allowed_root),
         log_cap_bytes=max(1, round(args.log_cap_mb * 2**20)),
         cgroup_root=Path(args.cgroup_root) if args.cgroup_root else None,
+        job_path=args.job_path,
     )
     backend = select_backend(node=args.node, simulate=args.simulate)
     sender = CeleryReportSender(args.broker, args.broker_dir, control_queue=args.control_queue)

@@ -55,6 +55,10 @@ PRIVATE_FILE = 0o600
 #: environment reaches it; the job's environment is handed over in a file).
 WRAPPER_PATH_ENV = "/usr/sbin:/usr/bin:/sbin:/bin"
 
+#: The PATH of jobs that run as their own account (unless the agent says otherwise): the
+#: node's system directories.
+SYSTEM_JOB_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
 #: Variables of the agent's own environment that jobs inherit; the rest (broker URL,
 #: credentials, Django settings) stays with the agent.
 INHERITED_ENV = frozenset(

@@ -11,8 +11,10 @@ import contextlib
 import json
 import os
 import signal
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -23,9 +25,15 @@ from django.db import connection
 ROOT = Path(__file__).resolve().parents[2]
 
 
+#: Tests here that need no PostgreSQL, Redis or worker (they drive an agent in process):
+#: they run in the plain SQLite suite too.
+SELF_CONTAINED = ("tests/integration/test_job_isolation.py",)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if "tests/integration/" in str(item.fspath).replace(os.sep, "/"):
+        path = str(item.fspath).replace(os.sep, "/")
+        if "tests/integration/" in path and not path.endswith(SELF_CONTAINED):
             item.add_marker(pytest.mark.integration)
 
 
@@ -39,8 +47,10 @@ def _database_url() -> str:
 class Cluster:
     """Starts and stops the processes of one test; ``wait_for`` polls the database."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, work: Path) -> None:
         self.tmp = tmp_path
+        #: The agents' work dirs: job accounts must reach them (pytest's tmp_path is 0700).
+        self.work = work
         self.procs: dict[str, subprocess.Popen] = {}
         self.env = {
             **os.environ,
@@ -109,9 +119,11 @@ class Cluster:
                 "--broker",
                 settings.CELERY_BROKER_URL,
                 "--work-dir",
-                str(self.tmp / node),
+                str(self.work / node),
                 "--heartbeat",
                 "1",
+                # As root (CI) jobs run as their tenant's account, made on first use.
+                "--create-accounts",
             ],
         )
 
@@ -122,7 +134,7 @@ class Cluster:
 
     def kill_jobs(self) -> None:
         """Jobs outlive their agent by design; the test ends them (their wrapper leads the group)."""
-        for state in self.tmp.glob("*/jobs/*/state.json"):
+        for state in self.work.glob("*/jobs/*/state.json"):
             try:
                 pid = json.loads(state.read_text()).get("pid")
                 if pid:
@@ -167,12 +179,15 @@ def cluster(transactional_db, tmp_path, settings):
     from portal.celery import app
 
     app.conf.task_always_eager = False
-    c = Cluster(tmp_path)
+    work = Path(tempfile.mkdtemp(prefix="sluice-it-", dir="/var/tmp"))
+    work.chmod(0o711)
+    c = Cluster(tmp_path, work)
     c.start_worker()
     yield c
     c.stop_all()
     c.kill_jobs()
     app.conf.task_always_eager = True
+    shutil.rmtree(work, ignore_errors=True)
 
 
 @pytest.fixture

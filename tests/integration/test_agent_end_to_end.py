@@ -51,7 +51,7 @@ def test_job_sees_its_gpus_and_succeeds(cluster, it_world):
     _node_ready(cluster, "it-01")
     job_id = _submit(
         it_world,
-        ["python", "-c", "import os; print('GPUS=' + os.environ['CUDA_VISIBLE_DEVICES'])"],
+        ["python3", "-c", "import os; print('GPUS=' + os.environ['CUDA_VISIBLE_DEVICES'])"],
         gpus=2,
     )
     cluster.wait_for(lambda: _state(job_id) == JobState.SUCCEEDED, what="job succeeded")
@@ -87,7 +87,7 @@ def test_job_ignoring_sigterm_is_killed_after_grace(cluster, it_world):
     cluster.start_agent("it-01")
     _node_ready(cluster, "it-01")
     script = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(600)"
-    job_id = _submit(it_world, ["python", "-c", script])
+    job_id = _submit(it_world, ["python3", "-c", script])
     cluster.wait_for(lambda: _state(job_id) == JobState.RUNNING, what="running")
     # Only once the handler is installed does the job really ignore SIGTERM.
     cluster.wait_for(
@@ -133,7 +133,7 @@ def test_full_preemption_cycle(cluster, it_world):
     low = _submit(it_world, ["sleep", "600"], gpus=4, priority="low")
     cluster.wait_for(lambda: _state(low) == JobState.RUNNING, what="low running")
     high = _submit(
-        it_world, ["python", "-c", "import time; time.sleep(3)"], gpus=4, priority="high"
+        it_world, ["python3", "-c", "import time; time.sleep(3)"], gpus=4, priority="high"
     )
     cluster.wait_for(
         lambda: _state(high) in (JobState.RUNNING, JobState.SUCCEEDED), timeout=60, what="high runs"

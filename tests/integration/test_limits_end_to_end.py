@@ -82,7 +82,7 @@ def test_runtime_limit_warns_twice_then_times_out_and_kills_after_the_grace(clus
     cluster.start_agent("it-01")
     _node_ready(cluster, "it-01")
     polite = _submit(it_world, ["sleep", "600"], runtime=5)
-    stubborn = _submit(it_world, ["python", "-c", IGNORES_SIGTERM], runtime=5)
+    stubborn = _submit(it_world, ["python3", "-c", IGNORES_SIGTERM], runtime=5)
     for job_id in (polite, stubborn):
         cluster.wait_for(
             lambda j=job_id: _job(j).state == JobState.TIMED_OUT, timeout=45, what="timed out"
@@ -126,7 +126,7 @@ def test_idle_session_is_warned_and_reclaimed_but_busy_and_exempt_ones_are_not(
     cluster.start_agent("it-01")
     _node_ready(cluster, "it-01")
     idle = _submit(it_world, ["sleep", "600"], workload_type="interactive")
-    busy = _submit(it_world, ["python", "-c", BUSY], workload_type="interactive")
+    busy = _submit(it_world, ["python3", "-c", BUSY], workload_type="interactive")
     exempt = _submit(it_world, ["sleep", "600"], workload_type="interactive")
     until = timezone.now() + timedelta(seconds=15)
     response = _client(member).post(

@@ -25,7 +25,7 @@ from scheduling.agent.isolation import (
     unreachable_parent,
 )
 from scheduling.agent.protocol import validate_report
-from scheduling.agent.runner import LaunchError
+from scheduling.agent.runner import SYSTEM_JOB_PATH, LaunchError
 from tests.scheduling.agent.helpers import (
     ACCOUNT_A,
     ACCOUNT_B,
@@ -389,3 +389,30 @@ def test_state_records_how_the_job_was_isolated(make_agent):
     else:
         assert state["isolation"]["uid"] == os.geteuid()
     assert state["isolation"]["cgroup"] is None and state["cgroup_path"] is None
+
+
+PRINT_PATH = 'import os; print("PATH", os.environ["PATH"])'
+
+
+@root_only
+def test_a_job_of_its_own_account_gets_the_system_path_not_the_agents(make_agent, job_accounts):
+    h = make_agent(base_env={"PATH": "/root/.venv/bin:/usr/bin", "LANG": "C.UTF-8"})
+    h.send(launch(1, python_job(PRINT_PATH), run_as=ACCOUNT_A))
+    assert h.wait_report("exited", 1)["exit_code"] == 0
+
+    assert _log_lines(h, 1)["PATH"] == SYSTEM_JOB_PATH
+
+
+@root_only
+def test_the_job_path_can_be_set_for_the_node(make_agent, job_accounts):
+    h = make_agent(base_env={"PATH": "/root/.venv/bin"}, job_path="/opt/conda/bin:/usr/bin")
+    h.send(launch(1, python_job(PRINT_PATH), run_as=ACCOUNT_A))
+    assert h.wait_report("exited", 1)["exit_code"] == 0
+
+    assert _log_lines(h, 1)["PATH"] == "/opt/conda/bin:/usr/bin"
+
+
+def test_a_job_of_the_agents_own_user_keeps_the_agents_path(make_agent):
+    h = make_agent(base_env={"PATH": os.environ["PATH"]})
+    assert h.agent._job_base_env(False)["PATH"] == os.environ["PATH"]
+    assert h.agent._job_base_env(True)["PATH"] == SYSTEM_JOB_PATH
