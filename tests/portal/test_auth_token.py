@@ -74,6 +74,16 @@ def test_token_for_username_and_password_authenticates_api_calls(world, token_cl
     assert me.json()["results"][0]["my_role"] == "member"
 
 
+def test_form_encoded_sign_in_works_as_the_readme_shows(world, token_client):
+    """``curl -d username=... -d password=...`` sends a form, not JSON."""
+    response = APIClient().post(
+        "/api/v1/auth/token", {"username": "nlp-member", "password": PASSWORD}
+    )
+
+    assert response.status_code == 200
+    assert token_client(response.json()["token"]).get("/api/v1/jobs").status_code == 200
+
+
 def test_token_answer_has_the_expiry_default_ninety_days(world, settings):
     before = timezone.now()
 
