@@ -92,7 +92,7 @@ def test_register_keeps_what_the_agent_enforces_and_the_nodes_page_shows_it(worl
     page = client.get("/nodes/").content.decode()
     assert "jobs run as their tenant's account" in page
     assert "no cgroup limits" in page
-    assert "not enforced" in page
+    assert "not enforced" in page and "<details" in page
 
 
 def test_log_beyond_the_cap_is_dropped_with_a_marker(world, settings, tmp_path):
