@@ -955,15 +955,17 @@ def check_job_b(run: Run) -> None:
         beats = run.collector.of("heartbeat")
         on_gpu = any(p["pid"] == gpu_pid for b in beats for g in b["gpus"] for p in g["processes"])
         zombie = any(z["pid"] == gpu_pid for b in beats for z in b["zombies"])
+        # Without device isolation this cannot be prevented, only seen: the agent reports
+        # a job's process on a GPU it was not given as a zombie (then killable).
         run.checks.add(
-            "4e INFO B (no GPU) uses GPU 0 after setting CUDA_VISIBLE_DEVICES=0 itself",
-            "INFO",
+            "4e B (no GPU) resetting CUDA_VISIBLE_DEVICES=0 and using GPU 0 is reported",
+            zombie if used and on_gpu else "INFO",
             {**reset, "pid_seen_on_gpu": on_gpu, "reported_as_zombie": zombie},
         )
         if used:
             run.summary["known_gaps"].append(
                 "a job without GPUs used GPU 0 by setting CUDA_VISIBLE_DEVICES itself"
-                + ("" if zombie else "; the agent did not flag it (not a zombie: it is a job's)")
+                + ("; reported as a zombie" if zombie else "; the agent did not flag it")
             )
 
 

@@ -982,15 +982,21 @@ class Agent:
 
     def _kill_process(self, message: dict[str, Any]) -> None:
         pid, gpu_index = message["pid"], message["gpu_index"]
-        killed, words = self._kill_zombie(pid)
+        killed, words = self._kill_zombie(pid, gpu_index)
         logger.info("kill_process %s on GPU %s (%s): %s", pid, gpu_index, message["reason"], words)
         self._kills.append({"pid": pid, "gpu_index": gpu_index, "killed": killed, "message": words})
 
-    def _kill_zombie(self, pid: int) -> tuple[bool, str]:
-        if self._belongs_to_job(pid):
-            return False, "belongs to a running job; stop the job instead"
-        if all(pid != p["pid"] for sample in self._sample() for p in sample.processes):
+    def _kill_zombie(self, pid: int, gpu_index: int) -> tuple[bool, str]:
+        samples = self._sample()
+        if all(pid != p["pid"] for sample in samples for p in sample.processes):
             return False, "not a GPU process (any more)"
+        owner = self._job_of(pid)
+        if owner is not None and all(
+            pid != p["pid"] or sample.index in owner.gpu_indices
+            for sample in samples
+            for p in sample.processes
+        ):
+            return False, "belongs to a running job on its own GPUs; stop the job instead"
         if procfs.read_stat(pid) is None:
             return False, "not visible to the agent (another pid namespace?)"
         try:
@@ -1001,33 +1007,51 @@ class Agent:
             return False, "not permitted to kill it"
         return True, "killed with SIGKILL"
 
-    def _belongs_to_job(self, pid: int) -> bool:
-        """True if ``pid`` is in a running job's process group or descends from its leader
-        (a job's child that started its own session is still the job's)."""
-        leaders = {r.pid for r in self._running()}
+    def _job_of(self, pid: int) -> JobRecord | None:
+        """The running job ``pid`` is part of: in its process group or descending from its
+        leader (a job's child that started its own session is still the job's)."""
+        leaders = {r.pid: r for r in self._running()}
         stat = procfs.read_stat(pid)
         for _ in range(64):  # bounded walk up the parent chain
             if stat is None:
-                return False
-            if stat.pgid in leaders or stat.pid in leaders:
-                return True
+                return None
+            record = leaders.get(stat.pgid) or leaders.get(stat.pid)
+            if record is not None:
+                return record
             if stat.ppid <= 1:
-                return False
+                return None
             stat = procfs.read_stat(stat.ppid)
-        return False
+        return None
 
     def _zombies(self, samples: list[GpuSample]) -> list[dict[str, Any]]:
-        return [
-            {
-                "gpu_index": sample.index,
-                "pid": process["pid"],
-                "memory_mb": process["memory_mb"],
-                "name": procfs.process_name(process["pid"]),
-            }
-            for sample in samples
-            for process in sample.processes
-            if not self._belongs_to_job(process["pid"])
-        ]
+        """GPU processes that no job holding that GPU accounts for: leftovers of no job,
+        and a job's process on a GPU it was not given (it reset CUDA_VISIBLE_DEVICES
+        itself: without device isolation only this report catches it)."""
+        zombies = []
+        for sample in samples:
+            for process in sample.processes:
+                owner = self._job_of(process["pid"])
+                if owner is not None and sample.index in owner.gpu_indices:
+                    continue
+                name = procfs.process_name(process["pid"])
+                if owner is not None:
+                    name = f"{name} (job {owner.job_id}, outside its GPUs)"
+                    logger.warning(
+                        "job %s attempt %s uses GPU %s, which it was not given (pid %s)",
+                        owner.job_id,
+                        owner.attempt,
+                        sample.index,
+                        process["pid"],
+                    )
+                zombies.append(
+                    {
+                        "gpu_index": sample.index,
+                        "pid": process["pid"],
+                        "memory_mb": process["memory_mb"],
+                        "name": name,
+                    }
+                )
+        return zombies
 
     # --- reports ---
 

@@ -131,3 +131,24 @@ def test_job_process_in_its_own_session_is_still_the_jobs(make_agent):
     h.wait_for(lambda: time.monotonic() - begun > 0.3)
     assert all(not b["zombies"] for b in h.of_type("heartbeat"))
     subprocess.run(["kill", "-9", str(escaped)], check=False)
+
+
+def test_a_job_process_on_a_gpu_it_was_not_given_is_reported_and_may_be_killed(make_agent):
+    """Without device isolation a job can reset CUDA_VISIBLE_DEVICES and use another GPU
+    (seen on a real H200: tools/gpu_isolation_check.py); the heartbeat names it."""
+    backend = FakeNvml()
+    h = make_agent(backend=backend, heartbeat_seconds=0.1)
+    h.send(launch(4, ["sleep", "600"], gpu_indices=[0]))
+    h.wait_report("started", 4)
+    command_pid = h.agent.jobs[(4, 1)].command_pid
+    backend.processes = {0: [], 1: [command_pid]}
+
+    beat = h.wait_for(lambda: [b for b in h.of_type("heartbeat") if b["zombies"]])[-1]
+    [zombie] = beat["zombies"]
+    assert (zombie["gpu_index"], zombie["pid"]) == (1, command_pid)
+    assert "(job 4, outside its GPUs)" in zombie["name"]
+
+    h.send(kill_process_message(pid=command_pid, gpu_index=1, reason="zombie"))
+    [kill] = h.wait_for(lambda: [k for b in h.of_type("heartbeat") for k in b["kills"]])
+    assert kill["killed"] is True
+    h.wait_report("exited", 4)

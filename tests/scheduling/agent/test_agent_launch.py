@@ -5,7 +5,8 @@ import os
 from pathlib import Path
 
 from scheduling.agent.protocol import validate_report
-from tests.scheduling.agent.helpers import PYTHON, launch, python_job, stop, waiting_job
+from scheduling.agent.runner import SYSTEM_JOB_PATH
+from tests.scheduling.agent.helpers import IS_ROOT, PYTHON, launch, python_job, stop, waiting_job
 
 SHOW_ENV = """
 import os
@@ -43,7 +44,8 @@ def test_job_runs_with_its_gpus_and_environment(make_agent, caplog):
                 "PATH": "/tmp/evil-bin",
                 "HOME": "/root",
                 "SLUICE_EVIL": "1",
-                "EXPECTED_PATH": "/usr/bin:/bin",
+                # A job of its own account gets the node's system PATH, not the agent's.
+                "EXPECTED_PATH": SYSTEM_JOB_PATH if IS_ROOT else "/usr/bin:/bin",
             },
         )
     )
