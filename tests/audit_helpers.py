@@ -19,6 +19,8 @@ def append_only_guard_dropped():
     """Inside: raw UPDATE and DELETE on the audit table succeed. After: the guard is back."""
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
+            # ALTER TABLE waits for no deferred foreign-key check of this transaction's inserts.
+            cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
             cursor.execute(
                 f"ALTER TABLE {audit_db.TABLE} DISABLE TRIGGER {audit_db.POSTGRESQL_TRIGGER}"
             )
@@ -30,9 +32,11 @@ def append_only_guard_dropped():
     finally:
         with connection.cursor() as cursor:
             if connection.vendor == "postgresql":
+                cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
                 cursor.execute(
                     f"ALTER TABLE {audit_db.TABLE} ENABLE TRIGGER {audit_db.POSTGRESQL_TRIGGER}"
                 )
+                cursor.execute("SET CONSTRAINTS ALL DEFERRED")
             else:
                 for statement in audit_db.SQLITE_CREATE:
                     cursor.execute(statement)

@@ -224,8 +224,7 @@ def audit_verify(*, update_anchor: bool = True, reset_anchor_reason: str = "") -
         audit_record(
             action="audit.anchor_reset",
             target_type="audit.anchor",
-            target_id=str(anchor_path()),
-            target_label="audit chain anchor",
+            target_label=str(anchor_path()),  # audit_record cuts it to the label's 255
             before={"anchor": anchor_error or _anchor_dict(result.anchor_before)},
             reason=reset_anchor_reason,
         )

@@ -53,7 +53,13 @@ def _flush_past_the_audit_guard():
     empties tables with TRUNCATE, which its trigger lets through.) Session-wide, because the
     flush runs after every function-scoped fixture has been torn down.
     """
-    from django.db.backends.sqlite3.operations import DatabaseOperations
+    from django.db import connection
+
+    if connection.vendor != "sqlite":
+        yield
+        return
+
+    from django.db.backends.sqlite3.base import DatabaseOperations
 
     from portal.audit import db as audit_db
 
