@@ -6,7 +6,8 @@ user's staff flag here, as ``portal.audit`` does.
 
 from __future__ import annotations
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
+from django.utils import timezone
 
 from portal.errors import NotFoundError
 
@@ -18,8 +19,11 @@ def is_platform_admin(user) -> bool:
 
 
 def api_tokens_visible_to(user) -> QuerySet[ApiToken]:
-    """Everyone sees their own tokens; platform admins see every user's."""
-    qs = ApiToken.objects.select_related("user")
+    """Everyone sees their own tokens; platform admins see every user's. Expired tokens
+    no longer count (knox deletes them when they are next presented)."""
+    qs = ApiToken.objects.select_related("user").filter(
+        Q(expiry__isnull=True) | Q(expiry__gt=timezone.now())
+    )
     if is_platform_admin(user):
         return qs
     if not user or not user.is_authenticated or not user.is_active:

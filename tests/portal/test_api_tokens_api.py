@@ -116,6 +116,16 @@ def test_expired_token_is_401_and_is_deleted(world, api_token, token_client):
     assert not ApiToken.objects.filter(pk=token.pk).exists()
 
 
+def test_expired_tokens_are_not_listed(world, api, api_token):
+    api_token(world.member, days=1)
+    fresh, _ = api_token(world.member, days=30)
+
+    with freeze_time(timezone.now() + timedelta(days=2)):
+        body = api(world.member).get(URL).json()
+
+    assert [t["id"] for t in body["results"]] == [fresh.pk]
+
+
 def test_token_works_until_it_expires(world, api_token, token_client):
     _, key = api_token(world.member, days=1)
 
