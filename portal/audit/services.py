@@ -183,7 +183,7 @@ def _anchor_problems(anchor: Anchor, walk: _ChainWalk) -> list[str]:
     if walk.anchored_seen is None:
         if walk.broken is not None and walk.broken.pk <= anchor.last_id:
             return []  # the walk stopped before reaching it; the chain problem says why
-        if head_id is None or head_id < anchor.last_id:
+        if walk.broken is None and (head_id is None or head_id < anchor.last_id):
             return [
                 f"events deleted after the anchor: the log now ends at "
                 f"{'event ' + str(head_id) if head_id else 'nothing'} ({walk.checked} events), "
