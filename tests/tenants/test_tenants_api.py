@@ -17,7 +17,13 @@ def test_platform_admin_creates_a_tenant(world, api):
     event = AuditEvent.objects.get(action="tenant.create")
     assert event.tenant == tenant
     assert event.before is None
-    assert event.after == {"slug": "speech", "name": "Speech", "description": "", "active": True}
+    assert event.after == {
+        "slug": "speech",
+        "name": "Speech",
+        "description": "",
+        "active": True,
+        "unix_account": "",
+    }
 
 
 @pytest.mark.parametrize("who", ["tenant_admin", "member", "viewer", "outsider"])
