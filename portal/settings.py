@@ -321,8 +321,19 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PAGINATION_CLASS": "portal.api.pagination.StandardPagination",
     "PAGE_SIZE": 50,
+    # Bad input is a 400 naming the field, never a 500 (portal.api.parsers and .filters):
+    # NUL and lone surrogates are refused in any body, query parameter or path.
+    "DEFAULT_PARSER_CLASSES": [
+        "portal.api.parsers.JSONParser",
+        "portal.api.parsers.FormParser",
+        "portal.api.parsers.MultiPartParser",
+    ],
+    "DEFAULT_RENDERER_CLASSES": [
+        "portal.api.renderers.JSONRenderer",
+        "rest_framework.renderers.BrowsableAPIRenderer",
+    ],
     "DEFAULT_FILTER_BACKENDS": [
-        "django_filters.rest_framework.DjangoFilterBackend",
+        "portal.api.filters.FilterBackend",
         "rest_framework.filters.OrderingFilter",
     ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
@@ -341,6 +352,12 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     # One enum name for the workload types, wherever a serializer lists them.
     "ENUM_NAME_OVERRIDES": {"WorkloadTypeEnum": "scheduling.choices.WorkloadType"},
+    # Every operation documents its error answers (400, 401, 403, 404, 409, ...) with the
+    # one error shape, {"detail": ..., "errors": {field: [messages]}}.
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "portal.api.schema.document_error_responses",
+    ],
 }
 
 LOGGING = {

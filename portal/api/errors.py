@@ -1,6 +1,11 @@
 """Uniform API errors: ``{"detail": "...", "errors": {"field": ["..."]}}`` with the right status."""
 
-from django.core.exceptions import NON_FIELD_ERRORS, PermissionDenied
+from django.core.exceptions import (
+    NON_FIELD_ERRORS,
+    PermissionDenied,
+    RequestDataTooBig,
+    SuspiciousOperation,
+)
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404
 from rest_framework import exceptions, status
@@ -55,6 +60,13 @@ def exception_handler(exc, context):
             {"detail": "Invalid input.", "errors": _api_field_names(errors)},
             status=status.HTTP_400_BAD_REQUEST,
         )
+    if isinstance(exc, RequestDataTooBig):
+        return Response(
+            {"detail": "Request body too large.", "errors": {}},
+            status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+        )
+    if isinstance(exc, SuspiciousOperation):  # e.g. too many form fields
+        return Response({"detail": str(exc), "errors": {}}, status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, PermissionDenied):

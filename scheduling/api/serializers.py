@@ -3,7 +3,7 @@ from rest_framework import serializers
 
 from tenants.models import Project, Tenant
 
-from ..choices import WorkloadType
+from ..choices import StopReason, WorkloadType
 from ..models import (
     Allocation,
     Gpu,
@@ -260,6 +260,10 @@ class JobSerializer(serializers.ModelSerializer):
     gpu_model = serializers.ListField(source="gpu_models", child=serializers.CharField())
     pending_reason = serializers.SerializerMethodField()
     allocations = serializers.SerializerMethodField()
+    # Blank while the job has not stopped (read-only model fields lose allow_blank).
+    stop_reason = serializers.ChoiceField(
+        choices=StopReason.choices, allow_blank=True, read_only=True
+    )
 
     class Meta:
         model = Job
@@ -336,8 +340,31 @@ class JobSerializer(serializers.ModelSerializer):
         return AllocationSerializer(allocations, many=True).data
 
 
+@extend_schema_field(
+    {
+        "oneOf": [
+            {"type": "array", "items": {"type": "string"}, "minItems": 1},
+            {"type": "string"},
+        ]
+    }
+)
 class CommandField(serializers.JSONField):
     """A list of argument strings, or (with shell=true) one shell string."""
+
+
+@extend_schema_field(
+    {
+        "oneOf": [
+            {"type": "string", "maxLength": 40},
+            {
+                "type": "array",
+                "items": {"type": "string", "minLength": 1, "maxLength": 40},
+            },
+        ]
+    }
+)
+class GpuModelField(serializers.JSONField):
+    """One GPU model key or a list of acceptable ones; empty = any."""
 
 
 class JobSubmitSerializer(serializers.Serializer):
@@ -357,7 +384,7 @@ class JobSubmitSerializer(serializers.Serializer):
     )
     gpus_per_node = serializers.IntegerField(min_value=0, max_value=64, required=False, default=1)
     nodes = serializers.IntegerField(min_value=1, max_value=256, required=False, default=1)
-    gpu_model = serializers.JSONField(
+    gpu_model = GpuModelField(
         required=False,
         default=list,
         help_text="One model key or a list of acceptable ones; empty = any.",
@@ -408,6 +435,32 @@ class JobSubmitSerializer(serializers.Serializer):
 
 class JobBulkSerializer(serializers.Serializer):
     jobs = JobSubmitSerializer(many=True, allow_empty=False, max_length=10000)
+
+
+class JobSubmitResultSerializer(serializers.Serializer):
+    """What submitting many jobs (a list, or one spec with ``array``) answers."""
+
+    count = serializers.IntegerField()
+    ids = serializers.ListField(child=serializers.IntegerField())
+    array_id = serializers.CharField(required=False, help_text="Only for an array.")
+
+
+class JobLogsQuerySerializer(serializers.Serializer):
+    tail = serializers.IntegerField(
+        min_value=1, required=False, help_text="Last N bytes (default 65536, at most 10 MiB)."
+    )
+    attempt = serializers.IntegerField(
+        min_value=0, max_value=MAX_INT32, required=False, help_text="Attempt (default: current)."
+    )
+
+
+class JobLogsSerializer(serializers.Serializer):
+    job = serializers.IntegerField()
+    attempt = serializers.IntegerField()
+    size = serializers.IntegerField(help_text="Bytes of output of that attempt.")
+    truncated = serializers.BooleanField(help_text="Only the last `tail` bytes are shown.")
+    text = serializers.CharField(allow_blank=True)
+    running = serializers.BooleanField()
 
 
 class JobActionSerializer(serializers.Serializer):
@@ -516,6 +569,10 @@ class RaiseCeilingSerializer(serializers.Serializer):
     ceiling = serializers.CharField(
         max_length=50, allow_null=True, help_text="Class name; null: tenant admins approve nothing."
     )
+
+
+class MarkedReadSerializer(serializers.Serializer):
+    marked_read = serializers.IntegerField()
 
 
 class NotificationSerializer(serializers.ModelSerializer):

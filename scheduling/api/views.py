@@ -1,12 +1,13 @@
 from django.db.models import Prefetch
 from django.http import Http404
 from django_filters import rest_framework as filters
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from portal.api.filters import IdFilter, path_id
 from portal.api.views import validated
 from portal.errors import BusinessError, NotFoundError
 from tenants.selectors import projects_visible_to, tenant_get, tenants_visible_to
@@ -163,8 +164,8 @@ class QueueViewSet(ConfigViewSet):
 
 class JobFilter(filters.FilterSet):
     state = filters.MultipleChoiceFilter(choices=Job._meta.get_field("state").choices)
-    queue = filters.NumberFilter(field_name="queue_id")
-    project = filters.NumberFilter(field_name="project_id")
+    queue = IdFilter(field_name="queue_id")
+    project = IdFilter(field_name="project_id")
     tenant = filters.CharFilter(field_name="tenant__slug")
     user = filters.CharFilter(field_name="submitted_by__username")
     workload_type = filters.CharFilter()
@@ -220,7 +221,18 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         except Http404:
             raise NotFoundError("Job not found.") from None
 
-    @extend_schema(request=s.JobSubmitSerializer, responses={201: s.JobSerializer})
+    @extend_schema(
+        request=s.JobSubmitSerializer,
+        responses={
+            201: PolymorphicProxySerializer(
+                component_name="JobSubmitted",
+                serializers=[s.JobSerializer, s.JobSubmitResultSerializer],
+                resource_type_field_name=None,
+                many=False,
+            )
+        },
+        description="Submit one job; with `array` set, that many jobs and the answer lists their ids.",
+    )
     def create(self, request):
         data = dict(validated(s.JobSubmitSerializer, request.data))
         spec = spec_from_input(request.user, data)
@@ -240,7 +252,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             status=status.HTTP_201_CREATED,
         )
 
-    @extend_schema(request=s.JobBulkSerializer, responses={201: None})
+    @extend_schema(request=s.JobBulkSerializer, responses={201: s.JobSubmitResultSerializer})
     @action(detail=False, methods=["post"])
     def bulk(self, request):
         """Submit a list of jobs (or arrays) all-or-nothing: one bad spec and none is stored."""
@@ -291,24 +303,16 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         page = self.paginate_queryset(selectors.job_events_of(job))
         return self.get_paginated_response(s.JobEventSerializer(page, many=True).data)
 
-    @extend_schema(
-        parameters=[
-            OpenApiParameter("tail", int, description="Last N bytes (default 65536)."),
-            OpenApiParameter("attempt", int, description="Attempt (default: current)."),
-        ],
-        responses={200: None},
-    )
+    @extend_schema(parameters=[s.JobLogsQuerySerializer], responses=s.JobLogsSerializer)
     @action(detail=True, methods=["get"])
     def logs(self, request, pk=None):
         """The job's output (stdout and stderr) as shipped by its node agent."""
         from ..services.nodes import job_log_path
 
         job = self.get_object()
-        try:
-            tail = max(1, min(int(request.query_params.get("tail", 65536)), 10 * 1024 * 1024))
-            attempt = int(request.query_params.get("attempt", job.attempt))
-        except ValueError:
-            raise BusinessError("tail and attempt must be integers.", field="tail") from None
+        params = validated(s.JobLogsQuerySerializer, request.query_params)
+        tail = min(params.get("tail", 65536), 10 * 1024 * 1024)
+        attempt = params.get("attempt", job.attempt)
         path = job_log_path(job.pk, attempt)
         text, size = "", 0
         if path.exists():
@@ -334,8 +338,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
 class PriorityRaiseFilter(filters.FilterSet):
     state = filters.MultipleChoiceFilter(choices=RaiseState.choices)
     tenant = filters.CharFilter(field_name="tenant__slug")
-    job = filters.NumberFilter(field_name="job_id")
-    project = filters.NumberFilter(field_name="project_id")
+    job = IdFilter(field_name="job_id")
+    project = IdFilter(field_name="project_id")
     requested_by = filters.CharFilter(field_name="requested_by__username")
     to_class = filters.CharFilter(field_name="to_class__name")
     decidable = filters.BooleanFilter(
@@ -488,13 +492,13 @@ class NotificationViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     @extend_schema(request=None, responses=s.NotificationSerializer)
     @action(detail=True, methods=["post"])
     def read(self, request, pk=None):
-        notification = self.get_queryset().filter(pk=pk).first()
+        notification = self.get_queryset().filter(pk=path_id(pk, "Notification not found.")).first()
         if notification is None:
             raise NotFoundError("Notification not found.")
         notifications.notification_mark_read(user=request.user, notification=notification)
         return Response(self.get_serializer(notification).data)
 
-    @extend_schema(request=None, responses={200: None})
+    @extend_schema(request=None, responses=s.MarkedReadSerializer)
     @action(detail=False, methods=["post"], url_path="read-all")
     def read_all(self, request):
         count = notifications.notifications_mark_all_read(user=request.user)

@@ -12,6 +12,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from portal.api.filters import IdFilter, path_id
 from portal.api.routers import OptionalSlashRouter
 from portal.api.views import validated
 from portal.errors import NotFoundError
@@ -100,7 +101,7 @@ class JobExtensionsView(generics.ListCreateAPIView):
 
 class RuntimeExtensionFilter(filters.FilterSet):
     state = filters.ChoiceFilter(choices=ExtensionState.choices)
-    job = filters.NumberFilter(field_name="job_id")
+    job = IdFilter(field_name="job_id")
     tenant = filters.CharFilter(field_name="tenant__slug")
     decidable = filters.BooleanFilter(
         method="filter_decidable", label="Only those you may approve or reject now."
@@ -129,7 +130,11 @@ class RuntimeExtensionViewSet(
         return selectors.extensions_visible_to(self.request.user).order_by("-id")
 
     def get_object(self):
-        extension = self.get_queryset().filter(pk=self.kwargs["pk"]).first()
+        extension = (
+            self.get_queryset()
+            .filter(pk=path_id(self.kwargs["pk"], "Runtime extension not found."))
+            .first()
+        )
         if extension is None:
             raise NotFoundError("Runtime extension not found.")
         return extension

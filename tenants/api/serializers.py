@@ -8,6 +8,9 @@ User = get_user_model()
 
 
 class UserSerializer(serializers.ModelSerializer):
+    # May be blank: a plain string in the schema, not format "email".
+    email = serializers.CharField(read_only=True)
+
     class Meta:
         model = User
         fields = [

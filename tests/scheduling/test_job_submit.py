@@ -4,6 +4,7 @@ Each refusal is a 400 (403/404 for rights) naming the field, and stores nothing:
 JobEvent, no AuditEvent.
 """
 
+import re
 from datetime import UTC, datetime
 
 import pytest
@@ -463,8 +464,11 @@ def test_malformed_spec_is_a_400_naming_the_field(
 ):
     data = refused(api, world.member, body(world, **overrides))
 
-    # Messages about one entry of a dict field come under "field.key" (e.g. "env.EPOCHS").
-    messages = [m for key, ms in data["errors"].items() if key.split(".")[0] == field for m in ms]
+    # Messages about one entry of a dict or list field come under "field.key" or "field[i]"
+    # (e.g. "env.EPOCHS", "command[1]").
+    messages = [
+        m for key, ms in data["errors"].items() if re.split(r"[.\[]", key)[0] == field for m in ms
+    ]
     assert messages, data
     assert fragment in " ".join(messages)
 
