@@ -13,6 +13,7 @@ from __future__ import annotations
 import django_filters
 from django import forms
 from django_filters.rest_framework import DjangoFilterBackend
+from drf_spectacular.utils import extend_schema_field
 from rest_framework.exceptions import ValidationError
 
 from portal.errors import NotFoundError
@@ -29,6 +30,7 @@ class IdField(forms.IntegerField):
         super().__init__(*args, **kwargs)
 
 
+@extend_schema_field({"type": "integer", "format": "int64", "minimum": 1, "maximum": MAX_ID})
 class IdFilter(django_filters.NumberFilter):
     """A database id: a whole number from 1 to 2**63-1."""
 

@@ -1,3 +1,6 @@
+from datetime import timedelta
+
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -32,6 +35,12 @@ class StrictCharField(serializers.CharField):
 # The largest values the database columns hold (PositiveIntegerField, BigIntegerField).
 MAX_INT32 = 2**31 - 1
 MAX_INT64 = 2**63 - 1
+# Durations the columns would hold but date arithmetic cannot (a grant of 2**31 hours, a
+# retention of 2**31 days end past year 9999): the API stops well short.
+MAX_GRANT_HOURS = 366 * 24
+MAX_RETENTION_DAYS = 100 * 366
+# How far ahead a raise's window may lie.
+RAISE_WINDOW_HORIZON = timedelta(days=10 * 366)
 
 # --- platform objects -----------------------------------------------------------------------
 
@@ -123,6 +132,7 @@ class PriorityClassSerializer(serializers.ModelSerializer):
             "max_grant_hours",
             "description",
         ]
+        extra_kwargs = {"max_grant_hours": {"max_value": MAX_GRANT_HOURS}}
 
 
 class WorkloadPolicySerializer(serializers.ModelSerializer):
@@ -152,6 +162,7 @@ class WorkloadPolicySerializer(serializers.ModelSerializer):
             "retention_days",
             "allowed_pools",
         ]
+        extra_kwargs = {"retention_days": {"max_value": MAX_RETENTION_DAYS}}
 
     def validate(self, attrs):
         default = attrs.get(
@@ -530,10 +541,22 @@ class PriorityRaiseCreateSerializer(serializers.Serializer):
     to_class = serializers.CharField(max_length=50, help_text="Name of the target class.")
     reason = serializers.CharField(max_length=2000)
     hours = serializers.FloatField(
-        required=False, allow_null=True, default=None, help_text="Empty: the class's maximum."
+        required=False,
+        allow_null=True,
+        default=None,
+        max_value=MAX_GRANT_HOURS,
+        help_text="Empty: the class's maximum.",
     )
     window_start = serializers.DateTimeField(required=False, allow_null=True, default=None)
     window_end = serializers.DateTimeField(required=False, allow_null=True, default=None)
+
+    def _within_horizon(self, value):
+        if value is not None and value > timezone.now() + RAISE_WINDOW_HORIZON:
+            raise serializers.ValidationError("At most 10 years ahead.")
+        return value
+
+    validate_window_start = _within_horizon
+    validate_window_end = _within_horizon
 
 
 class RaiseStepSerializer(serializers.Serializer):

@@ -31,14 +31,14 @@ class UserCreateSerializer(serializers.Serializer):
     password = serializers.CharField(
         write_only=True, max_length=128, style={"input_type": "password"}
     )
-    email = serializers.EmailField(required=False, allow_blank=True, default="")
+    email = serializers.EmailField(required=False, allow_blank=True, max_length=254, default="")
     first_name = serializers.CharField(required=False, allow_blank=True, max_length=150, default="")
     last_name = serializers.CharField(required=False, allow_blank=True, max_length=150, default="")
     is_staff = serializers.BooleanField(required=False, default=False)
 
 
 class UserUpdateSerializer(serializers.Serializer):
-    email = serializers.EmailField(required=False, allow_blank=True)
+    email = serializers.EmailField(required=False, allow_blank=True, max_length=254)
     first_name = serializers.CharField(required=False, allow_blank=True, max_length=150)
     last_name = serializers.CharField(required=False, allow_blank=True, max_length=150)
     is_staff = serializers.BooleanField(required=False)

@@ -393,3 +393,136 @@ def test_a_raise_with_bad_text_in_the_comment_is_refused(api, world):
     assert_bad_request(response, "comment")
     raise_.refresh_from_db()
     assert raise_.state == "pending"
+
+
+# --- any text field of any body, far too long ----------------------------------------------
+
+# A valid body for each operation that creates something, so that a too-long field is the
+# only thing wrong and the request would reach the database if nothing refused it.
+VALID_BODIES = {
+    ("post", "/api/v1/users/"): {"username": "newbie", "password": "a-long-enough-passphrase"},
+    ("post", "/api/v1/tenants/"): {"slug": "audio", "name": "Audio"},
+    ("post", "/api/v1/projects/"): {"tenant": "nlp", "slug": "asr", "name": "ASR"},
+    ("post", "/api/v1/pools/"): {"name": "spare", "purpose": "training"},
+    ("post", "/api/v1/priority-classes/"): {"name": "urgent", "value": 900},
+    ("post", "/api/v1/quotas/"): {"tenant": "nlp", "pool": "training", "gpu_model": "A100-40GB"},
+    ("post", "/api/v1/queues/"): {
+        "tenant": "nlp",
+        "name": "eval",
+        "pool": "training",
+        "default_priority_class": "normal",
+        "max_self_service_class": "normal",
+    },
+    ("post", "/api/v1/tenants/{tenant_slug}/members"): {
+        "username": "vision-member",
+        "role": "viewer",
+    },
+    ("post", "/api/v1/priority-raises/"): {"job": "{job}", "to_class": "high", "reason": "demo"},
+    ("post", "/api/v1/jobs/{id}/extensions/"): {"seconds": 600, "reason": "one more epoch"},
+    ("post", "/api/v1/jobs/{id}/exempt/"): {"until": None, "reason": "demo"},
+    ("put", "/api/v1/tenants/{tenant_slug}/raise-ceiling"): {"ceiling": "high"},
+    ("post", "/api/v1/projects/{id}/submitters/"): {"username": "nlp-viewer", "allowed": True},
+}
+PATH_VALUES = {
+    "tenant_slug": "nlp",
+    "slug": "nlp",
+    "username": "nlp-viewer",
+    "workload_type": "training",
+    "/pools/{name}": "training",
+    "/priority-classes/{name}": "normal",
+    "/nodes/{name}": "gpu-01",
+}
+
+
+def _text_fields_of_request_bodies():
+    from drf_spectacular.generators import SchemaGenerator
+
+    schema = SchemaGenerator().get_schema(request=None, public=True)
+    components = schema["components"]["schemas"]
+    for path, item in schema["paths"].items():
+        for method, operation in item.items():
+            body = operation.get("requestBody", {}).get("content", {}).get("application/json")
+            if not body or "auth/" in path:
+                continue
+            ref = body["schema"].get("$ref", "")
+            properties = components.get(ref.rsplit("/", 1)[-1], {}).get("properties", {})
+            for name, prop in properties.items():
+                prop = prop.get("oneOf", [prop])[0]  # a blank email is a second choice
+                if prop.get("type") == "string" and prop.get("format", "email") == "email":
+                    yield method, path, name
+                if prop.get("type") == "object" and "additionalProperties" in prop:
+                    yield method, path, f"{name}.key"
+
+
+def _fill_path(path: str, world, job) -> str:
+    for part, value in PATH_VALUES.items():
+        if part.startswith("/"):
+            path = path.replace(part, part.replace("{name}", value))
+        else:
+            path = path.replace("{" + part + "}", value)
+    ids = {"/jobs/": job.pk, "/projects/": world.project.pk, "/queues/": world.queue.pk}
+    object_id = next((pk for part, pk in ids.items() if part in path), world.member.pk)
+    return path.replace("{id}", str(object_id))
+
+
+@pytest.mark.parametrize(("method", "path", "field"), list(_text_fields_of_request_bodies()))
+def test_far_too_long_text_in_any_body_field_is_never_a_server_error(
+    api, world, method, path, field
+):
+    """Caught on PostgreSQL, whose varchar columns refuse what does not fit (SQLite stores it)."""
+    from scheduling.models import Quota
+
+    job = f.JobFactory(queue=world.queue, project=world.project, submitted_by=world.member)
+    Quota.objects.filter(tenant=world.tenant, gpu_model="A100-40GB").delete()
+    body = dict(VALID_BODIES.get((method, path), {}))
+    body = {k: (job.pk if v == "{job}" else v) for k, v in body.items()}
+    long_text = "x" * 10_000
+    if field == "email":  # valid but for its length (at most 254 characters)
+        long_text = "x" * 64 + "@" + "d" * 63 + "." + "e" * 63 + "." + "f" * 63 + ".com"
+    if field.endswith(".key"):
+        body[field[: -len(".key")]] = {long_text: "v", "k": long_text}
+    else:
+        body[field] = long_text
+    if path == "/api/v1/jobs/":
+        body = {**job_body(world), **body}
+
+    response = raw_json(api, world.platform_admin, method, _fill_path(path, world, job), body)
+
+    assert response.status_code < 500, response.content[:500]
+    assert response.status_code >= 400 or field.endswith(".key"), response.content[:500]
+
+
+# --- numbers the columns hold but date arithmetic does not -----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "body", "field"),
+    [
+        ("/api/v1/priority-classes/high/", {"max_grant_hours": 2**31 - 1}, "max_grant_hours"),
+        ("/api/v1/workload-policies/training/", {"retention_days": 2**31 - 1}, "retention_days"),
+    ],
+)
+def test_durations_beyond_any_calendar_are_refused(api, world, url, body, field):
+    assert_bad_request(api(world.platform_admin).patch(url, body, format="json"), field)
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"hours": 1e308}, "hours"),
+        (
+            {"window_start": "9999-12-31T22:00:00Z", "window_end": "9999-12-31T23:00:00Z"},
+            "window_start",
+        ),
+        (
+            {"window_start": "2030-01-01T00:00:00Z", "window_end": "9999-12-31T23:00:00Z"},
+            "window_end",
+        ),
+    ],
+)
+def test_raises_beyond_any_calendar_are_refused(api, world, extra, field):
+    body = {"project": world.project.pk, "to_class": "high", "reason": "demo", **extra}
+
+    assert_bad_request(
+        api(world.member).post("/api/v1/priority-raises/", body, format="json"), field
+    )
