@@ -15,11 +15,10 @@ from django.utils import timezone
 
 from portal.audit.services import audit_record
 from portal.errors import BusinessError, NotFoundError, PermissionDeniedError
+from scheduling.agent.protocol import RESERVED_ENV_NAMES, RESERVED_ENV_PREFIXES
 from tenants.choices import Role
 from tenants.models import Project
 from tenants.selectors import can_submit_to_project, has_role, job_unix_account
-
-from scheduling.agent.protocol import RESERVED_ENV_NAMES, RESERVED_ENV_PREFIXES
 
 from ..choices import JobState, QueueState, StopReason
 from ..models import Job, JobEvent, PriorityClass, Queue, WorkloadPolicy
