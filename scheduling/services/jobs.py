@@ -204,7 +204,9 @@ def _check_node_path(field_name: str, value: str, tenant_slug: str) -> str:
         _fail(field_name, f"{field_name} must be a path of at most 500 characters.")
     path = PurePosixPath(value)
     if ".." in path.parts:
-        _fail(field_name, f"{field_name} must not contain '..': it stays inside the job's directory.")
+        _fail(
+            field_name, f"{field_name} must not contain '..': it stays inside the job's directory."
+        )
     if not path.is_absolute():
         return str(path)
     roots = [r.replace("{tenant}", tenant_slug) for r in settings.SLUICE_JOB_PATH_ROOTS]
