@@ -455,27 +455,56 @@ def _text_fields_of_request_bodies():
 
 
 def _fill_path(path: str, world, job) -> str:
+    """``path`` naming objects that exist: ``job``, and for raises and runtime extensions
+    one of ``job`` made here."""
     for part, value in PATH_VALUES.items():
         if part.startswith("/"):
             path = path.replace(part, part.replace("{name}", value))
         else:
             path = path.replace("{" + part + "}", value)
     ids = {"/jobs/": job.pk, "/projects/": world.project.pk, "/queues/": world.queue.pk}
+    if "/priority-raises/" in path:
+        ids = {"/": ask(world, job).pk}
+    if "/runtime-extensions/" in path:
+        f.policy(job.workload_type, extension_cap_seconds=0)
+        ids = {
+            "/": limits.runtime_extension_request(
+                user=world.member, job=job, seconds=60, reason="r"
+            ).pk
+        }
     object_id = next((pk for part, pk in ids.items() if part in path), world.member.pk)
     return path.replace("{id}", str(object_id))
 
 
-@pytest.mark.parametrize(("method", "path", "field"), list(_text_fields_of_request_bodies()))
+TEXT_FIELDS = list(_text_fields_of_request_bodies())
+# Operations that answer before reading their body.
+BODY_NOT_READ = {("post", "/api/v1/nodes/")}  # nodes are registered by their agent
+BAD_TEXT_CASES = [
+    (method, path, field, where)
+    for method, path, field in TEXT_FIELDS
+    if (method, path) not in BODY_NOT_READ
+    for where in (["key", "value"] if field.endswith(".key") else ["text"])
+]
+
+
+def _valid_body(world, method: str, path: str, job) -> dict:
+    from scheduling.models import Quota
+
+    Quota.objects.filter(tenant=world.tenant, gpu_model="A100-40GB").delete()
+    body = dict(VALID_BODIES.get((method, path), {}))
+    body = {k: (job.pk if v == "{job}" else v) for k, v in body.items()}
+    if path == "/api/v1/jobs/":
+        body = {**job_body(world), **body}
+    return body
+
+
+@pytest.mark.parametrize(("method", "path", "field"), TEXT_FIELDS)
 def test_far_too_long_text_in_any_body_field_is_never_a_server_error(
     api, world, method, path, field
 ):
     """Caught on PostgreSQL, whose varchar columns refuse what does not fit (SQLite stores it)."""
-    from scheduling.models import Quota
-
     job = f.JobFactory(queue=world.queue, project=world.project, submitted_by=world.member)
-    Quota.objects.filter(tenant=world.tenant, gpu_model="A100-40GB").delete()
-    body = dict(VALID_BODIES.get((method, path), {}))
-    body = {k: (job.pk if v == "{job}" else v) for k, v in body.items()}
+    body = _valid_body(world, method, path, job)
     long_text = "x" * 10_000
     if field == "email":  # valid but for its length (at most 254 characters)
         long_text = "x" * 64 + "@" + "d" * 63 + "." + "e" * 63 + "." + "f" * 63 + ".com"
@@ -483,13 +512,39 @@ def test_far_too_long_text_in_any_body_field_is_never_a_server_error(
         body[field[: -len(".key")]] = {long_text: "v", "k": long_text}
     else:
         body[field] = long_text
-    if path == "/api/v1/jobs/":
-        body = {**job_body(world), **body}
 
     response = raw_json(api, world.platform_admin, method, _fill_path(path, world, job), body)
 
     assert response.status_code < 500, response.content[:500]
     assert response.status_code >= 400 or field.endswith(".key"), response.content[:500]
+
+
+@pytest.mark.parametrize("bad", ["\ud800", "\x00"], ids=["surrogate", "nul"])
+@pytest.mark.parametrize(("method", "path", "field", "where"), BAD_TEXT_CASES)
+def test_bad_text_in_any_body_field_is_refused_by_name(api, world, method, path, field, where, bad):
+    """Every text field of every request body, and every key and value of its object fields."""
+    job = f.placed_job(
+        gpus=list(world.nodes[0].gpus.order_by("index"))[:1],
+        queue=world.queue,
+        project=world.project,
+        submitted_by=world.member,
+    )
+    body = _valid_body(world, method, path, job)
+    url = _fill_path(path, world, job)
+    before = (Job.objects.count(), AuditEvent.objects.count())
+    if field.endswith(".key"):
+        name = field[: -len(".key")]
+        body[name] = {f"k{bad}": "v"} if where == "key" else {"k": f"v{bad}"}
+        expected = name if where == "key" else f"{name}.k"
+    else:
+        body[field] = f"a{bad}b"
+        expected = field
+
+    response = raw_json(api, world.platform_admin, method, url, body)
+
+    assert response.status_code == 400, response.content[:500]
+    assert expected in response.json()["errors"], response.content[:500]
+    assert (Job.objects.count(), AuditEvent.objects.count()) == before
 
 
 # --- numbers the columns hold but date arithmetic does not -----------------------------------

@@ -35,6 +35,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from portal.api.parsers import bad_text_errors
 from scheduling.choices import JobState, NotificationKind
 from scheduling.models import Notification, PriorityRaise, RuntimeExtension
 from scheduling.services import limits, notifications
@@ -111,20 +112,47 @@ def name_known_objects(context, path_parameters):
     return st.one_of(st.just(path_parameters), st.fixed_dictionaries({**fixed, **known}))
 
 
+def _with_lone_surrogate(body: dict, key: str, where: str) -> dict:
+    """``body`` with a lone surrogate in field ``key``: in its text, or in an object field
+    as a value or as a key."""
+    value = body[key]
+    if not isinstance(value, dict):
+        return {**body, key: f"{value}\ud800"}
+    if where == "key":
+        return {**body, key: {**value, "k\ud800": "v"}}
+    return {**body, key: {**value, "x": "\udc00"}}
+
+
 @schema.hook("flatmap_body")
 def refer_to_known_objects(context, body):
-    """Half the time, the ids and names in a body name objects that exist."""
+    """Part of the time, the ids and names in a body name objects that exist; part of the
+    time, a text field (or an object field's entry) holds a lone surrogate, which JSON can
+    spell and no database can store."""
     if not isinstance(body, dict):
         return st.just(body)
+    choices = [st.just(body)]
     known = {
         key: st.sampled_from(values)
         for key, values in {**KNOWN_BODY_VALUES, **KNOWN_BODY_IDS}.items()
         if key in body and values and not isinstance(body[key], (dict, list))
     }
-    if not known:
+    if known:
+        fixed = {key: st.just(value) for key, value in body.items()}
+        choices.append(st.fixed_dictionaries({**fixed, **known}))
+    return st.one_of(*choices).flatmap(_maybe_with_lone_surrogate)
+
+
+def _maybe_with_lone_surrogate(body: dict):
+    texts = sorted(key for key, value in body.items() if isinstance(value, (str, dict)))
+    if not texts:
         return st.just(body)
-    fixed = {key: st.just(value) for key, value in body.items()}
-    return st.one_of(st.just(body), st.fixed_dictionaries({**fixed, **known}))
+    spoiled = st.builds(
+        _with_lone_surrogate,
+        st.just(body),
+        st.sampled_from(texts),
+        st.sampled_from(["key", "value"]),
+    )
+    return st.one_of(st.just(body), spoiled)
 
 
 @pytest.fixture
@@ -181,12 +209,25 @@ def tokens(seeded, api_token):
     signals.request_finished.connect(close_old_connections)
 
 
+def check_bad_text_refused(case, response) -> None:
+    """A body with NUL or a lone surrogate anywhere is refused: PostgreSQL cannot store it,
+    SQLite stores what later breaks rendering (portal.api.parsers)."""
+    if response.status_code < 300 and bad_text_errors(case.body):
+        raise AssertionError(
+            f"Accepted text no database can store ({response.status_code}): {case.body!r}"
+        )
+
+
 def _record(case, role, response) -> None:
     failures = []
     try:
         case.validate_response(response, checks=CHECKS)
     except FailureGroup as group:
         failures = [f"{failure.title}: {failure.message[:300]}" for failure in group.exceptions]
+    try:
+        check_bad_text_refused(case, response)
+    except AssertionError as exc:
+        failures.append(f"Bad text accepted: {str(exc)[:300]}")
     line = {
         "op": f"{case.method} {case.path}",
         "role": role,
@@ -212,6 +253,7 @@ def test_api_answers_as_documented(case, role, tokens):
         _record(case, role, response)
     else:
         case.validate_response(response, checks=CHECKS)
+        check_bad_text_refused(case, response)
 
 
 def test_api_schema_is_served(client):
