@@ -462,7 +462,15 @@ def _fill_path(path: str, world, job) -> str:
             path = path.replace(part, part.replace("{name}", value))
         else:
             path = path.replace("{" + part + "}", value)
-    ids = {"/jobs/": job.pk, "/projects/": world.project.pk, "/queues/": world.queue.pk}
+    from scheduling.models import Quota
+
+    ids = {
+        "/jobs/": job.pk,
+        "/projects/": world.project.pk,
+        "/queues/": world.queue.pk,
+        "/quotas/": Quota.objects.filter(tenant=world.tenant).first().pk,
+        "/users/": world.member.pk,
+    }
     if "/priority-raises/" in path:
         ids = {"/": ask(world, job).pk}
     if "/runtime-extensions/" in path:
@@ -472,8 +480,9 @@ def _fill_path(path: str, world, job) -> str:
                 user=world.member, job=job, seconds=60, reason="r"
             ).pk
         }
-    object_id = next((pk for part, pk in ids.items() if part in path), world.member.pk)
-    return path.replace("{id}", str(object_id))
+    if "{id}" in path:
+        path = path.replace("{id}", str(next(pk for part, pk in ids.items() if part in path)))
+    return path
 
 
 TEXT_FIELDS = list(_text_fields_of_request_bodies())
@@ -516,7 +525,8 @@ def test_far_too_long_text_in_any_body_field_is_never_a_server_error(
     response = raw_json(api, world.platform_admin, method, _fill_path(path, world, job), body)
 
     assert response.status_code < 500, response.content[:500]
-    assert response.status_code >= 400 or field.endswith(".key"), response.content[:500]
+    if not field.endswith(".key"):  # a long key may be fine (labels, parameters)
+        assert response.status_code == 400, response.content[:500]
 
 
 @pytest.mark.parametrize("bad", ["\ud800", "\x00"], ids=["surrogate", "nul"])
