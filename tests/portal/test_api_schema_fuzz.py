@@ -1,14 +1,17 @@
 """Schemathesis against the OpenAPI schema: every operation, as a member and as a platform
 admin, with generated valid and invalid input; no 5xx, every status code documented, every
-answer as its schema says.
+answer as its schema says, and no body holding NUL or a lone surrogate accepted.
 
 The app runs in-process (WSGI) on the test database, seeded with the base users, jobs in
 several states, a pending priority raise, runtime extensions and notifications; path
 parameters and ids in bodies name those objects part of the time, so that the fuzzing gets
-past "not found". MAX_EXAMPLES bounds the run (about three minutes on two cores).
+past "not found". Each operation gets MAX_EXAMPLES generated requests per user, and the
+admin also schemathesis' coverage phase (boundary values, missing and wrong-typed fields,
+unexpected methods): about 10,000 requests, two to three minutes on one core.
 
-Marked ``fuzz``: deselect with ``-m "not fuzz"``. It runs in CI on PostgreSQL (the
-``pytest -m ""`` run of .ci/run), where NUL and lone surrogates fail differently than on SQLite.
+Marked ``fuzz``: deselect with ``-m "not fuzz"``. CI runs it twice: in ``make test``
+(SQLite) and in the ``pytest -m ""`` run of .ci/run on PostgreSQL, where NUL and lone
+surrogates fail differently (the database refuses them instead of storing them).
 
 To count what a run finds instead of failing at the first finding, set
 ``SLUICE_FUZZ_REPORT=/some/file.jsonl``: each request is appended there as a JSON line
