@@ -99,10 +99,12 @@ class NodeSerializer(serializers.ModelSerializer):
             "last_heartbeat",
             "registered_at",
             "zombies",
+            "isolation",
         ]
         read_only_fields = [
             "id",
             "name",
+            "isolation",
             "cpus",
             "memory_mb",
             "hostname",
@@ -160,6 +162,10 @@ class WorkloadPolicySerializer(serializers.ModelSerializer):
             "extension_cap_seconds",
             "kill_zombies",
             "retention_days",
+            "cpu_limit_per_gpu",
+            "memory_limit_mb_per_gpu",
+            "pids_limit",
+            "log_cap_mb",
             "allowed_pools",
         ]
         extra_kwargs = {"retention_days": {"max_value": MAX_RETENTION_DAYS}}
