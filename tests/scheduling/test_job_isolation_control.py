@@ -109,3 +109,27 @@ def test_log_beyond_the_cap_is_dropped_with_a_marker(world, settings, tmp_path):
     marker = f"\n[sluice: log truncated at {cap} bytes; the job goes on running]\n".encode()
     assert data == b"a" * (cap - 10) + b"b" * 10 + marker
     assert job.log_size == len(data)
+
+
+def test_platform_admins_set_a_policys_limits_and_log_cap_through_the_api(world, api):
+    url = "/api/v1/workload-policies/training"
+    admin = api(world.platform_admin)
+
+    bad = admin.patch(url, {"log_cap_mb": 0, "cpu_limit_per_gpu": -1}, format="json")
+    ok = admin.patch(
+        url,
+        {"cpu_limit_per_gpu": 6, "memory_limit_mb_per_gpu": 64000, "log_cap_mb": 20},
+        format="json",
+    )
+    member = api(world.member).patch(url, {"log_cap_mb": 1}, format="json")
+
+    assert bad.status_code == 400
+    assert {"log_cap_mb", "cpu_limit_per_gpu"} <= set(bad.json()["errors"])
+    assert ok.status_code == 200, ok.content
+    assert member.status_code == 403
+    policy = WorkloadPolicy.objects.get(workload_type=WorkloadType.TRAINING)
+    assert (policy.cpu_limit_per_gpu, policy.memory_limit_mb_per_gpu, policy.log_cap_mb) == (
+        6,
+        64000,
+        20,
+    )
