@@ -115,7 +115,9 @@ class PriorityClass(models.Model):
     preemptible = models.BooleanField(default=False)
     can_preempt = models.BooleanField(default=False)
     requires_approval = models.BooleanField(default=False)
-    max_grant_hours = models.PositiveIntegerField(default=24, validators=[MinValueValidator(1)])
+    max_grant_hours = models.PositiveIntegerField(
+        default=24, validators=[MinValueValidator(1), MaxValueValidator(8784)]
+    )
     description = models.TextField(blank=True, max_length=2000)
 
     class Meta:
@@ -155,7 +157,9 @@ class WorkloadPolicy(models.Model):
     )
     kill_zombies = models.BooleanField(default=False)
     retention_days = models.PositiveIntegerField(
-        default=14, help_text="Days logs and checkpoints are kept."
+        default=14,
+        validators=[MaxValueValidator(36600)],
+        help_text="Days logs and checkpoints are kept.",
     )
     # Enforced on the node by a cgroup v2 scope per job where the node supports it (the
     # nodes page says which nodes do); per GPU so that a bigger job gets more.

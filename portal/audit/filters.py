@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, time, timedelta
+from datetime import UTC, datetime, time, timedelta
 
 import django_filters as filters
 from django import forms
@@ -40,6 +40,13 @@ class MomentField(forms.Field):
             moment = datetime.combine(day, time.min)
         if timezone.is_naive(moment):
             moment = timezone.make_aware(moment)
+        # The database keeps UTC, and a whole day is read up to the next midnight: a moment
+        # at the edge of the calendar cannot be either (OverflowError, a 500 before).
+        try:
+            (moment + timedelta(days=1)).astimezone(UTC)
+            moment.astimezone(UTC)
+        except OverflowError:
+            raise forms.ValidationError("Give a moment between the years 1 and 9999.") from None
         return moment, day is not None
 
 

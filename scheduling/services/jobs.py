@@ -27,6 +27,7 @@ from .lifecycle import job_event, job_transition
 from .raises import effective_class_for, higher_class, project_grant_classes
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 MAX_COMMAND_BYTES = 64 * 1024
 MAX_JSON_BYTES = 64 * 1024
 MAX_ARRAY = 10_000
@@ -95,9 +96,11 @@ def _json_size(value) -> int:
 
 
 def _has_nul(value) -> bool:
-    """Whether a NUL character hides anywhere in a JSON value, keys included."""
+    """Whether a NUL character or a lone UTF-16 surrogate (no database can store either)
+    hides anywhere in a JSON value, keys included. The API's parsers refuse both already;
+    this holds for every other caller of the services."""
     if isinstance(value, str):
-        return "\x00" in value
+        return "\x00" in value or _LONE_SURROGATE.search(value) is not None
     if isinstance(value, dict):
         return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
     if isinstance(value, list):
@@ -127,8 +130,8 @@ def _validate_shapes(spec: JobSpec) -> None:
             _fail("command", "command must be a list of strings.")
     if not spec.command or not spec.command[0].strip():
         _fail("command", "command must not be empty.")
-    if any("\x00" in a for a in spec.command):
-        _fail("command", "command must not contain NUL characters.")
+    if any(_has_nul(a) for a in spec.command):
+        _fail("command", "command must not contain NUL characters or lone surrogates.")
     if sum(len(a.encode()) for a in spec.command) > MAX_COMMAND_BYTES:
         _fail("command", f"command is longer than {MAX_COMMAND_BYTES} bytes.")
     if not isinstance(spec.env, dict):
@@ -143,8 +146,8 @@ def _validate_shapes(spec: JobSpec) -> None:
                 f"(reserved: {', '.join(sorted(RESERVED_ENV_NAMES))} and SLUICE_*).",
                 code="reserved_env",
             )
-        if not isinstance(value, str) or "\x00" in value:
-            _fail("env", f"The value of {key} must be a string.")
+        if not isinstance(value, str) or _has_nul(value):
+            _fail("env", f"The value of {key} must be a string without NUL or lone surrogates.")
     if _json_size(spec.env) > MAX_JSON_BYTES:
         _fail("env", "env is too large.")
     for name in ("labels", "parameters"):

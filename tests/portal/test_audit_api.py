@@ -433,3 +433,20 @@ def test_a_preemption_writes_one_event(world, dispatch_requests):
     assert event.target_id == str(victim.pk)
     victim.refresh_from_db()
     assert victim.state == JobState.STOPPING
+
+
+@pytest.mark.parametrize(
+    ("param", "value"),
+    [
+        ("until", "9999-12-31"),  # the whole day would end past the calendar
+        ("since", "9999-12-31T23:59:59-12:00"),  # past the calendar in UTC
+        ("until", "0001-01-01T00:00:00+14:00"),  # before it in UTC
+    ],
+)
+def test_moments_at_the_edge_of_the_calendar_are_a_400_naming_the_filter(
+    world, api, events, param, value
+):
+    response = api(world.platform_admin).get(URL, {param: value})
+
+    assert response.status_code == 400, response.content
+    assert param in response.json()["errors"]

@@ -102,3 +102,31 @@ def test_long_tenant_slugs_map_to_distinct_valid_accounts(db):
     assert name_a != name_b
     assert len(name_a) <= 32 and len(name_b) <= 32
     assert name_a.startswith("sluice-natural")
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"command": ["python3", "x\ud800"]},
+        {"env": {"A": "\udfff"}},
+        {"parameters": {"lr": "\ud800"}},
+        {"labels": {"\ud800": "x"}},
+    ],
+)
+def test_the_service_refuses_lone_surrogates_whoever_calls_it(world, overrides):
+    from portal.errors import BusinessError
+    from scheduling.services.jobs import JobSpec, job_submit
+
+    values = {
+        "queue": world.queue,
+        "project": world.project,
+        "name": "",
+        "workload_type": "training",
+        "command": ["python3", "train.py"],
+        **overrides,
+    }
+    with pytest.raises(BusinessError) as refused:
+        job_submit(user=world.member, spec=JobSpec(**values))
+
+    assert list(refused.value.errors) == [next(iter(overrides))]
+    assert not Job.objects.exists()
