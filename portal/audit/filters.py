@@ -42,9 +42,10 @@ class MomentField(forms.Field):
             moment = timezone.make_aware(moment)
         # The database keeps UTC, and a whole day is read up to the next midnight: a moment
         # at the edge of the calendar cannot be either (OverflowError, a 500 before).
+        # Kept in UTC: PostgreSQL refuses offsets beyond ±15:59 that Python accepts.
         try:
             (moment + timedelta(days=1)).astimezone(UTC)
-            moment.astimezone(UTC)
+            moment = moment.astimezone(UTC)
         except OverflowError:
             raise forms.ValidationError("Give a moment between the years 1 and 9999.") from None
         return moment, day is not None

@@ -450,3 +450,10 @@ def test_moments_at_the_edge_of_the_calendar_are_a_400_naming_the_filter(
 
     assert response.status_code == 400, response.content
     assert param in response.json()["errors"]
+
+
+def test_an_offset_postgresql_would_refuse_is_read_in_utc(world, api, events):
+    response = api(world.platform_admin).get(URL, {"until": "2846-04-09T03:40:43-20:08"})
+
+    assert response.status_code == 200, response.content
+    assert response.json()["count"] == AuditEvent.objects.count() >= len(events)
