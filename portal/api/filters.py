@@ -14,11 +14,11 @@ import django_filters
 from django import forms
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.utils import extend_schema_field
-from rest_framework.exceptions import ValidationError
 
 from portal.errors import NotFoundError
+from portal.text import BAD_TEXT
 
-from .parsers import BAD_TEXT, BAD_TEXT_MESSAGE, printable
+from .parsers import query_dict_errors, raise_for_bad_text
 
 MAX_ID = 2**63 - 1  # BigAutoField
 
@@ -42,12 +42,7 @@ def check_query_text(request, view) -> None:
     for value in (getattr(view, "kwargs", None) or {}).values():
         if isinstance(value, str) and BAD_TEXT.search(value):
             raise NotFoundError()
-    errors: dict[str, list[str]] = {}
-    for key, values in request.query_params.lists():
-        if BAD_TEXT.search(key) or any(BAD_TEXT.search(v) for v in values):
-            errors[printable(key)] = [BAD_TEXT_MESSAGE]
-    if errors:
-        raise ValidationError(errors)
+    raise_for_bad_text(query_dict_errors(request.query_params))
 
 
 class FilterBackend(DjangoFilterBackend):

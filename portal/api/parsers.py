@@ -1,34 +1,21 @@
-"""Request parsers that refuse text no database can store, before any view sees it.
-
-A JSON string may spell a lone UTF-16 surrogate (``"\\ud800"``): Python accepts it, UTF-8
-cannot encode it, PostgreSQL refuses it and SQLite stores something the JSON renderer then
-fails on. NUL (``\\x00``) is refused by PostgreSQL text and jsonb columns alike. Each parser
-here checks every key and value of what it parsed, at any depth, and answers 400 naming
-where the bad text is (``parameters.a``, ``command[1]``), so that no view or serializer has
-to remember to.
+"""Request parsers that refuse text no database can store (see portal.text), before any
+view sees it. Each parser checks every key and value of what it parsed, at any depth, and
+answers 400 naming where the bad text is (``parameters.a``, ``command[1]``), so that no view
+or serializer has to remember to.
 """
 
 from __future__ import annotations
 
-import json
-import re
-
 from rest_framework import parsers
 from rest_framework.exceptions import ParseError, ValidationError
 
-# Lone surrogates (U+D800-U+DFFF) and NUL.
-BAD_TEXT = re.compile("[\x00\ud800-\udfff]")
-BAD_TEXT_MESSAGE = "Text must not contain NUL characters or unpaired UTF-16 surrogates."
+from portal.text import BAD_TEXT, BAD_TEXT_MESSAGE, printable
+
 BAD_KEY_MESSAGE = "Names must not contain NUL characters or unpaired UTF-16 surrogates."
 # No field of the API nests anywhere near this deep; far deeper would exhaust the stack of
 # whatever walks it next (serializers, the JSON encoder of the database column).
 MAX_DEPTH = 32
 DEPTH_MESSAGE = f"Nested more than {MAX_DEPTH} levels deep."
-
-
-def printable(text: str) -> str:
-    """``text`` with the characters that cannot be shown or stored spelled as JSON escapes."""
-    return BAD_TEXT.sub(lambda m: json.dumps(m.group())[1:-1], text)
 
 
 def _join(path: str, key: str) -> str:
@@ -67,7 +54,7 @@ def bad_text_errors(data) -> dict[str, list[str]]:
     return errors
 
 
-def _query_dict_errors(data) -> dict[str, list[str]]:
+def query_dict_errors(data) -> dict[str, list[str]]:
     """Like :func:`bad_text_errors` for a QueryDict: every value of every key."""
     errors: dict[str, list[str]] = {}
     for key, values in data.lists():
@@ -97,12 +84,12 @@ class JSONParser(parsers.JSONParser):
 class FormParser(parsers.FormParser):
     def parse(self, stream, media_type=None, parser_context=None):
         data = super().parse(stream, media_type, parser_context)
-        raise_for_bad_text(_query_dict_errors(data))
+        raise_for_bad_text(query_dict_errors(data))
         return data
 
 
 class MultiPartParser(parsers.MultiPartParser):
     def parse(self, stream, media_type=None, parser_context=None):
         result = super().parse(stream, media_type, parser_context)
-        raise_for_bad_text(_query_dict_errors(result.data))
+        raise_for_bad_text(query_dict_errors(result.data))
         return result

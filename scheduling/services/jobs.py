@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from portal.audit.services import audit_record
 from portal.errors import BusinessError, NotFoundError, PermissionDeniedError
+from portal.text import holds_bad_text
 from scheduling.agent.protocol import RESERVED_ENV_NAMES, RESERVED_ENV_PREFIXES
 from tenants.choices import Role
 from tenants.models import Project
@@ -27,7 +28,6 @@ from .lifecycle import job_event, job_transition
 from .raises import effective_class_for, higher_class, project_grant_classes
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 MAX_COMMAND_BYTES = 64 * 1024
 MAX_JSON_BYTES = 64 * 1024
 MAX_ARRAY = 10_000
@@ -95,19 +95,6 @@ def _json_size(value) -> int:
     return len(json.dumps(value, default=str))
 
 
-def _has_nul(value) -> bool:
-    """Whether a NUL character or a lone UTF-16 surrogate (no database can store either)
-    hides anywhere in a JSON value, keys included. The API's parsers refuse both already;
-    this holds for every other caller of the services."""
-    if isinstance(value, str):
-        return "\x00" in value or _LONE_SURROGATE.search(value) is not None
-    if isinstance(value, dict):
-        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_has_nul(v) for v in value)
-    return False
-
-
 def _validate_shapes(spec: JobSpec) -> None:
     """Command, env and metadata: malformed input is refused with the field named."""
     if spec.shell:
@@ -130,7 +117,7 @@ def _validate_shapes(spec: JobSpec) -> None:
             _fail("command", "command must be a list of strings.")
     if not spec.command or not spec.command[0].strip():
         _fail("command", "command must not be empty.")
-    if any(_has_nul(a) for a in spec.command):
+    if any(holds_bad_text(a) for a in spec.command):
         _fail("command", "command must not contain NUL characters or lone surrogates.")
     if sum(len(a.encode()) for a in spec.command) > MAX_COMMAND_BYTES:
         _fail("command", f"command is longer than {MAX_COMMAND_BYTES} bytes.")
@@ -146,7 +133,7 @@ def _validate_shapes(spec: JobSpec) -> None:
                 f"(reserved: {', '.join(sorted(RESERVED_ENV_NAMES))} and SLUICE_*).",
                 code="reserved_env",
             )
-        if not isinstance(value, str) or _has_nul(value):
+        if not isinstance(value, str) or holds_bad_text(value):
             _fail("env", f"The value of {key} must be a string without NUL or lone surrogates.")
     if _json_size(spec.env) > MAX_JSON_BYTES:
         _fail("env", "env is too large.")
@@ -156,10 +143,10 @@ def _validate_shapes(spec: JobSpec) -> None:
             _fail(name, f"{name} must be an object.")
         if _json_size(value) > MAX_JSON_BYTES:
             _fail(name, f"{name} is too large (over {MAX_JSON_BYTES} bytes).")
-        if _has_nul(value):  # PostgreSQL's jsonb cannot store it
+        if holds_bad_text(value):  # PostgreSQL's jsonb cannot store it
             _fail(name, f"{name} must not contain NUL characters.")
     if not isinstance(spec.gpu_models, list) or not all(
-        isinstance(m, str) and m and not _has_nul(m) for m in spec.gpu_models
+        isinstance(m, str) and m and not holds_bad_text(m) for m in spec.gpu_models
     ):
         _fail("gpu_model", "gpu_model must be a list of GPU model names.")
     if any(not isinstance(v, str) for v in spec.labels.values()):
