@@ -24,13 +24,13 @@ secure_var_dir(VAR_DIR)
 
 DEBUG = env_bool("DEBUG", False)
 
-_DEV_SECRET = "django-insecure-sluice-development-only-never-in-production"
 SECRET_KEY = env_str("SECRET_KEY", "")
 if not SECRET_KEY:
-    # Without DEBUG a random key is made once and kept in var/secret_key (0600), so that
-    # management commands and a single-machine install work without configuration.
-    # Production sets SECRET_KEY (shared by every web replica and worker).
-    SECRET_KEY = _DEV_SECRET if DEBUG else persistent_secret_key(VAR_DIR / "secret_key")
+    # A random key made once and kept in var/secret_key (0600), with or without DEBUG: every
+    # process of one install (make run, manage.py commands, tests) signs sessions and keys
+    # the audit chain alike, and no well-known key ever signs anything. Production sets
+    # SECRET_KEY (the same for every web replica and worker).
+    SECRET_KEY = persistent_secret_key(VAR_DIR / "secret_key")
 
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost"] if DEBUG else [])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])

@@ -45,15 +45,16 @@ def test_settings_prefer_the_secret_key_from_the_environment(tmp_path):
     assert not (tmp_path / "var" / "secret_key").exists()
 
 
-def test_settings_load_without_secret_key_in_debug(tmp_path):
-    result = _run(
-        ["-c", "import portal.settings as s; print(s.SECRET_KEY.startswith('django-insecure'))"],
-        tmp_path,
-        DEBUG="1",
-    )
+def test_debug_uses_the_same_kept_key_as_everything_else(tmp_path):
+    """make run exports DEBUG=1, a command typed in a shell does not: both must sign and
+    key the audit chain alike, or audit_verify reports a broken chain."""
+    show = "import portal.settings as s; print(s.SECRET_KEY)"
+    debug = _run(["-c", show], tmp_path, DEBUG="1")
+    plain = _run(["-c", show], tmp_path)
 
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "True"
+    assert debug.returncode == 0, debug.stderr
+    assert debug.stdout.strip() == plain.stdout.strip()
+    assert not debug.stdout.startswith("django-insecure")
 
 
 def test_bad_boolean_in_environment_is_a_clear_error(tmp_path):
