@@ -87,7 +87,13 @@ def quota_wait(job: PendingJob, account: Account, idle: int) -> str:
         f"{account.borrow_limit}, idle {idle}; job needs {job.gpus}"
     )
     if not job.preemptible and account.used + job.gpus > account.guaranteed:
-        text += "; non-preemptible work must fit within the guarantee"
+        if 0 < job.max_preemptions <= job.preemptions:
+            text += (
+                f"; preempted {job.preemptions} times (limit {job.max_preemptions}), it now "
+                "runs only within the guarantee, like non-preemptible work"
+            )
+        else:
+            text += "; non-preemptible work must fit within the guarantee"
     return text
 
 

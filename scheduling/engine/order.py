@@ -4,16 +4,43 @@ Higher priority first. Inside a class, the tenant with the lowest weighted fair 
 next, where the share is ``(decayed usage + GPUs running now) / guaranteed GPUs (min 1)``.
 The share is re-read each time a tenant's job has been considered, so GPUs placed earlier
 in the same cycle count: two equal tenants alternate instead of one taking everything.
-Then submit time, then id.
+
+**Size- and runtime-aware order** (``Snapshot.size_order``, the default). Inside a class,
+tenants whose shares are close (the same *fair-share band*: shares within a factor of
+``1 + fair_share_band`` of each other, on a log scale) are not told apart by share; their
+jobs go smallest service first, as QSSF does, where a job's *size key* is::
+
+    log2(GPUs x expected runtime) + submitted_at / size_halving_seconds
+
+The expected runtime is the job's prediction (``expected_runtime_seconds``, learnt from
+its owner's finished jobs) when it is shorter than the declared limit, else the limit (a
+job without a limit counts as :data:`NO_LIMIT_RUNTIME`). The second term is the aging:
+every ``size_halving_seconds`` a job waits counts as halving its size, so a job twice as
+big as another one submitted ``size_halving_seconds`` later ties with it. Because both
+terms are fixed once a job is submitted, the order between two waiting jobs never
+changes over time; a job that has waited its *maximum wait* (``max_wait_seconds`` of the
+job's workload policy, else the snapshot's) goes before every job of its class and band
+that has waited less, oldest first: a big or long job's start is guaranteed that way,
+whatever small work keeps arriving. Between bands the lowest share goes first as before.
+
+With ``size_order`` off, inside a class the lowest share goes first, then submit time.
+Then id, always.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from heapq import heappop, heapreplace
+from typing import Final
 
-from .snapshot import PendingJob
+from .snapshot import PendingJob, Snapshot
+
+# A job without a runtime limit is ordered as if it needed this long (7 days).
+NO_LIMIT_RUNTIME: Final = 7 * 86400.0
+# Runtimes under a minute order as a minute: dispatch and start-up cost that much anyway.
+MIN_RUNTIME: Final = 60.0
 
 
 def _submit_key(job: PendingJob) -> tuple[float, int]:
@@ -25,15 +52,100 @@ def fifo_order(pending: Iterable[PendingJob]) -> list[PendingJob]:
     return sorted(pending, key=_submit_key)
 
 
-def class_order(pending: Iterable[PendingJob]) -> list[PendingJob]:
-    """Class, then submit time (fair share disabled)."""
-    return sorted(pending, key=lambda job: (-job.priority, job.submitted_at, job.id))
+def expected_runtime(job: PendingJob) -> float:
+    """The runtime the order assumes: the prediction when below the declared limit."""
+    limit = float(job.max_runtime_seconds) if job.max_runtime_seconds > 0 else NO_LIMIT_RUNTIME
+    expected = job.expected_runtime_seconds
+    if 0 < expected < limit:
+        return max(expected, MIN_RUNTIME)
+    return max(limit, MIN_RUNTIME)
+
+
+def size_key(job: PendingJob, halving_seconds: float) -> float:
+    """log2 of the job's service (GPUs x expected runtime), aged by its submit time."""
+    service = max(job.gpus, 1) * expected_runtime(job)
+    aging = job.submitted_at / halving_seconds if halving_seconds > 0 else 0.0
+    return math.log2(service) + aging
+
+
+class SizeOrder:
+    """The per-job part of the size-aware order for one cycle (see the module doc).
+
+    A strict-FIFO queue keeps submit order among its own jobs: they take the places the
+    size order gives the queue's jobs, oldest first (see :meth:`sort`)."""
+
+    __slots__ = ("now", "halving", "max_wait", "strict")
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.now = snapshot.now
+        self.halving = snapshot.size_halving_seconds
+        self.max_wait = snapshot.max_wait_seconds
+        self.strict = {queue.id for queue in snapshot.queues if queue.strict_fifo}
+
+    def sort(self, jobs: list[PendingJob]) -> list[tuple[tuple, PendingJob]]:
+        """(key, job) of ``jobs`` (of one class) in order, best first."""
+        key = self.key
+        keyed = sorted(((key(job), job) for job in jobs), key=_first)
+        if self.strict:
+            _submit_order_inside_strict_queues(keyed, self.strict)
+        return keyed
+
+    def key(self, job: PendingJob) -> tuple[int, float, int]:
+        """(0, submit) for a job past its maximum wait, else (1, size key); then id."""
+        limit = job.max_wait_seconds if job.max_wait_seconds > 0 else self.max_wait
+        if limit > 0 and self.now - job.submitted_at >= limit:
+            return (0, job.submitted_at, job.id)
+        return (1, size_key(job, self.halving), job.id)
+
+
+def _submit_order_inside_strict_queues(keyed: list[tuple[tuple, PendingJob]], strict: set[int]):
+    """Give the places of each strict-FIFO queue's jobs to those jobs in submit order."""
+    places: dict[int, list[int]] = defaultdict(list)
+    for index, (_, job) in enumerate(keyed):
+        if job.queue_id in strict:
+            places[job.queue_id].append(index)
+    for indexes in places.values():
+        if len(indexes) < 2:
+            continue
+        items = sorted((keyed[index] for index in indexes), key=_submit_of_item)
+        for index, item in zip(indexes, items, strict=True):
+            keyed[index] = (keyed[index][0], item[1])
+
+
+def _submit_of_item(item: tuple[tuple, PendingJob]) -> tuple[float, int]:
+    return (item[1].submitted_at, item[1].id)
+
+
+def band(share: float, width: float) -> float:
+    """The fair-share band of a share: shares within a factor ``1 + width`` of each other
+    mostly fall in the same band (``width <= 0``: every share is its own band)."""
+    if width <= 0:
+        return share
+    return float(math.floor(math.log1p(max(share, 0.0)) / math.log1p(width)))
+
+
+def class_order(pending: Iterable[PendingJob], sizes: SizeOrder | None = None) -> list[PendingJob]:
+    """Class, then submit time (or the size key), fair share disabled."""
+    if sizes is None:
+        return sorted(pending, key=lambda job: (-job.priority, job.submitted_at, job.id))
+    classes: dict[int, list[PendingJob]] = defaultdict(list)
+    for job in pending:
+        classes[job.priority].append(job)
+    return [
+        job
+        for priority in sorted(classes, reverse=True)
+        for _, job in sizes.sort(classes[priority])
+    ]
 
 
 def fair_share_order(
-    pending: Iterable[PendingJob], shares: Mapping[str, float]
+    pending: Iterable[PendingJob],
+    shares: Mapping[str, float],
+    sizes: SizeOrder | None = None,
+    band_width: float = 0.0,
 ) -> Iterator[PendingJob]:
-    """Class, then lowest current fair share of the tenant, then submit time.
+    """Class, then lowest current fair share of the tenant (its band, with ``sizes``),
+    then submit time (the size key, with ``sizes``).
 
     ``shares[tenant]`` is read again after each of the tenant's jobs has been yielded,
     so the caller may change it (e.g. count GPUs just placed) between two jobs.
@@ -42,20 +154,56 @@ def fair_share_order(
     for job in pending:
         classes[job.priority][job.tenant].append(job)
     for priority in sorted(classes, reverse=True):
-        heap = []
-        queues = {}
-        for tenant, jobs in classes[priority].items():
-            jobs.sort(key=_submit_key, reverse=True)  # pop() from the end = oldest
-            queues[tenant] = jobs
+        if sizes is None:
+            yield from _by_share(classes[priority], shares)
+        else:
+            yield from _by_band_and_size(classes[priority], shares, sizes, band_width)
+
+
+def _by_share(tenants: dict[str, list[PendingJob]], shares: Mapping[str, float]):
+    heap = []
+    queues = {}
+    for tenant, jobs in tenants.items():
+        jobs.sort(key=_submit_key, reverse=True)  # pop() from the end = oldest
+        queues[tenant] = jobs
+        head = jobs[-1]
+        heap.append((shares[tenant], head.submitted_at, head.id, tenant))
+    heap.sort()
+    while heap:
+        tenant = heap[0][3]
+        jobs = queues[tenant]
+        yield jobs.pop()
+        if jobs:
             head = jobs[-1]
-            heap.append((shares[tenant], head.submitted_at, head.id, tenant))
-        heap.sort()
-        while heap:
-            tenant = heap[0][3]
-            jobs = queues[tenant]
-            yield jobs.pop()
-            if jobs:
-                head = jobs[-1]
-                heapreplace(heap, (shares[tenant], head.submitted_at, head.id, tenant))
-            else:
-                heappop(heap)
+            heapreplace(heap, (shares[tenant], head.submitted_at, head.id, tenant))
+        else:
+            heappop(heap)
+
+
+def _by_band_and_size(
+    tenants: dict[str, list[PendingJob]],
+    shares: Mapping[str, float],
+    sizes: SizeOrder,
+    width: float,
+):
+    heap = []
+    queues = {}
+    for tenant, jobs in tenants.items():
+        keyed = sizes.sort(jobs)
+        keyed.reverse()  # pop() from the end = first
+        queues[tenant] = keyed
+        head_key = keyed[-1][0]
+        heap.append((band(shares[tenant], width), head_key, tenant))
+    heap.sort()
+    while heap:
+        tenant = heap[0][2]
+        keyed = queues[tenant]
+        yield keyed.pop()[1]
+        if keyed:
+            heapreplace(heap, (band(shares[tenant], width), keyed[-1][0], tenant))
+        else:
+            heappop(heap)
+
+
+def _first(item: tuple) -> tuple:
+    return item[0]

@@ -37,13 +37,19 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from . import messages, reasons
 from .cluster import Locator, NodeSlot, SliceIndex
-from .order import class_order, fair_share_order, fifo_order
-from .preemption import Preemptor, RunningRecord, VictimChoice, VictimFinder
+from .order import SizeOrder, class_order, fair_share_order, fifo_order
+from .preemption import (
+    Preemptor,
+    RunningRecord,
+    VictimChoice,
+    VictimFinder,
+    at_preemption_limit,
+)
 from .quota import BORROWED, GUARANTEED, Account, Quotas
 from .reservations import PreviousReservations
 from .results import Placement, Plan, Preemption, new_pending_info
@@ -271,11 +277,12 @@ class Planner:
         snapshot = self.snapshot
         if snapshot.global_fifo:
             return fifo_order(snapshot.pending)
+        sizes = SizeOrder(snapshot) if snapshot.size_order else None
         if snapshot.fair_share:
             tenants = {job.tenant for job in snapshot.pending}
             self._shares = {tenant: self._share(tenant) for tenant in tenants}
-            return fair_share_order(snapshot.pending, self._shares)
-        return class_order(snapshot.pending)
+            return fair_share_order(snapshot.pending, self._shares, sizes, snapshot.fair_share_band)
+        return class_order(snapshot.pending, sizes)
 
     def _share(self, tenant: str) -> float:
         """Weighted fair share: usage history plus GPUs held now, per guaranteed GPU."""
@@ -297,6 +304,8 @@ class Planner:
         if job.held:
             self._wait(job, reasons.HELD, messages.held(), None)
             return
+        if job.preemptible and at_preemption_limit(job):
+            job = self._inside_guarantee(job)
         slices, options = self._options_for(job)
         if not slices:
             known = bool(self.pool_slices.get(job.pool))
@@ -353,6 +362,13 @@ class Planner:
         )
 
     # -- what could ever run the job ----------------------------------------------------------
+
+    def _inside_guarantee(self, job: PendingJob) -> PendingJob:
+        """A job at its preemption limit, admitted like non-preemptible work: inside its
+        tenant's guarantee, where no reclaim stops it again, unless no guarantee of the
+        tenant could ever hold it (then it may still borrow; see :mod:`.preemption`)."""
+        inside = replace(job, preemptible=False)
+        return inside if self._options_for(inside)[1] else job
 
     def _options_for(self, job: PendingJob) -> tuple[list[SliceIndex], list[Option]]:
         """Slices of the job's pool where it could ever fit (preferred first), and those
@@ -456,6 +472,18 @@ class Planner:
                         self._place(job, option, previous[0], mode, end, previous[1])
                         return None
                 chosen = option.slice.find_now(gpus, nodes, end)
+                if (
+                    chosen is None
+                    and self._hold_previous
+                    and self._previous.holds_in(job.pool)
+                    and option.slice.fits_ignoring_reservations(gpus, nodes)
+                ):
+                    # GPUs held for jobs behind it (see .reservations).
+                    released = self._previous.release_for(job, self._own_start(job, options))
+                    if released:
+                        chosen = option.slice.find_now(gpus, nodes, end)
+                        if chosen is None:
+                            self._previous.rehold(released)
                 if chosen is not None:
                     self._place(job, option, chosen, mode, end)
                     return None
@@ -481,6 +509,14 @@ class Planner:
                 soon_borrowing,
             )
         return self._wait_for_quota(job, options, runtime, floor)
+
+    def _own_start(self, job: PendingJob, options: list[Option]) -> float:
+        """When the job would start with the holds in place: its kept reservation's
+        start, else its earliest start now."""
+        if job.reserved_gpu_ids and job.reserved_start is not None:
+            return job.reserved_start
+        found = self._earliest_start(job, options, None)
+        return INF if found is None else found[0]
 
     def _place(
         self,
@@ -519,12 +555,38 @@ class Planner:
         quota_promised: bool,
         gpus_promised: bool,
         soon: list[Option],
-    ) -> tuple[str, float | None]:
+    ) -> tuple[str, float | None] | None:
         """The job fits its guarantee (``soon``: once stopping jobs are gone) but not the
-        idle GPUs: preempt, or reserve."""
+        idle GPUs: preempt, or reserve (or start, when the holds it overtook were all that
+        stopped it: None)."""
         slot = self._previous_slot(job, options, floor)
+        lost = slot is None  # no reservation kept: it is planned afresh
         if slot is None:
             slot = self._earliest(job, options, floor, with_positions=True)
+        if self._hold_previous and self._previous.holds_in(job.pool):
+            # Holds of jobs it overtook stand only if they do not delay it (.reservations).
+            released = self._previous.release_for(job, everyone=lost)
+            if released:
+                fresh = self._earliest(job, options, floor, with_positions=True)
+                if fresh is not None and (slot is None or fresh.start < slot.start):
+                    slot = fresh
+                    if fresh.start <= self.now and not fresh.releasing:
+                        option = fresh.option
+                        mode = (
+                            GUARANTEED
+                            if option.account.mode(job.gpus, job.preemptible) == GUARANTEED
+                            else BORROWED
+                        )
+                        chosen = option.slice.find_now(
+                            job.gpus_per_node, job.nodes, self.now + runtime
+                        )
+                        if chosen is not None and option.account.fits_now(
+                            job.gpus, mode, self.now + runtime
+                        ):
+                            self._place(job, option, chosen, mode, self.now + runtime)
+                            return None
+                else:
+                    self._previous.rehold(released)
         if self.snapshot.preemption and (slot is None or not slot.releasing):
             preemptors = [
                 (option, Preemptor.under(job, option.account, True)) for option in options
@@ -641,7 +703,15 @@ class Planner:
     # each string again is a noticeable part of a cycle.
 
     def _quota_message(self, job: PendingJob, account: Account, slice_: SliceIndex) -> str:
-        key = (id(account), account.used, account.jobs, slice_.idle, job.gpus, job.preemptible)
+        key = (
+            id(account),
+            account.used,
+            account.jobs,
+            slice_.idle,
+            job.gpus,
+            job.preemptible,
+            at_preemption_limit(job),
+        )
         message = self._message_cache.get(key)
         if message is None:
             message = messages.quota_wait(job, account, slice_.idle)

@@ -2,17 +2,30 @@
 (DESIGN.md §6).
 
 A running job may be a victim of job J when it is not already stopping, has run at least
-its ``min_runtime_before_preemption``, is not inference work facing training work, holds
-no GPU promised to an earlier waiting job, and either
+its ``min_runtime_before_preemption`` (counted from the start of its current run), is not
+inference work facing training work, holds no GPU promised to an earlier waiting job,
+and either
 
 - *priority, own tenant*: J's class may preempt and the victim, of J's tenant, is of a
   lower, preemptible class, borrowed or not (Kueue's ``withinClusterQueue:
-  LowerPriority``), or
+  LowerPriority``), and not protected (below), or
 - *priority, other tenant*: J's class may preempt, the victim's class is lower and
-  preemptible, and J runs inside its guarantee or the victim is borrowed (a borrower
-  never takes guaranteed GPUs of others), or
+  preemptible, the victim is not protected, and J runs inside its guarantee or the
+  victim is borrowed (a borrower never takes guaranteed GPUs of others), or
 - *reclaim*: J runs inside its tenant's guarantee and the victim, of another tenant,
-  runs on borrowed GPUs (whatever its class).
+  runs on borrowed GPUs (whatever its class, protected or not).
+
+Protection against churn: a job preempted ``max_preemptions`` times already (> 0) is
+*protected* during its run: from its start for ``preemption_protection_seconds``, or for
+the whole run when that is 0 (:func:`protected_until`). A protected job is never stopped
+for a higher class. It is reclaimed all the same when it runs on borrowed GPUs: a
+guarantee is a promise to its tenant that no protection may break (a protected borrower
+would keep a tenant out of its guaranteed GPUs for as long as it runs). So that the
+protection holds, a job at its limit is admitted like non-preemptible work, inside its
+tenant's guarantee only (:func:`at_preemption_limit`, applied by the planner), unless no
+guarantee of its tenant in the pool could ever hold it (none, or a smaller one): there it
+may still borrow, or it would never run again, and it is protected from higher classes
+but not from reclaims.
 
 The victims must free enough GPUs for J's gang (with the idle GPUs) and, when J's tenant
 lacks quota for J (see :meth:`Preemptor.under`: the guarantee for non-preemptible work,
@@ -24,17 +37,24 @@ its victims and its tenant's stopping jobs are gone: when J's quota is promised 
 earlier jobs of its tenant until later, stopping the victims now would leave their GPUs
 idle until then, so J waits and preempts once its quota is due.
 
-On each node the victims are taken in the order borrowed first, lowest class, most
-recently started, until enough GPUs would be free; victims that turn out unnecessary are
-dropped again. The node whose set disturbs least wins: fewest guaranteed victims, then
-the lowest highest class, fewest victims, fewest GPUs freed beyond need.
+On each node the victims are taken in the order borrowed first, lowest class, least
+work lost (GPUs x time since its last checkpoint, or its start: what stopping it now
+throws away), until enough GPUs would be free; victims that turn out unnecessary are
+dropped again, the most work first. The node whose set disturbs least wins: fewest
+guaranteed victims, then the lowest highest class, fewest victims, least work lost,
+fewest GPUs freed beyond need.
 
 Searching every node for every preemptor would cost O(pending x nodes). Instead each kind
 of preemptor (slice, size, class, training or not, inside its guarantee or not) keeps a
 heap of node costs; a node is re-evaluated only when it changed since (lazy deletion).
 The heaps ignore the preemptor's tenant: their costs are lower bounds (a tenant can only
 be refused a victim another tenant could take, except a borrower's own guaranteed jobs),
-and the few best nodes are re-evaluated exactly. Own jobs are searched apart, by a
+and the few best nodes are re-evaluated exactly. Work lost leaves that as it was: it is
+fixed for the cycle (``now`` does not move), and inside a class (borrowed or not) the
+victim order takes first the job that loses least, as the cost counts it, so a node
+left with fewer possible victims or fewer idle GPUs costs no less than before.
+Protection is fixed for the cycle too and takes the same victims away from every
+preemptor, the heaps' tenant-blind rule included. Own jobs are searched apart, by a
 tenant-specific search over the tenant's possible victims only, when J lacks quota or
 is a borrower whose tenant runs guaranteed lower jobs in the slice: it takes the quota
 victims first (victim order, none more than needed), evaluates the nodes holding the
@@ -56,6 +76,32 @@ from .snapshot import PendingJob, RunningJob
 # Training-like work never preempts inference (DESIGN.md §1, §6).
 TRAINING_WORKLOADS: Final = frozenset({"training", "fine_tuning"})
 INFERENCE_WORKLOAD: Final = "inference"
+INF: Final = float("inf")
+
+
+def at_preemption_limit(job: PendingJob | RunningJob) -> bool:
+    """Whether ``job`` was preempted as often as its policy allows (0: no limit)."""
+    return 0 < job.max_preemptions <= job.preemptions
+
+
+def protected_until(job: RunningJob) -> float:
+    """Until when a running job may not be stopped for a higher class (see the module
+    docstring): -inf below its preemption limit, its start + its protection at the
+    limit, or inf when that protection is 0 (the whole run)."""
+    if not at_preemption_limit(job):
+        return -INF
+    if job.preemption_protection_seconds <= 0:
+        return INF
+    return job.started_at + job.preemption_protection_seconds
+
+
+def lost_work(job: RunningJob, now: float) -> float:
+    """GPU-seconds a running job would lose if stopped ``now``: its GPUs x the time since
+    its last checkpoint in this run (its start when it has none, or none is known)."""
+    saved = job.started_at
+    if job.checkpointed_at is not None and job.checkpointed_at > saved:
+        saved = job.checkpointed_at
+    return len(job.gpu_ids) * max(now - saved, 0.0)
 
 
 class RunningRecord:
@@ -68,6 +114,8 @@ class RunningRecord:
         "stopping",
         "order_key",
         "seasoned",
+        "protected",
+        "lost",
         "inference",
         "account",
         "gpus",
@@ -81,9 +129,14 @@ class RunningRecord:
         # [(slice, slot, positions)] of the job's GPUs known to the cluster index.
         self.placement: list[tuple[SliceIndex, NodeSlot, list[int]]] = []
         self.stopping = job.stopping
-        # Victim order: borrowed first, then lowest class, then most recently started.
-        self.order_key = (not job.borrowed, job.priority, -job.started_at, job.id)
+        # What stopping it now would throw away (fixed for the cycle).
+        self.lost = lost_work(job, now)
+        # Victim order: borrowed first, then lowest class, then least work lost (then
+        # most recently started).
+        self.order_key = (not job.borrowed, job.priority, self.lost, -job.started_at, job.id)
         self.seasoned = now - job.started_at >= job.min_runtime_before_preemption
+        # At its preemption limit: not stopped for a higher class (reclaims still are).
+        self.protected = now < protected_until(job)
         self.inference = job.workload_type == INFERENCE_WORKLOAD
         self.account = account  # the quota the job counts against
         self.gpus = len(job.gpu_ids)
@@ -119,11 +172,17 @@ class Rule:
         if victim.tenant != self.tenant:
             if self.within_guarantee:
                 if victim.borrowed:
-                    return True  # reclaim
+                    return True  # reclaim: no protection holds back a guarantee
             elif not victim.borrowed:
                 return False  # a borrower never takes guaranteed GPUs of others
-        # Own jobs, borrowed or not, and the rest: a lower, preemptible class.
-        return self.priority is not None and victim.preemptible and victim.priority < self.priority
+        # Own jobs, borrowed or not, and the rest: a lower, preemptible class, unless the
+        # job is protected at its preemption limit.
+        return (
+            self.priority is not None
+            and victim.preemptible
+            and victim.priority < self.priority
+            and not record.protected
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +247,7 @@ class Preemptor:
 class SliceStats:
     """Possible victims of a slice at the start of the cycle (only shrinks afterwards)."""
 
-    priorities: list[int]  # distinct classes of preemptible jobs, ascending
+    priorities: list[int]  # distinct classes of preemptible, unprotected jobs, ascending
     borrowers: frozenset[str]
     has_inference: bool
 
@@ -204,7 +263,7 @@ def slice_stats(slice_: SliceIndex) -> SliceStats:
             for record in slot.running:
                 if record.stopping or not record.seasoned:
                     continue
-                if record.job.preemptible:
+                if record.job.preemptible and not record.protected:
                     priorities.add(record.job.priority)
                 if record.job.borrowed:
                     borrowers.add(record.job.tenant)
@@ -225,13 +284,16 @@ class VictimChoice:
 
 def _candidates(slot: NodeSlot) -> list[tuple[RunningRecord, list[int]]]:
     """The jobs on ``slot`` that may ever be victims this cycle, in victim order, with
-    their GPUs on the slot (computed once per slot; what changes is checked per use)."""
+    their GPUs on the slot (computed once per slot; what changes is checked per use). A
+    protected job on guaranteed GPUs is nobody's victim."""
     view = slot.victim_view
     if view is None:
         found = [
             (record.order_key, record, record.positions_on(slot))
             for record in slot.running
-            if record.seasoned and not record.stopping
+            if record.seasoned
+            and not record.stopping
+            and not (record.protected and not record.job.borrowed)
         ]
         found.sort(key=lambda item: item[0])
         view = slot.victim_view = [(record, held) for _, record, held in found]
@@ -244,7 +306,7 @@ def evaluate_slot(
     """The cheapest victim set on ``slot`` that frees ``gpus`` GPUs, with its cost."""
     need = gpus - slot.idle_unreserved(now)
     if need <= 0:
-        return (0, float("-inf"), 0, -need, slot.idx), []
+        return (0, float("-inf"), 0, 0.0, -need, slot.idx), []
     chosen: list[tuple[RunningRecord, int]] = []
     freed = 0
     reserved = slot.reserved
@@ -269,6 +331,7 @@ def evaluate_slot(
         sum(1 for record in victims if not record.job.borrowed),
         max(record.job.priority for record in victims),
         len(victims),
+        sum(record.lost for record in victims),
         freed - need,
         slot.idx,
     )
@@ -382,6 +445,7 @@ def _trim(
         sum(1 for record in kept if not record.job.borrowed),
         max((record.job.priority for record in kept), default=float("-inf")),
         len(kept),
+        sum(record.lost for record in kept),
         sum(freed[key] - need[key] for key in need),
     )
     return cost, kept
@@ -463,7 +527,12 @@ class VictimFinder:
                 victims.setdefault(record.job.id, record)
         if not victims:
             return None  # enough idle GPUs after all: nothing to preempt
-        cost = tuple(max(item[0][i] for item in picked) for i in range(4))
+        # Per node at worst, as for one node; work lost over the whole set.
+        cost = (
+            *(max(item[0][i] for item in picked) for i in range(3)),
+            sum(record.lost for record in victims.values()),
+            max(item[0][4] for item in picked),
+        )
         return VictimChoice(cost, [slot for _, slot, _ in picked], list(victims.values()))
 
     def _search(
@@ -516,6 +585,7 @@ class VictimFinder:
                         record.seasoned
                         and not record.stopping
                         and record.job.preemptible
+                        and not record.protected
                         and id(record) not in seen
                     ):
                         seen.add(id(record))
@@ -613,6 +683,7 @@ class VictimFinder:
                     base[0] + sum(1 for record in on_slot if not record.job.borrowed),
                     max([base[1], *(record.job.priority for record in on_slot)]),
                     len(victims),
+                    sum(record.lost for record in victims),
                     sum(count for _, count in chosen) - need,
                 )
             # On a tie, rather wait for GPUs being freed than hold idle ones.

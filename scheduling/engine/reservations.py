@@ -4,17 +4,41 @@ The engine is a pure function of its snapshot, so on its own it plans every cycl
 greedy choices then shift as jobs start, and a job can lose the slot its estimate was
 based on to an earlier job that picks differently this time. When the dispatch loop hands
 back each job's reservation (``PendingJob.reserved_gpu_ids`` / ``reserved_start``, taken
-from the previous ``PendingInfo``), a reservation is kept while it still holds, as Maui's
-``RESERVATIONPOLICY CURRENTHIGHEST`` does: the GPUs are *held* for the job from the moment
-its priority class is considered, so that jobs of the same class ahead of it may only use
-them in the hole before it starts (backfill). A strictly higher class ignores holds: more
-important work may still take the GPUs, and the job is then planned afresh.
+from the previous ``PendingInfo``), a reservation is kept while it still holds: the GPUs
+are *held* for the job from the moment its priority class is considered.
+
+Reservations follow the current order, though. The order changes from one cycle to the
+next (fair share moves, a smaller job arrives, a job ages past its maximum wait), and a
+job that is now ahead of a held reservation's owner must not wait for it: that is how
+position, estimate and actual start came to disagree. The dispatch loop hands back each
+job's previous pool position (``PendingJob.previous_position``), and a hold stands only
+against the jobs that were already behind its owner when it was made:
+
+- a job that *overtook* an owner (it was behind it last cycle, or is new) and must
+  reserve has the owner's hold given back when that gets it an earlier reservation: it
+  is then planned as if the jobs now behind it were not there;
+- a job that could start now on held GPUs starts there if it overtook their owner from
+  behind, or if the owner's reservation starts no later than the job would start with
+  the hold in place: otherwise that owner, behind it, would start first on GPUs it
+  could use now;
+- otherwise the holds stay (:meth:`PreviousReservations.rehold`): keeping them costs the
+  job nothing, or the job was ahead of the owner already and planned first last cycle
+  too, the hold made around its reservation, which it keeps. So estimates stay upper
+  bounds while the order does not change, and a job that passes on held GPUs now is not
+  passed by a later job taking them.
+
+Each owner whose hold was given back still gets its old reservation at its own turn if
+nobody ahead took those GPUs (:meth:`PreviousReservations.slot_for`).
+
+A strictly higher class ignores holds altogether (they are only taken when the owner's
+class is reached).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
+from heapq import heappop, heappush
 
 from .cluster import Locator, NodeSlot, SliceIndex
 from .snapshot import PendingJob
@@ -25,6 +49,8 @@ class Previous:
 
     __slots__ = (
         "job_id",
+        "pool",
+        "position",
         "slice",
         "slots",
         "positions",
@@ -38,6 +64,8 @@ class Previous:
 
     def __init__(self, job: PendingJob, slice_: SliceIndex, by_slot: dict, start: float) -> None:
         self.job_id = job.id
+        self.pool = job.pool
+        self.position = job.previous_position
         self.slice = slice_
         self.slots: list[NodeSlot] = list(by_slot)
         self.positions: list[list[int]] = list(by_slot.values())
@@ -84,6 +112,10 @@ class PreviousReservations:
     def __init__(self, pending: Iterable[PendingJob], locator: Locator, now: float) -> None:
         self.now = now
         self._by_job: dict[int, Previous] = {}
+        # pool -> heaps of (previous position, job id) and of (reservation start, job id)
+        # of the jobs holding GPUs there and not considered yet (lazy deletion)
+        self._waiting_in: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        self._starts_in: dict[str, list[tuple[float, int]]] = defaultdict(list)
         # class -> [(reservation, [(slot number, position) to hold])]
         self._to_hold: dict[int, list[tuple[Previous, list[tuple[int, int]]]]] = defaultdict(list)
         self._waiting: dict[int, Previous] = {}  # held, job not considered yet
@@ -141,6 +173,8 @@ class PreviousReservations:
             )
         if previous.held:
             self._waiting[previous.job_id] = previous
+            heappush(self._waiting_in[previous.pool], (previous.position, previous.job_id))
+            heappush(self._starts_in[previous.pool], (previous.start, previous.job_id))
             now = self.now
             previous.idle_held = sum(1 for ready in previous.held.values() if ready <= now)
             self.idle_held += previous.idle_held
@@ -164,6 +198,55 @@ class PreviousReservations:
                 previous.kept.add((number, pos))
         for number, (positions, readies, before) in by_slot.items():
             previous.slice.unhold(previous.slots[number], positions, readies, before)
+
+    def holds_in(self, pool: str) -> bool:
+        """Whether GPUs of ``pool`` are held for jobs not considered yet."""
+        return bool(self._waiting_in.get(pool))
+
+    def release_for(
+        self, job: PendingJob, starting: float | None = None, everyone: bool = False
+    ) -> list[tuple[Previous, list[tuple[int, int]]]]:
+        """Give back the holds that would have ``job`` wait for jobs behind it (every
+        held owner is behind it: it has not been considered yet). Without ``starting``
+        (it reserves): those of the owners it *overtook*, ahead of it last cycle (all of
+        them, for a new job or with ``everyone``: one whose own reservation was lost to
+        jobs ahead of it, so that it is planned afresh), whose reservations were made
+        before its own. With
+        ``starting`` (it may start now on those GPUs; the value is its own start with
+        the holds in place): those of the owners it overtook from behind, and those
+        whose reservation starts no later than its own, who would otherwise start first
+        on GPUs it could use now.
+
+        Returns what :meth:`rehold` needs to put them back if that did not help."""
+        pool = job.pool
+        owners: list[int] = []
+        mine = 0 if everyone else job.previous_position
+        heap = self._waiting_in.get(pool)
+        if starting is None or mine > 0:
+            while heap and (mine <= 0 or heap[0][0] < mine):
+                owners.append(heappop(heap)[1])
+        if starting is not None:
+            starts = self._starts_in.get(pool)
+            while starts and starts[0][0] <= starting:
+                owners.append(heappop(starts)[1])
+        released = []
+        for owner in owners:
+            previous = self._waiting.get(owner)
+            if previous is None:
+                continue  # already given back (or its entry in the other heap)
+            end = previous.end
+            given = [key for key in previous.held if previous.slots[key[0]].af[key[1]] == end]
+            self.turn(owner)
+            released.append((previous, given))
+        return released
+
+    def rehold(self, released: list[tuple[Previous, list[tuple[int, int]]]]) -> None:
+        """Put back holds given back by :meth:`release_for` (nothing changed since)."""
+        for previous, given in released:
+            for key in given:
+                del previous.held[key]
+                del previous.before[key]
+            self._hold(previous, given)
 
     def waiting_holds(self):
         """(slot, position) of each GPU held for a job not considered yet and still held

@@ -120,6 +120,20 @@ class PendingJob:
     reserved_gpu_ids: tuple[int, ...] = ()
     reserved_start: float | None = None
     claimed_gpu_ids: tuple[int, ...] = ()
+    # The pool position the previous cycle gave the job (``PendingInfo.pool_position``;
+    # 0: none, e.g. a new job). A job that was behind another one and is now ahead of it
+    # does not wait for that one's held reservation (see :mod:`.reservations`).
+    previous_position: int = 0
+    # Size- and runtime-aware order (see :mod:`.order`): the runtime the job is expected
+    # to need (a prediction from its owner's finished jobs; <= 0: its declared limit),
+    # and the wait after which it goes before every job of its class and tenant that
+    # has waited less (<= 0: the snapshot's ``max_wait_seconds``).
+    expected_runtime_seconds: float = 0.0
+    max_wait_seconds: float = 0.0
+    # Preemption churn (see :mod:`.preemption`): how often the job was preempted so far,
+    # and its policy's limit (0: none); at the limit it is admitted inside its guarantee.
+    preemptions: int = 0
+    max_preemptions: int = 0
     # (reserved_gpu_ids, their grouping by node): remembered by the planner (Locator)
     layout: tuple | None = field(default=None, init=False, repr=False, compare=False)
     # Total GPUs of the job (``gpus_per_node * nodes``), worked out once: read millions
@@ -155,6 +169,14 @@ class RunningJob:
     stopping: bool = False
     grace_seconds: int = 30
     preempted_by: int | None = None
+    # Preemption churn (see :mod:`.preemption`): how often the job was preempted before
+    # this run, when it last saved a checkpoint in this run (None: not known, counted as
+    # its start), and its policy's limit (0: none) and protection once at that limit
+    # (seconds from its start; 0: for the rest of the run).
+    preemptions: int = 0
+    checkpointed_at: float | None = None
+    max_preemptions: int = 0
+    preemption_protection_seconds: int = 0
     # (gpu_ids, their grouping by node): remembered by the planner (Locator)
     layout: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -185,3 +207,8 @@ class Snapshot:
     fair_share: bool = True
     global_fifo: bool = False
     decisions_only: bool = False
+    # Size- and runtime-aware order inside a class and fair-share band (see :mod:`.order`).
+    size_order: bool = True
+    size_halving_seconds: float = 3600.0
+    max_wait_seconds: float = 12 * 3600.0
+    fair_share_band: float = 0.25

@@ -296,6 +296,7 @@ class Simulation:
                     pending[info.job_id],
                     reserved_gpu_ids=info.reserved_gpu_ids,
                     reserved_start=info.estimated_start if info.reserved_gpu_ids else None,
+                    previous_position=info.pool_position,
                 )
         runs = {job.id: job for job in snap.running}
         for preemption in result.preemptions:

@@ -15,6 +15,7 @@ def test_estimates_follow_the_reservations():
         [quota("a", 8), quota("b", 8)],
         [job(1, "a", gpus=8), job(2, "a", gpus=2, runtime=1800), job(3, "a", gpus=2, runtime=7200)],
         [running(10, "b", gpu_ids(1, 0, 1, 2, 3), age=0, runtime=3600)],
+        size_order=False,  # submit order: job 1 is ahead of the small ones
     )
     result = run_plan(snap)
     assert [p.job_id for p in result.placements] == [2]  # ends before job 1's reservation

@@ -456,12 +456,14 @@ def test_without_backfill_nobody_preempts_for_a_job_behind_the_blocked_head():
     ]
     pending = [job(1, "c", gpus=8), job(2, "a")]
 
-    strict = run_plan(snapshot(nodes, quotas, pending, run, backfill=False, fair_share=False))
+    strict = run_plan(
+        snapshot(nodes, quotas, pending, run, backfill=False, fair_share=False, size_order=False)
+    )
     assert strict.preemptions == []
     assert strict.pending[1].estimated_start == NOW + 3600
     assert strict.pending[2].estimated_start >= NOW + 3600
 
-    relaxed = run_plan(snapshot(nodes, quotas, pending, run, fair_share=False))
+    relaxed = run_plan(snapshot(nodes, quotas, pending, run, fair_share=False, size_order=False))
     assert [p.victim_id for p in relaxed.preemptions] == [21]
 
 

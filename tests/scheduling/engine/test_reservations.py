@@ -19,6 +19,7 @@ def _handed_back(pending, result):
                 item,
                 reserved_gpu_ids=info.reserved_gpu_ids,
                 reserved_start=info.estimated_start if info.reserved_gpu_ids else None,
+                previous_position=info.pool_position,
             )
         )
     return out
@@ -37,7 +38,7 @@ def test_a_blocked_job_reports_the_gpus_reserved_for_it():
     assert info.estimated_start == NOW + 600
 
 
-def test_a_kept_reservation_is_not_taken_by_an_earlier_job_of_the_same_class():
+def _two_nodes_one_ending_early():
     nodes = [node(1, gpus=4), node(2, gpus=4)]
     quotas = [quota("a", 16), quota("b", 16)]
     run = [
@@ -48,17 +49,32 @@ def test_a_kept_reservation_is_not_taken_by_an_earlier_job_of_the_same_class():
     first = run_plan(snapshot(nodes, quotas, pending, run))
     kept = first.pending[2].reserved_gpu_ids
     assert len(kept) == 4 and first.pending[2].estimated_start == NOW + 600
-    # Next cycle: the job on job 2's node ended early, and an older job of the same
-    # class has arrived. It comes first in the order, but job 2 keeps its GPUs: the
-    # older job could only have them until job 2's start, and it runs longer.
+    # Next cycle: the job on job 2's node ended early.
     mine = kept[0] // 100
     run = [r for r in run if r.gpu_ids[0] // 100 != mine]
-    pending = [*_handed_back(pending, first), job(1, "a", gpus=4, runtime=3600)]
+    return nodes, quotas, run, _handed_back(pending, first), kept
+
+
+def test_a_new_job_ahead_takes_a_held_reservation_it_can_start_on_now():
+    # An older job of the same class and size arrives: it is ahead of job 2 in the order
+    # and fits on job 2's node now. Job 2's hold, made when it was alone, must not make
+    # it wait: it starts, and job 2 waits for the other node.
+    nodes, quotas, run, pending, kept = _two_nodes_one_ending_early()
+    pending = [*pending, job(1, "a", gpus=4, runtime=3600)]
     second = run_plan(snapshot(nodes, quotas, pending, run, now=NOW + 60))
-    assert [(p.job_id, p.gpu_ids) for p in second.placements] == [(2, kept)]
-    assert second.pending[1].code == reasons.RESERVED_FOR_HIGHER_PRIORITY
-    assert "job 2" in second.pending[1].message
-    assert second.pending[1].estimated_start == NOW + 600
+    assert [(p.job_id, p.gpu_ids) for p in second.placements] == [(1, kept)]
+    assert second.pending[2].pool_position == 1
+    assert second.pending[2].estimated_start == NOW + 600
+    assert second.pending[2].code == reasons.WAITING_FOR_GPUS
+
+
+def test_a_new_job_ahead_that_can_start_elsewhere_leaves_a_held_reservation_alone():
+    nodes, quotas, run, pending, kept = _two_nodes_one_ending_early()
+    nodes = [*nodes, node(3, gpus=4)]  # idle: job 1 starts there, keeping costs it nothing
+    pending = [*pending, job(1, "a", gpus=4, runtime=3600)]
+    second = run_plan(snapshot(nodes, quotas, pending, run, now=NOW + 60))
+    placed = {p.job_id: p.gpu_ids for p in second.placements}
+    assert placed == {1: gpu_ids(3, 0, 1, 2, 3), 2: kept}
 
 
 def test_a_kept_reservation_starts_on_its_own_gpus():
@@ -114,7 +130,8 @@ def test_positions_count_waiting_jobs_per_queue_and_pool_in_order():
         job(4, "a", gpus=8, cls="low"),
         job(5, "a", gpus=1),
     ]
-    result = run_plan(snapshot([node(1)], [quota("a", 8, 8)], pending, [], queues=queues))
+    snap = snapshot([node(1)], [quota("a", 8, 8)], pending, [], queues=queues, size_order=False)
+    result = run_plan(snap)
     assert [p.job_id for p in result.placements] == [1]
     positions = {i: (p.queue_position, p.pool_position) for i, p in result.pending.items()}
     # Order: 1 (high, placed), then the normal class 2, 3, 5, then 4 (low).
@@ -145,20 +162,22 @@ def test_the_fast_pending_info_constructor_builds_the_same_object():
     assert new_pending_info(*values) == PendingInfo(*values)
 
 
-def test_without_backfill_a_later_jobs_old_reservation_does_not_block_the_first_job():
-    # Job 2's reservation of the last cycle holds node 1 from NOW + 600. Without backfill
-    # nothing may start before the pool's first blocked job, so holding it against job 1
-    # (ordered first) would block job 1 and, through it, the whole pool.
+def test_a_later_jobs_old_reservation_does_not_block_the_first_job():
+    # Job 2's reservation of the last cycle holds node 1 from NOW + 600; job 1 is new and
+    # ahead of it. Without backfill nothing may start before the pool's first blocked job;
+    # with backfill the hold stands only where it costs the jobs ahead nothing: job 1
+    # fits now, so it starts either way.
     later = dataclasses.replace(
-        job(2, "a", gpus=8), reserved_gpu_ids=gpu_ids(1, *range(8)), reserved_start=NOW + 600
+        job(2, "a", gpus=8),
+        reserved_gpu_ids=gpu_ids(1, *range(8)),
+        reserved_start=NOW + 600,
+        previous_position=1,
     )
     pending = [job(1, "a", gpus=8, submitted=NOW - 5000), later]
-    held = run_plan(snapshot([node(1)], [quota("a", 16)], pending, backfill=True))
-    # With backfill the hold keeps node 1 for job 2 (job 1's hour would delay it), which
-    # then finds its reservation free now.
-    assert [p.job_id for p in held.placements] == [2]
-    strict = run_plan(snapshot([node(1)], [quota("a", 16)], pending, backfill=False))
-    assert [p.job_id for p in strict.placements] == [1]
+    for backfill in (True, False):
+        result = run_plan(snapshot([node(1)], [quota("a", 16)], pending, backfill=backfill))
+        assert [p.job_id for p in result.placements] == [1], backfill
+        assert result.pending[2].pool_position == 1
 
 
 def test_a_reservation_held_and_given_back_leaves_an_earlier_promise_on_its_gpu():

@@ -470,6 +470,7 @@ SCENARIOS = [
             job(3, "a", gpus=2, runtime=7200),
         ],
         run=[running(10, "b", gpu_ids(1, 0, 1, 2, 3), age=0, runtime=3600)],
+        flags={"size_order": False},  # the order is submit order here
         codes={1: reasons.WAITING_FOR_GPUS, 3: reasons.RESERVED_FOR_HIGHER_PRIORITY},
         placed={2: False},
     ),
@@ -496,6 +497,7 @@ SCENARIOS = [
             running(11, "b", gpu_ids(2, 0), age=0, runtime=7200),
         ],
         placed={3: False},
+        flags={"size_order": False},  # the order is submit order here
         codes={1: reasons.WAITING_FOR_GPUS, 2: reasons.RESERVED_FOR_HIGHER_PRIORITY},
     ),
     Scenario(
@@ -504,7 +506,7 @@ SCENARIOS = [
         [quota("a", 8), quota("b", 8)],
         [job(1, "a", gpus=8), job(2, "a", gpus=2, runtime=1800)],
         run=[running(10, "b", gpu_ids(1, 0, 1, 2, 3), age=0, runtime=3600)],
-        flags={"backfill": False},
+        flags={"backfill": False, "size_order": False},
         codes={1: reasons.WAITING_FOR_GPUS, 2: reasons.RESERVED_FOR_HIGHER_PRIORITY},
     ),
     Scenario(

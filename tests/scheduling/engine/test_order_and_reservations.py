@@ -1,0 +1,182 @@
+"""Reservations follow the current order (issue 17, part 1): position, estimate and start
+agree, while estimates stay upper bounds as long as the order does not change."""
+
+import dataclasses
+import random
+
+import pytest
+from engine_builders import NOW, gpu_ids, job, node, quota, run_plan, running, snapshot
+
+from scheduling.engine import RunningJob, reasons
+from scheduling.engine.order import SizeOrder
+
+
+def _handed_back(pending, result):
+    """The pending jobs as the dispatch loop passes them to the next cycle."""
+    out = []
+    for item in pending:
+        info = result.pending.get(item.id)
+        if info is None:
+            continue
+        out.append(
+            dataclasses.replace(
+                item,
+                reserved_gpu_ids=info.reserved_gpu_ids,
+                reserved_start=info.estimated_start if info.reserved_gpu_ids else None,
+                previous_position=info.pool_position,
+            )
+        )
+    return out
+
+
+def _four_gpu_pool():
+    nodes = [node(1, gpus=4)]
+    quotas = [quota("a", 4, 4), quota("b", 4, 4), quota("c", 4)]
+    run = [running(10, "c", gpu_ids(1, 0, 1, 2, 3), age=0, runtime=600)]
+    return nodes, quotas, run
+
+
+def test_a_job_that_overtakes_gets_the_earlier_estimate_and_starts_first():
+    """The report: A's job 204 waits alone and reserves the pool; B's job 205 arrives
+    3 s later with less usage, so it is ahead. 205 must be shown at position 1 with the
+    earlier estimate, and start first."""
+    nodes, quotas, run = _four_gpu_pool()
+    a = job(204, "a", gpus=4, runtime=3600, submitted=NOW)
+    first = run_plan(snapshot(nodes, quotas, [a], run, usage={"a": 5000.0}, now=NOW))
+    assert first.pending[204].estimated_start == NOW + 600
+
+    b = job(205, "b", gpus=4, runtime=3600, submitted=NOW + 3)
+    pending = [*_handed_back([a], first), b]
+    usage = {"a": 5000.0, "b": 0.0}
+    second = run_plan(snapshot(nodes, quotas, pending, run, usage=usage, now=NOW + 3))
+    assert second.pending[205].pool_position == 1
+    assert second.pending[204].pool_position == 2
+    assert second.pending[205].estimated_start == NOW + 600
+    assert second.pending[204].estimated_start == NOW + 600 + 3600
+    assert "204" not in second.pending[205].message
+
+    # The GPUs free up: 205 starts, 204 waits for it.
+    pending = _handed_back(pending, second)
+    third = run_plan(snapshot(nodes, quotas, pending, [], usage=usage, now=NOW + 600))
+    assert [p.job_id for p in third.placements] == [205]
+    assert third.pending[204].estimated_start == NOW + 600 + 3600
+    assert "205" in third.pending[204].message or third.pending[204].code != (
+        reasons.RESERVED_FOR_HIGHER_PRIORITY
+    )
+
+
+def test_a_job_overtaken_by_fair_share_drift_loses_its_reservation():
+    """Both jobs waited last cycle, 204 ahead; now B's share has fallen below A's: 205 is
+    ahead and its reservation, made behind 204, moves before 204's."""
+    nodes, quotas, run = _four_gpu_pool()
+    a = job(204, "a", gpus=4, runtime=3600, submitted=NOW)
+    b = job(205, "b", gpus=4, runtime=3600, submitted=NOW + 3)
+    before = {"a": 0.0, "b": 5000.0}
+    first = run_plan(snapshot(nodes, quotas, [a, b], run, usage=before, now=NOW + 3))
+    assert first.pending[204].pool_position == 1
+    assert first.pending[205].estimated_start == NOW + 600 + 3600
+
+    after = {"a": 9000.0, "b": 5000.0}
+    pending = _handed_back([a, b], first)
+    second = run_plan(snapshot(nodes, quotas, pending, run, usage=after, now=NOW + 10))
+    assert second.pending[205].pool_position == 1
+    assert second.pending[205].estimated_start == NOW + 600
+    assert second.pending[204].estimated_start == NOW + 600 + 3600
+
+
+def test_a_hold_made_behind_a_job_does_not_move_that_jobs_reservation():
+    """The order did not change: job 1 keeps its reservation and job 2 (behind it,
+    reserved in the hole before it) keeps its own, cycle after cycle."""
+    nodes = [node(1, gpus=4)]
+    run = [running(10, "a", gpu_ids(1, 0, 1), age=0, runtime=600)]
+    pending = [job(1, "a", gpus=4, runtime=3600), job(2, "a", gpus=2, runtime=7200)]
+    snap = snapshot(nodes, [quota("a", 8)], pending, run, size_order=False)
+    first = run_plan(snap)
+    second = run_plan(dataclasses.replace(snap, pending=_handed_back(pending, first), now=NOW + 5))
+    for job_id in (1, 2):
+        assert second.pending[job_id].estimated_start == first.pending[job_id].estimated_start
+        assert second.pending[job_id].reserved_gpu_ids == first.pending[job_id].reserved_gpu_ids
+
+
+# -- the property ---------------------------------------------------------------------------
+
+
+def _as_running(pending_job, placement, now) -> RunningJob:
+    return RunningJob(
+        id=pending_job.id,
+        tenant=pending_job.tenant,
+        pool=pending_job.pool,
+        workload_type=pending_job.workload_type,
+        priority=pending_job.priority,
+        priority_class=pending_job.priority_class,
+        preemptible=pending_job.preemptible,
+        gpu_ids=placement.gpu_ids,
+        gpu_model=placement.gpu_model,
+        borrowed=placement.borrowed,
+        started_at=now,
+        max_runtime_seconds=pending_job.max_runtime_seconds,
+    )
+
+
+def _random_two_cycles(seed: int):
+    """A one-tenant pool of three 4-GPU nodes: cycle 1 plans a backlog; before cycle 2
+    running jobs end early and new jobs arrive (some smaller, so ahead of held owners)."""
+    rng = random.Random(seed)
+    nodes = [node(i, gpus=4) for i in range(1, 4)]
+    shapes = [1, 1, 2, 2, 3, 4]
+    runtimes = [300, 900, 1800, 3600, 7200]
+    run = [
+        running(90 + n, "a", gpu_ids(n, *range(4)), age=0, runtime=rng.choice(runtimes))
+        for n in range(1, 4)
+    ]
+    backlog = [
+        job(i, "a", rng.choice(shapes), runtime=rng.choice(runtimes), submitted=NOW - 500 + i)
+        for i in range(1, 9)
+    ]
+    snap = snapshot(nodes, [quota("a", 100)], backlog, run)
+    first = run_plan(snap)
+    now = NOW + rng.choice([60, 200, 400])
+    ended = set(rng.sample(range(3), rng.randint(1, 2)))
+    run2 = [r for n, r in enumerate(run) if n not in ended]
+    placed = {p.job_id: p for p in first.placements}
+    run2 += [_as_running(j, placed[j.id], NOW) for j in backlog if j.id in placed]
+    arrivals = [
+        job(i, "a", rng.choice(shapes), runtime=rng.choice(runtimes), submitted=now - 1)
+        for i in range(20, 20 + rng.randint(1, 4))
+    ]
+    pending = [*_handed_back(backlog, first), *arrivals]
+    return dataclasses.replace(snap, now=now, running=run2, pending=pending)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_jobs_behind_the_first_waiting_job_never_delay_it(seed):
+    """For the job at pool position 1, after a cycle in which new jobs arrived (some
+    smaller, so ahead of older reservations) and running jobs ended early: a job new at
+    the front starts as early as it would if the jobs behind it did not exist (held
+    reservations of jobs behind it may not make it wait: the report, a job shown first
+    told it waits for a job behind it); one that was planned last cycle keeps its
+    reservation or better."""
+    snap = _random_two_cycles(seed)
+    result = run_plan(snap)
+    order = [item for _, item in SizeOrder(snap).sort(list(snap.pending))]
+    waiting = [item for item in order if item.id in result.pending]
+    if not waiting:
+        return
+    first = waiting[0]
+    assert result.pending[first.id].pool_position == 1
+    # Its kept reservation is a promise it may wait for (holds made around it stand).
+    promised = first.reserved_start if first.reserved_gpu_ids else None
+    mine = result.pending[first.id].estimated_start
+    alone = run_plan(dataclasses.replace(snap, pending=order[: order.index(first) + 1]))
+    if first.id not in alone.pending:
+        # It starts now without the jobs behind it: with them it starts too, or waits
+        # for its own reservation.
+        assert promised is not None and mine is not None and mine <= promised, first.id
+        return
+    without = alone.pending[first.id].estimated_start
+    assert mine is not None and without is not None
+    assert mine <= without or (promised is not None and mine <= promised), (
+        first.id,
+        mine - NOW,
+        without - NOW,
+    )
