@@ -10,9 +10,21 @@ from pathlib import Path
 
 import dj_database_url
 from celery.schedules import schedule
+from django.core.exceptions import ImproperlyConfigured
 
 from portal.env import env_bool, env_int, env_list, env_str
 from portal.varfiles import persistent_secret_key, secure_var_dir
+
+
+def env_float(name: str, default: float) -> float:
+    raw = env_str(name, "")
+    if raw.strip() == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a number, got {raw!r}") from None
+
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("SLUICE_VAR_DIR", str(BASE_DIR / "var")))
@@ -295,7 +307,36 @@ SLUICE_AUDIT_KEY = env_str("SLUICE_AUDIT_KEY", "")
 SLUICE_AUDIT_ANCHOR = Path(env_str("SLUICE_AUDIT_ANCHOR", str(VAR_DIR / "audit-anchor.json")))
 
 # --- Sluice behaviour ---
+# Fair share: a tenant's past GPU use counts half after this many seconds (the usage history
+# the engine orders tenants by inside a priority class).
 SLUICE_USAGE_HALF_LIFE_SECONDS = env_int("SLUICE_USAGE_HALF_LIFE_SECONDS", 7 * 24 * 3600)
+# Order inside a priority class (issue 17): the engine's Snapshot knobs, handed over by the
+# dispatch loop each cycle; see scheduling/engine/order.py.
+# - SLUICE_FAIR_SHARE_BAND (0.25): tenants whose fair shares (decayed usage over guaranteed
+#   GPUs) lie within a factor 1 + this of each other, on a log scale, form one band and are
+#   not told apart by share; between bands the lowest share goes first. 0: every share is
+#   its own band (strict fair share).
+# - SLUICE_SIZE_ORDER (on): inside a class and band, small and short work goes first (QSSF):
+#   GPUs × expected runtime, the runtime predicted from the submitter's finished jobs
+#   (scheduling/runtime_prediction.py) when shorter than the declared limit. Off: lowest
+#   share, then submit order.
+# - SLUICE_SIZE_HALVING_SECONDS (3600): the aging of that order: every this many seconds a
+#   job has waited count as halving its size (a job twice as big as one submitted an hour
+#   later ties with it).
+# - SLUICE_MAX_WAIT_SECONDS (12 h): a job that has waited this long since its submission
+#   goes before every job of its class and band that has waited less, whatever its size:
+#   its start is guaranteed. Each workload policy sets its own (max_wait_seconds); this one
+#   applies to workload types without a policy.
+SLUICE_SIZE_ORDER = env_bool("SLUICE_SIZE_ORDER", True)
+SLUICE_SIZE_HALVING_SECONDS = env_int("SLUICE_SIZE_HALVING_SECONDS", 3600)
+SLUICE_MAX_WAIT_SECONDS = env_int("SLUICE_MAX_WAIT_SECONDS", 12 * 3600)
+SLUICE_FAIR_SHARE_BAND = env_float("SLUICE_FAIR_SHARE_BAND", 0.25)
+if SLUICE_SIZE_HALVING_SECONDS <= 0 or SLUICE_MAX_WAIT_SECONDS <= 0:
+    raise ImproperlyConfigured(
+        "SLUICE_SIZE_HALVING_SECONDS and SLUICE_MAX_WAIT_SECONDS must be positive."
+    )
+if not 0 <= SLUICE_FAIR_SHARE_BAND < float("inf"):
+    raise ImproperlyConfigured("SLUICE_FAIR_SHARE_BAND must be a number, 0 or more.")
 SLUICE_NODE_LOST_SECONDS = env_int("SLUICE_NODE_LOST_SECONDS", 60)
 SLUICE_STUCK_LAUNCH_SECONDS = env_int("SLUICE_STUCK_LAUNCH_SECONDS", 300)
 SLUICE_LOG_DIR = Path(env_str("SLUICE_LOG_DIR", str(VAR_DIR / "logs")))

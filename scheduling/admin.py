@@ -17,6 +17,7 @@ from .models import (
     ReclaimRecord,
     ResourcePool,
     RuntimeExtension,
+    RuntimeHistory,
     TenantRaiseCeiling,
     WorkloadPolicy,
 )
@@ -95,6 +96,9 @@ class WorkloadPolicyAdmin(AuditedAdmin):
         "max_runtime_seconds",
         "stop_grace_seconds",
         "idle_reclaim_enabled",
+        "max_wait_seconds",
+        "max_preemptions",
+        "preemption_protection_seconds",
     ]
     filter_horizontal = ["allowed_pools"]
 
@@ -197,4 +201,13 @@ class ReclaimRecordAdmin(JobAdmin):
 
     list_display = ["id", "created_at", "kind", "tenant", "workload_type", "job", "gpu_hours_freed"]
     list_filter = ["kind", "tenant", "workload_type"]
+    search_fields = []
+
+
+@admin.register(RuntimeHistory)
+class RuntimeHistoryAdmin(JobAdmin):
+    """Read-only: what runtime prediction learns from, kept as jobs end."""
+
+    list_display = ["id", "project", "workload_type", "submitted_by", "updated_at"]
+    list_filter = ["workload_type"]
     search_fields = []

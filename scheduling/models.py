@@ -25,6 +25,10 @@ from .choices import (
     WorkloadType,
 )
 
+#: The longest duration a workload policy may set for its scheduling times (a year): more
+#: is no policy, and date arithmetic on it must stay within the calendar.
+MAX_POLICY_SECONDS = 366 * 24 * 3600
+
 
 class ResourcePool(models.Model):
     """A set of GPU nodes with a purpose; it restricts which workload types may run on it."""
@@ -189,6 +193,27 @@ class WorkloadPolicy(models.Model):
         "(the job goes on).",
     )
     allowed_pools = models.ManyToManyField(ResourcePool, blank=True, related_name="+")
+    # Scheduling order and preemption churn (issue 17; the engine's PendingJob.max_wait_seconds
+    # and RunningJob.max_preemptions / preemption_protection_seconds).
+    max_wait_seconds = models.PositiveIntegerField(
+        default=12 * 3600,
+        validators=[MinValueValidator(60), MaxValueValidator(MAX_POLICY_SECONDS)],
+        help_text="Maximum wait: after waiting this long (from its submission) a job goes "
+        "before every job of its class and fair-share band that has waited less, whatever "
+        "their size or runtime.",
+    )
+    max_preemptions = models.PositiveIntegerField(
+        default=3,
+        validators=[MaxValueValidator(1000)],
+        help_text="Preemptions a job takes at most; once there it is protected from "
+        "preemption (0: no limit).",
+    )
+    preemption_protection_seconds = models.PositiveIntegerField(
+        default=0,
+        validators=[MaxValueValidator(MAX_POLICY_SECONDS)],
+        help_text="How long a job at its preemption limit is protected, from the start of "
+        "its run (0: for the rest of the run).",
+    )
 
     class Meta:
         ordering = ["workload_type"]
@@ -338,6 +363,17 @@ class Job(models.Model):
     pool_position = models.PositiveIntegerField(null=True, blank=True)
     estimated_start = models.DateTimeField(null=True, blank=True)
 
+    # --- waits (a requeued job waits again; see scheduling.waits) ---
+    queued_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the current wait began (empty: at submission)."
+    )
+    waited_seconds = models.FloatField(
+        default=0.0, help_text="The waits of the job's earlier attempts, summed."
+    )
+    first_wait_seconds = models.FloatField(
+        null=True, blank=True, help_text="The first attempt's wait (set at the first requeue)."
+    )
+
     # --- outcome and counters ---
     exit_code = models.IntegerField(null=True, blank=True)
     exit_signal = models.IntegerField(null=True, blank=True)
@@ -417,6 +453,50 @@ class JobEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id} {self.kind}"
+
+
+class RuntimeHistory(models.Model):
+    """How the last finished jobs of a submitter in a project, of one workload type, used
+    their runtime limits (``submitted_by`` empty: every submitter of the project): what
+    runtime prediction reads (see scheduling.runtime_prediction).
+
+    ``entries``: ``[finished_at (epoch seconds), runtime / limit]`` pairs, newest first, at
+    most ``HISTORY_JOBS``; added to as jobs succeed or time out, in the transaction of
+    their end (scheduling.services.runtime_history), so that a dispatch cycle reads a row
+    per submitter and project instead of their jobs.
+    """
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+")
+    workload_type = models.CharField(max_length=20, choices=WorkloadType.choices)
+    submitted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="+",
+        help_text="Empty: every submitter of the project.",
+    )
+    entries = models.JSONField(default=list, blank=True)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name_plural = "runtime histories"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["project", "workload_type", "submitted_by"],
+                condition=Q(submitted_by__isnull=False),
+                name="runtime_history_one_per_submitter",
+            ),
+            models.UniqueConstraint(
+                fields=["project", "workload_type"],
+                condition=Q(submitted_by__isnull=True),
+                name="runtime_history_one_per_project",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        who = self.submitted_by_id or "all"
+        return f"{self.project_id}/{self.workload_type}/{who}: {len(self.entries)} jobs"
 
 
 class TenantUsage(models.Model):

@@ -1,7 +1,9 @@
 """Pages: submit, my jobs, job detail, queues, quotas, nodes."""
 
 import logging
+from datetime import timedelta
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
@@ -9,6 +11,7 @@ from django.core.paginator import Paginator
 from django.db.models import Prefetch
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
@@ -26,10 +29,12 @@ from .choices import ACTIVE_STATES, JobState
 from .forms import JobFilterForm, JobSubmitForm, RaiseRequestForm, RaiseStepForm, pretty_json
 from .models import Allocation, WorkloadPolicy
 from .raise_impact import raise_impacts
+from .runtime_prediction import predict_runtime
 from .services import jobs as job_services
 from .services import notifications as notification_services
 from .services import raises as raise_services
 from .services.jobs import JobSpec
+from .waits import job_wait
 
 log = logging.getLogger(__name__)
 
@@ -131,16 +136,36 @@ def _job_or_404(user, pk):
     return get_object_or_404(qs, pk=pk)
 
 
+def _order_explanation(job, policy, now) -> dict:
+    """How the scheduler orders the job inside its class (the "Why it waits" panel)."""
+    max_wait = policy.max_wait_seconds if policy else settings.SLUICE_MAX_WAIT_SECONDS
+    # The engine counts a job's wait for the max wait from its submission.
+    front_at = job.submitted_at + timedelta(seconds=max_wait)
+    return {
+        "size_order": settings.SLUICE_SIZE_ORDER,
+        "halving_seconds": settings.SLUICE_SIZE_HALVING_SECONDS,
+        "fair_share_band": settings.SLUICE_FAIR_SHARE_BAND,
+        "band_factor": 1 + settings.SLUICE_FAIR_SHARE_BAND,
+        "max_wait_seconds": max_wait,
+        "front_at": front_at,
+        "front_reached": front_at <= now,
+    }
+
+
 @login_required
 def job_detail(request, pk):
     job = _job_or_404(request.user, pk)
     policy = WorkloadPolicy.objects.filter(workload_type=job.workload_type).first()
+    now = timezone.now()
     return render(
         request,
         "scheduling/job_detail.html",
         {
             "job": job,
             "policy": policy,
+            "prediction": predict_runtime(job),
+            "wait": job_wait(job, now),
+            "order": _order_explanation(job, policy, now),
             "events": selectors.job_events_of(job),
             "allocations": selectors.job_allocations(job),
             "can_manage": selectors.can_manage_job(request.user, job),

@@ -1,5 +1,6 @@
 from datetime import timedelta
 
+from django.db import models
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -21,6 +22,8 @@ from ..models import (
     ResourcePool,
     WorkloadPolicy,
 )
+from ..runtime_prediction import predict_live_runtimes, predict_runtime
+from ..waits import job_wait
 
 
 class StrictCharField(serializers.CharField):
@@ -166,6 +169,9 @@ class WorkloadPolicySerializer(serializers.ModelSerializer):
             "memory_limit_mb_per_gpu",
             "pids_limit",
             "log_cap_mb",
+            "max_wait_seconds",
+            "max_preemptions",
+            "preemption_protection_seconds",
             "allowed_pools",
         ]
         extra_kwargs = {"retention_days": {"max_value": MAX_RETENTION_DAYS}}
@@ -264,6 +270,50 @@ class PendingReasonSerializer(serializers.Serializer):
     message = serializers.CharField()
 
 
+class ExpectedRuntimeSerializer(serializers.Serializer):
+    """What the scheduler expects a job to run (see scheduling.runtime_prediction)."""
+
+    seconds = serializers.IntegerField(
+        allow_null=True, help_text="Expected runtime; null: no prediction, the limit is used."
+    )
+    declared_seconds = serializers.IntegerField(help_text="The job's runtime limit.")
+    basis = serializers.ChoiceField(
+        choices=["submitter", "project", "none"],
+        help_text="submitter: the submitter's finished jobs of the project and workload "
+        "type; project: the project's (every submitter); none: too few of either.",
+    )
+    jobs = serializers.IntegerField(help_text="Finished jobs the prediction read.")
+    ratio = serializers.FloatField(
+        allow_null=True, help_text="75th percentile of their runtime / limit ratios."
+    )
+    message = serializers.CharField()
+
+
+class JobWaitSerializer(serializers.Serializer):
+    """How long a job has waited for GPUs, re-waits after requeues included."""
+
+    total_seconds = serializers.IntegerField(help_text="All its waits (first + re-waits).")
+    first_seconds = serializers.IntegerField(help_text="Its first wait, submit to admission.")
+    rewait_seconds = serializers.IntegerField(
+        help_text="Its waits after requeues (preemptions, lost nodes, stuck launches)."
+    )
+    current_seconds = serializers.IntegerField(help_text="The current attempt's wait.")
+    waiting = serializers.BooleanField(help_text="It waits now (the totals still grow).")
+    since = serializers.DateTimeField(help_text="When the current attempt's wait began.")
+    requeues = serializers.IntegerField()
+    preemptions = serializers.IntegerField()
+    message = serializers.CharField()
+
+
+class JobListSerializer(serializers.ListSerializer):
+    """Predicts the runtimes of a whole page of jobs in one query, not one per job."""
+
+    def to_representation(self, data):
+        jobs = list(data.all() if isinstance(data, models.manager.BaseManager) else data)
+        self.child.predictions = predict_live_runtimes(jobs)
+        return super().to_representation(jobs)
+
+
 class JobSerializer(serializers.ModelSerializer):
     tenant = serializers.CharField(source="tenant.slug")
     project = serializers.CharField(source="project.slug")
@@ -277,6 +327,8 @@ class JobSerializer(serializers.ModelSerializer):
     gpu_model = serializers.ListField(source="gpu_models", child=serializers.CharField())
     pending_reason = serializers.SerializerMethodField()
     allocations = serializers.SerializerMethodField()
+    expected_runtime = serializers.SerializerMethodField()
+    wait = serializers.SerializerMethodField()
     # Blank while the job has not stopped (read-only model fields lose allow_blank).
     stop_reason = serializers.ChoiceField(
         choices=StopReason.choices, allow_blank=True, read_only=True
@@ -326,6 +378,8 @@ class JobSerializer(serializers.ModelSerializer):
             "queue_position",
             "pool_position",
             "estimated_start",
+            "expected_runtime",
+            "wait",
             "exit_code",
             "exit_signal",
             "failure_message",
@@ -339,6 +393,34 @@ class JobSerializer(serializers.ModelSerializer):
             "allocations",
         ]
         read_only_fields = fields
+        list_serializer_class = JobListSerializer
+
+    #: Set by JobListSerializer for a page of jobs; a single job is predicted on its own.
+    predictions: dict | None = None
+
+    @extend_schema_field(ExpectedRuntimeSerializer(allow_null=True))
+    def get_expected_runtime(self, job):
+        """Null once the job has ended."""
+        if self.predictions is not None:
+            prediction = self.predictions.get(job.pk)
+        else:
+            prediction = predict_runtime(job)
+        return prediction.as_dict() if prediction else None
+
+    @extend_schema_field(JobWaitSerializer)
+    def get_wait(self, job):
+        wait = job_wait(job)
+        return {
+            "total_seconds": round(wait.total_seconds),
+            "first_seconds": round(wait.first_seconds),
+            "rewait_seconds": round(wait.rewait_seconds),
+            "current_seconds": round(wait.current_seconds),
+            "waiting": wait.waiting,
+            "since": serializers.DateTimeField().to_representation(wait.since),
+            "requeues": wait.requeues,
+            "preemptions": wait.preemptions,
+            "message": wait.message,
+        }
 
     @extend_schema_field(PendingReasonSerializer(allow_null=True))
     def get_pending_reason(self, job):

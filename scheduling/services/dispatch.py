@@ -27,6 +27,7 @@ from tenants.selectors import job_unix_account
 from .. import engine
 from ..choices import ACTIVE_STATES, GpuHealth, JobState, NodeState, QueueState, StopReason
 from ..models import Allocation, Gpu, Job, JobEvent, Node, Queue, Quota, TenantUsage, WorkloadPolicy
+from ..runtime_prediction import predict_runtimes
 from .lifecycle import jobs_transition_bulk
 from .messaging import send_node_messages
 from .stopping import job_stop
@@ -168,6 +169,17 @@ def _previous_reservation(entry) -> dict:
     }
 
 
+def order_settings() -> dict:
+    """The engine's ordering knobs from the settings (see SLUICE_SIZE_ORDER in
+    portal/settings.py)."""
+    return {
+        "size_order": settings.SLUICE_SIZE_ORDER,
+        "size_halving_seconds": float(settings.SLUICE_SIZE_HALVING_SECONDS),
+        "max_wait_seconds": float(settings.SLUICE_MAX_WAIT_SECONDS),
+        "fair_share_band": float(settings.SLUICE_FAIR_SHARE_BAND),
+    }
+
+
 def load_snapshot(now: datetime, *, update_usage: bool = True) -> Loaded:
     """Read everything the engine needs in a handful of queries."""
     policies = {
@@ -248,6 +260,12 @@ def load_snapshot(now: datetime, *, update_usage: bool = True) -> Loaded:
                 stopping=job.state == JobState.STOPPING,
                 grace_seconds=policy.stop_grace_seconds if policy else 30,
                 preempted_by=preemptors.get(job.id),
+                preemptions=job.preemption_count,
+                # Nothing records when a job last saved a checkpoint (the agent sets
+                # SLUICE_CHECKPOINT_DIR but reports no checkpoint): counted from its start.
+                checkpointed_at=None,
+                max_preemptions=policy.max_preemptions if policy else 0,
+                preemption_protection_seconds=policy.preemption_protection_seconds if policy else 0,
             )
         )
 
@@ -258,9 +276,12 @@ def load_snapshot(now: datetime, *, update_usage: bool = True) -> Loaded:
             *related
         )
     }
+    # One query whatever the number of pending jobs (see scheduling.runtime_prediction).
+    predictions = predict_runtimes(pending_jobs.values())
     pending = []
     for job in pending_jobs.values():
         policy = policies.get(job.workload_type)
+        expected = predictions[job.id].seconds
         pending.append(
             engine.PendingJob(
                 id=job.id,
@@ -281,6 +302,11 @@ def load_snapshot(now: datetime, *, update_usage: bool = True) -> Loaded:
                 submitted_at=_epoch(job.submitted_at),
                 max_runtime_seconds=job.max_runtime_seconds,
                 held=job.state == JobState.HELD,
+                expected_runtime_seconds=expected if expected is not None else 0.0,
+                max_wait_seconds=float(policy.max_wait_seconds) if policy else 0.0,
+                # Last cycle's pool position: a job that overtakes another one does not
+                # wait for that one's held reservation (engine/reservations.py).
+                previous_position=job.pool_position or 0,
                 **_previous_reservation(reservations.get(job.id)),
             )
         )
@@ -293,6 +319,7 @@ def load_snapshot(now: datetime, *, update_usage: bool = True) -> Loaded:
         running=running,
         pending=pending,
         usage=usage,
+        **order_settings(),
     )
     return Loaded(
         snapshot=snapshot,

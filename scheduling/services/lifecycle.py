@@ -86,13 +86,22 @@ def job_transition(
         actor=actor if getattr(actor, "is_authenticated", False) else None,
         data={"from": from_state, "to": to_state, **(data or {})},
     )
+    if to_state in (S.SUCCEEDED, S.TIMED_OUT):
+        from .runtime_history import runtime_history_record
+
+        runtime_history_record(job, now=now)  # what runtime prediction learns from
     return job
 
 
-def requeue_fields(job: Job) -> dict:
-    """What a requeued job's next attempt starts from: a new attempt number, and nothing of
-    the previous attempt's run (the argument ``job_transition(job, PENDING, ...)`` takes)."""
+def requeue_fields(job: Job, now=None) -> dict:
+    """What a requeued job's next attempt starts from: a new attempt number, nothing of
+    the previous attempt's run, and a new wait from ``now`` with the ended attempt's wait
+    kept (see :mod:`scheduling.waits`); the argument ``job_transition(job, PENDING, ...)``
+    takes."""
+    from ..waits import requeue_wait_fields
+
     return {
+        **requeue_wait_fields(job, now or timezone.now()),
         "requeue_count": job.requeue_count + 1,
         "stop_reason": "",
         "stop_requested_at": None,

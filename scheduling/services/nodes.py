@@ -343,7 +343,7 @@ def _requeue_if_allowed(job: Job, now: datetime) -> None:
         kind="requeued",
         message=f"Requeued because {why}.",
         now=now,
-        **requeue_fields(job),
+        **requeue_fields(job, now),
     )
     reclaim_record_add(
         kind=ReclaimKind.PREEMPTION_REQUEUE if preempted else ReclaimKind.LOST_REQUEUE,

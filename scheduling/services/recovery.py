@@ -106,7 +106,7 @@ def _requeue_stuck(pk: int, now: datetime, cutoff: datetime) -> bool:
         message=message,
         data={"reason": "stuck_launch", "nodes": nodes, "attempt": old_attempt},
         now=now,
-        **requeue_fields(job),
+        **requeue_fields(job, now),
     )
     audit_record(
         action="job.requeue",

@@ -1,0 +1,128 @@
+"""Keeps the runtime history that runtime prediction reads (``RuntimeHistory``) up to date.
+
+Each job that ends ``SUCCEEDED`` or ``TIMED_OUT`` adds ``[finished_at, runtime / limit]`` to
+two rows, in the transaction of its end (:func:`runtime_history_record`, called by
+:func:`scheduling.services.lifecycle.job_transition`): its submitter's in its project for
+its workload type, and its project's for its workload type (every submitter). Each row
+keeps the newest :data:`HISTORY_JOBS` entries. Why these states and this ratio: see
+:mod:`scheduling.runtime_prediction`.
+
+:func:`runtime_history_rebuild` recomputes the rows from the jobs table, for jobs stored
+without going through a transition (the demo's seeded history, an import) and for an
+install upgraded from before the table existed (its migration runs it).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import datetime
+
+from django.db import transaction
+from django.db.models import Q
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from ..choices import JobState
+from ..models import Job, RuntimeHistory
+
+#: Finished jobs kept per submitter (or project) and workload type, newest first.
+HISTORY_JOBS = 20
+#: Job states whose runtime says how long the work takes (see scheduling.runtime_prediction).
+HISTORY_STATES = (JobState.SUCCEEDED, JobState.TIMED_OUT)
+
+
+def finished_ratio(
+    *, state: str, began: datetime | None, finished: datetime | None, limit: int
+) -> float | None:
+    """How much of its runtime limit a finished job used, between 0 and 1 (None: unknown).
+
+    A timed-out job needed at least its whole limit: 1. The runtime is its last attempt's,
+    from its start (or its admission, when the exit report overtook the start) to its end.
+    """
+    if state == JobState.TIMED_OUT:
+        return 1.0
+    if began is None or finished is None:
+        return None
+    if limit <= 0:
+        return 1.0
+    return min(max((finished - began).total_seconds() / limit, 0.0), 1.0)
+
+
+def merged_entries(entries: list, entry: list) -> list:
+    """``entries`` with ``entry`` in its place by finish time (newest first; a late report
+    of an older job goes where it belongs), at most HISTORY_JOBS."""
+    merged = sorted([*entries, entry], key=lambda item: item[0], reverse=True)
+    return merged[:HISTORY_JOBS]
+
+
+@transaction.atomic
+def runtime_history_record(job: Job, *, now: datetime | None = None) -> None:
+    """Add a job that has just succeeded or timed out to its submitter's and its project's
+    runtime history (the rows are locked: two jobs ending at once both count)."""
+    if job.state not in HISTORY_STATES:
+        return
+    ratio = finished_ratio(
+        state=job.state,
+        began=job.started_at or job.admitted_at,
+        finished=job.finished_at,
+        limit=job.max_runtime_seconds,
+    )
+    if ratio is None:
+        return
+    now = now or timezone.now()
+    entry = [(job.finished_at or now).timestamp(), round(ratio, 6)]
+    for submitter_id in (job.submitted_by_id, None):
+        row, _ = RuntimeHistory.objects.select_for_update().get_or_create(
+            project_id=job.project_id,
+            workload_type=job.workload_type,
+            submitted_by_id=submitter_id,
+            defaults={"updated_at": now},
+        )
+        row.entries = merged_entries(row.entries or [], entry)
+        row.updated_at = now
+        row.save(update_fields=["entries", "updated_at"])
+
+
+@transaction.atomic
+def runtime_history_rebuild(*, now: datetime | None = None) -> int:
+    """Recompute every row from the jobs table; returns how many rows there are now."""
+    now = now or timezone.now()
+    newest: dict[tuple, list] = defaultdict(list)
+    finished = (
+        Job.objects.filter(state__in=HISTORY_STATES, finished_at__isnull=False)
+        .annotate(began=Coalesce("started_at", "admitted_at"))
+        .filter(Q(began__isnull=False) | Q(state=JobState.TIMED_OUT))
+        .order_by("-finished_at", "-id")
+        .values_list(
+            "project_id",
+            "workload_type",
+            "submitted_by_id",
+            "state",
+            "began",
+            "finished_at",
+            "max_runtime_seconds",
+        )
+    )
+    for project, wtype, user, state, began, end, limit in finished.iterator(chunk_size=2000):
+        keys = [(project, wtype, user), (project, wtype, None)]
+        if all(len(newest[key]) >= HISTORY_JOBS for key in keys):
+            continue
+        ratio = finished_ratio(state=state, began=began, finished=end, limit=limit)
+        for key in keys:
+            if len(newest[key]) < HISTORY_JOBS:
+                newest[key].append([end.timestamp(), round(ratio, 6)])
+    RuntimeHistory.objects.all().delete()
+    RuntimeHistory.objects.bulk_create(
+        [
+            RuntimeHistory(
+                project_id=project,
+                workload_type=wtype,
+                submitted_by_id=user,
+                entries=entries,
+                updated_at=now,
+            )
+            for (project, wtype, user), entries in newest.items()
+        ],
+        batch_size=1000,
+    )
+    return len(newest)
