@@ -140,21 +140,28 @@ def _run_context(run: SimulationRun) -> dict:
 
 
 def _overall_rows(result: dict) -> list[tuple[str, str, str]]:
-    """(figure, baseline, changed) for the headline figures."""
+    """(figure, baseline, changed) for the headline figures. Waits count every re-wait
+    after a preemption; figures a run stored before they existed are left out."""
     before, after = result["baseline"]["summary"], result["changed"]["summary"]
     rows = []
     for label, key, kind in (
         ("average wait", "wait_avg_s", "time"),
         ("median wait", "wait_p50_s", "time"),
         ("95th percentile wait", "wait_p95_s", "time"),
+        ("average wait for the first start", "wait_first_avg_s", "time"),
+        ("average re-wait of a preempted job", "rewait_preempted_avg_s", "time"),
         ("average completion time", "jct_avg_s", "time"),
         ("GPU utilization", "utilization", "percent"),
         ("fairness (Jain, per day)", "fairness_daily", "ratio"),
         ("preemptions", "preemptions", "count"),
+        ("jobs preempted 5 times or more", "preempted_5_plus", "count"),
+        ("most preemptions of one job", "max_preemptions", "count"),
         ("GPU-hours lost to preemption", "lost_gpu_hours", "count"),
+        ("share of GPU-hours lost to preemption", "lost_share", "percent"),
         ("jobs that could never start", "unschedulable", "count"),
     ):
-        rows.append((label, _show(before[key], kind), _show(after[key], kind)))
+        if key in before and key in after:
+            rows.append((label, _show(before[key], kind), _show(after[key], kind)))
     return rows
 
 

@@ -25,7 +25,7 @@ protection holds, a job at its limit is admitted like non-preemptible work, insi
 tenant's guarantee only (:func:`at_preemption_limit`, applied by the planner), unless no
 guarantee of its tenant in the pool could ever hold it (none, or a smaller one): there it
 may still borrow, or it would never run again, and it is protected from higher classes
-but not from reclaims.
+but not from reclaims; a reclaim takes it only when no unprotected borrower will do.
 
 The victims must free enough GPUs for J's gang (with the idle GPUs) and, when J's tenant
 lacks quota for J (see :meth:`Preemptor.under`: the guarantee for non-preemptible work,
@@ -37,12 +37,12 @@ its victims and its tenant's stopping jobs are gone: when J's quota is promised 
 earlier jobs of its tenant until later, stopping the victims now would leave their GPUs
 idle until then, so J waits and preempts once its quota is due.
 
-On each node the victims are taken in the order borrowed first, lowest class, least
-work lost (GPUs x time since its last checkpoint, or its start: what stopping it now
-throws away), until enough GPUs would be free; victims that turn out unnecessary are
-dropped again, the most work first. The node whose set disturbs least wins: fewest
-guaranteed victims, then the lowest highest class, fewest victims, least work lost,
-fewest GPUs freed beyond need.
+On each node the victims are taken in the order borrowed first, lowest class,
+unprotected first, least work lost (GPUs x time since its last checkpoint, or its start:
+what stopping it now throws away), until enough GPUs would be free; victims that turn
+out unnecessary are dropped again, the most protected (and most work) first. The node
+whose set disturbs least wins: fewest guaranteed victims, then the lowest highest class,
+fewest protected victims, fewest victims, least work lost, fewest GPUs freed beyond need.
 
 Searching every node for every preemptor would cost O(pending x nodes). Instead each kind
 of preemptor (slice, size, class, training or not, inside its guarantee or not) keeps a
@@ -52,14 +52,16 @@ be refused a victim another tenant could take, except a borrower's own guarantee
 and the few best nodes are re-evaluated exactly. Work lost leaves that as it was: it is
 fixed for the cycle (``now`` does not move), and inside a class (borrowed or not) the
 victim order takes first the job that loses least, as the cost counts it, so a node
-left with fewer possible victims or fewer idle GPUs costs no less than before.
-Protection is fixed for the cycle too and takes the same victims away from every
-preemptor, the heaps' tenant-blind rule included. Own jobs are searched apart, by a
-tenant-specific search over the tenant's possible victims only, when J lacks quota or
-is a borrower whose tenant runs guaranteed lower jobs in the slice: it takes the quota
-victims first (victim order, none more than needed), evaluates the nodes holding the
-tenant's jobs with them, asks the heaps for other nodes unless one of those needs no
-further victim, and drops the victims that are not needed after all.
+left with fewer possible victims or fewer idle GPUs costs no less than before. The same
+holds for protection: fixed for the cycle, ordered as the cost counts it, and it takes
+the same victims away from every preemptor, the heaps' tenant-blind rule included.
+
+Own jobs are searched apart, by a tenant-specific search over the tenant's possible
+victims only, when J lacks quota or is a borrower whose tenant runs guaranteed lower
+jobs in the slice: it takes the quota victims first (victim order, none more than
+needed), evaluates the nodes holding the tenant's jobs with them, asks the heaps for
+other nodes unless one of those needs no further victim, and drops the victims that are
+not needed after all.
 """
 
 from __future__ import annotations
@@ -131,12 +133,19 @@ class RunningRecord:
         self.stopping = job.stopping
         # What stopping it now would throw away (fixed for the cycle).
         self.lost = lost_work(job, now)
-        # Victim order: borrowed first, then lowest class, then least work lost (then
-        # most recently started).
-        self.order_key = (not job.borrowed, job.priority, self.lost, -job.started_at, job.id)
         self.seasoned = now - job.started_at >= job.min_runtime_before_preemption
         # At its preemption limit: not stopped for a higher class (reclaims still are).
         self.protected = now < protected_until(job)
+        # Victim order: borrowed first, then lowest class, unprotected, least work lost
+        # (then most recently started).
+        self.order_key = (
+            not job.borrowed,
+            job.priority,
+            self.protected,
+            self.lost,
+            -job.started_at,
+            job.id,
+        )
         self.inference = job.workload_type == INFERENCE_WORKLOAD
         self.account = account  # the quota the job counts against
         self.gpus = len(job.gpu_ids)
@@ -306,7 +315,7 @@ def evaluate_slot(
     """The cheapest victim set on ``slot`` that frees ``gpus`` GPUs, with its cost."""
     need = gpus - slot.idle_unreserved(now)
     if need <= 0:
-        return (0, float("-inf"), 0, 0.0, -need, slot.idx), []
+        return (0, float("-inf"), 0, 0, 0.0, -need, slot.idx), []
     chosen: list[tuple[RunningRecord, int]] = []
     freed = 0
     reserved = slot.reserved
@@ -330,6 +339,7 @@ def evaluate_slot(
     cost = (
         sum(1 for record in victims if not record.job.borrowed),
         max(record.job.priority for record in victims),
+        sum(1 for record in victims if record.protected),
         len(victims),
         sum(record.lost for record in victims),
         freed - need,
@@ -444,6 +454,7 @@ def _trim(
     cost = (
         sum(1 for record in kept if not record.job.borrowed),
         max((record.job.priority for record in kept), default=float("-inf")),
+        sum(1 for record in kept if record.protected),
         len(kept),
         sum(record.lost for record in kept),
         sum(freed[key] - need[key] for key in need),
@@ -529,9 +540,9 @@ class VictimFinder:
             return None  # enough idle GPUs after all: nothing to preempt
         # Per node at worst, as for one node; work lost over the whole set.
         cost = (
-            *(max(item[0][i] for item in picked) for i in range(3)),
+            *(max(item[0][i] for item in picked) for i in range(4)),
             sum(record.lost for record in victims.values()),
-            max(item[0][4] for item in picked),
+            max(item[0][5] for item in picked),
         )
         return VictimChoice(cost, [slot for _, slot, _ in picked], list(victims.values()))
 
@@ -623,6 +634,7 @@ class VictimFinder:
         base = (
             sum(1 for record in quota if not record.job.borrowed),
             max((record.job.priority for record in quota), default=float("-inf")),
+            0,  # the tenant's own jobs are never protected victims
             len(quota),
         )
         scored = self._score(candidates, preemptor, exact, quota, quota_ids, base)
@@ -630,7 +642,7 @@ class VictimFinder:
         # On any other node the quota victims are needed all the same, plus victims of
         # other tenants: where the tenant's own jobs make room without further victims,
         # the heaps need not be asked (on a tie, rather wait for GPUs being freed).
-        if len(scored) < nodes or scored[nodes - 1][0][:3] > base:
+        if len(scored) < nodes or scored[nodes - 1][0][:4] > base:
             others = {
                 slot.idx: slot
                 for _, slot, _ in self._search(slice_, preemptor, exact)[:nodes]
@@ -682,6 +694,7 @@ class VictimFinder:
                 cost = (
                     base[0] + sum(1 for record in on_slot if not record.job.borrowed),
                     max([base[1], *(record.job.priority for record in on_slot)]),
+                    sum(1 for record in on_slot if record.protected),
                     len(victims),
                     sum(record.lost for record in victims),
                     sum(count for _, count in chosen) - need,

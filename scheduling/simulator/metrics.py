@@ -2,8 +2,12 @@
 
 Definitions (the README repeats them):
 
-- *queueing delay* (wait): first start - submit, over the jobs that started;
-  percentiles interpolate linearly between ranks;
+- *queueing delay* (wait, ``wait_*``): all the time a job waited, over the jobs that
+  started: first start - submit, plus each re-wait after a preemption (from the
+  preempted run's stop to the next start; a re-wait still open when the replay ends is
+  left out); percentiles interpolate linearly between ranks. ``wait_first_*`` is the
+  first part alone (first start - submit), ``rewait_avg_s`` the rest per started job,
+  and ``rewait_preempted_avg_s`` the rest per job preempted at least once;
 - *job completion time* (JCT): end - submit, over jobs that completed or timed out;
 - *makespan*: last end - first submit;
 - *utilization*: GPU-seconds held by jobs (lost work and grace periods included) /
@@ -13,7 +17,11 @@ Definitions (the README repeats them):
   end, so each tenant receives about what it asked and the index says little;
   ``fairness_daily`` is the same index per day, over the tenants that had a job waiting
   that day, averaged over those days: it shows who got served while GPUs were short;
-- *lost GPU-hours*: work done by preempted jobs since their last checkpoint.
+- *lost GPU-hours*: work done by preempted jobs since their last checkpoint (and in
+  their grace period); ``lost_share`` is their share of the GPU-hours held by jobs;
+- *churn*: ``preempted_jobs`` preempted at least once, ``preempted_2_plus`` /
+  ``preempted_5_plus`` at least twice / five times, ``max_preemptions`` the most
+  preemptions of one job.
 """
 
 from __future__ import annotations
@@ -61,11 +69,16 @@ def _span(runs: list[JobRun]) -> tuple[float, float]:
 def summarize(result: ReplayResult) -> dict:
     """The headline figures of one replay (times in seconds)."""
     runs = result.runs
-    waits = sorted(run.wait for run in runs if run.wait is not None)
+    started = [run for run in runs if run.first_start is not None]
+    waits = sorted(run.total_wait or 0.0 for run in started)
+    first_waits = sorted(run.first_wait or 0.0 for run in started)
+    rewaits = [run.rewait for run in started]
+    preempted = [run for run in runs if run.preemptions]
     ends = [run for run in runs if run.outcome in (COMPLETED, TIMED_OUT)]
     first, last = _span(runs)
     makespan = last - first
     busy = sum(run.gpu_seconds for run in runs)
+    lost = sum(run.lost_gpu_seconds for run in runs)
     outcomes = defaultdict(int)
     for run in runs:
         outcomes[run.outcome] += 1
@@ -81,13 +94,23 @@ def summarize(result: ReplayResult) -> dict:
         "wait_p50_s": percentile(waits, 0.50),
         "wait_p95_s": percentile(waits, 0.95),
         "wait_p99_s": percentile(waits, 0.99),
+        "wait_first_avg_s": _mean(first_waits),
+        "wait_first_p50_s": percentile(first_waits, 0.50),
+        "wait_first_p95_s": percentile(first_waits, 0.95),
+        "rewait_avg_s": _mean(rewaits),
+        "rewait_preempted_avg_s": _mean([run.rewait for run in preempted]),
         "jct_avg_s": _mean([run.finish - run.job.submit for run in ends]),
         "makespan_s": makespan,
         "utilization": busy / (result.capacity * makespan) if makespan > 0 else 0.0,
         "fairness": jain(_normalized_service(runs, result.guarantees).values()),
         "fairness_daily": daily_fairness(runs, result.guarantees),
         "preemptions": sum(run.preemptions for run in runs),
-        "lost_gpu_hours": sum(run.lost_gpu_seconds for run in runs) / HOUR,
+        "preempted_jobs": len(preempted),
+        "preempted_2_plus": sum(1 for run in preempted if run.preemptions >= 2),
+        "preempted_5_plus": sum(1 for run in preempted if run.preemptions >= 5),
+        "max_preemptions": max((run.preemptions for run in runs), default=0),
+        "lost_gpu_hours": lost / HOUR,
+        "lost_share": lost / busy if busy > 0 else 0.0,
         "gpus": result.capacity,
         "plans": result.plans,
         "plan_seconds": result.plan_seconds,
@@ -145,7 +168,8 @@ def daily_fairness(runs: list[JobRun], guarantees: dict[str, int]) -> float:
 
 
 def per_tenant(result: ReplayResult) -> list[dict]:
-    """Per tenant: jobs, guarantee, waits, GPU-hours received and share of them."""
+    """Per tenant: jobs, guarantee, waits (re-waits included, see :func:`summarize`),
+    GPU-hours received and share of them."""
     by_tenant: dict[str, list[JobRun]] = defaultdict(list)
     for run in result.runs:
         by_tenant[run.job.tenant].append(run)
@@ -155,7 +179,7 @@ def per_tenant(result: ReplayResult) -> list[dict]:
     rows = []
     for tenant in sorted(by_tenant):
         runs = by_tenant[tenant]
-        waits = sorted(run.wait for run in runs if run.wait is not None)
+        waits = sorted(run.total_wait for run in runs if run.total_wait is not None)
         received = sum(run.gpu_seconds for run in runs)
         guaranteed = result.guarantees.get(tenant, 0)
         rows.append(
@@ -165,6 +189,7 @@ def per_tenant(result: ReplayResult) -> list[dict]:
                 "guaranteed_gpus": guaranteed,
                 "wait_avg_s": _mean(waits),
                 "wait_p95_s": percentile(waits, 0.95),
+                "rewait_avg_s": _mean([run.rewait for run in runs if run.first_start is not None]),
                 "gpu_hours": received / HOUR,
                 "share": received / total,
                 # GPUs held on average over the makespan, per guaranteed GPU

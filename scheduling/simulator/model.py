@@ -78,11 +78,19 @@ class ClassSpec:
 
 @dataclass(frozen=True, slots=True)
 class WorkloadSpec:
-    """The parts of a workload policy that matter to scheduling (DESIGN.md §2)."""
+    """The parts of a workload policy that matter to scheduling (DESIGN.md §2).
+
+    ``max_preemptions``: once preempted that many times, a job is protected from higher
+    classes (and admitted inside its guarantee) for ``preemption_protection_seconds`` of
+    each later run, 0 meaning the whole run; ``max_preemptions`` 0: no limit (see
+    :mod:`scheduling.engine.preemption`).
+    """
 
     preemptible: bool = True
     grace_seconds: int = 30
     min_runtime_before_preemption: int = 300
+    max_preemptions: int = 3
+    preemption_protection_seconds: int = 0
 
 
 @dataclass(frozen=True, slots=True)

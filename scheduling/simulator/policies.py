@@ -19,6 +19,21 @@ class Policy:
     preemption: bool
     fair_share: bool
     global_fifo: bool = False
+    # The size- and runtime-aware order (see scheduling.engine.order); None: the
+    # engine's defaults (Snapshot).
+    size_order: bool = True
+    size_halving_seconds: float | None = None
+    max_wait_seconds: float | None = None
+    fair_share_band: float | None = None
+
+    def order_knobs(self) -> dict:
+        """The order settings to pass to a Snapshot (only those this policy sets)."""
+        knobs: dict = {"size_order": self.size_order}
+        for name in ("size_halving_seconds", "max_wait_seconds", "fair_share_band"):
+            value = getattr(self, name)
+            if value is not None:
+                knobs[name] = value
+        return knobs
 
 
 POLICIES: dict[str, Policy] = {
@@ -39,6 +54,15 @@ POLICIES: dict[str, Policy] = {
             backfill=True,
             preemption=True,
             fair_share=True,
+        ),
+        Policy(
+            "sluice-submit-order",
+            "Sluice's default with submit order inside a class and tenant (no size- and "
+            "runtime-aware order)",
+            backfill=True,
+            preemption=True,
+            fair_share=True,
+            size_order=False,
         ),
         Policy(
             "sluice-no-backfill",

@@ -9,6 +9,9 @@ Choices made here, all seeded and printed in the scenario's notes:
   nodes for the largest job. 85 % is what a platform team plans a shared GPU fleet for;
   just under 100 % (``target_load=1``: the smallest cluster that can keep up at all)
   leaves a queue that never drains, whose backlog swamps every policy's figures.
+- **One pool** - ``one_pool`` merges the trace's pools into one, ``default`` (the ten
+  ITP clusters as one big cluster, its tenants shared): a deep queue in one pool, which
+  is what the simulator's deep-backlog benchmark replays.
 - **Tenants** - jobs without one are given one of ``tenants`` tenants ``t1..tN`` drawn by
   a seeded RNG with Zipf-like weights 1, 1/2, 1/3, ... (a few big teams, a long tail).
 - **Classes** - jobs without one draw ``high`` / ``normal`` / ``low`` with the fractions
@@ -24,6 +27,9 @@ Choices made here, all seeded and printed in the scenario's notes:
 - **Limits** - users overestimate: the declared limit is ``duration x limit_factor``
   rounded up to a minute, capped at ``limit_cap``; a job longer than its limit is
   killed at the limit and counts as timed out. A trace's own limits win.
+- **Workload policy** - one for every job: 30 s grace, 5 minutes at least between two
+  preemptions, and at most 3 preemptions of a job, after which it runs protected for
+  the rest of its run (:class:`~.model.WorkloadSpec`).
 """
 
 from __future__ import annotations
@@ -60,7 +66,8 @@ class ScenarioOptions:
     """How to turn a trace into a scenario (see the module docstring).
 
     ``nodes``: nodes per pool instead of the load-based size (for a trace with its own
-    node list: keep that many of its nodes, spread over its models).
+    node list: keep that many of its nodes, spread over its models). ``one_pool``: merge
+    the trace's pools into one (see the module docstring).
     """
 
     nodes: int | None = None
@@ -73,6 +80,7 @@ class ScenarioOptions:
     class_mix: tuple[tuple[str, float], ...] = DEFAULT_CLASS_MIX
     max_jobs: int | None = None
     target_load: float = DEFAULT_TARGET_LOAD
+    one_pool: bool = False
 
 
 def zipf_weights(count: int, exponent: float = 1.0) -> list[float]:
@@ -325,9 +333,29 @@ def known_classes(
     return result, notes if missing else []
 
 
+def merge_pools(trace: Trace) -> Trace:
+    """``trace`` with every job and node in one pool, ``default``: its pools are no longer
+    independent (one cluster, tenants shared by all its jobs)."""
+    pools = sorted({_pool_of(job) for job in trace.jobs} | {node.pool for node in trace.nodes})
+    jobs = [
+        job if job.pool == DEFAULT_POOL else replace(job, pool=DEFAULT_POOL) for job in trace.jobs
+    ]
+    nodes = [
+        node if node.pool == DEFAULT_POOL else replace(node, pool=DEFAULT_POOL)
+        for node in trace.nodes
+    ]
+    notes = list(trace.notes)
+    if len(pools) > 1:
+        notes.append(f"pools: the trace's {len(pools)} pools merged into one, {DEFAULT_POOL}")
+    name = f"{trace.name}/one-pool" if len(pools) > 1 else trace.name
+    return Trace(name, jobs, nodes=nodes, notes=notes, independent_pools=False)
+
+
 def build_scenario(trace: Trace, options: ScenarioOptions | None = None) -> Scenario:
     """A scenario for ``trace`` with every choice of the module docstring."""
     options = options or ScenarioOptions()
+    if options.one_pool:
+        trace = merge_pools(trace)
     picked = _trim(trace, options.max_jobs)
     notes = list(trace.notes)
     if options.max_jobs and len(picked) < len(trace.jobs):

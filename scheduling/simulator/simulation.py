@@ -3,8 +3,11 @@
 Events are arrivals, ends (a job completes, or is killed at its runtime limit), stops (a
 preempted job's grace period is over: it loses the work since its last checkpoint and is
 requeued with what remains) and wake-ups (a running job becomes old enough to be
-preempted). Every decision - what starts, where, what is preempted - comes from
-:func:`scheduling.engine.plan`, called the way the dispatch loop calls it.
+preempted, or its protection at its preemption limit is over). A job saves a checkpoint
+every ``checkpoint_interval`` seconds of each run; the engine is told when it last did,
+and how often the job was preempted, as the dispatch loop tells it. Every decision -
+what starts, where, what is preempted - comes from :func:`scheduling.engine.plan`,
+called the way the dispatch loop calls it.
 
 When to plan: the dispatch loop runs on every submit and finish and every few seconds.
 The replay plans a pool only when something changed in it, at the next multiple of
@@ -42,7 +45,7 @@ from scheduling.engine import (
     plan,
     reasons,
 )
-from scheduling.engine.preemption import INFERENCE_WORKLOAD, TRAINING_WORKLOADS
+from scheduling.engine.preemption import INFERENCE_WORKLOAD, TRAINING_WORKLOADS, protected_until
 
 from .model import Scenario, SimJob
 from .policies import Policy
@@ -87,7 +90,9 @@ class SimConfig:
     left out keep the reservation of the last cycle that considered them for the next.
     ``max_preemptions``: the replay gives up (:class:`ReplayStalled`) after this many
     preemptions per job on average: jobs preempted again and again for others that then
-    do not start is a policy (or engine) defect worth a report, not hours of replay.
+    do not start is a policy (or engine) defect worth a report, not hours of replay. (The
+    limit per job that protects a job from churn is its workload policy's,
+    :attr:`WorkloadSpec.max_preemptions`.)
     """
 
     dispatch_interval: float = 5.0
@@ -146,12 +151,28 @@ class JobRun:
         self.pending_since = job.submit
         # (start, end, GPU ids) of each run of the job
         self.attempts: list[tuple[float, float, tuple[int, ...]]] = []
-        self.waits: list[tuple[float, float]] = []  # (from, to) of each wait that ended
+        # (from, to) of each wait that ended: the first from submit, then one from each
+        # preemption's stop to the next start
+        self.waits: list[tuple[float, float]] = []
 
     @property
-    def wait(self) -> float | None:
-        """Queueing delay: from submit to first start (None if it never started)."""
+    def first_wait(self) -> float | None:
+        """From submit to first start (None if it never started)."""
         return None if self.first_start is None else self.first_start - self.job.submit
+
+    @property
+    def rewait(self) -> float:
+        """Time waiting again after preemptions, until each next start (a wait that had
+        not ended when the replay did is not counted)."""
+        return sum(end - start for start, end in self.waits[1:])
+
+    @property
+    def total_wait(self) -> float | None:
+        """All the time the job waited: its first wait and every re-wait after a
+        preemption (None if it never started). This is the queueing delay of the
+        metrics."""
+        first = self.first_wait
+        return None if first is None else first + self.rewait
 
 
 @dataclass(slots=True)
@@ -390,6 +411,7 @@ class Replay:
         run.remaining -= saved
         run.lost_gpu_seconds += (elapsed - saved) * len(run.gpu_ids)
         run.preemptions += 1
+        run.pending_record.preemptions = run.preemptions
         self.preemptions += 1
         if self.preemptions > self.preemption_budget:
             raise ReplayStalled(
@@ -415,6 +437,7 @@ class Replay:
         record = run.pending_record
         record.reserved_gpu_ids, record.reserved_start = (), None
         record.claimed_gpu_ids = ()
+        record.previous_position = 0
         run.gpu_ids = placement.gpu_ids
         run.borrowed = placement.borrowed
         run.attempt_start = now
@@ -423,7 +446,9 @@ class Replay:
             run.first_start = now
         run.epoch += 1
         run.stopping = False
-        run.running_record = self.builder.running_job(job, placement.gpu_ids, run.borrowed, now)
+        run.running_record = self.builder.running_job(
+            job, placement.gpu_ids, run.borrowed, now, preemptions=run.preemptions
+        )
         self.running[job.pool][job.id] = run
         self._hold(job, placement.gpu_ids, -1)
         limit = job.limit if job.limit > 0 else INF
@@ -448,7 +473,13 @@ class Replay:
             return
         run.stopping = True
         run.running_record = self.builder.running_job(
-            run.job, run.gpu_ids, run.borrowed, run.attempt_start, True, preemptor
+            run.job,
+            run.gpu_ids,
+            run.borrowed,
+            run.attempt_start,
+            True,
+            preemptor,
+            preemptions=run.preemptions,
         )
         stop_at = now + self.scenario.workload(run.job.workload_type).grace_seconds
         limit = run.job.limit if run.job.limit > 0 else INF
@@ -510,6 +541,8 @@ class Replay:
         self, pool: str, now: float, selected: Iterable[JobRun], decisions_only: bool
     ) -> Snapshot:
         """The pool's snapshot with the waiting jobs ``selected``."""
+        if self.policy.preemption:
+            self._checkpoint(pool, now)
         return self.builder.snapshot(
             now,
             [pool],
@@ -519,6 +552,19 @@ class Replay:
             self.policy,
             decisions_only=decisions_only,
         )
+
+    def _checkpoint(self, pool: str, now: float) -> None:
+        """Tell the engine when each running job of ``pool`` last saved a checkpoint:
+        every ``checkpoint_interval`` seconds of its run (its start if none yet; with an
+        interval of 0 it never saves, and the engine counts from its start)."""
+        interval = self.config.checkpoint_interval
+        if interval <= 0:
+            return
+        for run in self.running[pool].values():
+            record = run.running_record
+            if record is not None and not run.stopping:
+                start = run.attempt_start
+                record.checkpointed_at = start + (now - start) // interval * interval
 
     def _cycle(self, pool: str, now: float, selected: Iterable[JobRun]) -> Plan:
         """Build the pool's snapshot and let the engine plan it."""
@@ -586,6 +632,7 @@ class Replay:
         by_id = self.by_id
         for job_id, info in infos.items():
             record = by_id[job_id].pending_record
+            record.previous_position = info.pool_position
             reserved = info.reserved_gpu_ids
             if reserved or record.reserved_gpu_ids:
                 record.reserved_gpu_ids = reserved
@@ -616,8 +663,12 @@ class Replay:
                 continue
             record = run.running_record
             seasoned = record.started_at + record.min_runtime_before_preemption
-            if now < seasoned < soonest and _may_stop(preemptors, record):
-                soonest = seasoned
+            # Reclaimed once old enough; stopped for a higher class once its protection
+            # at its preemption limit is over too.
+            until = protected_until(record)
+            for ready, protected in ((seasoned, seasoned < until), (max(seasoned, until), False)):
+                if now < ready < soonest and _may_stop(preemptors, record, protected):
+                    soonest = ready
         if soonest == INF:
             return
         current = self.wake_at.get(pool)
@@ -638,7 +689,7 @@ class Replay:
             record = run.running_record
             if now - record.started_at < record.min_runtime_before_preemption:
                 continue
-            if _may_stop(preemptors, record):
+            if _may_stop(preemptors, record, now < protected_until(record)):
                 return True
         return False
 
@@ -664,13 +715,16 @@ class Replay:
         return highest, reclaimers
 
 
-def _may_stop(preemptors: tuple[list[float], list[set[str]]], record: RunningJob) -> bool:
+def _may_stop(
+    preemptors: tuple[list[float], list[set[str]]], record: RunningJob, protected: bool
+) -> bool:
     """Whether some waiting job summed up in ``preemptors`` might stop ``record``: its
-    class is lower and preemptible, below a waiting job whose class may preempt, or it
-    runs on borrowed GPUs and another tenant's waiting job is inside its guarantee."""
+    class is lower and preemptible, below a waiting job whose class may preempt, and it
+    is not ``protected`` at its preemption limit, or it runs on borrowed GPUs and another
+    tenant's waiting job is inside its guarantee."""
     highest, reclaimers = preemptors
     inference = record.workload_type == INFERENCE_WORKLOAD
-    if record.preemptible and record.priority < highest[inference]:
+    if not protected and record.preemptible and record.priority < highest[inference]:
         return True
     if record.borrowed:
         tenants = reclaimers[inference]

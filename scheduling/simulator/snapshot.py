@@ -5,8 +5,9 @@ database, field by field, so that the same state gives the engine the same input
 (a test checks it): nodes in the scenario's order (the database reader gives them in
 name order, as ``load_snapshot`` does) with their GPUs in index order, a job's
 effective preemptibility from its class and its workload policy, the workload policy's
-grace period and minimum runtime before preemption, and for a job stopping because of a
-preemption the job it makes room for. The replay hands each job's reservation back to
+grace period, minimum runtime before preemption, preemption limit and protection, how
+often the job was preempted and when it last saved a checkpoint, and for a job stopping
+because of a preemption the job it makes room for. The replay hands each job's reservation back to
 the next cycle as the dispatch loop does.
 """
 
@@ -87,8 +88,9 @@ class SnapshotBuilder:
     def _class(self, job: SimJob) -> ClassSpec:
         return self.scenario.classes[job.priority_class]
 
-    def pending_job(self, job: SimJob) -> PendingJob:
-        """The engine's record of ``job`` waiting (as ``load_snapshot`` builds it)."""
+    def pending_job(self, job: SimJob, preemptions: int = 0) -> PendingJob:
+        """The engine's record of ``job`` waiting (as ``load_snapshot`` builds it), after
+        ``preemptions`` preemptions."""
         cls = self._class(job)
         workload = self.scenario.workload(job.workload_type)
         return PendingJob(
@@ -108,6 +110,8 @@ class SnapshotBuilder:
             min_gpu_memory_mb=job.min_gpu_memory_mb,
             submitted_at=job.submit,
             max_runtime_seconds=job.limit,
+            preemptions=preemptions,
+            max_preemptions=workload.max_preemptions,
         )
 
     def running_job(
@@ -118,9 +122,13 @@ class SnapshotBuilder:
         started_at: float,
         stopping: bool = False,
         preempted_by: int | None = None,
+        preemptions: int = 0,
+        checkpointed_at: float | None = None,
     ) -> RunningJob:
         """The engine's record of ``job`` holding ``gpu_ids`` since ``started_at``
-        (``preempted_by``: the job a stopping job makes room for)."""
+        (``preempted_by``: the job a stopping job makes room for), preempted
+        ``preemptions`` times before, its last checkpoint in this run at
+        ``checkpointed_at`` (None: none yet)."""
         cls = self._class(job)
         workload = self.scenario.workload(job.workload_type)
         return RunningJob(
@@ -140,6 +148,10 @@ class SnapshotBuilder:
             stopping=stopping,
             grace_seconds=workload.grace_seconds,
             preempted_by=preempted_by,
+            preemptions=preemptions,
+            checkpointed_at=checkpointed_at,
+            max_preemptions=workload.max_preemptions,
+            preemption_protection_seconds=workload.preemption_protection_seconds,
         )
 
     def snapshot(
@@ -169,5 +181,6 @@ class SnapshotBuilder:
             preemption=policy.preemption,
             fair_share=policy.fair_share,
             global_fifo=policy.global_fifo,
+            **policy.order_knobs(),
             decisions_only=decisions_only,
         )

@@ -216,3 +216,28 @@ def test_protected_nodes_are_passed_over_by_the_search_for_every_preemptor():
     result = run_plan(snapshot(nodes, quotas, pending, run))
     assert {p.preemptor_id: p.victim_id for p in result.preemptions} == {1: 12, 2: 11}
     assert result.pending[3].code != reasons.WAITING_FOR_PREEMPTION
+
+
+def test_a_reclaim_takes_a_protected_borrower_only_when_no_other_will_do():
+    # Both b's jobs borrow; job 10, at its limit, would lose less work, yet job 11 is
+    # reclaimed; on two nodes, the node without a protected victim is chosen.
+    quotas = [quota("a", 8), quota("b", 0, 16)]
+    protected = _churned(
+        running(10, "b", gpu_ids(1, 0, 1, 2, 3), "low", borrowed=True, age=400, runtime=86400)
+    )
+    other = running(11, "b", gpu_ids(1, 4, 5, 6, 7), "low", borrowed=True, age=5000, runtime=86400)
+    result = run_plan(snapshot([node(1)], quotas, [job(1, "a", gpus=4)], [protected, other]))
+    assert _victims(result) == [11]
+    unprotected = dataclasses.replace(protected, preemptions=0)
+    result = run_plan(snapshot([node(1)], quotas, [job(1, "a", gpus=4)], [unprotected, other]))
+    assert _victims(result) == [10]
+
+    run = [
+        _churned(running(10, "b", gpu_ids(1, *range(8)), borrowed=True, age=400, runtime=86400)),
+        running(11, "b", gpu_ids(2, *range(8)), borrowed=True, age=5000, runtime=86400),
+    ]
+    result = run_plan(snapshot([node(1), node(2)], quotas, [job(1, "a", gpus=8)], run))
+    assert _victims(result) == [11]
+    # Needed all the same: then it is reclaimed.
+    result = run_plan(snapshot([node(1)], quotas, [job(1, "a", gpus=8)], [protected, other]))
+    assert _victims(result) == [10, 11]

@@ -4,6 +4,8 @@ All on one node of 4 GPUs, planned at the exact time of every event (dispatch in
 0) unless a test says otherwise; each job declares its real duration as its limit.
 """
 
+from dataclasses import replace
+
 import pytest
 
 from scheduling.simulator import POLICIES, ClassSpec, SimConfig, replay
@@ -13,6 +15,12 @@ from scheduling.simulator.simulation import COMPLETED, Replay
 from .conftest import scenario, sim_job
 
 EXACT = SimConfig(dispatch_interval=0)
+# The schedules below are worked out in submit order inside a class (the size-aware
+# order has its own hand-computed test at the end).
+SUBMIT_ORDER = {
+    name: replace(policy, size_order=False) if not policy.global_fifo else policy
+    for name, policy in POLICIES.items()
+}
 
 
 def starts(result) -> dict[str, float]:
@@ -24,7 +32,7 @@ def test_brief_example_no_gpu_is_idle_before_a_ends_so_backfill_changes_nothing(
     # C (1 GPU, 50 s) finds no idle GPU before 200 under any policy.
     jobs = [sim_job(1, 0, 100, 4), sim_job(2, 1, 100, 4), sim_job(3, 2, 50, 1)]
     for policy in ("fifo", "sluice", "sluice-no-backfill"):
-        result = replay(scenario(jobs), POLICIES[policy], EXACT)
+        result = replay(scenario(jobs), SUBMIT_ORDER[policy], EXACT)
         assert starts(result) == {"job1": 0, "job2": 100, "job3": 200}, policy
         assert summarize(result)["makespan_s"] == 250
 
@@ -49,10 +57,10 @@ BACKFILL_TRACE = [
     ],
 )
 def test_backfill_starts_a_short_job_in_the_hole_before_a_reservation(policy, expected):
-    result = replay(scenario(BACKFILL_TRACE), POLICIES[policy], EXACT)
+    result = replay(scenario(BACKFILL_TRACE), SUBMIT_ORDER[policy], EXACT)
 
     assert starts(result) == expected
-    waits = {run.job.name: run.wait for run in result.runs}
+    waits = {run.job.name: run.first_wait for run in result.runs}
     assert waits == {name: expected[name] - submit for name, submit in _submits().items()}
     assert all(run.outcome == COMPLETED for run in result.runs)
 
@@ -62,7 +70,7 @@ def _submits() -> dict[str, float]:
 
 
 def test_figures_of_the_backfill_schedule():
-    summary = summarize(replay(scenario(BACKFILL_TRACE), POLICIES["sluice"], EXACT))
+    summary = summarize(replay(scenario(BACKFILL_TRACE), SUBMIT_ORDER["sluice"], EXACT))
 
     # waits 0, 99, 0, 197; completions 100, 199, 50, 397
     assert summary["wait_avg_s"] == pytest.approx((0 + 99 + 0 + 197) / 4)
@@ -76,7 +84,9 @@ def test_figures_of_the_backfill_schedule():
 
 def test_cycles_are_coalesced_on_the_dispatch_interval():
     # With the default 5 s interval, C (submitted at 2) is planned at the tick of 5.
-    result = replay(scenario(BACKFILL_TRACE), POLICIES["sluice"], SimConfig(dispatch_interval=5))
+    result = replay(
+        scenario(BACKFILL_TRACE), SUBMIT_ORDER["sluice"], SimConfig(dispatch_interval=5)
+    )
 
     assert starts(result) == {"job1": 0, "job2": 100, "job3": 5, "job4": 200}
 
@@ -171,3 +181,16 @@ def test_the_replay_comes_back_when_a_job_that_may_be_stopped_comes_of_age_only(
     assert 300 in timed.planned_at and 310 not in timed.planned_at
     assert timed.planned_at == sorted(set(timed.planned_at))
     assert 100 not in timed.planned_at  # L too young: the cycle was not worth it
+
+
+def test_smaller_work_goes_first_inside_a_class():
+    # The brief example in Sluice's own order: when A ends at 100, C (1 GPU x 50 s) is
+    # smaller than B (4 GPUs x 100 s), submitted a second later or not: C starts at 100 and
+    # B, which needs every GPU, at 150. With and without backfill (C is ahead of B).
+    jobs = [sim_job(1, 0, 100, 4), sim_job(2, 1, 100, 4), sim_job(3, 2, 50, 1)]
+    for policy in ("sluice", "sluice-no-backfill"):
+        result = replay(scenario(jobs), POLICIES[policy], EXACT)
+        assert starts(result) == {"job1": 0, "job2": 150, "job3": 100}, policy
+    # Aged past its maximum wait, B goes first again.
+    patient = replace(POLICIES["sluice"], max_wait_seconds=50.0)
+    assert starts(replay(scenario(jobs), patient, EXACT)) == {"job1": 0, "job2": 100, "job3": 200}
