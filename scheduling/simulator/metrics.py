@@ -8,6 +8,7 @@ Definitions (the README repeats them):
   left out); percentiles interpolate linearly between ranks. ``wait_first_*`` is the
   first part alone (first start - submit), ``rewait_avg_s`` the rest per started job,
   and ``rewait_preempted_avg_s`` the rest per job preempted at least once;
+  ``wait_big_avg_s`` is the average wait of the jobs over 8 GPUs (multi-node work);
 - *job completion time* (JCT): end - submit, over jobs that completed or timed out;
 - *makespan*: last end - first submit;
 - *utilization*: GPU-seconds held by jobs (lost work and grace periods included) /
@@ -15,8 +16,11 @@ Definitions (the README repeats them):
 - *fairness*: Jain's index (sum x)^2 / (n sum x^2) over tenants with a guarantee, of
   x = GPU-seconds received / guaranteed GPUs. Over a whole replay every job runs to its
   end, so each tenant receives about what it asked and the index says little;
-  ``fairness_daily`` is the same index per day, over the tenants that had a job waiting
-  that day, averaged over those days: it shows who got served while GPUs were short;
+  ``fairness_daily`` / ``fairness_hourly`` look at each day / hour apart, where it
+  matters: x = GPU-seconds received / fair share, the fair share being the weighted
+  max-min division of the window's GPU-seconds among the tenants that asked for GPUs in
+  it (weights: guaranteed GPUs; nobody's share above what it asked), averaged over the
+  windows where two or more tenants asked (:func:`window_fairness`);
 - *lost GPU-hours*: work done by preempted jobs since their last checkpoint (and in
   their grace period); ``lost_share`` is their share of the GPU-hours held by jobs;
 - *churn*: ``preempted_jobs`` preempted at least once, ``preempted_2_plus`` /
@@ -34,6 +38,7 @@ from .simulation import COMPLETED, NEVER_STARTED, TIMED_OUT, UNSCHEDULABLE, JobR
 
 DAY = 86400.0
 HOUR = 3600.0
+BIG_JOB_GPUS = 8  # wait_big_avg_s: jobs over a node's worth of GPUs
 
 
 def percentile(values: Sequence[float], fraction: float) -> float:
@@ -97,13 +102,17 @@ def summarize(result: ReplayResult) -> dict:
         "wait_first_avg_s": _mean(first_waits),
         "wait_first_p50_s": percentile(first_waits, 0.50),
         "wait_first_p95_s": percentile(first_waits, 0.95),
+        "wait_big_avg_s": _mean(
+            [run.total_wait or 0.0 for run in started if run.job.gpus > BIG_JOB_GPUS]
+        ),
         "rewait_avg_s": _mean(rewaits),
         "rewait_preempted_avg_s": _mean([run.rewait for run in preempted]),
         "jct_avg_s": _mean([run.finish - run.job.submit for run in ends]),
         "makespan_s": makespan,
         "utilization": busy / (result.capacity * makespan) if makespan > 0 else 0.0,
         "fairness": jain(_normalized_service(runs, result.guarantees).values()),
-        "fairness_daily": daily_fairness(runs, result.guarantees),
+        "fairness_daily": daily_fairness(runs, result.guarantees, result.capacity),
+        "fairness_hourly": hourly_fairness(runs, result.guarantees, result.capacity),
         "preemptions": sum(run.preemptions for run in runs),
         "preempted_jobs": len(preempted),
         "preempted_2_plus": sum(1 for run in preempted if run.preemptions >= 2),
@@ -129,42 +138,91 @@ def _normalized_service(runs: list[JobRun], guarantees: dict[str, int]) -> dict[
     }
 
 
-def _add_by_day(ledger: dict, key: str, start: float, end: float, rate: float, origin: float):
-    """Spread ``rate`` x (end - start) over the days the interval covers."""
-    day = int((start - origin) // DAY)
-    while start < end:
-        day_end = origin + (day + 1) * DAY
-        stop = min(end, day_end)
-        ledger[day][key] += rate * (stop - start)
-        start = stop
-        day += 1
+def daily_fairness(runs: list[JobRun], guarantees: dict[str, int], capacity: int = 0) -> float:
+    """Jain's index per day of each tenant's GPU-seconds over its fair share that day,
+    averaged over the days where two or more tenants asked for GPUs (see
+    :func:`window_fairness`)."""
+    return window_fairness(runs, guarantees, capacity, DAY)
 
 
-def daily_fairness(runs: list[JobRun], guarantees: dict[str, int]) -> float:
-    """Jain's index per day over the tenants with a job waiting that day, averaged."""
+def hourly_fairness(runs: list[JobRun], guarantees: dict[str, int], capacity: int = 0) -> float:
+    """The same per hour."""
+    return window_fairness(runs, guarantees, capacity, HOUR)
+
+
+def window_fairness(
+    runs: list[JobRun], guarantees: dict[str, int], capacity: int, window: float
+) -> float:
+    """Jain's index per time window of x = GPU-seconds a tenant received / its fair share,
+    averaged over the windows where two or more tenants asked for GPUs.
+
+    A tenant's *demand* in a window is the GPU-seconds its jobs held or waited for (GPUs
+    asked x time waiting); its *fair share* is the weighted max-min division of the
+    window's GPU-seconds (``capacity`` GPUs; without it, what the tenants received in all)
+    among the tenants with demand, weighted by guaranteed GPUs (a tenant without a
+    guarantee weighs 1) and capped by each demand: a tenant that asks less than its share
+    gets all it asks and the rest goes to the others. 1 means every tenant got its fair
+    share in every window; a tenant served ahead of others lowers it.
+    """
     if not runs:
         return 1.0
     origin = min(run.job.submit for run in runs)
     served: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    waiting: dict[int, set[str]] = defaultdict(set)
+    asked: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for run in runs:
         tenant = run.job.tenant
-        if guarantees.get(tenant, 0) <= 0:
-            continue
+        gpus = run.job.gpus
         for start, end, gpu_ids in run.attempts:
-            _add_by_day(served, tenant, start, end, len(gpu_ids), origin)
+            _add_by_window(served, tenant, start, end, len(gpu_ids), origin, window)
+            _add_by_window(asked, tenant, start, end, len(gpu_ids), origin, window)
         for start, end in run.waits:
-            if end > start:
-                first = int((start - origin) // DAY)
-                last = int((end - origin) // DAY)
-                for day in range(first, last + 1):
-                    waiting[day].add(tenant)
-    indexes = [
-        jain([served[day].get(tenant, 0.0) / guarantees[tenant] for tenant in tenants])
-        for day, tenants in sorted(waiting.items())
-        if len(tenants) > 1
-    ]
+            _add_by_window(asked, tenant, start, end, gpus, origin, window)
+    indexes = []
+    for key, demands in asked.items():
+        demands = {tenant: value for tenant, value in demands.items() if value > 0}
+        if len(demands) < 2:
+            continue
+        received = served.get(key, {})
+        total = capacity * window if capacity > 0 else sum(received.values())
+        fair = _max_min_fair(total, demands, guarantees)
+        indexes.append(
+            jain([received.get(tenant, 0.0) / fair[tenant] for tenant in demands if fair[tenant]])
+        )
     return _mean(indexes) if indexes else 1.0
+
+
+def _max_min_fair(
+    total: float, demands: dict[str, float], guarantees: dict[str, int]
+) -> dict[str, float]:
+    """Weighted water-filling of ``total`` over ``demands`` (weights: guarantees)."""
+    share = dict.fromkeys(demands, 0.0)
+    active = set(demands)
+    left = total
+    while active and left > 1e-9:
+        weights = {tenant: max(guarantees.get(tenant, 0), 1) for tenant in active}
+        unit = left / sum(weights.values())
+        done = {
+            tenant for tenant in active if demands[tenant] - share[tenant] <= unit * weights[tenant]
+        }
+        if not done:
+            for tenant in active:
+                share[tenant] += unit * weights[tenant]
+            break
+        for tenant in done:
+            left -= demands[tenant] - share[tenant]
+            share[tenant] = demands[tenant]
+        active -= done
+    return share
+
+
+def _add_by_window(ledger, key: str, start: float, end: float, rate: float, origin, window):
+    """Spread ``rate`` x (end - start) over the windows the interval covers."""
+    index = int((start - origin) // window)
+    while start < end:
+        stop = min(end, origin + (index + 1) * window)
+        ledger[index][key] += rate * (stop - start)
+        start = stop
+        index += 1
 
 
 def per_tenant(result: ReplayResult) -> list[dict]:
