@@ -510,6 +510,14 @@ class Planner:
             )
         return self._wait_for_quota(job, options, runtime, floor)
 
+    def _overdue(self, job: PendingJob) -> bool:
+        """Whether the job has waited its maximum wait (see :mod:`.order`)."""
+        snapshot = self.snapshot
+        if not snapshot.size_order:
+            return False
+        limit = job.max_wait_seconds if job.max_wait_seconds > 0 else snapshot.max_wait_seconds
+        return limit > 0 and self.now - job.submitted_at >= limit
+
     def _own_start(self, job: PendingJob, options: list[Option]) -> float:
         """When the job would start with the holds in place: its kept reservation's
         start, else its earliest start now."""
@@ -648,6 +656,16 @@ class Planner:
             outcome = self._preempt(job, preemptors, runtime, slot)
             if outcome is not None:
                 return outcome
+        if slot is not None and not slot.releasing and self._overdue(job):
+            # Past its maximum wait a borrower reserves GPUs like guaranteed work does:
+            # otherwise smaller work keeps taking the idle GPUs it waits for, and a job
+            # bigger than its guarantee would never find enough of them idle at once.
+            if not slot.positions:
+                self._choose_positions(job, slot)
+            reserved = self._reserve(job, slot, runtime)
+            message = self._gpus_message(job, slot.option)
+            self._wait(job, reasons.WAITING_FOR_GPUS, message, slot.start, reserved)
+            return reasons.WAITING_FOR_GPUS, slot.start
         if gpus_promised or quota_promised:
             code = reasons.RESERVED_FOR_HIGHER_PRIORITY
             message = self._reserved_message(job, options[0], quota_promised)
