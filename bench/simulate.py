@@ -110,6 +110,10 @@ def main() -> None:
                 "ms_per_cycle": round(1000 * result.plan_seconds / max(result.plans, 1), 3),
                 "wait_avg_h": round(summary["wait_avg_s"] / 3600, 2),  # re-waits included
                 "wait_first_avg_h": round(summary["wait_first_avg_s"] / 3600, 2),
+                "wait_big_avg_h": round(summary["wait_big_avg_s"] / 3600, 2),  # > 8 GPUs
+                "jain_daily": round(summary["fairness_daily"], 3),
+                "jain_hourly": round(summary["fairness_hourly"], 3),
+                "lost_share": round(summary["lost_share"], 4),
                 "utilization": round(summary["utilization"], 4),
                 "preemptions": summary["preemptions"],
                 "preempted_5_plus": summary["preempted_5_plus"],

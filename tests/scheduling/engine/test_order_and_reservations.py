@@ -180,3 +180,59 @@ def test_jobs_behind_the_first_waiting_job_never_delay_it(seed):
         mine - NOW,
         without - NOW,
     )
+
+
+# -- size order and aging -----------------------------------------------------------------
+
+
+def test_inside_a_class_and_tenant_smaller_work_goes_first_and_aging_catches_up():
+    nodes = [node(1, gpus=4)]
+    run = [running(10, "a", gpu_ids(1, 0, 1, 2, 3), age=0, runtime=600)]
+    big = job(1, "a", gpus=4, runtime=7200, submitted=NOW - 100)
+    small = job(2, "a", gpus=1, runtime=600, submitted=NOW - 50)
+    result = run_plan(snapshot(nodes, [quota("a", 8)], [big, small], run))
+    assert result.pending[2].pool_position == 1  # 600 GPU-s before 28,800
+    # The big job has waited long enough that its aged size is the smaller one:
+    # log2(4 x 7200) - 7 h / 1 h = 7.8 < log2(600) = 9.2.
+    old = dataclasses.replace(big, submitted_at=NOW - 7 * 3600)
+    snap = snapshot(nodes, [quota("a", 8)], [old, small], run, max_wait_seconds=0)
+    result = run_plan(dataclasses.replace(snap, size_halving_seconds=3600.0))
+    assert result.pending[1].pool_position == 1
+    # Past its maximum wait it goes first whatever its size.
+    late = dataclasses.replace(big, submitted_at=NOW - 3600, max_wait_seconds=1800)
+    result = run_plan(snapshot(nodes, [quota("a", 8)], [late, small], run))
+    assert result.pending[1].pool_position == 1
+
+
+def test_a_prediction_shorter_than_the_limit_orders_the_job_by_it():
+    nodes = [node(1, gpus=4)]
+    run = [running(10, "a", gpu_ids(1, 0, 1, 2, 3), age=0, runtime=600)]
+    declared_long = dataclasses.replace(
+        job(1, "a", gpus=1, runtime=36000), expected_runtime_seconds=300
+    )
+    short = job(2, "a", gpus=1, runtime=3600)
+    result = run_plan(snapshot(nodes, [quota("a", 8)], [declared_long, short], run))
+    assert result.pending[1].pool_position == 1
+
+
+def test_an_overdue_job_waiting_to_borrow_reserves_gpus():
+    """A job bigger than its tenant's guarantee may only borrow idle GPUs, so it never
+    reserves: small work of others keeps taking the GPUs as they free up. Past its maximum
+    wait it reserves them like guaranteed work, and backfill must respect that."""
+    nodes = [node(1, gpus=8)]
+    quotas = [quota("a", 4, 4), quota("b", 4, 4)]
+    run = [running(10, "b", gpu_ids(1, *range(6)), age=0, runtime=600)]
+    big = dataclasses.replace(
+        job(1, "a", gpus=8, runtime=7200, submitted=NOW - 100), max_wait_seconds=3600
+    )
+    other = job(2, "b", gpus=2, runtime=7200)
+    fresh = run_plan(snapshot(nodes, quotas, [big, other], run))
+    assert fresh.pending[1].reserved_gpu_ids == ()
+    assert [p.job_id for p in fresh.placements] == [2]
+
+    overdue = dataclasses.replace(big, submitted_at=NOW - 4000)
+    result = run_plan(snapshot(nodes, quotas, [overdue, other], run))
+    assert result.pending[1].code == reasons.WAITING_FOR_GPUS
+    assert len(result.pending[1].reserved_gpu_ids) == 8
+    assert result.pending[1].estimated_start == NOW + 600
+    assert result.placements == []  # job 2 would run past job 1's start
