@@ -209,6 +209,6 @@ class Snapshot:
     decisions_only: bool = False
     # Size- and runtime-aware order inside a class and fair-share band (see :mod:`.order`).
     size_order: bool = True
-    size_halving_seconds: float = 3600.0
+    size_halving_seconds: float = 6 * 3600.0
     max_wait_seconds: float = 12 * 3600.0
     fair_share_band: float = 0.25

@@ -114,7 +114,7 @@ def test_default_ordering_knobs(world):
     snapshot = _snapshot()
 
     assert snapshot.size_order is True
-    assert (snapshot.size_halving_seconds, snapshot.max_wait_seconds) == (3600.0, 43200.0)
+    assert (snapshot.size_halving_seconds, snapshot.max_wait_seconds) == (21600.0, 43200.0)
     assert snapshot.fair_share_band == 0.25
 
 
