@@ -8,9 +8,11 @@ from ``../shared/traces`` (or ``SLUICE_TRACES_DIR``). No Django.
 
 ``--deep``: the deep-backlog case (DESIGN.md §11, "cost follows what changed, not N"):
 ITP's ten clusters merged into one pool (tenants shared) sized for 95 % offered load, so
-that thousands of jobs wait in one pool at once; target 120 s per policy. Each line also
-gives the peak and the time-weighted mean number of jobs waiting. ``--max-jobs N``
-replays only the first N jobs by submit time (for profiling).
+that thousands of jobs wait in one pool at once under FIFO (peak about 2,700, mean 800;
+Sluice's backfill keeps its own queue to hundreds: peak about 500, mean 80); target 120 s
+per policy. Each line also gives the peak and the time-weighted mean number of jobs
+waiting. ``--one-pool`` merges the pools of any trace; ``--max-jobs N`` replays only the
+first N jobs by submit time (for profiling).
 """
 
 from __future__ import annotations

@@ -74,7 +74,11 @@ class NodeSlot:
 
     def idle_unreserved(self, now: float) -> int:
         """GPUs idle now and promised to nobody."""
-        return sum(1 for value in self.af if value <= now)
+        count = 0
+        for value in self.af:
+            if value <= now:
+                count += 1
+        return count
 
 
 class SliceIndex:
@@ -135,28 +139,43 @@ class SliceIndex:
     def build(self) -> None:
         """Count idle GPUs once every GPU's initial state is known. The heaps of a job
         size are only built when a job of that size first asks (see :meth:`_heaps`)."""
-        largest = self.largest = max((len(slot.gpu_ids) for slot in self.slots), default=0)
-        self.sizes = sorted(len(slot.gpu_ids) for slot in self.slots)
-        self.buckets = [0] * (largest + 1)
+        sizes = [len(slot.gpu_ids) for slot in self.slots]
+        sizes.sort()
+        self.sizes = sizes
+        largest = self.largest = sizes[-1] if sizes else 0
+        buckets = self.buckets = [0] * (largest + 1)
         now = self.now
+        idle = 0
         for slot in self.slots:
-            free = sum(1 for value in slot.af if value <= now)
+            free = 0
+            for value in slot.af:
+                if value <= now:
+                    free += 1
             slot.free_total = free
-            self.buckets[free] += 1
-            self.idle += free
+            buckets[free] += 1
+            idle += free
+        self.idle += idle
 
     def _heaps(self, size: int) -> tuple[list, list]:
         """The (af, hole) heaps for jobs of ``size`` GPUs per node, built on first use."""
         heaps = self.heaps.get(size)
         if heaps is None:
+            # A cycle builds these heaps for every job size it meets, over every node of
+            # the slice: the entries (see _push_entries) are worked out inline.
             af_heap: list = []
             hole_heap: list = []
             for slot in self.slots:
-                af_entry, hole_entry = self._entries(slot, size, *self._state(slot))
-                if af_entry is not None:
-                    af_heap.append(af_entry)
-                if hole_entry is not None:
-                    hole_heap.append(hole_entry)
+                known = slot.state
+                if known is not None and known[0] == slot.version:
+                    ordered, free, windows = known[1], known[2], known[3]
+                else:
+                    ordered, free, windows = self._state(slot)
+                if size <= len(ordered):
+                    key = ordered[size - 1]
+                    if key != INF:
+                        af_heap.append((key, bisect_right(ordered, key), slot.idx, slot.version))
+                if free < size <= free + len(windows):
+                    hole_heap.append((-windows[size - free - 1], slot.idx, slot.version))
             heapify(af_heap)
             heapify(hole_heap)
             heaps = self.heaps[size] = (af_heap, hole_heap)
@@ -171,7 +190,7 @@ class SliceIndex:
         af = slot.af
         hole = slot.hole
         free = 0
-        windows = []
+        windows: list[float] = []
         for pos, value in enumerate(af):
             if value <= now:
                 free += 1
@@ -182,19 +201,24 @@ class SliceIndex:
         slot.state = (slot.version, ordered, free, windows)
         return ordered, free, windows
 
-    @staticmethod
-    def _entries(slot, size, ordered, free, windows) -> tuple[tuple | None, tuple | None]:
-        """The slot's (af, hole) heap entries for jobs of ``size`` GPUs per node."""
-        af_entry = hole_entry = None
-        if size <= len(ordered):
-            key = ordered[size - 1]
-            if key != INF:
-                af_entry = (key, bisect_right(ordered, key), slot.idx, slot.version)
-        # Sizes up to ``free`` are served by the af heap; beyond that the job must also
-        # use holes and end before the shortest hole it uses closes.
-        if free < size <= free + len(windows):
-            hole_entry = (-windows[size - free - 1], slot.idx, slot.version)
-        return af_entry, hole_entry
+    def _push_entries(
+        self, slot: NodeSlot, ordered: list[float], free: int, windows: list[float]
+    ) -> None:
+        """Push the slot's current entries onto the heap of every job size built so far:
+        (size-th smallest free-from time, GPUs free by then, slot, version) when the
+        slot ever has ``size`` GPUs free, and (-window, slot, version) when it can run
+        ``size`` GPUs now only by using holes (sizes up to ``free`` are served by the af
+        heap; beyond that a job must end before the shortest hole it uses closes)."""
+        idx, version = slot.idx, slot.version
+        count = len(ordered)
+        holes = free + len(windows)
+        for size, (af_heap, hole_heap) in self.heaps.items():
+            if size <= count:
+                key = ordered[size - 1]
+                if key != INF:
+                    heappush(af_heap, (key, bisect_right(ordered, key), idx, version))
+            if free < size <= holes:
+                heappush(hole_heap, (-windows[size - free - 1], idx, version))
 
     def nodes_with_at_least(self, gpus: int) -> int:
         """How many nodes of the slice have at least ``gpus`` GPUs (busy or not)."""
@@ -206,12 +230,8 @@ class SliceIndex:
         """Re-index ``slot`` after its GPUs changed; older heap entries become stale."""
         slot.version += 1
         ordered, free, windows = self._state(slot)
-        for size, (af_heap, hole_heap) in self.heaps.items():
-            af_entry, hole_entry = self._entries(slot, size, ordered, free, windows)
-            if af_entry is not None:
-                heappush(af_heap, af_entry)
-            if hole_entry is not None:
-                heappush(hole_heap, hole_entry)
+        if self.heaps:
+            self._push_entries(slot, ordered, free, windows)
         total = free + len(windows)
         self.buckets[slot.free_total] -= 1
         self.buckets[total] += 1
@@ -451,7 +471,7 @@ class Locator:
         """:meth:`group` of ``gpu_ids``, the ids of ``record`` (a job record with a
         ``layout`` attribute, where the grouping is remembered for later cycles)."""
         layout = record.layout
-        if layout is not None and layout[0] == gpu_ids:
+        if layout is not None and (layout[0] is gpu_ids or layout[0] == gpu_ids):
             slots = self._slots
             found = []
             for kind, positions in layout[1]:

@@ -164,7 +164,7 @@ class Planner:
         """Mark the GPUs of running jobs busy until their end, count them against their
         tenant's quota, and keep the GPUs and the quota of jobs stopped for a pending job
         for it."""
-        pending_ids = {job.id for job in self.snapshot.pending}
+        pending_ids: set[int] | None = None  # worked out for the first stopping job only
         now = self.now
         account_of = self.quotas.account
         placement_of = self._locator.placement
@@ -178,8 +178,11 @@ class Planner:
                     end = now + max(job.grace_seconds, 1)
             # A stopping job preempted for a pending job: its GPUs and quota are claimed.
             claimant = job.preempted_by if job.stopping else None
-            if claimant is not None and claimant not in pending_ids:
-                claimant = None
+            if claimant is not None:
+                if pending_ids is None:
+                    pending_ids = {waiting.id for waiting in self.snapshot.pending}
+                if claimant not in pending_ids:
+                    claimant = None
             account = account_of(job.tenant, job.pool, job.gpu_model)
             if claimant is not None:
                 account.add_running(len(job.gpu_ids), INF)

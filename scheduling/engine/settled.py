@@ -40,8 +40,6 @@ from __future__ import annotations
 import math
 from collections import Counter
 from heapq import heapify, heappop
-from itertools import groupby
-from operator import attrgetter
 from typing import TYPE_CHECKING, Final
 
 from .preemption import INFERENCE_WORKLOAD, TRAINING_WORKLOADS
@@ -211,20 +209,26 @@ class Remaining:
             return
         self._summarized = True
         done = self._done
-        jobs = [job for job in self._pending if job.id not in done] if done else self._pending
-        self._jobs = {
-            tenant: list(group)
-            for tenant, group in groupby(sorted(jobs, key=_tenant_of), key=_tenant_of)
-        }
+        # Grouped in one pass (a sort by tenant would cost O(n log n) on a long queue),
+        # tenants in name order, each tenant's jobs in the order given.
+        by_tenant: dict[str, list[PendingJob]] = {}
+        preemptors: Counter[tuple[int, bool]] = Counter()
+        preempting: Counter[str] = Counter()
+        for job in self._pending:
+            if done and job.id in done:
+                continue
+            group = by_tenant.get(job.tenant)
+            if group is None:
+                by_tenant[job.tenant] = [job]
+            else:
+                group.append(job)
+            if job.can_preempt:
+                preemptors[(job.priority, job.workload_type in TRAINING_WORKLOADS)] += 1
+                preempting[job.tenant] += 1
+        self._jobs = {tenant: by_tenant[tenant] for tenant in sorted(by_tenant)}
         self._tenants = Counter({tenant: len(group) for tenant, group in self._jobs.items()})
-        self._preemptors = Counter()
-        self._preempting = Counter()
-        for job in [job for job in jobs if job.can_preempt]:
-            self._preemptors[(job.priority, job.workload_type in TRAINING_WORKLOADS)] += 1
-            self._preempting[job.tenant] += 1
-
-
-_tenant_of = attrgetter("tenant")
+        self._preemptors = preemptors
+        self._preempting = preempting
 
 
 def _inside_guarantee(quota: Account, gpus: int, kept: dict[int, int], victims_gone: float) -> bool:

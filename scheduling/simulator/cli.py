@@ -60,6 +60,11 @@ def add_arguments(parser: argparse.ArgumentParser, *, out_dir: Path) -> None:
         help="have every cycle consider every waiting job (slower; same decisions per cycle)",
     )
     add("--cluster", help="ITP: one cluster (cluster01..cluster10) instead of all")
+    add(
+        "--one-pool",
+        action="store_true",
+        help="merge the trace's pools into one (ITP: its ten clusters as one; a deep queue)",
+    )
     add("--max-jobs", type=int, help="replay only the first N jobs by submit time")
     add("--alibaba-pods", choices=sorted(ALIBABA_PODS), default="default")
     add("--fractional", choices=FRACTIONAL_MODES, default="round-up")
@@ -111,6 +116,7 @@ def run(options: dict, write: Callable[[str], None] = print) -> list[dict]:
             limit_cap=options["limit_cap"],
             max_jobs=options.get("max_jobs"),
             target_load=options.get("load", DEFAULT_TARGET_LOAD),
+            one_pool=bool(options.get("one_pool")),
         ),
     )
     config = SimConfig(

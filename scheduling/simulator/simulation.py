@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import time
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -245,6 +245,10 @@ class Replay:
         self.dirty: set[str] = set()
         self.plan_at: float | None = None
         self.wake_at: dict[str, float] = {}
+        # Per pool, the times from which running jobs may be stopped (old enough; then
+        # past their protection at their preemption limit), in time order: (time,
+        # sequence, run, its epoch then, protected then). See _schedule_wake.
+        self.ready: dict[str, list[tuple[float, int, JobRun, int, bool]]] = defaultdict(list)
         self.waiting = 0
         self.busy = 0
         self.series: tuple[list[float], list[int], list[int]] = ([], [], [])
@@ -451,6 +455,8 @@ class Replay:
         )
         self.running[job.pool][job.id] = run
         self._hold(job, placement.gpu_ids, -1)
+        if self.policy.preemption:
+            self._index_ready(run)
         limit = job.limit if job.limit > 0 else INF
         run.completes = run.remaining <= limit
         self._push(now + min(run.remaining, limit), END, run, run.epoch)
@@ -657,24 +663,38 @@ class Replay:
         preemptors = self._preemptors(pool)
         if preemptors is None:
             return
+        # The first time after now at which a running job may be stopped by a waiting
+        # one; times up to now never come again (a job that ended or is stopping since
+        # its entry was made is passed over).
+        entries = self.ready[pool]
+        del entries[: bisect_right(entries, (now, INF))]
         soonest = INF
-        for run in self.running[pool].values():
-            if run.stopping:
-                continue
+        for ready, _, run, epoch, protected in entries:
             record = run.running_record
-            seasoned = record.started_at + record.min_runtime_before_preemption
-            # Reclaimed once old enough; stopped for a higher class once its protection
-            # at its preemption limit is over too.
-            until = protected_until(record)
-            for ready, protected in ((seasoned, seasoned < until), (max(seasoned, until), False)):
-                if now < ready < soonest and _may_stop(preemptors, record, protected):
-                    soonest = ready
+            if run.epoch != epoch or run.stopping or record is None:
+                continue
+            if _may_stop(preemptors, record, protected):
+                soonest = ready
+                break
         if soonest == INF:
             return
         current = self.wake_at.get(pool)
         if current is None or current <= now or soonest < current:
             self.wake_at[pool] = soonest
             self._push(soonest, WAKE, pool, 0)
+
+    def _index_ready(self, run: JobRun) -> None:
+        """Enter the times from which the job just started may be stopped: once old
+        enough (reclaimed then, and stopped for a higher class unless protected at its
+        preemption limit), and once its protection is over too."""
+        record = run.running_record
+        assert record is not None
+        seasoned = record.started_at + record.min_runtime_before_preemption
+        until = protected_until(record)
+        entries = self.ready[run.job.pool]
+        for ready, protected in ((seasoned, seasoned < until), (max(seasoned, until), False)):
+            if ready < INF:
+                insort(entries, (ready, next(self._seq), run, run.epoch, protected))
 
     def _might_preempt(self, pool: str, now: float) -> bool:
         """A cheap necessary condition for a preemption in ``pool`` (the engine decides):
