@@ -150,6 +150,25 @@ def snapshot(nodes, quotas, pending, run=(), queues=None, usage=None, now=NOW, *
     )
 
 
+def handed_back(pending, result):
+    """The pending jobs as the dispatch loop passes them to the next cycle: each with the
+    reservation and pool position the plan gave it (jobs it placed are left out)."""
+    out = []
+    for item in pending:
+        info = result.pending.get(item.id)
+        if info is None:
+            continue
+        out.append(
+            dataclasses.replace(
+                item,
+                reserved_gpu_ids=info.reserved_gpu_ids,
+                reserved_start=info.estimated_start if info.reserved_gpu_ids else None,
+                previous_position=info.pool_position,
+            )
+        )
+    return out
+
+
 # -- invariants ------------------------------------------------------------------------------
 
 

@@ -5,28 +5,10 @@ import dataclasses
 import random
 
 import pytest
-from engine_builders import NOW, gpu_ids, job, node, quota, run_plan, running, snapshot
+from engine_builders import NOW, gpu_ids, handed_back, job, node, quota, run_plan, running, snapshot
 
 from scheduling.engine import RunningJob, reasons
 from scheduling.engine.order import SizeOrder
-
-
-def _handed_back(pending, result):
-    """The pending jobs as the dispatch loop passes them to the next cycle."""
-    out = []
-    for item in pending:
-        info = result.pending.get(item.id)
-        if info is None:
-            continue
-        out.append(
-            dataclasses.replace(
-                item,
-                reserved_gpu_ids=info.reserved_gpu_ids,
-                reserved_start=info.estimated_start if info.reserved_gpu_ids else None,
-                previous_position=info.pool_position,
-            )
-        )
-    return out
 
 
 def _four_gpu_pool():
@@ -46,7 +28,7 @@ def test_a_job_that_overtakes_gets_the_earlier_estimate_and_starts_first():
     assert first.pending[204].estimated_start == NOW + 600
 
     b = job(205, "b", gpus=4, runtime=3600, submitted=NOW + 3)
-    pending = [*_handed_back([a], first), b]
+    pending = [*handed_back([a], first), b]
     usage = {"a": 5000.0, "b": 0.0}
     second = run_plan(snapshot(nodes, quotas, pending, run, usage=usage, now=NOW + 3))
     assert second.pending[205].pool_position == 1
@@ -56,7 +38,7 @@ def test_a_job_that_overtakes_gets_the_earlier_estimate_and_starts_first():
     assert "204" not in second.pending[205].message
 
     # The GPUs free up: 205 starts, 204 waits for it.
-    pending = _handed_back(pending, second)
+    pending = handed_back(pending, second)
     third = run_plan(snapshot(nodes, quotas, pending, [], usage=usage, now=NOW + 600))
     assert [p.job_id for p in third.placements] == [205]
     assert third.pending[204].estimated_start == NOW + 600 + 3600
@@ -77,7 +59,7 @@ def test_a_job_overtaken_by_fair_share_drift_loses_its_reservation():
     assert first.pending[205].estimated_start == NOW + 600 + 3600
 
     after = {"a": 9000.0, "b": 5000.0}
-    pending = _handed_back([a, b], first)
+    pending = handed_back([a, b], first)
     second = run_plan(snapshot(nodes, quotas, pending, run, usage=after, now=NOW + 10))
     assert second.pending[205].pool_position == 1
     assert second.pending[205].estimated_start == NOW + 600
@@ -92,7 +74,7 @@ def test_a_hold_made_behind_a_job_does_not_move_that_jobs_reservation():
     pending = [job(1, "a", gpus=4, runtime=3600), job(2, "a", gpus=2, runtime=7200)]
     snap = snapshot(nodes, [quota("a", 8)], pending, run, size_order=False)
     first = run_plan(snap)
-    second = run_plan(dataclasses.replace(snap, pending=_handed_back(pending, first), now=NOW + 5))
+    second = run_plan(dataclasses.replace(snap, pending=handed_back(pending, first), now=NOW + 5))
     for job_id in (1, 2):
         assert second.pending[job_id].estimated_start == first.pending[job_id].estimated_start
         assert second.pending[job_id].reserved_gpu_ids == first.pending[job_id].reserved_gpu_ids
@@ -144,7 +126,7 @@ def _random_two_cycles(seed: int):
         job(i, "a", rng.choice(shapes), runtime=rng.choice(runtimes), submitted=now - 1)
         for i in range(20, 20 + rng.randint(1, 4))
     ]
-    pending = [*_handed_back(backlog, first), *arrivals]
+    pending = [*handed_back(backlog, first), *arrivals]
     return dataclasses.replace(snap, now=now, running=run2, pending=pending)
 
 

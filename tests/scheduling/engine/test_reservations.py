@@ -2,27 +2,9 @@
 
 import dataclasses
 
-from engine_builders import NOW, gpu_ids, job, node, quota, run_plan, running, snapshot
+from engine_builders import NOW, gpu_ids, handed_back, job, node, quota, run_plan, running, snapshot
 
 from scheduling.engine import QueueInfo, reasons
-
-
-def _handed_back(pending, result):
-    """The pending jobs as the dispatch loop passes them to the next cycle."""
-    out = []
-    for item in pending:
-        info = result.pending.get(item.id)
-        if info is None:
-            continue
-        out.append(
-            dataclasses.replace(
-                item,
-                reserved_gpu_ids=info.reserved_gpu_ids,
-                reserved_start=info.estimated_start if info.reserved_gpu_ids else None,
-                previous_position=info.pool_position,
-            )
-        )
-    return out
 
 
 def test_a_blocked_job_reports_the_gpus_reserved_for_it():
@@ -52,7 +34,7 @@ def _two_nodes_one_ending_early():
     # Next cycle: the job on job 2's node ended early.
     mine = kept[0] // 100
     run = [r for r in run if r.gpu_ids[0] // 100 != mine]
-    return nodes, quotas, run, _handed_back(pending, first), kept
+    return nodes, quotas, run, handed_back(pending, first), kept
 
 
 def test_a_new_job_ahead_takes_a_held_reservation_it_can_start_on_now():
