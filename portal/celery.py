@@ -6,9 +6,22 @@ Node agents do not use this app: they talk to the broker directly (see schedulin
 import os
 
 from celery import Celery
+from celery.signals import task_prerun
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
 app = Celery("sluice")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@task_prerun.connect
+def _close_old_connections(task=None, **_kwargs) -> None:
+    """What Django does around each request, around each task: drop a connection that broke
+    or outlived ``CONN_MAX_AGE``, keep the others (see CELERY_DB_REUSE_MAX in the settings).
+    Not for eager tasks: they run inside the caller's transaction."""
+    if task is not None and getattr(task.request, "is_eager", False):
+        return
+    from django.db import close_old_connections
+
+    close_old_connections()

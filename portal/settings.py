@@ -269,7 +269,19 @@ CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_RESULT_BACKEND = None
+# Three queues (DESIGN §12; scheduling/services/enqueue.py): the dispatch leader's cycle on
+# its own worker, agent reports in batches on another, sweeps and simulations on "control".
 CELERY_TASK_DEFAULT_QUEUE = "control"
+CELERY_TASK_ROUTES = {
+    "scheduling.dispatch": {"queue": "dispatch"},
+    "scheduling.agent_reports": {"queue": "reports"},
+    "scheduling.agent_report": {"queue": "reports"},
+}
+# Workers keep their database connections between tasks. Celery's Django fix-up closes
+# them before and after every task unless this is set (then only every 2 × N tasks);
+# portal/celery.py closes a connection that broke or outlived CONN_MAX_AGE before each
+# task instead, as Django does around each request.
+CELERY_DB_REUSE_MAX = env_int("CELERY_DB_REUSE_MAX", 1000)
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_TIME_LIMIT = 300

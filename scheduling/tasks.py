@@ -13,7 +13,8 @@ log = logging.getLogger(__name__)
 @shared_task(name="scheduling.dispatch", ignore_result=True, acks_late=False)
 def dispatch() -> dict:
     """One dispatch cycle. Clears the coalescing flag first so requests made during it queue another."""
-    from .services.dispatch import DISPATCH_REQUESTED_KEY, dispatch_cycle
+    from .services.dispatch import dispatch_cycle
+    from .services.enqueue import DISPATCH_REQUESTED_KEY
 
     cache.delete(DISPATCH_REQUESTED_KEY)
     return dispatch_cycle()

@@ -136,7 +136,7 @@ def dispatch_requests(monkeypatch):
     """Replaces "request a dispatch cycle" with a recorder, so tests of submit, cancel and
     friends do not run the engine; each on-commit request appends one entry."""
     calls: list[int] = []
-    monkeypatch.setattr("scheduling.services.dispatch.request_dispatch", lambda: calls.append(1))
+    monkeypatch.setattr("scheduling.services.enqueue.request_dispatch", lambda: calls.append(1))
     return calls
 
 

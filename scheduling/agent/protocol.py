@@ -131,7 +131,11 @@ AGENT_VERSION = "0.1.0"
 
 #: The Celery task the control side registers to receive every report.
 REPORT_TASK = "scheduling.agent_report"
-#: The Celery queue reports are sent to.
+#: The Celery task that receives a batch of reports (``args=[[report, ...]]``).
+REPORTS_TASK = "scheduling.agent_reports"
+#: The Celery queue reports are sent to (a queue of their own, apart from the dispatch loop).
+REPORTS_QUEUE = "reports"
+#: The queue agents older than the reports queue sent to; the control workers still read it.
 CONTROL_QUEUE = "control"
 NODE_QUEUE_PREFIX = "node."
 

@@ -12,6 +12,7 @@ from tenants.selectors import has_role, is_platform_admin
 
 from ..choices import NodeState
 from ..models import Node, PriorityClass, Queue, Quota, ResourcePool, WorkloadPolicy
+from .enqueue import dispatch_on_commit
 
 
 def _json_value(value):
@@ -142,9 +143,7 @@ def node_update(*, actor, node: Node, **changes) -> Node:
         node.refresh_from_db()
     if changes:
         node = config_save(actor=actor, instance=node, changes=changes, action="node.update")
-    from .dispatch import request_dispatch
-
-    transaction.on_commit(request_dispatch)
+    dispatch_on_commit()
     return node
 
 
@@ -152,9 +151,7 @@ def quota_save(*, actor, quota: Quota | None = None, **changes) -> Quota:
     require_platform_admin(actor)
     action = "quota.update" if quota else "quota.create"
     quota = config_save(actor=actor, instance=quota or Quota(), changes=changes, action=action)
-    from .dispatch import request_dispatch
-
-    transaction.on_commit(request_dispatch)
+    dispatch_on_commit()
     return quota
 
 

@@ -28,6 +28,7 @@ from .. import engine
 from ..choices import ACTIVE_STATES, GpuHealth, JobState, NodeState, QueueState, StopReason
 from ..models import Allocation, Gpu, Job, JobEvent, Node, Queue, Quota, TenantUsage, WorkloadPolicy
 from ..runtime_prediction import predict_runtimes
+from .enqueue import dispatch_on_commit
 from .lifecycle import jobs_transition_bulk
 from .messaging import send_node_messages
 from .stopping import job_stop
@@ -36,7 +37,6 @@ MIB = 1024 * 1024
 
 log = logging.getLogger(__name__)
 
-DISPATCH_REQUESTED_KEY = "sluice:dispatch:requested"
 # The engine's reservations of the last cycle, handed back to the next one so that estimates
 # stay upper bounds. Derived scheduler state, not business data: losing it (cache flush,
 # restart) only makes the next cycle compute reservations afresh.
@@ -49,14 +49,6 @@ PENDING_FIELDS = [
     "pool_position",
     "estimated_start",
 ]
-
-
-def request_dispatch() -> None:
-    """Ask for a dispatch cycle soon; requests made while one is queued are merged into it."""
-    if cache.add(DISPATCH_REQUESTED_KEY, 1, timeout=30):
-        from ..tasks import dispatch
-
-        dispatch.apply_async(countdown=0.2)
 
 
 @contextlib.contextmanager
@@ -428,7 +420,7 @@ def _ready_placements(plan: engine.Plan, loaded: Loaded) -> list[engine.Placemen
             "dispatch: %d placement(s) dropped, node(s) no longer ready",
             len(plan.placements) - len(kept),
         )
-        transaction.on_commit(request_dispatch)
+        dispatch_on_commit()
     return kept
 
 

@@ -24,6 +24,7 @@ from tenants.selectors import can_submit_to_project, has_role, job_unix_account
 from ..choices import JobState, QueueState, StopReason
 from ..models import Job, JobEvent, PriorityClass, Queue, WorkloadPolicy
 from ..selectors import pool_gpu_shapes, quota_for
+from .enqueue import dispatch_on_commit
 from .lifecycle import job_event, job_transition
 from .raises import effective_class_for, higher_class, project_grant_classes
 
@@ -443,12 +444,6 @@ def job_validate(*, user, spec: JobSpec, lookups: Lookups | None = None) -> tupl
     return values, admission
 
 
-def _request_dispatch_on_commit() -> None:
-    from .dispatch import request_dispatch
-
-    transaction.on_commit(request_dispatch)
-
-
 @transaction.atomic
 def job_submit(*, user, spec: JobSpec) -> Job:
     """Validate and store one job as PENDING (or an array, see ``job_submit_bulk``)."""
@@ -477,7 +472,7 @@ def job_submit(*, user, spec: JobSpec) -> Job:
             "priority_class": job.priority_class.name,
         },
     )
-    _request_dispatch_on_commit()
+    dispatch_on_commit()
     return job
 
 
@@ -553,7 +548,7 @@ def job_submit_bulk(*, user, specs: list[JobSpec]) -> list[Job]:
             tenant=tenant,
             after={"count": len(ids), "first_id": ids[0], "last_id": ids[-1]},
         )
-    _request_dispatch_on_commit()
+    dispatch_on_commit()
     return jobs
 
 
@@ -616,7 +611,7 @@ def job_cancel(*, user, job: Job, reason: str = "") -> Job:
     else:
         _fail("state", f"Job {job.pk} has already ended ({job.state}).", code="already_ended")
     _audit_if_not_owner(user, job, "job.cancel", before, reason)
-    _request_dispatch_on_commit()
+    dispatch_on_commit()
     return job
 
 
@@ -655,5 +650,5 @@ def job_release(*, user, job: Job, reason: str = "") -> Job:
         pending_reason_message="",
     )
     _audit_if_not_owner(user, job, "job.release", JobState.HELD, reason)
-    _request_dispatch_on_commit()
+    dispatch_on_commit()
     return job

@@ -24,6 +24,7 @@ from ..choices import (
     StopReason,
 )
 from ..models import Allocation, Gpu, Job, Node, ResourcePool, WorkloadPolicy
+from .enqueue import dispatch_on_commit
 from .lifecycle import (
     ConcurrentChange,
     IllegalTransition,
@@ -42,12 +43,6 @@ log = logging.getLogger(__name__)
 
 def _ts(value: float | None) -> datetime:
     return datetime.fromtimestamp(value, tz=UTC) if value else timezone.now()
-
-
-def _dispatch_on_commit() -> None:
-    from .dispatch import request_dispatch
-
-    transaction.on_commit(request_dispatch)
 
 
 def _stop_orphan(node_name: str, job_id: int, attempt: int, why: str) -> None:
@@ -103,7 +98,7 @@ def node_register(report: dict) -> Node:
     if was_down:
         audit_record(action="node.up", target=node, reason="agent registered again")
     _reconcile_jobs(node, report.get("jobs", []))
-    _dispatch_on_commit()
+    dispatch_on_commit()
     return node
 
 
@@ -150,7 +145,7 @@ def node_heartbeat(report: dict) -> Node | None:
         node.state = NodeState.READY
         fields.append("state")
         audit_record(action="node.up", target=node, reason="heartbeats resumed")
-        _dispatch_on_commit()
+        dispatch_on_commit()
     node.save(update_fields=fields)
     gpus = {g.index: g for g in node.gpus.all()}
     changed = []
@@ -313,7 +308,7 @@ def job_exited(report: dict) -> Job | None:
         job, state, kind=state.lower(), message=message, data={"node": node_name}, **fields
     )
     _requeue_if_allowed(job, now)
-    _dispatch_on_commit()
+    dispatch_on_commit()
     return job
 
 
@@ -423,7 +418,7 @@ def node_mark_down(*, node: Node, reason: str, actor=None) -> list[Job]:
             _end_after_loss(job, node, now, reason)
         except (IllegalTransition, ConcurrentChange):
             log.exception("could not end job %s after node %s was lost", job.pk, node.name)
-    _dispatch_on_commit()
+    dispatch_on_commit()
     return affected
 
 

@@ -27,6 +27,7 @@ from tenants.selectors import has_role, is_platform_admin
 from ..choices import FINAL_STATES, LIVE_STATES, RAISABLE_STATES, NotificationKind, RaiseState
 from ..models import Job, JobEvent, PriorityClass, PriorityRaise, TenantRaiseCeiling
 from ..selectors import can_manage_job, raise_approvers, raise_refusal
+from .enqueue import dispatch_on_commit
 from .notifications import notification_send
 
 log = logging.getLogger(__name__)
@@ -71,12 +72,6 @@ def _link(raise_: PriorityRaise) -> str:
     if raise_.job_id:
         return reverse("job-detail", args=[raise_.job_id])
     return reverse("project-detail", args=[raise_.project_id])
-
-
-def _request_dispatch_on_commit() -> None:
-    from . import dispatch
-
-    transaction.on_commit(dispatch.request_dispatch)
 
 
 # --- which class a job runs at ---------------------------------------------------------------
@@ -418,7 +413,7 @@ def priority_raise_approve(*, raise_: PriorityRaise, user, comment: str = "") ->
         reason=comment,
     )
     _notify_requester(raise_, NotificationKind.RAISE_APPROVED, message + _comment(comment))
-    _request_dispatch_on_commit()
+    dispatch_on_commit()
     return raise_
 
 
@@ -462,7 +457,7 @@ def _end_grant(raise_: PriorityRaise, *, state: str, step: str, message: str, ac
         return []
     changes = _sync_classes(raise_, raising=False, step=step, message=message, actor=actor, now=now)
     if changes:
-        _request_dispatch_on_commit()
+        dispatch_on_commit()
     return changes
 
 
@@ -581,7 +576,7 @@ def _activate_one(pk: int, now: datetime) -> bool:
             after={**_raise_state(raise_), "jobs": changes},
             reason="window began",
         )
-        _request_dispatch_on_commit()
+        dispatch_on_commit()
         return True
 
 

@@ -39,6 +39,7 @@ from scheduling.agent.protocol import kill_process_message, stop_message
 
 from ..choices import ACTIVE_STATES, JobState, NodeState, NotificationKind, ReclaimKind, StopReason
 from ..models import Allocation, Gpu, Job, Node, WorkloadPolicy, ZombieProcess
+from .enqueue import dispatch_on_commit
 from .lifecycle import job_transition, requeue_fields
 from .messaging import send_node_messages
 from .stopping import grace_seconds_for
@@ -57,12 +58,6 @@ def _guarded(step, pk: int, *args):
     except Exception:
         log.exception("%s failed for %s", step.__name__, pk)
         return None
-
-
-def _dispatch_on_commit() -> None:
-    from .dispatch import request_dispatch
-
-    transaction.on_commit(request_dispatch)
 
 
 # --- stuck launches ----------------------------------------------------------------------------
@@ -136,7 +131,7 @@ def _requeue_stuck(pk: int, now: datetime, cutoff: datetime) -> bool:
         for name in nodes
     ]
     transaction.on_commit(lambda: send_node_messages(messages))
-    _dispatch_on_commit()
+    dispatch_on_commit()
     return True
 
 

@@ -42,6 +42,7 @@ from ..simulator import (
 )
 from ..simulator.metrics import per_tenant, summarize
 from ..simulator.scenario import DEFAULT_WORKLOADS
+from .enqueue import simulation_run_enqueue
 
 log = logging.getLogger(__name__)
 
@@ -284,14 +285,8 @@ def simulation_run_create(*, user, params: dict) -> SimulationRun:
     run = SimulationRun.objects.create(
         created_by=user, params=clean_params(params), created_at=timezone.now()
     )
-    transaction.on_commit(lambda: _enqueue(run.pk))
+    transaction.on_commit(lambda: simulation_run_enqueue(run.pk))
     return run
-
-
-def _enqueue(run_id: int) -> None:
-    from ..tasks import simulation_run
-
-    simulation_run.delay(run_id)
 
 
 def simulation_run_execute(*, run_id: int) -> None:

@@ -92,7 +92,7 @@ class Cluster:
                 "portal",
                 "worker",
                 "--queues",
-                "control",
+                "dispatch,reports,control",
                 "--concurrency",
                 "2",
                 "--beat",

@@ -1,0 +1,57 @@
+"""The one place where the portal puts work on a Celery queue.
+
+Services call these functions; no service imports ``scheduling.tasks`` (tasks call
+services, so the other direction would be a circle). Tasks are looked up by name in the
+Celery app's registry, which also keeps eager execution in the unit tests.
+
+Three kinds of work, three queues (DESIGN §12), so that none starves another:
+
+- ``dispatch``: the single leader's cycle (a worker of its own, concurrency 1);
+- ``reports``: what node agents report, processed in batches (scheduling.agent.protocol);
+- ``control``: sweeps, notifications, what-if simulations.
+"""
+
+from __future__ import annotations
+
+from celery import current_app
+from django.core.cache import cache
+from django.db import transaction
+
+from scheduling.agent.protocol import REPORTS_QUEUE
+
+DISPATCH_QUEUE = "dispatch"
+CONTROL_QUEUE = "control"
+__all__ = [
+    "CONTROL_QUEUE",
+    "DISPATCH_QUEUE",
+    "DISPATCH_REQUESTED_KEY",
+    "REPORTS_QUEUE",
+    "dispatch_on_commit",
+    "request_dispatch",
+    "simulation_run_enqueue",
+]
+
+#: Set while a dispatch cycle is queued and not yet started: requests made meanwhile are
+#: merged into it (the task deletes the key when it starts, so a request made during a
+#: cycle queues exactly one more).
+DISPATCH_REQUESTED_KEY = "sluice:dispatch:requested"
+
+
+def _task(name: str):
+    return current_app.tasks[name]
+
+
+def request_dispatch() -> None:
+    """Ask for a dispatch cycle now; requests made while one is queued are merged into it."""
+    if cache.add(DISPATCH_REQUESTED_KEY, 1, timeout=30):
+        _task("scheduling.dispatch").apply_async(queue=DISPATCH_QUEUE)
+
+
+def dispatch_on_commit() -> None:
+    """Request a dispatch cycle once the current transaction commits (never for a rollback)."""
+    transaction.on_commit(lambda: request_dispatch())
+
+
+def simulation_run_enqueue(run_id: int) -> None:
+    """Queue a what-if replay (long: it goes to the control queue, never the dispatch one)."""
+    _task("scheduling.simulation_run").apply_async(args=[run_id], queue=CONTROL_QUEUE)
