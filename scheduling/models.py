@@ -758,3 +758,31 @@ class SimulationRun(models.Model):
     @property
     def finished(self) -> bool:
         return self.state in (SimulationState.DONE, SimulationState.FAILED)
+
+
+class IdempotencyKey(models.Model):
+    """A client's ``Idempotency-Key`` on a job submission and the answer it got, so that a
+    retry with the same key (by the same user) gets the same answer instead of new jobs.
+
+    The row is written in the transaction that creates the jobs: a request that fails
+    leaves no key behind, and a concurrent request with the same key waits on the unique
+    constraint, then replays the stored answer. Keys expire (``expires_at``)."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="idempotency_keys"
+    )
+    key = models.CharField(max_length=255)
+    endpoint = models.CharField(max_length=40, help_text="Which submission the key was used on.")
+    request_hash = models.CharField(max_length=64, help_text="SHA-256 of the request body.")
+    status_code = models.PositiveSmallIntegerField()
+    response = models.JSONField()
+    created_at = models.DateTimeField()
+    expires_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "key"], name="idempotency_key_unique_per_user")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user_id}:{self.key}"
