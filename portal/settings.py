@@ -265,6 +265,15 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
     # hand a reader a message file before it is written; see AtomicFilesystemTransport).
     CELERY_BROKER_TRANSPORT = "scheduling.agent.transport:AtomicFilesystemTransport"
     CELERY_BROKER_TRANSPORT_OPTIONS = broker_transport_options(CELERY_BROKER_URL, SLUICE_BROKER_DIR)
+elif CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+    # Tasks are acknowledged late: a message a worker took and never acknowledged (the
+    # worker was killed) goes back to the queue only after this many seconds (Redis'
+    # default is an hour). It must exceed the longest a task may wait reserved plus run
+    # (prefetch 1, CELERY_TASK_TIME_LIMIT 300 s; what-if runs ack early), or a running task
+    # is handed to a second worker. Lost reports cost little meanwhile: every heartbeat
+    # reconciles the node's jobs (scheduling/services/reports.py), beat repeats the cycles.
+    SLUICE_BROKER_VISIBILITY_TIMEOUT = env_int("SLUICE_BROKER_VISIBILITY_TIMEOUT", 900)
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": SLUICE_BROKER_VISIBILITY_TIMEOUT}
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_TASK_IGNORE_RESULT = True

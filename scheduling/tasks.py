@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import logging
-
 from celery import shared_task
 from django.core.cache import cache
-
-log = logging.getLogger(__name__)
 
 
 @shared_task(name="scheduling.dispatch", ignore_result=True, acks_late=False)
@@ -22,21 +18,18 @@ def dispatch() -> dict:
 
 @shared_task(name="scheduling.agent_report", ignore_result=True)
 def agent_report(report: dict) -> None:
-    """Route one report from a node agent (see scheduling.agent.protocol) to its service."""
-    from .services import nodes
+    """One report from a node agent that does not batch (see scheduling.agent.protocol)."""
+    from .services.reports import agent_report_handle
 
-    handlers = {
-        "register": nodes.node_register,
-        "heartbeat": nodes.node_heartbeat,
-        "started": nodes.job_started,
-        "exited": nodes.job_exited,
-        "log": nodes.job_log_append,
-    }
-    handler = handlers.get(report.get("type"))
-    if handler is None:
-        log.warning("unknown agent report type %r", report.get("type"))
-        return
-    handler(report)
+    agent_report_handle(report=report)
+
+
+@shared_task(name="scheduling.agent_reports", ignore_result=True)
+def agent_reports(reports: list) -> dict:
+    """A batch of reports from one node agent, in the order it produced them."""
+    from .services.reports import agent_reports_process
+
+    return agent_reports_process(reports=reports)
 
 
 @shared_task(name="scheduling.control_sweep", ignore_result=True)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -17,13 +20,15 @@ from scheduling.agent.protocol import stop_message
 from ..choices import (
     ACTIVE_STATES,
     STOP_REASON_END_STATE,
+    WAITING_STATES,
     GpuHealth,
     JobState,
     NodeState,
     ReclaimKind,
     StopReason,
 )
-from ..models import Allocation, Gpu, Job, Node, ResourcePool, WorkloadPolicy
+from ..models import Allocation, Gpu, Job, JobEvent, Node, ResourcePool, WorkloadPolicy
+from . import enqueue
 from .enqueue import dispatch_on_commit
 from .lifecycle import (
     ConcurrentChange,
@@ -32,13 +37,15 @@ from .lifecycle import (
     job_transition,
     requeue_fields,
 )
-from .messaging import send_node_message
+from .messaging import send_node_message, send_node_messages
 from .waste import gpu_hours_left, reclaim_record_add
 
 #: Log cap of a job whose workload type has no policy (the policy's default).
 DEFAULT_LOG_CAP_MB = 100
 
 log = logging.getLogger(__name__)
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def _ts(value: float | None) -> datetime:
@@ -50,6 +57,38 @@ def _stop_orphan(node_name: str, job_id: int, attempt: int, why: str) -> None:
     message = stop_message(job_id=job_id, attempt=attempt, reason=StopReason.LOST, grace_seconds=10)
     log.warning("stopping orphan job %s attempt %s on %s: %s", job_id, attempt, node_name, why)
     transaction.on_commit(lambda: send_node_message(node_name, message))
+
+
+# --- one dispatch request per batch of reports -----------------------------------------------
+
+#: Set while a batch of reports is handled (see :func:`one_dispatch_per_batch`): the
+#: dispatch requests of its reports are collected there instead of being sent one by one.
+_batch_dispatch: ContextVar[list[bool] | None] = ContextVar("sluice_batch_dispatch", default=None)
+
+
+def _dispatch_on_commit() -> None:
+    """Ask for a dispatch cycle once this transaction commits; inside a batch of reports,
+    only remember that one is wanted (the batch asks once, at its end)."""
+    wanted = _batch_dispatch.get()
+    if wanted is None:
+        dispatch_on_commit()
+    else:
+        transaction.on_commit(lambda: wanted.append(True))
+
+
+@contextmanager
+def one_dispatch_per_batch() -> Iterator[None]:
+    """Reports handled inside this block ask for at most one dispatch cycle, after the
+    block and once what asked for it has committed (a rolled-back report asks nothing)."""
+    wanted: list[bool] = []
+    token = _batch_dispatch.set(wanted)
+    try:
+        yield
+    finally:
+        _batch_dispatch.reset(token)
+        # Registered last, so it runs after the reports' own on-commit callbacks; outside
+        # any transaction (a worker) it runs at once.
+        transaction.on_commit(lambda: enqueue.request_dispatch() if wanted else None)
 
 
 # --- register and heartbeat -----------------------------------------------------------------
@@ -97,8 +136,8 @@ def node_register(report: dict) -> Node:
     node.gpus.exclude(pk__in=seen).update(health=GpuHealth.UNHEALTHY)
     if was_down:
         audit_record(action="node.up", target=node, reason="agent registered again")
-    _reconcile_jobs(node, report.get("jobs", []))
-    dispatch_on_commit()
+    _reconcile_jobs(node, report.get("jobs", []), _ts(report.get("sent_at")))
+    _dispatch_on_commit()
     return node
 
 
@@ -117,39 +156,185 @@ def _isolation(reported) -> dict:
     }
 
 
-def _reconcile_jobs(node: Node, reported: list[dict]) -> None:
-    """Jobs the agent runs that the portal does not place on this node are stopped."""
-    active = {
-        (job_id, attempt)
-        for job_id, attempt in Allocation.objects.filter(
-            node=node, released_at__isnull=True
-        ).values_list("job_id", "job__requeue_count")
-    }
+def _reconcile_jobs(node: Node, reported: list, sent_at: datetime, *, stale: bool = False) -> None:
+    """Make the database agree with what the agent says it runs (DESIGN §12: the agent is
+    the truth about processes, the portal about intent). ``reported`` is the ``jobs`` list
+    of a register or heartbeat sent at ``sent_at``; for each job attempt with GPUs on this
+    node:
+
+    - listed as running while the portal still waits for its start: started (a lost
+      ``started`` report);
+    - listed as finished, with its exit: ended as the ``exited`` report would have (a lost
+      ``exited`` report). A summary without the exit (an older agent) is left to the
+      ``exited`` report, which may only be late: guessing the outcome could fail a job that
+      succeeded;
+    - RUNNING or STOPPING and not listed at all, though the report was sent after the job
+      started here: the agent does not know it, so it is LOST (requeued by policy). An
+      ADMITTED job not listed may not have reached the node yet: the stuck-launch sweep
+      handles it; a report sent before the job started says nothing about it.
+
+    A job the agent runs that the portal does not place here is stopped (unless the report
+    is ``stale``: a newer one was applied already). Each repair is tried on its own: one
+    failing leaves the others and the rest of the report applied.
+    """
+    summaries: dict[tuple[int, int], dict] = {}
     for item in reported:
-        if item.get("running") and (item["job_id"], item["attempt"]) not in active:
-            _stop_orphan(node.name, item["job_id"], item["attempt"], "not allocated here")
+        try:
+            summaries[(int(item["job_id"]), int(item["attempt"]))] = item
+        except (KeyError, TypeError, ValueError):
+            log.warning("job summary without job id and attempt from %s: %r", node.name, item)
+    placed = {
+        (job_id, attempt): (state, started_at, nodes, admitted_at)
+        for job_id, attempt, state, started_at, nodes, admitted_at in Allocation.objects.filter(
+            node=node, released_at__isnull=True
+        )
+        .values_list(
+            "job_id",
+            "job__requeue_count",
+            "job__state",
+            "job__started_at",
+            "job__nodes",
+            "job__admitted_at",
+        )
+        .distinct()
+    }
+    for key, item in summaries.items():
+        if key not in placed:
+            if item.get("running") and not stale:
+                _stop_orphan(node.name, key[0], key[1], "not allocated here")
+        elif item.get("running"):
+            if placed[key][0] == JobState.ADMITTED:
+                _repair(job_started, _started_report(node, item, sent_at))
+        elif _has_exit(item):
+            _repair(job_exited, _exited_report(node, item))
+    for key, (state, started_at, nodes, admitted_at) in placed.items():
+        if (
+            key not in summaries
+            and state in (JobState.RUNNING, JobState.STOPPING)
+            and started_at is not None
+            and sent_at > started_at
+            and (nodes == 1 or _started_on(key[0], node.name, admitted_at))
+        ):
+            _repair(_job_lost_here, key[0], key[1], node, sent_at)
+
+
+def _repair(step, *args) -> None:
+    """A repair that fails (the job changed meanwhile) is logged; the next report retries."""
+    try:
+        with transaction.atomic():
+            step(*args)
+    except (IllegalTransition, ConcurrentChange):
+        log.warning("reconciliation step %s%r lost a race; the next report retries", step, args)
+
+
+def _has_exit(item: dict) -> bool:
+    """Whether a finished job's summary says how it ended (agents since the batches do)."""
+    return any(field in item for field in ("exit_code", "signal", "finished_at"))
+
+
+def _started_report(node: Node, item: dict, sent_at: datetime) -> dict:
+    started_at = item.get("started_at")
+    return {
+        "type": "started",
+        "node": node.name,
+        "job_id": int(item["job_id"]),
+        "attempt": int(item["attempt"]),
+        "pid": item.get("pid"),
+        "started_at": started_at if started_at else sent_at.timestamp(),
+        "reconciled": True,
+    }
+
+
+def _exited_report(node: Node, item: dict) -> dict:
+    return {
+        "type": "exited",
+        "node": node.name,
+        "job_id": int(item["job_id"]),
+        "attempt": int(item["attempt"]),
+        "exit_code": item.get("exit_code"),
+        "signal": item.get("signal"),
+        "stop_reason": item.get("stop_reason"),
+        "message": str(item.get("message") or ""),
+        "finished_at": item.get("finished_at"),
+        "reconciled": True,
+    }
+
+
+def _started_on(job_id: int, node_name: str, admitted_at: datetime | None) -> bool:
+    """Whether this attempt of a multi-node job started on ``node`` (its other nodes may
+    start it later: only a node that started it can have lost it)."""
+    events = JobEvent.objects.filter(job_id=job_id, kind="started", data__node=node_name)
+    if admitted_at is not None:
+        events = events.filter(created_at__gte=admitted_at)
+    return events.exists()
+
+
+def _job_lost_here(job_id: int, attempt: int, node: Node, sent_at: datetime) -> None:
+    """The agent on ``node`` no longer knows this job attempt: its GPUs are released
+    everywhere, its other nodes told to stop it, and it ends LOST (requeued by policy;
+    a job stopping for another reason ends as that stop intended)."""
+    job = (
+        Job.objects.select_for_update(of=("self",))
+        .select_related("tenant")
+        .filter(pk=job_id, requeue_count=attempt, state__in=(JobState.RUNNING, JobState.STOPPING))
+        .first()
+    )
+    if job is None:
+        return
+    now = timezone.now()
+    held = job.allocations.filter(released_at__isnull=True)
+    others = sorted(set(held.exclude(node=node).values_list("node__name", flat=True)))
+    held.update(released_at=now)
+    message = (
+        f"The agent on {node.name} no longer runs it "
+        f"(its report of {sent_at:%Y-%m-%d %H:%M:%S} does not list it)."
+    )
+    before = job.state
+    _end_after_loss(job, now, message)
+    audit_record(
+        action="job.lost",
+        target=job,
+        tenant=job.tenant,
+        before={"state": before, "attempt": attempt, "node": node.name},
+        after={"state": job.state, "attempt": job.attempt},
+        reason=message,
+    )
+    stops = [
+        (name, stop_message(job_id=job_id, attempt=attempt, reason=StopReason.LOST))
+        for name in others
+    ]
+    if stops:
+        transaction.on_commit(lambda: send_node_messages(stops))
+    _dispatch_on_commit()
 
 
 @transaction.atomic
-def node_heartbeat(report: dict) -> Node | None:
-    """Store GPU samples, zombies and the last-active time of each running job."""
+def node_heartbeat(report: dict, *, older: Sequence[dict] = ()) -> Node | None:
+    """Store GPU samples, zombies and the last-active time of each running job, and
+    reconcile the node's jobs (see :func:`_reconcile_jobs`). ``older`` are heartbeats of
+    the same node this one supersedes (one batch): only their GPU activity counts."""
     now = _ts(report.get("sent_at"))
     node = Node.objects.filter(name=report["node"]).first()
     if node is None:
         log.warning("heartbeat from unregistered node %s", report["node"])
         return None
+    gpus = {g.index: g for g in node.gpus.all()}
+    # Two workers may handle a node's heartbeats out of order: an older one must not
+    # overwrite what a newer one stored.
+    stale = any(g.sampled_at is not None and g.sampled_at > now for g in gpus.values())
     node.last_heartbeat = timezone.now()
-    node.zombies = report.get("zombies", [])[:100]
-    fields = ["last_heartbeat", "zombies"]
+    fields = ["last_heartbeat"]
+    if not stale:
+        node.zombies = report.get("zombies", [])[:100]
+        fields.append("zombies")
     if node.state == NodeState.DOWN and _sent_after_down(node, now):
         node.state = NodeState.READY
         fields.append("state")
         audit_record(action="node.up", target=node, reason="heartbeats resumed")
-        dispatch_on_commit()
+        _dispatch_on_commit()
     node.save(update_fields=fields)
-    gpus = {g.index: g for g in node.gpus.all()}
     changed = []
-    for sample in report.get("gpus", []):
+    for sample in [] if stale else report.get("gpus", []):
         gpu = gpus.get(sample["index"])
         if gpu is None:
             continue
@@ -162,9 +347,19 @@ def node_heartbeat(report: dict) -> Node | None:
     Gpu.objects.bulk_update(
         changed, ["utilization", "memory_used_mb", "temperature_c", "power_w", "sampled_at"]
     )
-    _mark_active_jobs(node, {g.pk: g.utilization for g in changed}, now)
-    _reconcile_jobs(node, report.get("jobs", []))
+    _mark_active_jobs(node, [_utilization(gpus, beat) for beat in (*older, report)])
+    _reconcile_jobs(node, report.get("jobs", []), now, stale=stale)
     return node
+
+
+def _utilization(gpus: dict[int, Gpu], beat: dict) -> tuple[datetime, dict[int, float | None]]:
+    """(sent at, {GPU id: utilization}) of one heartbeat."""
+    samples = {}
+    for sample in beat.get("gpus", []):
+        gpu = gpus.get(sample.get("index"))
+        if gpu is not None:
+            samples[gpu.pk] = sample.get("utilization")
+    return _ts(beat.get("sent_at")), samples
 
 
 def _sent_after_down(node: Node, sent_at: datetime) -> bool:
@@ -183,23 +378,31 @@ def _sent_after_down(node: Node, sent_at: datetime) -> bool:
     return down_at is None or sent_at > down_at
 
 
-def _mark_active_jobs(node: Node, utilization: dict[int, float | None], now: datetime) -> None:
-    """A job is active when any of its GPUs is at or above its policy's idle threshold."""
+def _mark_active_jobs(
+    node: Node, samples: Sequence[tuple[datetime, dict[int, float | None]]]
+) -> None:
+    """A job is active when any of its GPUs is at or above its policy's idle threshold;
+    ``samples`` are (sent at, {GPU id: utilization}) of one or more heartbeats."""
     thresholds = dict(
         WorkloadPolicy.objects.values_list("workload_type", "idle_utilization_threshold")
     )
-    active_jobs = set()
+    active_at: dict[int, datetime] = {}
     for job_id, gpu_id, workload_type in Allocation.objects.filter(
         node=node, released_at__isnull=True, job__state=JobState.RUNNING
     ).values_list("job_id", "gpu_id", "job__workload_type"):
-        value = utilization.get(gpu_id)
-        if value is not None and value >= thresholds.get(workload_type, 5.0):
-            active_jobs.add(job_id)
-    if active_jobs:
+        threshold = thresholds.get(workload_type, 5.0)
+        for sent_at, utilization in samples:
+            value = utilization.get(gpu_id)
+            if value is not None and value >= threshold and sent_at > active_at.get(job_id, _EPOCH):
+                active_at[job_id] = sent_at
+    by_moment: dict[datetime, list[int]] = {}
+    for job_id, moment in active_at.items():
+        by_moment.setdefault(moment, []).append(job_id)
+    for moment, job_ids in by_moment.items():
         # Conditional: a heartbeat handled late must not move the last active time back.
-        Job.objects.filter(pk__in=active_jobs).filter(
-            Q(last_active_at__isnull=True) | Q(last_active_at__lt=now)
-        ).update(last_active_at=now)
+        Job.objects.filter(pk__in=job_ids).filter(
+            Q(last_active_at__isnull=True) | Q(last_active_at__lt=moment)
+        ).update(last_active_at=moment)
 
 
 # --- job reports ----------------------------------------------------------------------------
@@ -219,31 +422,35 @@ def _allocated_here(job: Job, node_name: str) -> bool:
 
 @transaction.atomic
 def job_started(report: dict) -> Job | None:
+    """The job's process runs on the node: ADMITTED → RUNNING (a multi-node job's other
+    nodes add a timeline line). Idempotent: a repeated report changes nothing, and one that
+    comes after the attempt ended (its ``exited`` overtook it) is ignored; should the
+    process still run, the node's next heartbeat has it stopped."""
     job = _current_job(report)
     node_name = report["node"]
+    if job is not None and job.state not in (*ACTIVE_STATES, *WAITING_STATES):
+        return job
     if job is None or not _allocated_here(job, node_name):
         _stop_orphan(
             node_name, report["job_id"], report.get("attempt", 0), "started but not placed here"
         )
         return None
     started_at = _ts(report.get("started_at"))
+    data = {"node": node_name, "pid": report.get("pid")}
+    if report.get("reconciled"):
+        data["reconciled"] = True
     if job.state == JobState.ADMITTED:
         job_transition(
             job,
             JobState.RUNNING,
             kind="started",
             message=f"Started on {node_name} (pid {report.get('pid')}).",
-            data={"node": node_name, "pid": report.get("pid")},
+            data=data,
             started_at=started_at,
             last_active_at=started_at,
         )
-    else:
-        job_event(
-            job,
-            "started",
-            f"Started on {node_name} (pid {report.get('pid')}).",
-            data={"node": node_name, "pid": report.get("pid")},
-        )
+    elif not _started_on(job.pk, node_name, job.admitted_at):
+        job_event(job, "started", f"Started on {node_name} (pid {report.get('pid')}).", data=data)
     return job
 
 
@@ -274,9 +481,9 @@ def job_exited(report: dict) -> Job | None:
     released = Allocation.objects.filter(
         job=job, node__name=node_name, released_at__isnull=True
     ).update(released_at=now)
-    if not released and job.state not in ACTIVE_STATES:
-        return job  # a duplicate report
     remaining = job.allocations.filter(released_at__isnull=True)
+    if not released and (job.state not in ACTIVE_STATES or remaining.exists()):
+        return job  # a duplicate report (or one from a node that did not hold the job)
     if remaining.exists():
         job_event(
             job,
@@ -304,11 +511,10 @@ def job_exited(report: dict) -> Job | None:
     }
     if state == JobState.FAILED:
         fields["failure_message"] = message[:2000]
-    job_transition(
-        job, state, kind=state.lower(), message=message, data={"node": node_name}, **fields
-    )
+    data = {"node": node_name, **({"reconciled": True} if report.get("reconciled") else {})}
+    job_transition(job, state, kind=state.lower(), message=message, data=data, **fields)
     _requeue_if_allowed(job, now)
-    dispatch_on_commit()
+    _dispatch_on_commit()
     return job
 
 
@@ -415,15 +621,16 @@ def node_mark_down(*, node: Node, reason: str, actor=None) -> list[Job]:
     for job in affected:
         job.allocations.filter(released_at__isnull=True).update(released_at=now)
         try:
-            _end_after_loss(job, node, now, reason)
+            _end_after_loss(job, now, f"Node {node.name} is down: {reason}.")
         except (IllegalTransition, ConcurrentChange):
             log.exception("could not end job %s after node %s was lost", job.pk, node.name)
     dispatch_on_commit()
     return affected
 
 
-def _end_after_loss(job: Job, node: Node, now: datetime, reason: str) -> None:
-    message = f"Node {node.name} is down: {reason}."
+def _end_after_loss(job: Job, now: datetime, message: str) -> None:
+    """End a job whose process is gone: as its stop intended if it was stopping for a
+    reason of its own, else LOST (PREEMPTED if preempted), requeued by policy."""
     if job.state == JobState.STOPPING and job.stop_reason not in (
         "",
         StopReason.PREEMPTED,

@@ -8,7 +8,7 @@ from freezegun import freeze_time
 
 from portal.errors import BusinessError, NotFoundError, PermissionDeniedError
 from scheduling.choices import JobState, NotificationKind, ReclaimKind, StopReason
-from scheduling.models import ReclaimRecord
+from scheduling.models import Allocation, ReclaimRecord
 from scheduling.services.nodes import node_heartbeat
 from scheduling.services.reclaim import (
     idle_reclaim_check,
@@ -54,7 +54,15 @@ def _heartbeat(node, utilization, at, only=None):
                 {"index": g.index, "utilization": utilization if only in (None, g.index) else 0.0}
                 for g in node.gpus.all()
             ],
-            "jobs": [],
+            # The agent lists the jobs it runs (a job it does not list is lost).
+            "jobs": [
+                {"job_id": job_id, "attempt": attempt, "pid": 1, "running": True}
+                for job_id, attempt in Allocation.objects.filter(
+                    node=node, released_at__isnull=True
+                )
+                .values_list("job_id", "job__requeue_count")
+                .distinct()
+            ],
             "zombies": [],
         }
     )

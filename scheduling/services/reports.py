@@ -1,0 +1,162 @@
+"""Agent reports in batches (``scheduling.agent.protocol.REPORTS_TASK``), and one at a time
+for agents older than the batches (``REPORT_TASK``).
+
+A batch is the list of reports an agent sent together, in the order it produced them.
+It is handled in that order, with three economies and one guarantee:
+
+- **Transactions.** Reports are applied in groups of :data:`REPORTS_PER_TRANSACTION`, one
+  transaction per group and a savepoint per report: a group costs one commit instead of
+  one per report, and a report that fails rolls back its savepoint only. Should a group's
+  commit itself fail (a lost connection, a deadlock detected at commit), its reports are
+  applied again one transaction each; every handler is idempotent, so applying a report
+  twice changes nothing the second time.
+- **Dispatch.** Ended jobs and nodes coming back ask for a dispatch cycle: once per batch
+  (after the commits), not once per report.
+- **Heartbeats.** Of a node's heartbeats in one batch only the newest is applied (GPU
+  samples, zombies, reconciliation of its jobs); the older ones only add their GPU
+  activity, so that a job busy in any of them counts as active at that moment.
+- **Guarantee.** A report that cannot be applied is logged and dropped, never the others;
+  what it would have told is repaired by the node's next heartbeat (see
+  :func:`scheduling.services.nodes._reconcile_jobs`), which is why a report lost with a
+  killed worker (acknowledged late: it comes back after the broker's visibility timeout,
+  ``SLUICE_BROKER_VISIBILITY_TIMEOUT``) costs at most a heartbeat interval.
+
+Delivery is at least once and unordered between batches (see the protocol): a batch
+delivered twice, or two batches handled by two workers at once, leave the same state as
+one delivery in order.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from celery.exceptions import SoftTimeLimitExceeded
+from django.db import transaction
+
+from scheduling.agent.protocol import HEARTBEAT, ProtocolError, validate_report
+
+from . import nodes
+
+log = logging.getLogger(__name__)
+
+#: Reports applied in one transaction (each in its own savepoint).
+REPORTS_PER_TRANSACTION = 50
+
+HANDLERS: dict[str, Callable[..., Any]] = {
+    "register": nodes.node_register,
+    "heartbeat": nodes.node_heartbeat,
+    "started": nodes.job_started,
+    "exited": nodes.job_exited,
+    "log": nodes.job_log_append,
+}
+
+
+def agent_report_handle(*, report: dict) -> None:
+    """One report from an agent that does not batch (the task ``scheduling.agent_report``)."""
+    handler = HANDLERS.get(report.get("type"))  # type: ignore[arg-type]
+    if handler is None:
+        log.warning("unknown agent report type %r", report.get("type"))
+        return
+    handler(report)
+
+
+def agent_reports_process(*, reports: list) -> dict[str, int]:
+    """Apply a batch of reports from one agent in order (see the module); returns counts."""
+    valid = [r for r in reports if _valid(r)]
+    items = _newest_heartbeats(valid)
+    failed = 0
+    with nodes.one_dispatch_per_batch():
+        for start in range(0, len(items), REPORTS_PER_TRANSACTION):
+            failed += _apply_group(items[start : start + REPORTS_PER_TRANSACTION])
+    return {
+        "reports": len(reports),
+        "invalid": len(reports) - len(valid),
+        "superseded_heartbeats": len(valid) - len(items),
+        "failed": failed,
+    }
+
+
+def _valid(report: Any) -> bool:
+    try:
+        validate_report(report)
+    except ProtocolError as exc:
+        log.warning("dropped an invalid agent report (%s): %.300r", exc, report)
+        return False
+    return True
+
+
+Item = tuple[dict, list[dict]]
+
+
+def _newest_heartbeats(reports: Iterable[dict]) -> list[Item]:
+    """The batch as (report, older heartbeats it supersedes), each node's newest heartbeat
+    in its own place and the node's older ones dropped."""
+    reports = list(reports)
+    newest: dict[str, int] = {}
+    for position, report in enumerate(reports):
+        if report["type"] == HEARTBEAT:
+            known = newest.get(report["node"])
+            if known is None or report["sent_at"] >= reports[known]["sent_at"]:
+                newest[report["node"]] = position
+    older: dict[int, list[dict]] = {position: [] for position in newest.values()}
+    items: list[Item] = []
+    for position, report in enumerate(reports):
+        if report["type"] != HEARTBEAT:
+            items.append((report, []))
+        elif newest[report["node"]] == position:
+            items.append((report, older[position]))
+        else:
+            older[newest[report["node"]]].append(report)
+    return items
+
+
+def _apply(item: Item) -> None:
+    report, older = item
+    handler = HANDLERS.get(report["type"])
+    if handler is None:
+        log.warning("unknown agent report type %r", report["type"])
+    elif report["type"] == HEARTBEAT:
+        handler(report, older=older)
+    else:
+        handler(report)
+
+
+def _apply_group(group: list[Item]) -> int:
+    """One transaction for the group, a savepoint per report; returns how many failed."""
+    failed: list[Item] = []
+    try:
+        with transaction.atomic():
+            for item in group:
+                try:
+                    with transaction.atomic():
+                        _apply(item)
+                except SoftTimeLimitExceeded:
+                    raise
+                except Exception:
+                    failed.append(item)
+    except SoftTimeLimitExceeded:
+        raise
+    except Exception:
+        log.exception("a group of %d agent reports did not commit; one by one now", len(group))
+        failed = list(group)
+    return sum(not _apply_alone(item) for item in failed)
+
+
+def _apply_alone(item: Item) -> bool:
+    try:
+        with transaction.atomic():
+            _apply(item)
+    except SoftTimeLimitExceeded:
+        raise
+    except Exception:
+        report = item[0]
+        log.exception(
+            "agent report %s from %s (job %s) failed; the node's next heartbeat repairs it",
+            report.get("type"),
+            report.get("node"),
+            report.get("job_id"),
+        )
+        return False
+    return True
