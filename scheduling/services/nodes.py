@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db import transaction
 from django.db.models import F, Q, Subquery
 from django.utils import timezone
@@ -165,9 +166,10 @@ def _reconcile_jobs(node: Node, reported: list, sent_at: datetime, *, stale: boo
     - listed as running while the portal still waits for its start: started (a lost
       ``started`` report);
     - listed as finished, with its exit: ended as the ``exited`` report would have (a lost
-      ``exited`` report). A summary without the exit (an older agent) is left to the
-      ``exited`` report, which may only be late: guessing the outcome could fail a job that
-      succeeded;
+      ``exited`` report). A summary without the exit (an older agent) does not end the job:
+      the ``exited`` report may only be late, and guessing the outcome could fail a job
+      that succeeded. The agent is asked for it again instead (a ``stop`` of an attempt
+      that ended is answered with its ``exited`` report, see the protocol);
     - RUNNING or STOPPING and not listed at all, though the report was sent after the job
       started here: the agent does not know it, so it is LOST (requeued by policy). An
       ADMITTED job not listed may not have reached the node yet: the stuck-launch sweep
@@ -207,6 +209,8 @@ def _reconcile_jobs(node: Node, reported: list, sent_at: datetime, *, stale: boo
                 _repair(job_started, _started_report(node, item, sent_at))
         elif _has_exit(item):
             _repair(job_exited, _exited_report(node, item))
+        else:
+            _ask_exit_again(node.name, *key)
     for key, (state, started_at, nodes, admitted_at) in placed.items():
         if (
             key not in summaries
@@ -216,6 +220,19 @@ def _reconcile_jobs(node: Node, reported: list, sent_at: datetime, *, stale: boo
             and (nodes == 1 or _started_on(key[0], node.name, admitted_at))
         ):
             _repair(_job_lost_here, key[0], key[1], node, sent_at)
+
+
+#: How often at most the agent is asked again for the exit of one job attempt.
+ASK_EXIT_AGAIN_SECONDS = 10
+
+
+def _ask_exit_again(node_name: str, job_id: int, attempt: int) -> None:
+    """Ask the agent to send the ``exited`` report of an attempt it says has ended."""
+    if not cache.add(f"sluice:ask-exit:{node_name}:{job_id}:{attempt}", 1, ASK_EXIT_AGAIN_SECONDS):
+        return
+    message = stop_message(job_id=job_id, attempt=attempt, reason=StopReason.LOST, grace_seconds=10)
+    log.info("asking %s again for the exit of job %s attempt %s", node_name, job_id, attempt)
+    transaction.on_commit(lambda: send_node_message(node_name, message))
 
 
 def _repair(step, *args) -> None:

@@ -3,7 +3,10 @@ runs: lost ``started`` and ``exited`` reports are repaired, jobs the agent forgo
 
 from datetime import timedelta
 
+import pytest
+from django.core.cache import cache
 from django.utils import timezone
+from freezegun import freeze_time
 
 from portal.audit.models import AuditEvent
 from scheduling.choices import JobState, StopReason
@@ -14,6 +17,11 @@ from scheduling.tasks import agent_report, agent_reports
 from tests import factories as f
 
 from .test_agent_reports import _placed_job, _register, _report
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    cache.clear()  # "asked again" marks of an earlier test's job ids
 
 
 def _heartbeat(node, jobs, *, sent_at=None, batch=False):
@@ -127,13 +135,27 @@ def test_launch_failure_reported_only_in_a_heartbeat_fails_the_admitted_job(worl
     assert _active(job) == 0
 
 
-def test_finished_summary_without_exit_fields_is_left_to_the_exited_report(world):
+def test_finished_summary_without_exit_fields_asks_the_agent_for_the_exit_again(
+    world, outbox, django_capture_on_commit_callbacks
+):
     """An older agent's summary does not say how the job ended: the exited report may only
-    be late, and guessing could fail a job that succeeded."""
+    be late, and guessing could fail a job that succeeded. The agent is asked again (a stop
+    of an ended attempt is answered with its exited report), at most every 10 s."""
     job, node = _started_job(world)
-    _heartbeat(node, [_running(job, running=False)])
-    job.refresh_from_db()
-    assert job.state == JobState.RUNNING and _active(job) == 2
+    with freeze_time(timezone.now()) as clock:
+        for _ in range(2):
+            with django_capture_on_commit_callbacks(execute=True):
+                _heartbeat(node, [_running(job, running=False)])
+        job.refresh_from_db()
+        assert job.state == JobState.RUNNING and _active(job) == 2
+        asked = [(n, m["type"], m["job_id"], m["attempt"]) for n, m in outbox]
+        assert asked == [(node.name, "stop", job.pk, 0)]
+        clock.tick(11)
+        with django_capture_on_commit_callbacks(execute=True):
+            _heartbeat(node, [_running(job, running=False)])
+        assert len(outbox) == 2
+    job = _exited(node, job, exit_code=0)  # the answer
+    assert job.state == JobState.SUCCEEDED
 
 
 def test_summary_of_an_older_attempt_leaves_the_current_one_alone(world):
