@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 export DEBUG ?= 1
 
-.PHONY: run test lint check migrations-check pytest integration browser bench native demo-reset clean
+.PHONY: run test lint check migrations-check pytest integration browser bench bench-e2e native demo-reset clean
 
 $(VENV)/bin/python:
 	python3 -m venv $(VENV)
@@ -58,6 +58,11 @@ integration: $(VENV)/.installed-dev native
 bench: $(VENV)/.installed-dev native
 	$(PY) bench/engine.py
 	$(PY) bench/dispatch.py
+
+## End to end (issue 21): real web, workers and 4 agents × 8 simulated GPUs on PostgreSQL + Redis
+## when both answer, else embedded. ARGS: --backend embedded, --big (10,000 jobs), --skip FIGURE
+bench-e2e: $(VENV)/.installed-dev native
+	$(PY) bench/e2e.py $(ARGS)
 
 demo-reset:
 	rm -rf var/
