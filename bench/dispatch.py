@@ -13,6 +13,12 @@ Creates (and drops at the end) a scratch database, builds a cluster of 1,000 GPU
 * ``submit_bulk``: ``POST /api/v1/jobs/bulk`` with batches of 500 specs, through the whole
   Django stack (auth, validation, services, audit). Target: ≥ 500 jobs/s sustained.
 * ``submit_single``: ``POST /api/v1/jobs`` one job per request, for comparison.
+* ``drain`` (``--drain 1000,10000``, instead of the above): 4 nodes × 8 GPUs and N pending
+  one-GPU jobs; dispatch cycles one after another, every placed job ended right after its
+  cycle (its allocations released, SUCCEEDED, in SQL: no agent, no reports), until none
+  waits. What a cycle costs as the backlog shrinks: the dispatch loop's share of an end
+  to end drain (``bench/e2e.py`` measures the whole trip). Issue 21's target: a drain of
+  10,000 costs about 10× a drain of 1,000 (≤ 12×), not 100×.
 
 Prints one JSON line per measurement.
 """
@@ -165,6 +171,49 @@ def bench_dispatch(user, project, queue, jobs: int) -> dict:
     return result
 
 
+def _end_admitted(now) -> int:
+    """What the agents' reports would do, in two statements: placed jobs end at once."""
+    from scheduling.choices import JobState
+    from scheduling.models import Allocation, Job
+
+    Allocation.objects.filter(released_at__isnull=True).update(released_at=now)
+    return Job.objects.filter(state=JobState.ADMITTED).update(
+        state=JobState.SUCCEEDED, finished_at=now, exit_code=0
+    )
+
+
+def bench_drain(user, project, queue, jobs: int) -> dict:
+    from django.utils import timezone
+
+    from scheduling.choices import JobState
+    from scheduling.models import Job
+    from scheduling.services.dispatch import dispatch_cycle
+
+    _pending_jobs(user, project, queue, jobs)
+    cycles, cycle_seconds, written = 0, [], 0
+    started = time.perf_counter()
+    while Job.objects.filter(state=JobState.PENDING).exists():
+        t0 = time.perf_counter()
+        stats = dispatch_cycle()
+        cycle_seconds.append(time.perf_counter() - t0)
+        written += stats.get("pending_updated", 0)
+        cycles += 1
+        _end_admitted(timezone.now())
+    elapsed = time.perf_counter() - started
+    dispatch_s = sum(cycle_seconds)
+    Job.objects.all().delete()
+    return {
+        "bench": "drain",
+        "jobs": jobs,
+        "cycles": cycles,
+        "seconds": round(elapsed, 2),
+        "dispatch_seconds": round(dispatch_s, 2),
+        "cycle_ms_first": round(cycle_seconds[0] * 1000, 1),
+        "cycle_ms_median": round(sorted(cycle_seconds)[len(cycle_seconds) // 2] * 1000, 1),
+        "pending_rows_written": written,
+    }
+
+
 def _spec(project, queue) -> dict:
     return {
         "project": project.pk,
@@ -227,9 +276,35 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--broker", default=None, help="send launch messages to this Redis broker")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--drain",
+        default="",
+        help="comma-separated backlog sizes: measure drains on 4 × 8 GPUs instead (e.g. 1000,10000)",
+    )
     args = parser.parse_args()
     _setup(args.database_url, args.broker)
     try:
+        if args.drain:
+            user, project, queue = _world(nodes=4)
+            results = [bench_drain(user, project, queue, int(n)) for n in args.drain.split(",")]
+            for line in results:
+                print(json.dumps(line), flush=True)
+            if len(results) > 1:
+                first, last = results[0], results[-1]
+                print(
+                    json.dumps(
+                        {
+                            "bench": "drain_ratio",
+                            "jobs": [first["jobs"], last["jobs"]],
+                            "dispatch_seconds_ratio": round(
+                                last["dispatch_seconds"] / first["dispatch_seconds"], 1
+                            ),
+                            "target": "≤ 12 for 10× the jobs",
+                        }
+                    ),
+                    flush=True,
+                )
+            return 0
         user, project, queue = _world()
         for _ in range(args.repeat):
             print(json.dumps(bench_dispatch(user, project, queue, args.jobs)), flush=True)

@@ -359,9 +359,10 @@ class Job(models.Model):
     # --- where it stands (written by the dispatch loop) ---
     pending_reason_code = models.CharField(max_length=40, blank=True)
     pending_reason_message = models.TextField(blank=True)
-    queue_position = models.PositiveIntegerField(null=True, blank=True)
-    pool_position = models.PositiveIntegerField(null=True, blank=True)
-    estimated_start = models.DateTimeField(null=True, blank=True)
+    # The job's place in the last cycle's scheduling order, as a sort key: its positions in
+    # its queue and pool are counted from it when read (scheduling.positions), so a job
+    # leaving the head does not rewrite every job behind it. Kept only while PENDING or HELD.
+    pending_rank = models.FloatField(null=True, blank=True)
 
     # --- waits (a requeued job waits again; see scheduling.waits) ---
     queued_at = models.DateTimeField(
@@ -396,10 +397,66 @@ class Job(models.Model):
             models.Index(fields=["state", "queue"]),
             models.Index(fields=["tenant", "state"]),
             models.Index(fields=["submitted_by", "-id"]),
+            models.Index(
+                fields=["queue", "pending_rank"],
+                name="job_pending_rank",
+                condition=models.Q(pending_rank__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:
         return f"job {self.pk} {self.name}"
+
+    # Where a waiting job stands is read, not stored per job (see scheduling.positions):
+    # positions are counted from ``pending_rank``, the estimate is in its pool's
+    # ``PoolEstimates``. One job reads them with two queries, a page of jobs with
+    # ``positions_attach`` (two queries for all). The setters are for code and tests that
+    # build a job with known values.
+    @property
+    def queue_position(self) -> int | None:
+        """1-based place among the waiting jobs of its queue in the last cycle's order."""
+        return self._standing()[0]
+
+    @queue_position.setter
+    def queue_position(self, value: int | None) -> None:
+        self._set_standing(0, value)
+
+    @property
+    def pool_position(self) -> int | None:
+        """1-based place among the waiting jobs of its pool in the last cycle's order."""
+        return self._standing()[1]
+
+    @pool_position.setter
+    def pool_position(self, value: int | None) -> None:
+        self._set_standing(1, value)
+
+    @property
+    def estimated_start(self):
+        """When the last cycle expected the job to start at the latest (None: unknown, or
+        the job does not wait)."""
+        return self._standing()[2]
+
+    @estimated_start.setter
+    def estimated_start(self, value) -> None:
+        self._set_standing(2, value)
+
+    def _standing(self) -> tuple:
+        cached = self.__dict__.get("_standing_cache")
+        if cached is None:
+            from .positions import positions_attach
+
+            positions_attach([self])
+            cached = self.__dict__["_standing_cache"]
+        return cached
+
+    def _set_standing(self, index: int, value) -> None:
+        values = list(self.__dict__.get("_standing_cache") or (None, None, None))
+        values[index] = value
+        self.__dict__["_standing_cache"] = tuple(values)
+
+    def refresh_from_db(self, *args, **kwargs) -> None:
+        self.__dict__.pop("_standing_cache", None)
+        super().refresh_from_db(*args, **kwargs)
 
     @property
     def attempt(self) -> int:
@@ -409,6 +466,27 @@ class Job(models.Model):
     @property
     def total_gpus(self) -> int:
         return self.gpus_per_node * self.nodes
+
+
+class PoolEstimates(models.Model):
+    """The estimated starts of a pool's waiting jobs as the last dispatch cycle computed
+    them: one row per pool, rewritten whole when any changed. Most estimates move in most
+    cycles (every job that starts or ends early shifts those behind it), so one row per
+    pool costs a cycle far less than one row per waiting job."""
+
+    pool = models.OneToOneField(
+        ResourcePool, on_delete=models.CASCADE, primary_key=True, related_name="estimates"
+    )
+    computed_at = models.DateTimeField()
+    starts = models.JSONField(
+        default=dict, help_text='{"<job id>": unix seconds, or null when unknown}'
+    )
+
+    class Meta:
+        verbose_name_plural = "pool estimates"
+
+    def __str__(self) -> str:
+        return f"estimates of {self.pool_id} at {self.computed_at:%H:%M:%S}"
 
 
 class Allocation(models.Model):

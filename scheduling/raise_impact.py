@@ -61,10 +61,18 @@ def _raised(entry, to_class, policy):
     return dataclasses.replace(entry, **changes)
 
 
-def _covers(raise_: PriorityRaise, job: Job) -> bool:
+def _covers(raise_: PriorityRaise, job) -> bool:
+    """Whether the raise covers ``job`` (a running Job or a waiting job's PendingRow)."""
     if raise_.job_id:
-        return job.pk == raise_.job_id
-    return job.project_id == raise_.project_id and job.priority_class.value < raise_.to_class.value
+        return job.id == raise_.job_id
+    return job.project_id == raise_.project_id and _class_value(job) < raise_.to_class.value
+
+
+def _class_value(job) -> int:
+    """A running job's class value, or a waiting one's (the dispatch loop reads waiting
+    jobs as plain rows: ``PendingRow.priority``)."""
+    priority = getattr(job, "priority", None)
+    return priority if isinstance(priority, int) else job.priority_class.value
 
 
 def _position(plan, job_id: int) -> tuple[bool, int | None, int | None]:
@@ -76,7 +84,7 @@ def _position(plan, job_id: int) -> tuple[bool, int | None, int | None]:
 
 def _impact(raise_: PriorityRaise, loaded, baseline, engine) -> RaiseImpact:
     snapshot = loaded.snapshot
-    pending_ids = {j.pk for j in loaded.pending.values() if _covers(raise_, j)}
+    pending_ids = {j.id for j in loaded.pending.values() if _covers(raise_, j)}
     running_ids = {j.pk for j in loaded.running.values() if _covers(raise_, j)}
     policy_of = loaded.policies.get
     pending = [

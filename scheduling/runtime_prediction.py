@@ -142,15 +142,47 @@ def percentile(values: list[float], q: float = PERCENTILE) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
-def _histories(jobs: list[Job]) -> dict[tuple, list[float]]:
-    """The ratios of the submitters' and projects' histories the jobs need, by
-    ``(project, workload type, submitter or None)``: one query that reads those rows only
-    (a few keys by the table's unique indexes; many, as the dispatch loop asks, by their
-    key in one pass over the table)."""
+def expected_runtimes(
+    jobs: Iterable[tuple[int, int, str, int | None, int]],
+) -> dict[int, float | None]:
+    """What :func:`predict_runtimes` predicts, in seconds, for plain rows ``(job id,
+    project id, workload type, submitter id, declared limit)``: the dispatch loop's form
+    (no model object per waiting job, no message), one query."""
+    jobs = list(jobs)
+    if not jobs:
+        return {}
+    histories = _histories(_keys((row[1], row[2], row[3]) for row in jobs))
+    statistics_of: dict[tuple, tuple[float, int] | None] = {}
+    expected: dict[int, float | None] = {}
+    for job_id, project_id, workload_type, submitter_id, declared in jobs:
+        found = None
+        for key in ((project_id, workload_type, submitter_id), (project_id, workload_type, None)):
+            if key not in statistics_of:
+                statistics_of[key] = _statistic(histories.get(key))
+            found = statistics_of[key]
+            if found is not None:
+                break
+        expected[job_id] = (
+            None if found is None else max(min(declared * found[0], float(declared)), 1.0)
+        )
+    return expected
+
+
+def _keys(jobs: Iterable[tuple[int, str, int | None]]) -> set[tuple]:
+    """The history keys ``(project, workload type, submitter or None)`` jobs need: their
+    submitter's and their project's."""
     keys = set()
-    for job in jobs:
-        keys.add((job.project_id, job.workload_type, job.submitted_by_id))
-        keys.add((job.project_id, job.workload_type, None))
+    for project_id, workload_type, submitter_id in jobs:
+        keys.add((project_id, workload_type, submitter_id))
+        keys.add((project_id, workload_type, None))
+    return keys
+
+
+def _histories(keys: set[tuple]) -> dict[tuple, list[float]]:
+    """The ratios of the submitters' and projects' histories wanted, by ``(project,
+    workload type, submitter or None)``: one query that reads those rows only (a few keys
+    by the table's unique indexes; many, as the dispatch loop asks, by their key in one
+    pass over the table)."""
     rows = RuntimeHistory.objects.all()
     if len(keys) <= _MAX_KEYS_BY_INDEX:
         wanted = Q()
@@ -185,7 +217,7 @@ def predict_runtimes(jobs: Iterable[Job]) -> dict[int, RuntimePrediction]:
     jobs = list(jobs)
     if not jobs:
         return {}
-    histories = _histories(jobs)
+    histories = _histories(_keys((j.project_id, j.workload_type, j.submitted_by_id) for j in jobs))
     statistics_of: dict[tuple, tuple[float, int] | None] = {}
     predictions = {}
     for job in jobs:
@@ -242,6 +274,7 @@ __all__ = [
     "MIN_JOBS",
     "PERCENTILE",
     "RuntimePrediction",
+    "expected_runtimes",
     "percentile",
     "predict_live_runtimes",
     "predict_runtime",

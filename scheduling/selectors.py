@@ -26,6 +26,7 @@ from .models import (
     TenantRaiseCeiling,
     WorkloadPolicy,
 )
+from .positions import positions_attach
 
 
 def _member_tenant_ids(user, min_role: str = Role.VIEWER):
@@ -225,14 +226,17 @@ def queue_pending_jobs(queue: Queue) -> QuerySet[Job]:
     return (
         queue.jobs.filter(state__in=[JobState.PENDING, JobState.HELD])
         .select_related("submitted_by", "priority_class", "project")
-        .order_by("queue_position", "-priority_class__value", "submitted_at", "id")
+        .order_by(
+            F("pending_rank").asc(nulls_last=True), "-priority_class__value", "submitted_at", "id"
+        )
     )
 
 
 def dashboard_summary(user) -> dict:
     jobs = jobs_visible_to(user)
     counts = dict(jobs.values_list("state").annotate(n=Count("id")).order_by())
-    mine = jobs.filter(submitted_by=user).order_by("-id")[:10]
+    mine = list(jobs.filter(submitted_by=user).order_by("-id")[:10])
+    positions_attach(mine)
     gpus = gpus_visible_to(user).exclude(node__state=NodeState.DOWN)
     total_gpus = gpus.count()
     busy = (

@@ -28,6 +28,7 @@ from . import selectors
 from .choices import ACTIVE_STATES, JobState
 from .forms import JobFilterForm, JobSubmitForm, RaiseRequestForm, RaiseStepForm, pretty_json
 from .models import Allocation, WorkloadPolicy
+from .positions import positions_attach
 from .raise_impact import raise_impacts
 from .runtime_prediction import predict_runtime
 from .services import jobs as job_services
@@ -119,6 +120,7 @@ def job_list(request):
         if data["q"]:
             jobs = jobs.filter(name__icontains=data["q"])
     page = Paginator(jobs.order_by("-id"), 50).get_page(request.GET.get("page"))
+    positions_attach(page.object_list)
     query = request.GET.copy()
     query.pop("page", None)
     return render(
@@ -233,9 +235,11 @@ def queue_list(request):
 def queue_detail(request, pk):
     queue = get_object_or_404(selectors.queues_visible_to(request.user), pk=pk)
     page = Paginator(selectors.queue_pending_jobs(queue), 100).get_page(request.GET.get("page"))
-    running = queue.jobs.filter(state__in=ACTIVE_STATES).select_related(
-        "submitted_by", "priority_class"
+    positions_attach(page.object_list)
+    running = list(
+        queue.jobs.filter(state__in=ACTIVE_STATES).select_related("submitted_by", "priority_class")
     )
+    positions_attach(running)
     return render(
         request, "scheduling/queue_detail.html", {"queue": queue, "page": page, "running": running}
     )

@@ -26,11 +26,26 @@ from tenants.selectors import job_unix_account
 
 from .. import engine
 from ..choices import ACTIVE_STATES, GpuHealth, JobState, NodeState, QueueState, StopReason
-from ..models import Allocation, Gpu, Job, JobEvent, Node, Queue, Quota, TenantUsage, WorkloadPolicy
-from ..runtime_prediction import predict_runtimes
+from ..models import (
+    Allocation,
+    Gpu,
+    Job,
+    JobEvent,
+    Node,
+    PoolEstimates,
+    PriorityClass,
+    Queue,
+    Quota,
+    ResourcePool,
+    TenantUsage,
+    WorkloadPolicy,
+)
+from ..runtime_prediction import expected_runtimes
 from .enqueue import dispatch_on_commit
 from .lifecycle import jobs_transition_bulk
 from .messaging import send_node_messages
+from .pending_ranks import ranks_after
+from .sql import rows_update
 from .stopping import job_stop
 
 MIB = 1024 * 1024
@@ -42,13 +57,6 @@ log = logging.getLogger(__name__)
 # restart) only makes the next cycle compute reservations afresh.
 RESERVATIONS_KEY = "sluice:dispatch:reservations"
 _LEADER_LOCK_KEY = 0x51_1CE_D15
-PENDING_FIELDS = [
-    "pending_reason_code",
-    "pending_reason_message",
-    "queue_position",
-    "pool_position",
-    "estimated_start",
-]
 
 
 @contextlib.contextmanager
@@ -80,17 +88,33 @@ def _from_epoch(value: float | None) -> datetime | None:
     return datetime.fromtimestamp(value, tz=UTC) if value is not None else None
 
 
+@dataclass(slots=True)
+class PendingRow:
+    """What a cycle reads of a waiting job besides the engine's record of it: plain
+    values (no model object per waiting job), and what the last cycle wrote for it."""
+
+    id: int
+    name: str
+    project_id: int
+    pool_id: int
+    tenant: str
+    priority: int
+    rank: float | None
+    reason: tuple[str, str]  # code, message
+
+
 @dataclass
 class Loaded:
     """The rows a cycle reads, kept for applying the plan without reading them again."""
 
     snapshot: engine.Snapshot
-    pending: dict[int, Job] = field(default_factory=dict)
+    pending: dict[int, PendingRow] = field(default_factory=dict)
     running: dict[int, Job] = field(default_factory=dict)
     gpus: dict[int, tuple[int, int, str]] = field(
         default_factory=dict
     )  # gpu id -> (node id, index, uuid)
     node_names: dict[int, str] = field(default_factory=dict)
+    pool_ids: set[int] = field(default_factory=set)
     policies: dict[str, WorkloadPolicy] = field(default_factory=dict)
 
 
@@ -261,47 +285,7 @@ def load_snapshot(now: datetime, *, update_usage: bool = True) -> Loaded:
             )
         )
 
-    reservations = cache.get(RESERVATIONS_KEY) or {}
-    pending_jobs = {
-        j.id: j
-        for j in Job.objects.filter(state__in=[JobState.PENDING, JobState.HELD]).select_related(
-            *related
-        )
-    }
-    # One query whatever the number of pending jobs (see scheduling.runtime_prediction).
-    predictions = predict_runtimes(pending_jobs.values())
-    pending = []
-    for job in pending_jobs.values():
-        policy = policies.get(job.workload_type)
-        expected = predictions[job.id].seconds
-        pending.append(
-            engine.PendingJob(
-                id=job.id,
-                tenant=job.tenant.slug,
-                project=job.project.slug,
-                queue_id=job.queue_id,
-                pool=job.queue.pool.name,
-                workload_type=job.workload_type,
-                priority=job.priority_class.value,
-                priority_class=job.priority_class.name,
-                preemptible=job.priority_class.preemptible
-                and (policy.preemptible if policy else True),
-                can_preempt=job.priority_class.can_preempt,
-                gpus_per_node=job.gpus_per_node,
-                nodes=job.nodes,
-                gpu_models=tuple(job.gpu_models or ()),
-                min_gpu_memory_mb=job.min_gpu_memory_mb,
-                submitted_at=_epoch(job.submitted_at),
-                max_runtime_seconds=job.max_runtime_seconds,
-                held=job.state == JobState.HELD,
-                expected_runtime_seconds=expected if expected is not None else 0.0,
-                max_wait_seconds=float(policy.max_wait_seconds) if policy else 0.0,
-                # Last cycle's pool position: a job that overtakes another one does not
-                # wait for that one's held reservation (engine/reservations.py).
-                previous_position=job.pool_position or 0,
-                **_previous_reservation(reservations.get(job.id)),
-            )
-        )
+    pending_rows, pending = _load_pending(policies)
     usage = _update_usage(now, in_use) if update_usage else {}
     snapshot = engine.Snapshot(
         now=now.timestamp(),
@@ -315,12 +299,128 @@ def load_snapshot(now: datetime, *, update_usage: bool = True) -> Loaded:
     )
     return Loaded(
         snapshot=snapshot,
-        pending=pending_jobs,
+        pending=pending_rows,
+        pool_ids=set(ResourcePool.objects.values_list("id", flat=True)),
         running=running_jobs,
         gpus=gpus,
         node_names=node_names,
         policies=policies,
     )
+
+
+_PENDING_COLUMNS = (
+    "id",
+    "name",
+    "state",
+    "tenant_id",
+    "project_id",
+    "queue_id",
+    "workload_type",
+    "priority_class_id",
+    "submitted_by_id",
+    "gpus_per_node",
+    "nodes",
+    "gpu_models",
+    "min_gpu_memory_mb",
+    "submitted_at",
+    "max_runtime_seconds",
+    "pending_rank",
+    "pending_reason_code",
+    "pending_reason_message",
+)
+
+
+def _load_pending(
+    policies: dict[str, WorkloadPolicy],
+) -> tuple[dict[int, PendingRow], list[engine.PendingJob]]:
+    """The waiting jobs as the engine's records, read as plain rows in one query (plus one
+    per small table): no model object per waiting job."""
+    from tenants.models import Project, Tenant
+
+    tenants = dict(Tenant.objects.values_list("id", "slug"))
+    projects = dict(Project.objects.values_list("id", "slug"))
+    pools = {
+        q: (pool_id, name)
+        for q, pool_id, name in Queue.objects.values_list("id", "pool_id", "pool__name")
+    }
+    classes = {c.id: c for c in PriorityClass.objects.all()}
+    rows = list(
+        Job.objects.filter(state__in=[JobState.PENDING, JobState.HELD])
+        .order_by()
+        .values_list(*_PENDING_COLUMNS)
+    )
+    predictions = expected_runtimes((row[0], row[4], row[6], row[8], row[14]) for row in rows)
+    previous = _pool_positions(rows, pools)
+    reservations = cache.get(RESERVATIONS_KEY) or {}
+    loaded: dict[int, PendingRow] = {}
+    pending: list[engine.PendingJob] = []
+    for (
+        job_id,
+        name,
+        state,
+        tenant_id,
+        project_id,
+        queue_id,
+        workload_type,
+        class_id,
+        _submitter,
+        gpus_per_node,
+        nodes,
+        gpu_models,
+        min_memory,
+        submitted_at,
+        max_runtime,
+        rank,
+        code,
+        message,
+    ) in rows:
+        policy = policies.get(workload_type)
+        klass = classes[class_id]
+        tenant = tenants[tenant_id]
+        expected = predictions.get(job_id)
+        pool_id, pool = pools[queue_id]
+        loaded[job_id] = PendingRow(
+            job_id, name, project_id, pool_id, tenant, klass.value, rank, (code, message)
+        )
+        pending.append(
+            engine.PendingJob(
+                id=job_id,
+                tenant=tenant,
+                project=projects[project_id],
+                queue_id=queue_id,
+                pool=pool,
+                workload_type=workload_type,
+                priority=klass.value,
+                priority_class=klass.name,
+                preemptible=klass.preemptible and (policy.preemptible if policy else True),
+                can_preempt=klass.can_preempt,
+                gpus_per_node=gpus_per_node,
+                nodes=nodes,
+                gpu_models=tuple(gpu_models or ()),
+                min_gpu_memory_mb=min_memory,
+                submitted_at=_epoch(submitted_at),
+                max_runtime_seconds=max_runtime,
+                held=state == JobState.HELD,
+                expected_runtime_seconds=expected if expected is not None else 0.0,
+                max_wait_seconds=float(policy.max_wait_seconds) if policy else 0.0,
+                # Last cycle's pool position: a job that overtakes another one does not
+                # wait for that one's held reservation (engine/reservations.py).
+                previous_position=previous.get(job_id, 0),
+                **_previous_reservation(reservations.get(job_id)),
+            )
+        )
+    return loaded, pending
+
+
+def _pool_positions(rows: list[tuple], pools: dict[int, tuple[int, str]]) -> dict[int, int]:
+    """Each ranked job's pool position in the last cycle's order (from the sort keys)."""
+    ranked = sorted((row[15], row[0], pools[row[5]][0]) for row in rows if row[15] is not None)
+    counts: dict[int, int] = defaultdict(int)
+    positions = {}
+    for _, job_id, pool in ranked:
+        counts[pool] += 1
+        positions[job_id] = counts[pool]
+    return positions
 
 
 def launch_messages(
@@ -424,11 +524,31 @@ def _ready_placements(plan: engine.Plan, loaded: Loaded) -> list[engine.Placemen
     return kept
 
 
+def _placed_jobs(placements: list[engine.Placement]) -> list[Job]:
+    """The model objects of the jobs placed this cycle (only these are read whole), those
+    still waiting: a job cancelled since the snapshot is left out (and the cycle after
+    this one uses its GPUs)."""
+    found = Job.objects.select_related(
+        "tenant", "project", "queue", "queue__pool", "priority_class"
+    ).in_bulk([p.job_id for p in placements])
+    jobs = [found[p.job_id] for p in placements if p.job_id in found]
+    kept = [j for j in jobs if j.state == JobState.PENDING]
+    if len(kept) < len(placements):
+        log.warning(
+            "dispatch: %d placement(s) dropped, job(s) no longer pending",
+            len(placements) - len(kept),
+        )
+        dispatch_on_commit()
+    return kept
+
+
 def _apply_placements(plan: engine.Plan, loaded: Loaded, now: datetime) -> list[tuple[str, dict]]:
-    placements = _ready_placements(plan, loaded)
-    jobs = [loaded.pending[p.job_id] for p in placements]
+    ready = _ready_placements(plan, loaded)
+    jobs = _placed_jobs(ready)
     if not jobs:
         return []
+    placed = {j.id for j in jobs}
+    placements = [p for p in ready if p.job_id in placed]
     allocations: dict[int, list[Allocation]] = {}
     rows = []
     for placement in placements:
@@ -456,9 +576,7 @@ def _apply_placements(plan: engine.Plan, loaded: Loaded, now: datetime) -> list[
         admitted_at=now,
         pending_reason_code="",
         pending_reason_message="",
-        queue_position=None,
-        pool_position=None,
-        estimated_start=None,
+        pending_rank=None,
     )
     messages = []
     accounts = job_accounts(jobs)
@@ -492,41 +610,59 @@ def _apply_preemptions(plan: engine.Plan, loaded: Loaded) -> None:
                 "state": "STOPPING",
                 "preemptor": preemption.preemptor_id,
                 "kind": preemption.reason,
-                "preemptor_tenant": preemptor.tenant.slug if preemptor else None,
+                "preemptor_tenant": preemptor.tenant if preemptor else None,
             },
         )
 
 
-def _apply_pending(plan: engine.Plan, loaded: Loaded) -> int:
-    changed = []
+def _apply_pending(plan: engine.Plan, loaded: Loaded, now: datetime) -> int:
+    """Write what changed of the waiting jobs' standing: the sort keys whose relative order
+    changed (scheduling.services.pending_ranks), the reasons that changed, and each pool's
+    estimates in one row (scheduling.positions); returns the number of job rows written.
+    A cycle in which nothing changed writes nothing."""
+    order = [job_id for job_id in plan.pending if job_id in loaded.pending]
+    ranks = ranks_after(order, {job_id: loaded.pending[job_id].rank for job_id in order})
+    retold = []
+    for job_id in order:
+        info = plan.pending[job_id]
+        new = (info.code, info.message[:2000])
+        if new != loaded.pending[job_id].reason:
+            retold.append((job_id, *new))
+    rows_update(Job, ["pending_rank"], list(ranks.items()))
+    rows_update(Job, ["pending_reason_code", "pending_reason_message"], retold)
+    _write_estimates(plan, loaded, now)
+    return len(ranks.keys() | {row[0] for row in retold})
+
+
+#: The estimates this process last wrote, by pool id: an unchanged pool is not rewritten.
+_written_estimates: dict[int, dict[str, int | None]] = {}
+
+
+def _write_estimates(plan: engine.Plan, loaded: Loaded, now: datetime) -> None:
+    """One row per pool: ``{job id: estimated start}`` of its waiting jobs, to the second."""
+    by_pool: dict[int, dict[str, int | None]] = {pool_id: {} for pool_id in loaded.pool_ids}
     for job_id, info in plan.pending.items():
-        job = loaded.pending.get(job_id)
-        if job is None:
+        row = loaded.pending.get(job_id)
+        if row is None:
             continue
-        values = (
-            info.code,
-            info.message[:2000],
-            info.queue_position,
-            info.pool_position,
-            _from_epoch(info.estimated_start),
+        start = info.estimated_start
+        by_pool[row.pool_id][str(job_id)] = round(start) if start is not None else None
+    changed = [
+        PoolEstimates(pool_id=pool_id, computed_at=now, starts=starts)
+        for pool_id, starts in by_pool.items()
+        if _written_estimates.get(pool_id) != starts
+    ]
+    if changed:
+        PoolEstimates.objects.bulk_create(
+            changed,
+            update_conflicts=True,
+            unique_fields=["pool"],
+            update_fields=["computed_at", "starts"],
         )
-        current = tuple(getattr(job, f) for f in PENDING_FIELDS)
-        if _same_pending(current, values):
-            continue
-        for name, value in zip(PENDING_FIELDS, values, strict=True):
-            setattr(job, name, value)
-        changed.append(job)
-    Job.objects.bulk_update(changed, PENDING_FIELDS, batch_size=500)
-    return len(changed)
-
-
-def _same_pending(current: tuple, new: tuple) -> bool:
-    if current[:4] != new[:4]:
-        return False
-    a, b = current[4], new[4]
-    if a is None or b is None:
-        return a is b
-    return abs((a - b).total_seconds()) < 1.0
+        # Known as written once the cycle commits (a rollback leaves the rows as they were).
+        transaction.on_commit(
+            lambda: _written_estimates.update({e.pool_id: e.starts for e in changed})
+        )
 
 
 def dispatch_cycle(now: datetime | None = None) -> dict:
@@ -543,7 +679,7 @@ def dispatch_cycle(now: datetime | None = None) -> dict:
         t_planned = time.perf_counter()
         messages = _apply_placements(plan, loaded, now)
         _apply_preemptions(plan, loaded)
-        updated = _apply_pending(plan, loaded)
+        updated = _apply_pending(plan, loaded, now)
         transaction.on_commit(lambda: send_node_messages(messages))
         transaction.on_commit(lambda: _remember_reservations(plan))
     finished = time.perf_counter()

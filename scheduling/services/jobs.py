@@ -598,9 +598,6 @@ def job_cancel(*, user, job: Job, reason: str = "") -> Job:
             actor=user,
             finished_at=timezone.now(),
             pending_reason_code="",
-            queue_position=None,
-            pool_position=None,
-            estimated_start=None,
         )
     elif job.state in (JobState.ADMITTED, JobState.RUNNING):
         from .stopping import job_stop
@@ -628,7 +625,6 @@ def job_hold(*, user, job: Job, reason: str = "") -> Job:
         actor=user,
         pending_reason_code="HELD",
         pending_reason_message=f"Held by {user.username}.",
-        estimated_start=None,
     )
     _audit_if_not_owner(user, job, "job.hold", JobState.PENDING, reason)
     return job

@@ -71,6 +71,7 @@ def job_transition(
     if not can_transition(job.state, to_state):
         raise IllegalTransition(job, to_state)
     now = now or timezone.now()
+    fields = _leaving_the_queue(to_state, fields)
     updated = Job.objects.filter(pk=job.pk, state=job.state).update(state=to_state, **fields)
     if updated != 1:
         raise ConcurrentChange(job)
@@ -91,6 +92,14 @@ def job_transition(
 
         runtime_history_record(job, now=now)  # what runtime prediction learns from
     return job
+
+
+def _leaving_the_queue(to_state: str, fields: dict) -> dict:
+    """A job that stops waiting loses its place in the scheduling order (positions are
+    counted from ``pending_rank``; see scheduling.positions)."""
+    if to_state in (S.PENDING, S.HELD) or "pending_rank" in fields:
+        return fields
+    return {**fields, "pending_rank": None}
 
 
 def requeue_fields(job: Job, now=None) -> dict:
@@ -140,6 +149,7 @@ def jobs_transition_bulk(
     whole batch fails (the caller's transaction rolls back) instead of half-applying.
     """
     now = now or timezone.now()
+    fields = _leaving_the_queue(to_state, fields)
     by_state: dict[str, list[Job]] = {}
     for job in jobs:
         if not can_transition(job.state, to_state):

@@ -23,8 +23,7 @@ def pages(world):
         submitted_by=world.member,
         pending_reason_code="WAITING_FOR_GPUS",
         pending_reason_message="2 GPUs free, 4 needed",
-        queue_position=1,
-        pool_position=1,
+        pending_rank=1.0,
     )
     return {
         "dashboard": "/",

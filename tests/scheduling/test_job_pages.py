@@ -171,14 +171,19 @@ def test_job_list_filters(world, member_client):
 
 
 def test_job_page_shows_reason_position_and_buttons(world, member_client):
+    own = {"queue": world.queue, "project": world.project, "submitted_by": world.member}
+    # Positions are counted from the sort keys of the waiting jobs (scheduling.positions):
+    # one job of the queue ahead, and three of another queue of the same pool.
+    f.JobFactory(pending_rank=1.0, **own)
+    other = f.QueueFactory(tenant=world.tenant, name="other-q", pool=world.pool)
+    for rank in (0.5, 2.0, 3.0):
+        f.JobFactory(queue=other, project=world.project, pending_rank=rank)
+    f.JobFactory(pending_rank=9.0, **own)
     job = f.JobFactory(
-        queue=world.queue,
-        project=world.project,
-        submitted_by=world.member,
         pending_reason_code="WAITING_FOR_QUOTA",
         pending_reason_message="nlp uses 8/8 guaranteed",
-        queue_position=2,
-        pool_position=5,
+        pending_rank=5.0,
+        **own,
     )
 
     body = member_client.get(f"/jobs/{job.pk}/").content.decode()
@@ -186,6 +191,7 @@ def test_job_page_shows_reason_position_and_buttons(world, member_client):
     assert "WAITING_FOR_QUOTA" in body
     assert "nlp uses 8/8 guaranteed" in body
     assert "<strong>#2</strong> in its queue" in body
+    assert "<strong>#5</strong> in pool" in body
     assert 'id="cancel-job"' in body
 
 

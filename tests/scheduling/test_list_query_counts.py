@@ -41,7 +41,7 @@ def grow(world, n: int) -> None:
         gpus = [f.GpuFactory(node=node, index=i, uuid=f"GPU-extra-{k}-{i}") for i in range(2)]
         own = {"queue": world.queue, "project": world.project, "submitted_by": world.member}
         f.placed_job(gpus=gpus, **own)
-        f.JobFactory(pending_reason_code="WAITING_FOR_GPUS", queue_position=k + 1, **own)
+        f.JobFactory(pending_reason_code="WAITING_FOR_GPUS", pending_rank=k + 1.0, **own)
 
 
 def count_queries(fetch) -> int:

@@ -6,9 +6,9 @@ from tests import factories as f
 
 def test_queue_page_lists_waiting_jobs_in_scheduling_order(world, client):
     own = {"queue": world.queue, "project": world.project, "submitted_by": world.member}
-    f.JobFactory(name="second-in-line", queue_position=2, **own)
-    f.JobFactory(name="first-in-line", queue_position=1, **own)
-    f.JobFactory(name="held-one", state=JobState.HELD, queue_position=3, **own)
+    f.JobFactory(name="second-in-line", pending_rank=2048.0, **own)
+    f.JobFactory(name="first-in-line", pending_rank=-5.0, **own)
+    f.JobFactory(name="held-one", state=JobState.HELD, pending_rank=4096.0, **own)
     f.JobFactory(name="finished-one", state=JobState.SUCCEEDED, **own)
     running = f.placed_job(gpus=[world.nodes[0].gpus.get(index=0)], name="running-one", **own)
     client.force_login(world.viewer)

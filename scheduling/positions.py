@@ -1,0 +1,81 @@
+"""Where waiting jobs stand: positions and estimated starts, read from the last cycle.
+
+The dispatch loop stores each waiting job's place in its scheduling order as a sort key,
+``Job.pending_rank`` (see :mod:`scheduling.services.pending_ranks`), and rewrites only the
+keys whose relative order changed. A job's position in its queue or pool is the number of
+waiting jobs there with a smaller key, plus one, counted here when a page or the API
+reads it: a job leaving the head of a queue of 10,000 costs one row, not 10,000.
+Estimated starts move for most waiting jobs in most cycles; they are kept per pool in one
+row (``PoolEstimates``) and looked up here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from django.db import connection
+
+from .choices import JobState
+
+if TYPE_CHECKING:
+    from .models import Job
+
+WAITING = (JobState.PENDING, JobState.HELD)
+
+
+def positions_attach(jobs: Iterable[Job]) -> None:
+    """Set ``queue_position``, ``pool_position`` and ``estimated_start`` of every job, two
+    queries whatever their number (none when no job waits)."""
+    from .models import PoolEstimates, Queue
+
+    jobs = list(jobs)
+    ranked = [j for j in jobs if j.pending_rank is not None and j.state in WAITING]
+    found: dict[int, tuple[int, int]] = {}
+    ids = [j.pk for j in ranked]
+    for start in range(0, len(ids), 900):  # SQLite allows ~1000 variables a statement
+        found.update(_positions(ids[start : start + 900]))
+    waiting = [j for j in ranked if j.state == JobState.PENDING]
+    waiting_ids = {j.pk for j in waiting}
+    pools: dict[int, int] = {}
+    starts: dict[int, dict] = {}
+    if waiting:
+        queue_ids = {j.queue_id for j in waiting}
+        pools = dict(Queue.objects.filter(pk__in=queue_ids).values_list("pk", "pool_id"))
+        starts = dict(
+            PoolEstimates.objects.filter(pool_id__in=set(pools.values())).values_list(
+                "pool_id", "starts"
+            )
+        )
+    for job in jobs:
+        queue_position, pool_position = found.get(job.pk, (None, None))
+        estimate = None
+        if job.pk in waiting_ids:
+            value = starts.get(pools[job.queue_id], {}).get(str(job.pk))
+            estimate = datetime.fromtimestamp(value, tz=UTC) if value is not None else None
+        job.__dict__["_standing_cache"] = (queue_position, pool_position, estimate)
+
+
+def _positions(job_ids: list[int]) -> dict[int, tuple[int, int]]:
+    from .models import Job, Queue
+
+    job_table = connection.ops.quote_name(Job._meta.db_table)
+    queue_table = connection.ops.quote_name(Queue._meta.db_table)
+    marks = ", ".join(["%s"] * len(job_ids))
+    # Window functions over the waiting jobs only (the partial index on pending_rank);
+    # SQLite has them since 3.25, PostgreSQL always.
+    sql = f"""
+        SELECT id, queue_position, pool_position FROM (
+            SELECT j.id AS id,
+                   ROW_NUMBER() OVER (PARTITION BY j.queue_id ORDER BY j.pending_rank, j.id)
+                       AS queue_position,
+                   ROW_NUMBER() OVER (PARTITION BY q.pool_id ORDER BY j.pending_rank, j.id)
+                       AS pool_position
+            FROM {job_table} j JOIN {queue_table} q ON q.id = j.queue_id
+            WHERE j.pending_rank IS NOT NULL AND j.state IN (%s, %s)
+        ) ranked WHERE id IN ({marks})
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*WAITING, *job_ids])
+        return {row[0]: (row[1], row[2]) for row in cursor.fetchall()}
