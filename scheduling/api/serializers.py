@@ -22,6 +22,7 @@ from ..models import (
     ResourcePool,
     WorkloadPolicy,
 )
+from ..positions import positions_attach
 from ..runtime_prediction import predict_live_runtimes, predict_runtime
 from ..waits import job_wait
 
@@ -306,11 +307,13 @@ class JobWaitSerializer(serializers.Serializer):
 
 
 class JobListSerializer(serializers.ListSerializer):
-    """Predicts the runtimes of a whole page of jobs in one query, not one per job."""
+    """Predicts the runtimes and counts the positions of a whole page of jobs in one query
+    each, not one per job."""
 
     def to_representation(self, data):
         jobs = list(data.all() if isinstance(data, models.manager.BaseManager) else data)
         self.child.predictions = predict_live_runtimes(jobs)
+        positions_attach(jobs)
         return super().to_representation(jobs)
 
 
@@ -326,6 +329,10 @@ class JobSerializer(serializers.ModelSerializer):
     base_priority_class = serializers.CharField(source="base_priority_class.name")
     gpu_model = serializers.ListField(source="gpu_models", child=serializers.CharField())
     pending_reason = serializers.SerializerMethodField()
+    # Counted from the last cycle's order when read (scheduling.positions).
+    queue_position = serializers.IntegerField(read_only=True, allow_null=True)
+    pool_position = serializers.IntegerField(read_only=True, allow_null=True)
+    estimated_start = serializers.DateTimeField(read_only=True, allow_null=True)
     allocations = serializers.SerializerMethodField()
     expected_runtime = serializers.SerializerMethodField()
     wait = serializers.SerializerMethodField()

@@ -1,4 +1,4 @@
-from django.db.models import Prefetch
+from django.db.models import F, Prefetch
 from django.http import Http404
 from django_filters import rest_framework as filters
 from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema
@@ -207,12 +207,18 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
 
     serializer_class = s.JobSerializer
     filterset_class = JobFilter
+    # ``queue_position`` orders by the scheduling order's sort key (positions are counted
+    # from it; see scheduling.positions).
     ordering_fields = ["id", "submitted_at", "queue_position", "state"]
 
     def get_queryset(self):
         active = Allocation.objects.filter(released_at__isnull=True).select_related("node", "gpu")
-        return selectors.jobs_visible_to(self.request.user).prefetch_related(
-            Prefetch("allocations", queryset=active, to_attr="active_allocations")
+        return (
+            selectors.jobs_visible_to(self.request.user)
+            .prefetch_related(
+                Prefetch("allocations", queryset=active, to_attr="active_allocations")
+            )
+            .alias(queue_position=F("pending_rank"))
         )
 
     def get_object(self):

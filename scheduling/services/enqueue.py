@@ -38,6 +38,10 @@ DISPATCH_REQUESTED_KEY = "sluice:dispatch:requested"
 
 
 def _task(name: str):
+    """The registered task ``name``. Outside a worker nothing has imported the apps' task
+    modules yet: the loader's default imports run Celery's autodiscovery once."""
+    if name not in current_app.tasks:
+        current_app.loader.import_default_modules()
     return current_app.tasks[name]
 
 
