@@ -2,10 +2,17 @@
 processes into reports.
 
 Each pass of :meth:`Agent.tick` takes the waiting messages (``launch``, ``stop``,
-``kill_process``), notices jobs that ended, SIGKILLs jobs whose stop grace is over, starts
-launches that waited for their GPUs, ships new log output, reports exits, sends a heartbeat
-when one is due and flushes the report outbox. Nothing blocks for long, so a grace period
-is enforced on time while other jobs start and stop.
+``kill_process``), hears the answers of job wrappers that were starting, notices jobs that
+ended, SIGKILLs jobs whose stop grace is over, starts launches that waited for their GPUs,
+ships new log output, reports exits, sends a heartbeat when one is due and flushes the
+report outbox (in batches). Nothing blocks for long: a launch starts its wrapper and moves
+on (the wrapper's answer is awaited like any other event), so a burst of launches starts
+at once and a grace period is enforced on time while other jobs start and stop.
+
+Between passes the loop sleeps in one ``select`` (:mod:`scheduling.agent.wakeups`) until a
+message arrives, a job process ends (its pidfd), a wrapper answers, or something is due
+(heartbeat, SIGKILL deadline, log shipping, report retry): an exit is reported within
+milliseconds, and an idle agent does not poll.
 
 The message source and the report sender are injected: the CLI wires them to the broker
 (:mod:`scheduling.agent.transport`), tests to a local queue and a list.
@@ -17,6 +24,7 @@ in the ``register`` report.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import queue
@@ -90,13 +98,24 @@ from scheduling.agent.runner import (
     reserved_env_names,
     save_record,
     signal_group,
-    spawn,
+    spawn_finish,
+    spawn_start,
     write_json,
 )
+from scheduling.agent.wakeups import LoopWaiter, Wakeup
 
 logger = logging.getLogger(__name__)
 
+#: Sends one report (tests, embedding): the outbox then sends one report at a time.
 SendReport = Callable[[dict[str, Any]], None]
+#: Sends a list of reports as one message, in order.
+SendReports = Callable[[list[dict[str, Any]]], None]
+
+
+class BatchReportSender(Protocol):
+    """A report sender that can send many reports in one message (the broker's)."""
+
+    def send_batch(self, reports: list[dict[str, Any]]) -> None: ...
 
 
 @dataclass
@@ -107,7 +126,9 @@ class AgentConfig:
     work_dir: Path
     pool: str | None = None
     heartbeat_seconds: float = DEFAULT_HEARTBEAT_SECONDS
-    #: Longest wait for a message in one pass of the loop.
+    #: How often the loop looks at jobs whose exit nothing signals (no pidfd: Linux < 5.3,
+    #: and no SIGCHLD for a job adopted from a previous run), and the longest wait in a
+    #: message source that offers no descriptor to select on.
     poll_seconds: float = 0.5
     log_interval_seconds: float = LOG_INTERVAL_SECONDS
     log_chunk_bytes: int = LOG_CHUNK_BYTES
@@ -122,6 +143,10 @@ class AgentConfig:
     forget_after_seconds: float = 24 * 3600.0
     #: Messages handled per pass at most, so deadlines are enforced even under a flood.
     max_messages_per_pass: int = 100
+    #: Reports per broker message at most, and JSON bytes per message at most (a report
+    #: bigger than that goes alone).
+    max_batch_reports: int = 200
+    max_batch_bytes: int = 512 * 1024
     #: An ended job's directory is emptied (all but its state and checkpoints) this long
     #: after its exit was reported.
     workspace_grace_seconds: float = 60.0
@@ -183,15 +208,23 @@ class LocalMessage:
 
 
 class LocalMessageSource:
-    """An in-process message source (tests, and embedding without a broker)."""
+    """An in-process message source (tests, and embedding without a broker). Like the
+    broker's, it offers a descriptor (:meth:`fileno`) that is readable when a message
+    may be waiting, so the agent's loop sleeps in one select over it and its jobs."""
 
     def __init__(self) -> None:
         self._queue: queue.Queue[LocalMessage] = queue.Queue()
+        self._wakeup = Wakeup()
 
     def put(self, payload: Any) -> None:
         self._queue.put(LocalMessage(payload))
+        self._wakeup.set()
+
+    def fileno(self) -> int:
+        return self._wakeup.fileno()
 
     def get(self, timeout: float) -> LocalMessage | None:
+        self._wakeup.clear()
         try:
             if timeout <= 0:
                 return self._queue.get_nowait()
@@ -206,24 +239,41 @@ class LocalMessageSource:
 # --- outbox ---------------------------------------------------------------------------------
 
 
-class Outbox:
-    """Reports waiting to be sent, in order, retried with backoff while sending fails.
+@dataclass
+class _Queued:
+    report: dict[str, Any]
+    on_sent: Callable[[], None] | None
+    #: Its JSON size, for the per-message byte bound.
+    size: int
 
-    ``on_sent`` callbacks run once a report is out, which is when the agent records it as
-    delivered (log offset, exit reported) so nothing is lost if the agent stops first. Only
-    the newest heartbeat is kept: an old sample is worthless once a newer one exists.
+
+class Outbox:
+    """Reports waiting to be sent, in order, in batches, retried with backoff while sending
+    fails.
+
+    :meth:`flush` sends everything due as few messages as the bounds allow (at most
+    ``max_batch_reports`` reports and about ``max_batch_bytes`` of JSON each, never less
+    than one report), in order. ``on_sent`` callbacks run once the message carrying their
+    report is out, which is when the agent records it as delivered (log offset, exit
+    reported) so nothing is lost if the agent stops first; when sending fails, the whole
+    batch stays queued. Only the newest heartbeat is kept: an old sample is worthless once a
+    newer one exists.
     """
 
     def __init__(
         self,
-        send: SendReport,
+        send: SendReports,
         *,
+        max_batch_reports: int = 200,
+        max_batch_bytes: int = 512 * 1024,
         max_backoff: float = 30.0,
         max_size: int = 100_000,
         on_recovered: Callable[[], None] | None = None,
     ) -> None:
         self._send = send
-        self._items: deque[tuple[dict[str, Any], Callable[[], None] | None]] = deque()
+        self._items: deque[_Queued] = deque()
+        self._max_batch_reports = max(1, max_batch_reports)
+        self._max_batch_bytes = max_batch_bytes
         self._max_backoff = max_backoff
         self._max_size = max_size
         self._failures = 0
@@ -246,32 +296,48 @@ class Outbox:
 
     def put(self, item: dict[str, Any], on_sent: Callable[[], None] | None = None) -> None:
         if item["type"] == HEARTBEAT:
-            self._items = deque(i for i in self._items if i[0]["type"] != HEARTBEAT)
-        self._items.append((item, on_sent))
+            self._items = deque(i for i in self._items if i.report["type"] != HEARTBEAT)
+        size = len(json.dumps(item, default=str)) if self._max_batch_reports > 1 else 0
+        self._items.append(_Queued(item, on_sent, size))
         if len(self._items) > self._max_size:
-            dropped, _ = self._items.popleft()
-            logger.error("report outbox full; dropped a %s report", dropped["type"])
+            dropped = self._items.popleft()
+            logger.error("report outbox full; dropped a %s report", dropped.report["type"])
 
     def flush(self, *, force: bool = False) -> bool:
         """Send what is due, in order; True when the outbox is empty afterwards."""
         if self._items and not force and time.monotonic() < self._retry_at:
             return False
         while self._items:
-            item, on_sent = self._items[0]
+            count = self._batch_length()
+            batch = [self._items[i] for i in range(count)]
             try:
-                self._send(item)
+                self._send([queued.report for queued in batch])
             except Exception as exc:  # any broker or transport error: keep it, retry later
                 self._failed(exc)
                 return False
-            self._items.popleft()
+            for _ in range(count):
+                self._items.popleft()
             if self._failures:
                 logger.info("reports are delivered again after %d failures", self._failures)
                 self._failures = 0
                 if self._on_recovered:
                     self._on_recovered()
-            if on_sent:
-                on_sent()
+            for queued in batch:
+                if queued.on_sent:
+                    queued.on_sent()
         return True
+
+    def _batch_length(self) -> int:
+        """How many reports from the head go in the next message."""
+        count, size = 0, 0
+        for queued in self._items:
+            if count >= self._max_batch_reports:
+                break
+            if count and size + queued.size > self._max_batch_bytes:
+                break
+            count += 1
+            size += queued.size
+        return count
 
     def _failed(self, exc: Exception) -> None:
         self._failures += 1
@@ -312,7 +378,7 @@ class Agent:
         self,
         config: AgentConfig,
         backend: GpuBackend,
-        send_report: SendReport,
+        send_report: SendReport | BatchReportSender,
         messages: MessageSource | None = None,
         *,
         base_env: dict[str, str] | None = None,
@@ -322,7 +388,19 @@ class Agent:
         self.config = replace(config, work_dir=Path(config.work_dir).resolve())
         self.backend = backend
         self.messages = messages
-        self.outbox = Outbox(send_report, on_recovered=self._register)
+        self.outbox = self._make_outbox(send_report)
+        #: Where the loop sleeps between passes (messages, job exits, wrapper answers).
+        self.waiter = LoopWaiter()
+        fileno = getattr(messages, "fileno", None)
+        #: The source offers a descriptor: the loop selects on it with the jobs' pidfds.
+        #: Else (a source of another kind) the loop waits in the source, as it used to.
+        self._selectable_messages = callable(fileno)
+        if callable(fileno):
+            self.waiter.add_reader(fileno(), "messages")
+        #: The last pass stopped at max_messages_per_pass: the next one must not wait.
+        self._more_messages = False
+        #: Something the next pass must handle is known already: it must not wait.
+        self._pass_due = False
         self.gpus = backend.discover()
         self.jobs: dict[tuple[int, int], JobRecord] = {}
         self.jobs_dir = self.config.work_dir / "jobs"
@@ -334,6 +412,24 @@ class Agent:
         #: What this node enforces; decided by :meth:`start`.
         self.isolation: Isolation | None = None
 
+    def _make_outbox(self, send_report: SendReport | BatchReportSender) -> Outbox:
+        """A sender with ``send_batch`` (the broker's) gets batches; a plain callable gets
+        one report at a time, each confirmed on its own."""
+        send_batch = getattr(send_report, "send_batch", None)
+        if callable(send_batch):
+            return Outbox(
+                send_batch,
+                max_batch_reports=self.config.max_batch_reports,
+                max_batch_bytes=self.config.max_batch_bytes,
+                on_recovered=self._register,
+            )
+        send_one = send_report
+        return Outbox(
+            lambda reports: send_one(reports[0]),  # type: ignore[operator]
+            max_batch_reports=1,
+            on_recovered=self._register,
+        )
+
     # --- lifecycle ---
 
     def start(self) -> None:
@@ -344,10 +440,29 @@ class Agent:
             cgroup_root=self.config.cgroup_root, mounts_file=self.config.mounts_file
         )
         self._log_isolation(self.isolation)
+        self._watch_exits()
         self._recover()
         self._register()
         self._heartbeat()
         self.outbox.flush()
+        self._sync_watches()
+
+    def _watch_exits(self) -> None:
+        """Say how exits reach the loop: pidfds, else SIGCHLD for the jobs this agent
+        starts (and polling for adopted ones), else polling."""
+        if self.waiter.pidfds:
+            logger.debug("job exits are watched through pidfds")
+        elif self.waiter.route_sigchld():
+            logger.info(
+                "no pidfds on this kernel: exits of jobs started here wake the loop through "
+                "SIGCHLD; adopted jobs are looked at every %g s",
+                self.config.poll_seconds,
+            )
+        else:
+            logger.info(
+                "no pidfds on this kernel: job exits are looked for every %g s",
+                self.config.poll_seconds,
+            )
 
     def _prepare_work_dir(self) -> None:
         """Work dir and ``jobs/`` 0711: job accounts pass through to their workspaces but
@@ -391,8 +506,10 @@ class Agent:
             self.close()
 
     def request_stop(self, *_: Any) -> None:
-        """Ask the loop to end after the current pass (safe from a signal handler)."""
+        """Ask the loop to end after the current pass (safe from a signal handler, and
+        from another thread: the loop's wait is cut short)."""
         self._stop_requested = True
+        self.waiter.wakeup.set()
 
     def close(self) -> None:
         """Deliver what can be delivered now and release the broker and the GPU library.
@@ -407,11 +524,21 @@ class Agent:
             )
         if self.messages is not None:
             self.messages.close()
+        for record in self.jobs.values():
+            if record.starting is not None:
+                # Still starting: the wrapper goes on; the next agent adopts the job.
+                record.starting.close()
+                record.starting = None
+        self.waiter.close()
         self.backend.close()
 
     def tick(self, timeout: float | None = None) -> None:
-        """One pass of the loop; waits at most ``timeout`` seconds for messages."""
-        self._receive(self._wait_time() if timeout is None else timeout)
+        """One pass of the loop. It first waits, at most ``timeout`` seconds (default:
+        until something is due), for a message, a job's exit or a wrapper's answer."""
+        wait = self._wait_time() if timeout is None else timeout
+        self._pass_due = False
+        self._receive(wait)
+        self._check_starting()
         self._reap()
         self._enforce_deadlines()
         self._ship_logs()
@@ -420,39 +547,84 @@ class Agent:
         if time.monotonic() >= self._next_heartbeat:
             self._heartbeat()
         self.outbox.flush()
+        self._sync_watches()
 
     def _wait_time(self) -> float:
-        """How long the next pass may wait for messages without missing anything due."""
+        """How long the next pass may wait without missing anything due. Messages, exits
+        watched through pidfds (or SIGCHLD) and wrappers' answers wake the wait anyway."""
+        if self._more_messages or self._pass_due:
+            return 0.0
         exits_to_queue = any(
             r.finished and not r.exit_reported and not r.exit_queued for r in self.jobs.values()
         )
         if exits_to_queue and len(self.outbox) < self.config.log_backlog_limit:
             return 0.0  # an ended job's output is still being queued: keep going
-        now = time.time()
-        waits = [
-            self.config.poll_seconds,
-            self._next_heartbeat - time.monotonic(),
-            self.outbox.retry_in,
-        ]
-        waits += [
-            r.kill_deadline - now for r in self._running() if r.kill_deadline and not r.killed
-        ]
+        now, monotonic = time.time(), time.monotonic()
+        waits = [self._next_heartbeat - monotonic, self.outbox.retry_in]
+        for record in self._running():
+            if record.kill_deadline and not record.killed:
+                waits.append(record.kill_deadline - now)
+            if record.starting is not None:
+                waits.append(record.starting.deadline - monotonic)
+            waits.append(record.next_log_ship - monotonic)
+            if not self._exit_signalled(record):
+                waits.append(self.config.poll_seconds)
         return max(0.0, min(waits))
+
+    def _exit_signalled(self, record: JobRecord) -> bool:
+        """Whether the end of the job's process wakes the loop (else it is polled for)."""
+        if not self._selectable_messages and self.messages is not None:
+            return False  # the loop waits in the message source, not in the select
+        if self.waiter.watching_process(record.key):
+            return True
+        return self.waiter.sigchld and record.process is not None
+
+    def _sync_watches(self) -> None:
+        """Watch the process of every running job (new ones, adopted ones), forget those
+        that ended. A pidfd opened for an adopted job is checked to be the job's process:
+        its pid may name another process by now."""
+        for record in self._running():
+            if record.pid is None or self.waiter.watching_process(record.key):
+                continue
+            if not self.waiter.watch_process(record.key, record.pid):
+                continue
+            if record.process is None and not procfs.is_same_process(
+                record.pid, record.pid_start_ticks
+            ):
+                self.waiter.forget_process(record.key)
+                self._pass_due = True  # gone already: the next pass reaps it, now
+        for key in self.waiter.process_keys():
+            record = self.jobs.get(key)  # type: ignore[call-overload]
+            if record is None or not record.running:
+                self.waiter.forget_process(key)
 
     # --- messages ---
 
     def _receive(self, timeout: float) -> None:
-        if self.messages is None:
-            time.sleep(timeout)
-            return
-        message = self.messages.get(timeout)
+        message = self._next_message(timeout)
         handled = 0
         while message is not None:
             self._handle_incoming(message)
             handled += 1
             if handled >= self.config.max_messages_per_pass:
+                self._more_messages = True
                 return
+            message = self.messages.get(0) if self.messages is not None else None
+        self._more_messages = False
+
+    def _next_message(self, timeout: float) -> IncomingMessage | None:
+        """The first message of the pass, waiting for it (or for a job's exit, or a
+        wrapper's answer) at most ``timeout`` seconds."""
+        if self.messages is None:
+            self.waiter.wait(timeout)
+            return None
+        if not self._selectable_messages:
+            return self.messages.get(timeout)
+        message = self.messages.get(0)
+        if message is None and timeout > 0:
+            self.waiter.wait(timeout)
             message = self.messages.get(0)
+        return message
 
     def _handle_incoming(self, message: IncomingMessage) -> None:
         try:
@@ -640,7 +812,7 @@ class Agent:
                 base=self._job_base_env(account.switched),
             )
             cgroup, limits = self._make_cgroup(record, message)
-            spawned = spawn(
+            starting = spawn_start(
                 argv=job_argv(message),
                 env=env,
                 cwd=places["working_dir"].path,
@@ -656,11 +828,12 @@ class Agent:
             words = str(exc) if isinstance(exc, LaunchError) else f"cannot prepare the job: {exc}"
             self._fail_launch(record, words)
             return
-        record.pid = spawned.pid
-        record.pid_start_ticks = spawned.pid_start_ticks
-        record.command_pid = spawned.command_pid
-        record.started_at = time.time()
-        record.process = spawned.process
+        # The pid is kept at once: a restarted agent adopts the wrapper, never starts the
+        # job a second time. ``started`` goes when the wrapper says the command runs.
+        record.pid = starting.pid
+        record.pid_start_ticks = starting.pid_start_ticks
+        record.process = starting.process
+        record.starting = starting
         record.checkpoint_path = str(checkpoints)
         record.cgroup_path = str(cgroup) if cgroup is not None else None
         record.isolation = {
@@ -671,17 +844,67 @@ class Agent:
             "limits": limits,
         }
         self._save(record)
+        self.waiter.add_reader(starting.status_fd, record.key)
+        self.waiter.watch_process(record.key, starting.pid)
+        logger.debug(
+            "job %s attempt %s: wrapper %s started", record.job_id, record.attempt, starting.pid
+        )
+
+    def _check_starting(self) -> None:
+        """Hear the answers of the wrappers still starting: ``started`` for the jobs whose
+        command runs, ``launch_failed`` for the others (or those that did not answer within
+        ``launch_timeout_seconds``)."""
+        now = time.monotonic()
+        for record in [r for r in self.jobs.values() if r.starting is not None]:
+            starting = record.starting
+            assert starting is not None
+            status = starting.read_status()
+            if status is None and now < starting.deadline:
+                continue
+            self.waiter.remove_reader(starting.status_fd)
+            record.starting = None
+            try:
+                spawned = spawn_finish(starting, status)
+            except LaunchError as exc:
+                self._start_failed(record, str(exc))
+                continue
+            record.command_pid = spawned.command_pid
+            self._started(record)
+
+    def _start_failed(self, record: JobRecord, words: str) -> None:
+        record.process = None
+        record.pid = None
+        self.waiter.forget_process(record.key)
+        if record.cgroup_path:
+            remove_job_cgroup(Path(record.cgroup_path))
+            record.cgroup_path = None
+        if record.stop_reason is not None:  # stopped while starting: that is the outcome
+            self._finish(
+                record, None, None, f"stopped ({record.stop_reason}) before it started", None
+            )
+        else:
+            self._fail_launch(record, words)
+
+    def _started(self, record: JobRecord) -> None:
+        """The job's command runs: record it, report it, and pass on a stop that came
+        while the wrapper was starting (only now is it sure to survive the SIGTERM)."""
+        record.started_at = time.time()
+        self._save(record)
+        account = record.isolation or {}
+        cgroup = record.cgroup_path
         logger.info(
             "started job %s attempt %s as process group %s on GPUs %s, as %s (uid %s)%s",
             record.job_id,
             record.attempt,
             record.pid,
             record.gpu_indices,
-            account.name,
-            account.uid,
+            account.get("run_as"),
+            account.get("uid"),
             f" in cgroup {cgroup}" if cgroup else "",
         )
         self._send_started(record)
+        if record.stop_reason is not None:
+            self._signal(record, signal.SIGTERM)
 
     def _job_base_env(self, switched: bool) -> dict[str, str]:
         path = self.config.job_path
@@ -757,7 +980,10 @@ class Agent:
         deadline = time.time() + max(0.0, float(grace))
         if record.stop_reason is None:
             record.stop_reason = reason
-            self._signal(record, signal.SIGTERM)
+            # A wrapper still starting may not ignore SIGTERM yet; it gets it once it
+            # answers (see _started), or the SIGKILL at the deadline.
+            if record.starting is None:
+                self._signal(record, signal.SIGTERM)
             logger.info(
                 "stopping job %s attempt %s (%s), SIGKILL in %g s",
                 record.job_id,
@@ -799,6 +1025,8 @@ class Agent:
 
     def _reap(self) -> None:
         for record in self._running():
+            if record.starting is not None:
+                continue  # its answer comes first (read on the next pass), then its end
             outcome = self._exit_outcome(record)
             if outcome is None:
                 continue
@@ -823,6 +1051,8 @@ class Agent:
         if info is not None:
             exit_code, signum = info.get("exit_code"), info.get("signal")
             words = describe_exit(exit_code, signum)
+            if info.get("error"):  # the command never started (seen by a restarted agent)
+                words = f"launch failed: {info['error']}"
         elif returncode is not None:
             exit_code, signum = (None, -returncode) if returncode < 0 else (returncode, None)
             words = describe_exit(exit_code, signum)
@@ -1182,20 +1412,34 @@ class Agent:
             return []
 
     def _job_summaries(self) -> list[dict[str, Any]]:
+        """The jobs this node holds, for ``register`` and ``heartbeat``: running ones, and
+        ones that ended within ``finished_retention_seconds`` with how they ended (what
+        their ``exited`` report says), so the control side can end a job whose ``exited``
+        report it never got."""
         now = time.time()
         retention = self.config.finished_retention_seconds
-        return [
-            {
+        summaries = []
+        for r in self.jobs.values():
+            if r.pid is None:
+                continue
+            if not r.running and (r.finished_at is None or now - r.finished_at > retention):
+                continue
+            summary = {
                 "job_id": r.job_id,
                 "attempt": r.attempt,
                 "pid": r.pid,
                 "running": r.running,
                 "stop_reason": r.stop_reason,
             }
-            for r in self.jobs.values()
-            if r.pid is not None
-            and (r.running or (r.finished_at is not None and now - r.finished_at <= retention))
-        ]
+            if r.finished:
+                summary.update(
+                    exit_code=r.exit_code,
+                    signal=r.signal,
+                    finished_at=r.finished_at,
+                    message=r.message,
+                )
+            summaries.append(summary)
+        return summaries
 
     def _send_started(self, record: JobRecord) -> None:
         self.outbox.put(
@@ -1257,6 +1501,13 @@ class Agent:
                     record.attempt,
                     record.pid,
                 )
+                if record.started_at is None:
+                    # The previous agent stopped before its wrapper answered. The wrapper
+                    # is alive, so the command runs (a wrapper that cannot start it exits
+                    # at once, and is then reaped with its exit file's reason).
+                    record.started_at = time.time()
+                    self._save(record)
+                    self._send_started(record)
 
     def _running(self) -> Iterator[JobRecord]:
         return (r for r in list(self.jobs.values()) if r.running)

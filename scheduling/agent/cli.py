@@ -29,10 +29,10 @@ from pathlib import Path
 from scheduling.agent.agent import Agent, AgentConfig, AgentStartError
 from scheduling.agent.gpus import select_backend
 from scheduling.agent.protocol import (
-    CONTROL_QUEUE,
     DEFAULT_HEARTBEAT_SECONDS,
     DEFAULT_LOG_CAP_BYTES,
     DEFAULT_RETENTION_DAYS,
+    REPORTS_QUEUE,
     ProtocolError,
     validate_node_name,
 )
@@ -79,7 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
         "not say (default: %(default)g)",
     )
     parser.add_argument(
-        "--control-queue", default=CONTROL_QUEUE, help="queue for reports (default: %(default)s)"
+        "--reports-queue",
+        "--control-queue",  # its name before reports had a queue of their own
+        dest="reports_queue",
+        default=REPORTS_QUEUE,
+        help="queue for reports (default: %(default)s)",
     )
     parser.add_argument(
         "--create-accounts",
@@ -197,7 +201,7 @@ def _run(args: argparse.Namespace) -> int:
         job_path=args.job_path,
     )
     backend = select_backend(node=args.node, simulate=args.simulate)
-    sender = CeleryReportSender(args.broker, args.broker_dir, control_queue=args.control_queue)
+    sender = CeleryReportSender(args.broker, args.broker_dir, reports_queue=args.reports_queue)
     try:
         if args.once:
             return _run_once(config, backend, sender)

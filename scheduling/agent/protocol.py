@@ -67,8 +67,14 @@ serializer ``json``); see :func:`node_queue_name` and
 
 Agent → control
 ~~~~~~~~~~~~~~~
-Celery task messages: ``send_task(REPORT_TASK, args=[report], queue=CONTROL_QUEUE)``. Every
-report is a dict with ``type``, ``node``, ``sent_at`` (unix time) and:
+Celery task messages, in batches: ``send_task(REPORTS_TASK, args=[[report, ...]],
+queue=REPORTS_QUEUE)`` (the agent's ``--reports-queue``; ``--control-queue`` is its old
+name). One message carries the reports the agent had ready, in the order it made them: at
+most 200 reports and about 512 KiB of JSON (a bigger report goes alone); more go as several
+messages, in order. The control side handles a batch's reports in order, each as it would
+alone. Agents of protocol 1 before batches sent one report per message,
+``send_task(REPORT_TASK, args=[report], queue=CONTROL_QUEUE)``; the control side still
+accepts those. Every report is a dict with ``type``, ``node``, ``sent_at`` (unix time) and:
 
 ``register`` (once at agent start)
     ``pool`` str | None, ``hostname``, ``agent_version``, ``protocol_version`` int, ``cpus``,
@@ -85,12 +91,17 @@ report is a dict with ``type``, ``node``, ``sent_at`` (unix time) and:
     power_w, processes: [{pid, memory_mb}]}] (sample values are None where the GPU does
     not report them), ``jobs`` [{job_id, attempt, pid, running, stop_reason}] (the jobs
     the agent holds: running ones, and ones that ended during the last
-    :data:`FINISHED_JOB_RETENTION_SECONDS`, with ``running`` false, so the control side can
-    reconcile a lost ``exited`` report), ``zombies`` [{gpu_index, pid, memory_mb, name}],
+    :data:`FINISHED_JOB_RETENTION_SECONDS`, with ``running`` false; an ended one also has
+    ``exit_code``, ``signal``, ``finished_at`` and ``message``, as its ``exited`` report
+    says, so the control side can end a job whose ``exited`` report it lost or has not
+    handled yet; agents before this field left them out), ``zombies`` [{gpu_index, pid,
+    memory_mb, name}],
     ``kills`` [{pid, gpu_index, killed: bool, message}] (``kill_process`` outcomes since the
     previous heartbeat).
 ``started``
-    ``job_id``, ``attempt``, ``pid`` (the job's process-group leader), ``started_at``;
+    ``job_id``, ``attempt``, ``pid`` (the job's process-group leader), ``started_at`` (when
+    the wrapper said the command runs; a heartbeat may list the job, running, a moment
+    before);
     optional ``isolation``: {``run_as`` str (the account), ``uid`` int, ``gid`` int,
     ``cgroup`` str | null (its cgroup's path), ``limits`` {name: value} (the limits its
     cgroup enforces; empty without one)}.

@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import select
 import shutil
 import signal
 import stat
@@ -128,16 +127,24 @@ class JobRecord:
     #: The job's cgroup, until it is removed after the job ended.
     cgroup_path: str | None = None
 
-    # Runtime only (not persisted): the wrapper if this agent started it, the log read
-    # position (sent or queued), when to ship the log next, whether `exited` is queued,
-    # whether the truncation marker is queued.
+    # Runtime only (not persisted): the wrapper if this agent started it, the wrapper while
+    # its answer is awaited, the log read position (sent or queued), when to ship the log
+    # next, whether `exited` is queued, whether the truncation marker is queued.
     process: subprocess.Popen | None = field(default=None, repr=False, compare=False)
+    starting: Starting | None = field(default=None, repr=False, compare=False)
     log_read_offset: int = field(default=0, repr=False, compare=False)
     next_log_ship: float = field(default=0.0, repr=False, compare=False)
     exit_queued: bool = field(default=False, repr=False, compare=False)
     log_marker_queued: bool = field(default=False, repr=False, compare=False)
 
-    _RUNTIME = ("process", "log_read_offset", "next_log_ship", "exit_queued", "log_marker_queued")
+    _RUNTIME = (
+        "process",
+        "starting",
+        "log_read_offset",
+        "next_log_ship",
+        "exit_queued",
+        "log_marker_queued",
+    )
 
     @property
     def key(self) -> tuple[int, int]:
@@ -340,6 +347,52 @@ class Spawned:
     command_pid: int
 
 
+@dataclass
+class Starting:
+    """A job wrapper started but not yet heard from: it answers on ``status_fd`` (``ok
+    <pid>`` once the command runs, ``error <message>`` if it cannot start) in a few tens of
+    milliseconds. The agent watches the descriptor instead of waiting for the answer, so a
+    burst of launches starts all their wrappers at once."""
+
+    process: subprocess.Popen
+    status_fd: int
+    paths: JobPaths
+    #: time.monotonic() after which the launch is given up.
+    deadline: float
+    timeout: float
+    pid_start_ticks: int | None = None
+    buffer: bytes = b""
+    closed: bool = False
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def read_status(self) -> str | None:
+        """The wrapper's answer once it is complete: the line, "" if the wrapper closed the
+        pipe without one (it died), None while it is still to come. Never blocks."""
+        if self.closed:
+            return ""
+        while b"\n" not in self.buffer:
+            try:
+                chunk = os.read(self.status_fd, 4096)
+            except BlockingIOError:
+                return None
+            if not chunk:
+                break
+            self.buffer += chunk
+        line = self.buffer.split(b"\n", 1)[0] if b"\n" in self.buffer else b""
+        return line.decode("utf-8", "replace").strip()
+
+    def close(self) -> None:
+        """Close the status pipe and remove the environment file (the wrapper removed it
+        once read, normally)."""
+        if not self.closed:
+            self.closed = True
+            os.close(self.status_fd)
+        self.paths.env.unlink(missing_ok=True)
+
+
 def open_log(paths: JobPaths) -> int:
     """The job's log for appending (0600): the job writes through this descriptor and
     can neither reopen nor read the file. Appending, so that the agent may cut the file
@@ -347,7 +400,7 @@ def open_log(paths: JobPaths) -> int:
     return open_private(paths.log, os.O_WRONLY | os.O_APPEND)
 
 
-def spawn(
+def spawn_start(
     *,
     argv: list[str],
     env: dict[str, str],
@@ -357,19 +410,19 @@ def spawn(
     uid: int | None = None,
     gid: int | None = None,
     cgroup: Path | None = None,
-) -> Spawned:
-    """Start ``argv`` under the wrapper, in a new session, output appended to the log.
+) -> Starting:
+    """Start ``argv`` under the wrapper, in a new session, output appended to the log, and
+    return without waiting for the wrapper's answer (see :func:`spawn_finish`).
 
     The wrapper keeps the agent's rights (it writes the exit file into the agent's
     directory) and starts only the command as ``uid``/``gid``, in ``cgroup`` when given.
     The job's environment goes to it in a 0600 file, not in its own environment: a root
     process must not start with variables the user chose (``LOCPATH``, ``GCONV_PATH``...).
-    Waits (at most ``timeout`` seconds, a few tens of milliseconds normally) for the
-    wrapper to say whether the command started; raises LaunchError if it did not.
     """
     paths.exit.unlink(missing_ok=True)
     write_json(paths.env, env)
-    args = [sys.executable, "-I", str(WRAPPER_PATH), "--exit-file", str(paths.exit)]
+    # -S: no site-packages (the wrapper is standard library only; it starts faster).
+    args = [sys.executable, "-I", "-S", str(WRAPPER_PATH), "--exit-file", str(paths.exit)]
     args += ["--env-file", str(paths.env), "--cwd", str(cwd)]
     if uid is not None and gid is not None:
         args += ["--uid", str(uid), "--gid", str(gid)]
@@ -398,21 +451,31 @@ def spawn(
         raise LaunchError(f"cannot start the job wrapper: {exc}") from exc
     finally:
         os.close(write_fd)
-    try:
-        status = _read_status_line(read_fd, timeout)
-    finally:
-        os.close(read_fd)
-        paths.env.unlink(missing_ok=True)  # the wrapper removed it once read, normally
-    return _spawned(process, status, timeout)
+    os.set_blocking(read_fd, False)
+    # Read now, while the wrapper surely exists: it names this process even if the pid is
+    # recycled later, so a restarted agent adopts the job only if it is the same process.
+    stat = procfs.read_stat(process.pid)
+    return Starting(
+        process=process,
+        status_fd=read_fd,
+        paths=paths,
+        deadline=time.monotonic() + timeout,
+        timeout=timeout,
+        pid_start_ticks=stat.start_ticks if stat else None,
+    )
 
 
-def _spawned(process: subprocess.Popen, status: str | None, timeout: float) -> Spawned:
+def spawn_finish(starting: Starting, status: str | None) -> Spawned:
+    """The started job from the wrapper's answer (:meth:`Starting.read_status`; None: it
+    did not answer in time); raises LaunchError, with the wrapper ended, if it did not
+    start. Closes the status pipe."""
+    starting.close()
+    process = starting.process
     if status is not None and status.startswith("ok "):
-        stat = procfs.read_stat(process.pid)
         return Spawned(
             process=process,
             pid=process.pid,
-            pid_start_ticks=stat.start_ticks if stat else None,
+            pid_start_ticks=starting.pid_start_ticks,
             command_pid=int(status.split()[1]),
         )
     if status is not None and status.startswith("error "):
@@ -421,7 +484,7 @@ def _spawned(process: subprocess.Popen, status: str | None, timeout: float) -> S
     signal_group(process.pid, signal.SIGKILL)
     _reap(process)
     if status is None:
-        raise LaunchError(f"the job wrapper did not answer within {timeout:g} s")
+        raise LaunchError(f"the job wrapper did not answer within {starting.timeout:g} s")
     raise LaunchError(f"the job wrapper failed (exit status {process.returncode})")
 
 
@@ -430,24 +493,6 @@ def _reap(process: subprocess.Popen) -> None:
         process.wait(timeout=5)
     except subprocess.TimeoutExpired:
         logger.warning("job wrapper %s did not exit", process.pid)
-
-
-def _read_status_line(fd: int, timeout: float) -> str | None:
-    """Read one line from the wrapper's status pipe; "" at end of file, None on timeout."""
-    deadline = time.monotonic() + timeout
-    data = b""
-    while b"\n" not in data:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return None
-        ready, _, _ = select.select([fd], [], [], remaining)
-        if not ready:
-            continue
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            break
-        data += chunk
-    return data.decode("utf-8", "replace").strip()
 
 
 # --- signals and exits -----------------------------------------------------------------------
@@ -474,6 +519,12 @@ def kill_leftovers(pgid: int, start_ticks: int | None) -> int:
     of the job's session that started after the job are counted, so that a recycled id
     is never hit.
     """
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return 0  # the group is empty: the usual case, told without reading all of /proc
+    except PermissionError:
+        pass  # members the agent may not signal: looked at below
     leader = procfs.read_stat(pgid)
     if leader is not None and leader.alive and leader.start_ticks != start_ticks:
         return 0

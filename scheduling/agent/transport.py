@@ -3,37 +3,54 @@
 - :func:`broker_connection` / :func:`broker_transport_options`: the kombu connection both
   sides use, with the filesystem broker's folders set (the embedded default).
 - :func:`send_control_message`: how the control side puts a message on ``node.<name>``.
-- :class:`KombuMessageSource`: the agent's consumer of its queue, reconnecting with backoff.
-- :class:`CeleryReportSender`: the agent's sender of reports as Celery task messages.
+- :class:`KombuMessageSource`: the agent's consumer of its queue (a thread that wakes the
+  agent's loop), reconnecting with backoff.
+- :class:`CeleryReportSender`: the agent's sender of reports, in batches, as Celery task
+  messages on the ``reports`` queue.
+- :class:`AtomicFilesystemTransport`: the embedded ``filesystem://`` broker, with complete-file
+  writes and readers that wake when a message arrives (inotify) instead of sleeping a
+  polling interval, for the agents and the Celery workers alike.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
+import queue as stdqueue
+import select
+import shutil
+import struct
+import sys
+import threading
 import time
 import uuid
 from pathlib import Path
+from queue import Empty
 from typing import Any
 
 from celery import Celery
 from kombu import Connection, Exchange, Queue
 from kombu.exceptions import ChannelError
 from kombu.transport import filesystem
-from kombu.utils.encoding import str_to_bytes
-from kombu.utils.json import dumps
+from kombu.utils.encoding import bytes_to_str, str_to_bytes
+from kombu.utils.json import dumps, loads
 
 from scheduling.agent.protocol import (
-    CONTROL_QUEUE,
-    REPORT_TASK,
+    REPORTS_QUEUE,
+    REPORTS_TASK,
     node_queue_name,
     validate_control_message,
 )
+from scheduling.agent.wakeups import Wakeup
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_BROKER_URL = "filesystem://"
 DEFAULT_BROKER_DIR = "var/broker"
+#: How often a filesystem-broker reader looks at the folder when nothing told it to: the
+#: whole latency where inotify is missing (not Linux, a network filesystem), a safety net
+#: where it works (a message is then seen within milliseconds).
 FILESYSTEM_POLLING_SECONDS = 0.2
 
 
@@ -47,13 +64,96 @@ def default_broker_dir() -> str:
     return os.environ.get("SLUICE_BROKER_DIR") or DEFAULT_BROKER_DIR
 
 
+# inotify(7), through the C library: no dependency, Linux only (elsewhere: polling).
+_IN_CLOSE_WRITE = 0x00000008
+_IN_MOVED_TO = 0x00000080
+_IN_Q_OVERFLOW = 0x00004000
+_INOTIFY_EVENT = struct.Struct("iIII")  # wd, mask, cookie, len; then the name
+
+
+def _inotify_watch(folder: str) -> int | None:
+    """An inotify descriptor that reports files completed in or renamed into ``folder``,
+    or None where inotify is not available."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        init, add = libc.inotify_init1, libc.inotify_add_watch
+    except (OSError, AttributeError):
+        return None
+    add.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32)
+    fd = init(os.O_NONBLOCK | os.O_CLOEXEC)
+    if fd < 0:
+        return None
+    if add(fd, os.fsencode(folder), _IN_CLOSE_WRITE | _IN_MOVED_TO) < 0:
+        logger.debug("inotify on %s: %s", folder, os.strerror(ctypes.get_errno()))
+        os.close(fd)
+        return None
+    return fd
+
+
+class FolderChanges:
+    """What a filesystem-broker reader waits on between two looks at the folder: a message
+    file appearing (inotify), or a message being acknowledged in this process (which lets a
+    reader whose prefetch was full take the next one). Without inotify it waits out the
+    polling interval, still woken by acknowledgements."""
+
+    def __init__(self, folder: str) -> None:
+        self.inotify = _inotify_watch(folder)
+        self.acked = Wakeup()
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep until a message may be there, at most ``timeout`` seconds; True if woken."""
+        fds = [self.acked.fileno()]
+        if self.inotify is not None:
+            fds.append(self.inotify)
+        ready, _, _ = select.select(fds, [], [], max(0.0, timeout))
+        woken = False
+        if self.acked.fileno() in ready:
+            self.acked.clear()
+            woken = True
+        if self.inotify is not None and self.inotify in ready:
+            woken = self._new_messages() or woken
+        return woken
+
+    def _new_messages(self) -> bool:
+        """Read the pending events; True if one is about a message file (not a temporary
+        file being written, nor a message another reader is taking)."""
+        assert self.inotify is not None
+        found = False
+        while True:
+            try:
+                data = os.read(self.inotify, 65536)
+            except BlockingIOError:
+                return found
+            offset = 0
+            while offset + _INOTIFY_EVENT.size <= len(data):
+                _, mask, _, length = _INOTIFY_EVENT.unpack_from(data, offset)
+                name = data[offset + _INOTIFY_EVENT.size : offset + _INOTIFY_EVENT.size + length]
+                offset += _INOTIFY_EVENT.size + length
+                if mask & _IN_Q_OVERFLOW or name.rstrip(b"\0").endswith(b".msg"):
+                    found = True
+
+    def close(self) -> None:
+        if self.inotify is not None:
+            os.close(self.inotify)
+            self.inotify = None
+        self.acked.close()
+
+
 class _AtomicFilesystemChannel(filesystem.Channel):
-    """kombu's filesystem channel, but a message file appears only once it is complete.
+    """kombu's filesystem channel, but a message file appears only once it is complete,
+    and taking one costs a rename in the folder.
 
     kombu writes a message straight into its final file name, so a reader polling the
     folder can take the file while it is still empty and lose the message (a JSON decode
     error on the reader's side; seen under load). Writing a temporary name that readers
-    ignore and renaming it closes that window; reading is unchanged.
+    ignore and renaming it closes that window.
+
+    kombu reads by sorting the whole folder for each queue, and claims a file by moving it
+    to the system's temporary folder (a copy where that is another filesystem). Here the
+    folder is filtered before sorting and the claim is a rename within it: atomic, so one
+    reader wins, and cheap.
     """
 
     def _put(self, queue, payload, **kwargs):
@@ -68,9 +168,50 @@ class _AtomicFilesystemChannel(filesystem.Channel):
         except OSError as exc:
             raise ChannelError(f"Cannot add file {final!r} to directory") from exc
 
+    def _get(self, queue):
+        folder = self.data_folder_in
+        wanted = f"{queue}.msg"
+        # Oldest first: names start with the millisecond they were written.
+        names = sorted(n for n in os.listdir(folder) if n.partition(".")[2] == wanted)
+        for name in names:
+            path = os.path.join(folder, name)
+            # ".claimed" matches no queue: renamed, the message is this reader's alone.
+            claimed = f"{path}.{os.getpid()}.claimed"
+            try:
+                os.rename(path, claimed)
+            except OSError:
+                continue  # another reader took it first
+            try:
+                with open(claimed, "rb") as f:
+                    payload = f.read()
+                if self.store_processed:
+                    shutil.move(claimed, os.path.join(self.processed_folder, name))
+                else:
+                    os.remove(claimed)
+            except OSError as exc:
+                raise ChannelError(f"Cannot read file {claimed!r} from queue.") from exc
+            return loads(bytes_to_str(payload))
+        raise Empty()
+
+    def basic_ack(self, delivery_tag, multiple=False):
+        super().basic_ack(delivery_tag, multiple=multiple)
+        self.connection.message_settled()
+
+    def basic_reject(self, delivery_tag, requeue=False):
+        super().basic_reject(delivery_tag, requeue=requeue)
+        self.connection.message_settled()
+
 
 class AtomicFilesystemTransport(filesystem.Transport):
-    """The ``filesystem://`` transport with complete-file-only writes (see above).
+    """The ``filesystem://`` transport with complete-file-only writes (see above), and
+    readers that wait for the folder to change instead of sleeping.
+
+    kombu's virtual transport looks at every queue, then sleeps ``polling_interval`` when
+    none had a message: a message waits up to that long, and a Celery worker whose prefetch
+    is full sleeps it after each acknowledgement too (about 0.1 s of idle per task, ~10
+    tasks/s per worker whatever their cost). Here the sleep ends as soon as a message file
+    appears in the folder (inotify) or a message is acknowledged in this process; the
+    interval stays as the safety net.
 
     The control side should use it too (``CELERY_BROKER_TRANSPORT =
     "scheduling.agent.transport:AtomicFilesystemTransport"`` when the broker is
@@ -78,6 +219,50 @@ class AtomicFilesystemTransport(filesystem.Transport):
     """
 
     Channel = _AtomicFilesystemChannel
+
+    def __init__(self, client, **kwargs):
+        super().__init__(client, **kwargs)
+        self._changes: FolderChanges | None = None
+        self._changes_lock = threading.Lock()
+
+    def _folder_changes(self) -> FolderChanges:
+        with self._changes_lock:
+            if self._changes is None:
+                folder = self.client.transport_options.get("data_folder_in", "data_in")
+                self._changes = FolderChanges(folder)
+            return self._changes
+
+    def message_settled(self) -> None:
+        """A message was acknowledged or rejected: a reader waiting for room may go on."""
+        if self._changes is not None:
+            self._changes.acked.set()
+
+    def drain_events(self, connection, timeout=None):
+        # kombu's loop, with the sleep replaced by a wait for a change. The watch exists
+        # before the first look, so a message written in between is not missed.
+        changes = self._folder_changes()
+        started = time.monotonic()
+        while True:
+            try:
+                self.cycle.get(self._deliver, timeout=timeout)
+                return
+            except Empty:
+                elapsed = time.monotonic() - started
+                if timeout is not None and elapsed >= timeout:
+                    raise TimeoutError() from None
+                wait = self.polling_interval
+                if wait is None:
+                    continue
+                if timeout is not None:
+                    wait = min(wait, timeout - elapsed)
+                changes.wait(wait)
+
+    def close_connection(self, connection):
+        super().close_connection(connection)
+        with self._changes_lock:
+            if self._changes is not None:
+                self._changes.close()
+                self._changes = None
 
 
 def broker_transport(url: str) -> type | None:
@@ -139,9 +324,42 @@ def send_control_message(connection: Connection, node: str, message: dict[str, A
         )
 
 
+class _Received:
+    """A message handed from the consumer thread to the agent; :meth:`ack` hands it back
+    (the thread acknowledges it to the broker)."""
+
+    def __init__(self, message: Any, acks: stdqueue.Queue[Any]) -> None:
+        self.message = message
+        self._acks = acks
+
+    @property
+    def payload(self) -> Any:
+        return self.message.payload
+
+    def ack(self) -> None:
+        self._acks.put(self.message)
+
+
 class KombuMessageSource:
-    """The agent's end of ``node.<name>``: one message at a time, never blocking longer
-    than asked, reconnecting with exponential backoff (1 s … 30 s) when the broker drops."""
+    """The agent's end of ``node.<name>``: messages one at a time, never blocking longer
+    than asked, reconnecting with exponential backoff (1 s … 30 s) when the broker drops.
+
+    A consumer thread owns the broker connection and blocks in the broker's own wait; it
+    hands each message over through a queue and pokes a pipe (:meth:`fileno`) that the
+    agent's loop selects on together with its jobs' pidfds. Why a thread: kombu offers no
+    descriptor to wait on that works for every transport (the filesystem and Redis
+    transports wait inside ``drain_events``), and the agent must learn of a job's exit at
+    once, not after its broker wait. Short broker waits in the loop instead would trade
+    latency against idle CPU; the thread costs neither. Only the thread touches the
+    connection (kombu connections are not thread-safe): the agent's ``ack`` is handed back
+    to it.
+
+    Up to ``prefetch`` messages are handed over before the first is acknowledged, so that a
+    burst of launches is handled in one pass of the agent, not one message per pass. They
+    are acknowledged once handled (see the protocol); the price is that an agent that dies
+    leaves up to ``prefetch`` messages for the broker to deliver again (Redis: after its
+    visibility timeout), where one used to wait.
+    """
 
     def __init__(
         self,
@@ -150,30 +368,97 @@ class KombuMessageSource:
         broker_dir: str | os.PathLike | None = None,
         *,
         max_backoff: float = 30.0,
+        wait_seconds: float = 1.0,
+        prefetch: int = 32,
     ) -> None:
         self.url = url or default_broker_url()
         self.broker_dir = broker_dir
         self.node = node
         self._max_backoff = max_backoff
+        #: Longest broker wait of the thread (how soon it notices close()).
+        self._wait_seconds = wait_seconds
+        self._prefetch = max(1, prefetch)
+        #: Messages the agent has handled, for the thread to acknowledge.
+        self._acks: stdqueue.Queue[Any] = stdqueue.Queue()
+        #: Messages handed over and not yet acknowledged (the thread's count).
+        self._unacked = 0
         self._connection: Connection | None = None
         self._queue: Any = None
         self._failures = 0
         self._retry_at = 0.0
+        self._inbox: stdqueue.Queue[_Received] = stdqueue.Queue()
+        self._wakeup = Wakeup()
+        self._closing = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def fileno(self) -> int:
+        """Readable when a message may be waiting (then :meth:`get` it)."""
+        return self._wakeup.fileno()
 
     def get(self, timeout: float) -> Any:
-        """The next kombu message (``.payload``, ``.ack()``) or None."""
-        if not self._connected():
-            time.sleep(max(0.0, min(timeout, self._retry_at - time.monotonic())))
-            return None
+        """The next message (``.payload``, ``.ack()``) or None."""
+        self._start()
+        # Clear, then look: a message handed over meanwhile keeps the pipe readable.
+        self._wakeup.clear()
         try:
-            # A blocking get with timeout 0 only returns what is already buffered, so wait
-            # a moment to let the transport deliver the next message.
-            return self._queue.get(block=True, timeout=max(timeout, 0.001))
-        except self._queue.Empty:
+            if timeout <= 0:
+                return self._inbox.get_nowait()
+            return self._inbox.get(timeout=timeout)
+        except Empty:
             return None
-        except Exception as exc:  # connection and channel errors of any transport
-            self._lost(exc)
-            return None
+
+    def _start(self) -> None:
+        if self._thread is None and not self._closing.is_set():
+            self._thread = threading.Thread(
+                target=self._consume, name=f"sluice-agent-{self.node}-consumer", daemon=True
+            )
+            self._thread.start()
+
+    def _consume(self) -> None:
+        try:
+            while not self._closing.is_set():
+                if not self._connected():
+                    self._closing.wait(max(0.0, self._retry_at - time.monotonic()))
+                    continue
+                self._acknowledge(wait=0.0)
+                if self._unacked >= self._prefetch:
+                    self._acknowledge(wait=self._wait_seconds)  # the agent is busy
+                    continue
+                # While messages are with the agent, come back soon to acknowledge them.
+                wait = 0.01 if self._unacked else self._wait_seconds
+                try:
+                    message = self._queue.get(block=True, timeout=wait)
+                except self._queue.Empty:
+                    continue
+                except Exception as exc:  # connection and channel errors of any transport
+                    self._lost(exc)
+                    continue
+                self._unacked += 1
+                self._inbox.put(_Received(message, self._acks))
+                self._wakeup.set()
+        finally:
+            if self._queue is not None:
+                self._acknowledge(wait=0.0)
+            self._disconnect()
+
+    def _acknowledge(self, wait: float) -> None:
+        """Acknowledge what the agent has handled (waiting ``wait`` seconds for one)."""
+        try:
+            message = self._acks.get(timeout=wait) if wait > 0 else self._acks.get_nowait()
+        except Empty:
+            return
+        while True:
+            self._unacked -= 1
+            try:
+                message.ack()
+            except Exception as exc:  # broker gone: the message comes again; idempotent
+                logger.warning("cannot acknowledge a message: %s", exc)
+                self._lost(exc)
+                return
+            try:
+                message = self._acks.get_nowait()
+            except Empty:
+                return
 
     def _connected(self) -> bool:
         if self._queue is not None:
@@ -184,9 +469,7 @@ class KombuMessageSource:
             connection = broker_connection(self.url, self.broker_dir)
             connection.ensure_connection(max_retries=1)
             simple = connection.SimpleQueue(node_queue(self.node), accept=["json"])
-            # One unacknowledged message at a time: if the agent dies, at most one waits
-            # for the broker to redeliver it.
-            simple.consumer.qos(prefetch_count=1)
+            simple.consumer.qos(prefetch_count=self._prefetch)
         except Exception as exc:
             self._lost(exc)
             return False
@@ -198,13 +481,21 @@ class KombuMessageSource:
         return True
 
     def _lost(self, exc: Exception) -> None:
+        # Unacknowledged messages die with the connection (the broker delivers them
+        # again); acknowledgements still to come for them are void.
+        self._unacked = 0
+        while True:
+            try:
+                self._acks.get_nowait()
+            except Empty:
+                break
         self._failures += 1
         backoff = min(self._max_backoff, 2.0 ** (self._failures - 1))
         self._retry_at = time.monotonic() + backoff
         logger.warning("broker unavailable (%s); reconnecting in %.0f s", exc, backoff)
-        self.close()
+        self._disconnect()
 
-    def close(self) -> None:
+    def _disconnect(self) -> None:
         for closer in (self._queue, self._connection):
             if closer is not None:
                 try:
@@ -213,9 +504,21 @@ class KombuMessageSource:
                     logger.debug("error while closing the broker connection: %s", exc)
         self._queue = self._connection = None
 
+    def close(self) -> None:
+        """Stop the consumer thread (within about ``wait_seconds``) and its connection."""
+        self._closing.set()
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout=self._wait_seconds + 10.0)
+            if thread.is_alive():  # stuck in the broker: the daemon thread dies with us
+                logger.warning("the broker consumer did not stop in time")
+                return
+        self._wakeup.close()
+
 
 class CeleryReportSender:
-    """Sends reports as ``scheduling.agent_report`` Celery tasks to the control queue.
+    """Sends reports in batches: one ``scheduling.agent_reports`` Celery task message, whose
+    one argument is the list of reports, to the reports queue.
 
     The Celery app is the agent's own: no Django fix-up (which would import Django when
     ``DJANGO_SETTINGS_MODULE`` is set) and not made the current app, so it cannot disturb
@@ -228,10 +531,10 @@ class CeleryReportSender:
         url: str | None = None,
         broker_dir: str | os.PathLike | None = None,
         *,
-        control_queue: str = CONTROL_QUEUE,
+        reports_queue: str = REPORTS_QUEUE,
     ) -> None:
         url = url or default_broker_url()
-        self.control_queue = control_queue
+        self.reports_queue = reports_queue
         self.app = Celery("sluice-agent", broker=url, set_as_current=False, fixups=[])
         self.app.conf.update(
             broker_transport=broker_transport(url),
@@ -248,15 +551,19 @@ class CeleryReportSender:
         self.connection = broker_connection(url, broker_dir)
         self.connection.connect_timeout = 2.0
 
-    def __call__(self, report: dict[str, Any]) -> None:
+    def send_batch(self, reports: list[dict[str, Any]]) -> None:
+        """Publish ``reports`` (in order) as one task message."""
         self.app.send_task(
-            REPORT_TASK,
-            args=[report],
-            queue=self.control_queue,
+            REPORTS_TASK,
+            args=[reports],
+            queue=self.reports_queue,
             retry=False,
             ignore_result=True,
             connection=self.connection,
         )
+
+    def __call__(self, report: dict[str, Any]) -> None:
+        self.send_batch([report])
 
     def close(self) -> None:
         self.connection.release()

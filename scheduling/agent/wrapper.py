@@ -17,12 +17,12 @@ the command drops to the job's account: uid, gid, no supplementary groups, umask
 The wrapper survives the SIGTERM of a stop (the whole group gets it) so that it can record
 the command's answer to it; the SIGKILL after the grace period ends it with the rest of the
 group, and then the agent records the signal itself. Standard library only, and run with
-``-I`` so the job's PYTHONPATH cannot break it.
+``-I -S`` so the job's PYTHONPATH cannot break it. It starts for every job, many at once in
+a burst of launches, so it imports little (no argparse: a few milliseconds of CPU each).
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -31,6 +31,7 @@ import subprocess
 import sys
 import time
 from subprocess import SubprocessError
+from types import SimpleNamespace
 
 #: Exit status of the wrapper when the command could not be started (as a shell does).
 CANNOT_START = 127
@@ -84,25 +85,53 @@ def _ignore(signum: int, frame: object) -> None:
     """Outlive the stop signals sent to the group: the command decides how to answer."""
 
 
-def _parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="sluice-job-wrapper")
-    parser.add_argument("--exit-file", required=True)
-    parser.add_argument("--status-fd", type=int, required=True)
-    parser.add_argument("--cwd", default=None)
-    parser.add_argument("--env-file", required=True)
-    parser.add_argument("--uid", type=int, default=None)
-    parser.add_argument("--gid", type=int, default=None)
-    parser.add_argument("--cgroup", default=None)
-    parser.add_argument("command", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
-    if args.command[:1] == ["--"]:
-        args.command = args.command[1:]
-    if not args.command:
-        parser.error("no command given")
-    return args
+#: The wrapper's options: name → converter. Only the agent calls it, always with ``--``
+#: before the command.
+_OPTIONS = {
+    "--exit-file": str,
+    "--status-fd": int,
+    "--cwd": str,
+    "--env-file": str,
+    "--uid": int,
+    "--gid": int,
+    "--cgroup": str,
+}
+_REQUIRED = ("--exit-file", "--status-fd", "--env-file")
 
 
-def _prepare(args: argparse.Namespace) -> tuple[dict[str, str] | None, str]:
+class UsageError(Exception):
+    """The wrapper was called wrongly (exit status 2, as argparse would)."""
+
+
+def _parse(argv: list[str]) -> SimpleNamespace:
+    values: dict[str, object] = {}
+    position = 0
+    while position < len(argv) and argv[position] != "--":
+        name, _, inline = argv[position].partition("=")
+        if name not in _OPTIONS:
+            raise UsageError(f"unknown option {argv[position]!r}")
+        if inline or "=" in argv[position]:
+            raw, position = inline, position + 1
+        elif position + 1 < len(argv):
+            raw, position = argv[position + 1], position + 2
+        else:
+            raise UsageError(f"{name} needs a value")
+        try:
+            values[name] = _OPTIONS[name](raw)
+        except ValueError:
+            raise UsageError(f"{name}: invalid value {raw!r}") from None
+    missing = [name for name in _REQUIRED if name not in values]
+    if missing:
+        raise UsageError(f"missing {', '.join(missing)}")
+    command = argv[position + 1 :]
+    if not command:
+        raise UsageError("no command given")
+    return SimpleNamespace(
+        command=command, **{name[2:].replace("-", "_"): values.get(name) for name in _OPTIONS}
+    )
+
+
+def _prepare(args: SimpleNamespace) -> tuple[dict[str, str] | None, str]:
     """The job's environment, with the wrapper in the job's cgroup; or None and why not."""
     try:
         env = read_env_file(args.env_file)
@@ -116,7 +145,7 @@ def _prepare(args: argparse.Namespace) -> tuple[dict[str, str] | None, str]:
     return env, ""
 
 
-def _start(args: argparse.Namespace, env: dict[str, str]) -> subprocess.Popen:
+def _start(args: SimpleNamespace, env: dict[str, str]) -> subprocess.Popen:
     account = {}
     if args.uid is not None:
         account = {"user": args.uid, "group": args.gid, "extra_groups": []}
@@ -133,7 +162,11 @@ def _start(args: argparse.Namespace, env: dict[str, str]) -> subprocess.Popen:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command, report its pid, wait, record how it ended; return its status."""
-    args = _parse(sys.argv[1:] if argv is None else argv)
+    try:
+        args = _parse(sys.argv[1:] if argv is None else argv)
+    except UsageError as exc:
+        print(f"sluice-job-wrapper: {exc}", file=sys.stderr)
+        return 2
     # A Python handler (unlike SIG_IGN) is reset to the default when the child execs.
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, _ignore)
@@ -162,4 +195,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    # Gone at once: the agent learns of the exit when this process ends (its pidfd), and
+    # the interpreter's own clean-up costs tens of milliseconds for nothing (the exit file
+    # is on disk, the status pipe closed).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

@@ -53,10 +53,10 @@ def test_output_is_shipped_while_the_job_runs(make_agent, tmp_path):
 def test_outbox_keeps_order_and_retries_after_failures():
     sent, failing = [], [True]
 
-    def send(report):
+    def send(reports):  # the outbox sends batches (lists), see test_agent_batches.py
         if failing[0]:
             raise ConnectionError("down")
-        sent.append(report["n"])
+        sent.extend(report["n"] for report in reports)
 
     recovered = []
     outbox = Outbox(send, on_recovered=lambda: recovered.append(True))

@@ -15,20 +15,29 @@ import pytest
 from scheduling.agent import procfs
 from scheduling.agent.agent import Agent, AgentConfig
 from scheduling.agent.gpus import SimulatedBackend
-from scheduling.agent.protocol import REPORT_TASK, launch_message, stop_message, validate_report
+from scheduling.agent.protocol import (
+    REPORTS_QUEUE,
+    REPORTS_TASK,
+    launch_message,
+    stop_message,
+    validate_report,
+)
 from scheduling.agent.transport import (
     CeleryReportSender,
     KombuMessageSource,
     broker_connection,
     send_control_message,
 )
-from tests.scheduling.agent.helpers import ACCOUNT_A, PYTHON
+from tests.scheduling.agent.helpers import ACCOUNT_A, PYTHON, wait_until
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def read_reports(url, broker_dir, queue_name, *, until=None, timeout=15.0, agent=None):
-    """Celery task messages on ``queue_name``, unwrapped to reports (ticking ``agent``)."""
+def read_reports(
+    url, broker_dir, queue_name, *, until=None, timeout=15.0, agent=None, batches=None
+):
+    """Celery task messages on ``queue_name``, unwrapped to reports (ticking ``agent``);
+    each message's list of reports is also appended to ``batches`` when given."""
     reports = []
     deadline = time.monotonic() + timeout
     with broker_connection(url, broker_dir) as connection:
@@ -43,9 +52,13 @@ def read_reports(url, broker_dir, queue_name, *, until=None, timeout=15.0, agent
                     if until is None:
                         break
                     continue
-                assert message.headers["task"] == REPORT_TASK
+                assert message.headers["task"] == REPORTS_TASK
                 args, kwargs, _ = message.payload
-                reports.append(validate_report(args[0]))
+                assert len(args) == 1 and isinstance(args[0], list) and not kwargs
+                batch = [validate_report(report) for report in args[0]]
+                reports.extend(batch)
+                if batches is not None:
+                    batches.append(batch)
                 message.ack()
                 if until is not None and until(reports):
                     return reports
@@ -63,8 +76,8 @@ def of_type(reports, kind):
 def test_agent_over_kombu_memory_transport(tmp_path):
     url = "memory://"
     node = f"mem-{uuid.uuid4().hex[:8]}"
-    control = f"control-{node}"  # the memory broker is shared by the whole test process
-    sender = CeleryReportSender(url, control_queue=control)
+    control = f"reports-{node}"  # the memory broker is shared by the whole test process
+    sender = CeleryReportSender(url, reports_queue=control)
     agent = Agent(
         AgentConfig(
             node=node,
@@ -142,7 +155,7 @@ def test_once_over_the_filesystem_broker_without_django(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert not (tmp_path / "control").exists()  # exchange tables stay in the broker folder
 
-    reports = read_reports("filesystem://", tmp_path / "broker", "control")
+    reports = read_reports("filesystem://", tmp_path / "broker", REPORTS_QUEUE)
     assert [r["type"] for r in reports] == ["register", "heartbeat"]
     register, heartbeat = reports
     assert register["node"] == "fs-node" and register["pool"] == "general"
@@ -168,7 +181,7 @@ def test_agent_never_sets_django_up(tmp_path, django_settings):
         m == "django" or m.startswith("django.utils.") or m == "django.utils" for m in django
     )
     assert "django.conf" not in modules and not any(m.startswith("portal") for m in modules)
-    assert len(read_reports("filesystem://", tmp_path / "broker", "control")) == 2
+    assert len(read_reports("filesystem://", tmp_path / "broker", REPORTS_QUEUE)) == 2
 
 
 def test_agent_process_runs_jobs_and_leaves_them_running_on_sigterm(tmp_path):
@@ -216,7 +229,7 @@ def test_agent_process_runs_jobs_and_leaves_them_running_on_sigterm(tmp_path):
         reports = read_reports(
             "filesystem://",
             broker_dir,
-            "control",
+            REPORTS_QUEUE,
             timeout=30,
             # Reports are not ordered across jobs or even within one (the filesystem broker
             # orders by millisecond, control workers run in parallel): wait for all.
@@ -279,13 +292,16 @@ def test_filesystem_messages_appear_only_when_complete(tmp_path, monkeypatch):
 
 def test_message_source_survives_an_unreachable_broker(caplog):
     # Nothing listens on this port: the source backs off instead of raising or blocking.
-    source = KombuMessageSource("n1", "redis://127.0.0.1:1/0")
+    # The consumer thread owns the connection; get() never waits longer than asked.
+    source = KombuMessageSource("n1", "redis://127.0.0.1:1/0", wait_seconds=0.2)
     began = time.monotonic()
     assert source.get(0.2) is None
-    assert source.get(0.2) is None
-    assert time.monotonic() - began < 10
-    assert "broker unavailable" in caplog.text
+    assert source.get(0) is None
+    assert time.monotonic() - began < 2
+    wait_until(lambda: "broker unavailable" in caplog.text, timeout=10)
+    began = time.monotonic()
     source.close()
+    assert time.monotonic() - began < 5  # close() ends the thread even while it backs off
 
 
 def test_sender_raises_when_the_broker_is_unreachable():
