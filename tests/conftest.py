@@ -125,6 +125,17 @@ def api():
     return make
 
 
+@pytest.fixture(autouse=True)
+def _fresh_dispatch_cache():
+    """The dispatch leader keeps the waiting jobs between cycles (pending_cache); each
+    test's rolled-back database reuses ids, so each test starts with an empty copy."""
+    from scheduling.services.dispatch import LEADER_CACHE
+
+    LEADER_CACHE.clear()
+    yield
+    LEADER_CACHE.clear()
+
+
 @pytest.fixture
 def outbox():
     """Messages sent to node agents during the test, as (node name, message)."""

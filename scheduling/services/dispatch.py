@@ -33,17 +33,16 @@ from ..models import (
     JobEvent,
     Node,
     PoolEstimates,
-    PriorityClass,
     Queue,
     Quota,
     ResourcePool,
     TenantUsage,
     WorkloadPolicy,
 )
-from ..runtime_prediction import expected_runtimes
 from .enqueue import dispatch_on_commit
 from .lifecycle import jobs_transition_bulk
 from .messaging import send_node_messages
+from .pending_cache import PendingCache, PendingRow, pool_positions
 from .pending_ranks import ranks_after
 from .sql import rows_update
 from .stopping import job_stop
@@ -57,6 +56,8 @@ log = logging.getLogger(__name__)
 # restart) only makes the next cycle compute reservations afresh.
 RESERVATIONS_KEY = "sluice:dispatch:reservations"
 _LEADER_LOCK_KEY = 0x51_1CE_D15
+#: The waiting jobs as the dispatch leader last read them (see pending_cache).
+LEADER_CACHE = PendingCache()
 
 
 @contextlib.contextmanager
@@ -86,21 +87,6 @@ def _epoch(value: datetime | None) -> float:
 
 def _from_epoch(value: float | None) -> datetime | None:
     return datetime.fromtimestamp(value, tz=UTC) if value is not None else None
-
-
-@dataclass(slots=True)
-class PendingRow:
-    """What a cycle reads of a waiting job besides the engine's record of it: plain
-    values (no model object per waiting job), and what the last cycle wrote for it."""
-
-    id: int
-    name: str
-    project_id: int
-    pool_id: int
-    tenant: str
-    priority: int
-    rank: float | None
-    reason: tuple[str, str]  # code, message
 
 
 @dataclass
@@ -172,17 +158,13 @@ def _remember_reservations(plan: engine.Plan) -> None:
     cache.set(RESERVATIONS_KEY, reservations, timeout=3600)
 
 
-def _previous_reservation(entry) -> dict:
-    """``PendingJob`` fields from a remembered reservation (also one from before claims
-    were remembered: two fields)."""
+def _previous_reservation(entry) -> tuple[tuple[int, ...], float | None, tuple[int, ...]]:
+    """``PendingJob``'s reserved GPUs, reserved start and claimed GPUs from a remembered
+    reservation (also one from before claims were remembered: two fields)."""
     if not entry:
-        return {}
+        return (), None, ()
     gpu_ids, start, *rest = entry
-    return {
-        "reserved_gpu_ids": tuple(gpu_ids),
-        "reserved_start": start,
-        "claimed_gpu_ids": tuple(rest[0]) if rest else (),
-    }
+    return tuple(gpu_ids), start, tuple(rest[0]) if rest else ()
 
 
 def order_settings() -> dict:
@@ -196,8 +178,12 @@ def order_settings() -> dict:
     }
 
 
-def load_snapshot(now: datetime, *, update_usage: bool = True) -> Loaded:
-    """Read everything the engine needs in a handful of queries."""
+def load_snapshot(
+    now: datetime, *, update_usage: bool = True, pending_cache: PendingCache | None = None
+) -> Loaded:
+    """Read everything the engine needs in a handful of queries. The dispatch loop passes
+    its ``PendingCache`` (waiting jobs read whole only when new or changed); other callers
+    read them afresh."""
     policies = {
         p.workload_type: p for p in WorkloadPolicy.objects.prefetch_related("allowed_pools")
     }
@@ -285,7 +271,17 @@ def load_snapshot(now: datetime, *, update_usage: bool = True) -> Loaded:
             )
         )
 
-    pending_rows, pending = _load_pending(policies)
+    pending_rows, pending = (pending_cache or PendingCache()).load(policies)
+    previous = pool_positions(pending_rows)
+    reservations = cache.get(RESERVATIONS_KEY) or {}
+    for job in pending:
+        # Last cycle's pool position: a job that overtakes another one does not wait for
+        # that one's held reservation (engine/reservations.py). The records are the
+        # cache's own, kept between cycles: what changes every cycle is set every cycle.
+        job.previous_position = previous.get(job.id, 0)
+        (job.reserved_gpu_ids, job.reserved_start, job.claimed_gpu_ids) = _previous_reservation(
+            reservations.get(job.id)
+        )
     usage = _update_usage(now, in_use) if update_usage else {}
     snapshot = engine.Snapshot(
         now=now.timestamp(),
@@ -306,121 +302,6 @@ def load_snapshot(now: datetime, *, update_usage: bool = True) -> Loaded:
         node_names=node_names,
         policies=policies,
     )
-
-
-_PENDING_COLUMNS = (
-    "id",
-    "name",
-    "state",
-    "tenant_id",
-    "project_id",
-    "queue_id",
-    "workload_type",
-    "priority_class_id",
-    "submitted_by_id",
-    "gpus_per_node",
-    "nodes",
-    "gpu_models",
-    "min_gpu_memory_mb",
-    "submitted_at",
-    "max_runtime_seconds",
-    "pending_rank",
-    "pending_reason_code",
-    "pending_reason_message",
-)
-
-
-def _load_pending(
-    policies: dict[str, WorkloadPolicy],
-) -> tuple[dict[int, PendingRow], list[engine.PendingJob]]:
-    """The waiting jobs as the engine's records, read as plain rows in one query (plus one
-    per small table): no model object per waiting job."""
-    from tenants.models import Project, Tenant
-
-    tenants = dict(Tenant.objects.values_list("id", "slug"))
-    projects = dict(Project.objects.values_list("id", "slug"))
-    pools = {
-        q: (pool_id, name)
-        for q, pool_id, name in Queue.objects.values_list("id", "pool_id", "pool__name")
-    }
-    classes = {c.id: c for c in PriorityClass.objects.all()}
-    rows = list(
-        Job.objects.filter(state__in=[JobState.PENDING, JobState.HELD])
-        .order_by()
-        .values_list(*_PENDING_COLUMNS)
-    )
-    predictions = expected_runtimes((row[0], row[4], row[6], row[8], row[14]) for row in rows)
-    previous = _pool_positions(rows, pools)
-    reservations = cache.get(RESERVATIONS_KEY) or {}
-    loaded: dict[int, PendingRow] = {}
-    pending: list[engine.PendingJob] = []
-    for (
-        job_id,
-        name,
-        state,
-        tenant_id,
-        project_id,
-        queue_id,
-        workload_type,
-        class_id,
-        _submitter,
-        gpus_per_node,
-        nodes,
-        gpu_models,
-        min_memory,
-        submitted_at,
-        max_runtime,
-        rank,
-        code,
-        message,
-    ) in rows:
-        policy = policies.get(workload_type)
-        klass = classes[class_id]
-        tenant = tenants[tenant_id]
-        expected = predictions.get(job_id)
-        pool_id, pool = pools[queue_id]
-        loaded[job_id] = PendingRow(
-            job_id, name, project_id, pool_id, tenant, klass.value, rank, (code, message)
-        )
-        pending.append(
-            engine.PendingJob(
-                id=job_id,
-                tenant=tenant,
-                project=projects[project_id],
-                queue_id=queue_id,
-                pool=pool,
-                workload_type=workload_type,
-                priority=klass.value,
-                priority_class=klass.name,
-                preemptible=klass.preemptible and (policy.preemptible if policy else True),
-                can_preempt=klass.can_preempt,
-                gpus_per_node=gpus_per_node,
-                nodes=nodes,
-                gpu_models=tuple(gpu_models or ()),
-                min_gpu_memory_mb=min_memory,
-                submitted_at=_epoch(submitted_at),
-                max_runtime_seconds=max_runtime,
-                held=state == JobState.HELD,
-                expected_runtime_seconds=expected if expected is not None else 0.0,
-                max_wait_seconds=float(policy.max_wait_seconds) if policy else 0.0,
-                # Last cycle's pool position: a job that overtakes another one does not
-                # wait for that one's held reservation (engine/reservations.py).
-                previous_position=previous.get(job_id, 0),
-                **_previous_reservation(reservations.get(job_id)),
-            )
-        )
-    return loaded, pending
-
-
-def _pool_positions(rows: list[tuple], pools: dict[int, tuple[int, str]]) -> dict[int, int]:
-    """Each ranked job's pool position in the last cycle's order (from the sort keys)."""
-    ranked = sorted((row[15], row[0], pools[row[5]][0]) for row in rows if row[15] is not None)
-    counts: dict[int, int] = defaultdict(int)
-    positions = {}
-    for _, job_id, pool in ranked:
-        counts[pool] += 1
-        positions[job_id] = counts[pool]
-    return positions
 
 
 def launch_messages(
@@ -673,7 +554,11 @@ def dispatch_cycle(now: datetime | None = None) -> dict:
     with transaction.atomic(), _leader_lock() as leader:
         if not leader:
             return {"skipped": True}
-        loaded = load_snapshot(now)
+        try:
+            loaded = load_snapshot(now, pending_cache=LEADER_CACHE)
+        except Exception:
+            LEADER_CACHE.clear()
+            raise
         t_loaded = time.perf_counter()
         plan = engine.plan(loaded.snapshot)
         t_planned = time.perf_counter()
@@ -690,6 +575,7 @@ def dispatch_cycle(now: datetime | None = None) -> dict:
         "placed": len(plan.placements),
         "preempted": len(plan.preemptions),
         "pending_updated": updated,
+        "pending_read_whole": LEADER_CACHE.whole_reads,
         "load_ms": round((t_loaded - started) * 1000, 1),
         "plan_ms": round((t_planned - t_loaded) * 1000, 1),
         "apply_ms": round((finished - t_planned) * 1000, 1),

@@ -324,13 +324,9 @@ def test_reclaimed_gpus_go_to_the_reclaimer_not_back_to_the_requeued_victim(
 
 
 def test_remembered_reservations_from_before_claims_still_load():
-    assert dispatch._previous_reservation(None) == {}
-    assert dispatch._previous_reservation(([1, 2], 10.0)) == {
-        "reserved_gpu_ids": (1, 2),
-        "reserved_start": 10.0,
-        "claimed_gpu_ids": (),
-    }
-    assert dispatch._previous_reservation(([1, 2], 10.0, [2]))["claimed_gpu_ids"] == (2,)
+    assert dispatch._previous_reservation(None) == ((), None, ())
+    assert dispatch._previous_reservation(([1, 2], 10.0)) == ((1, 2), 10.0, ())
+    assert dispatch._previous_reservation(([1, 2], 10.0, [2]))[2] == (2,)
 
 
 def test_a_node_marked_down_while_the_cycle_plans_gets_no_job(world, monkeypatch):
