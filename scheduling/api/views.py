@@ -1,7 +1,12 @@
 from django.db.models import F, Prefetch
 from django.http import Http404
 from django_filters import rest_framework as filters
-from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    PolymorphicProxySerializer,
+    extend_schema,
+)
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -15,7 +20,7 @@ from tenants.selectors import projects_visible_to, tenant_get, tenants_visible_t
 from .. import selectors
 from ..choices import RaiseState
 from ..models import Allocation, Job, PriorityClass, PriorityRaise
-from ..services import config, jobs, notifications, raises
+from ..services import config, idempotency, jobs, notifications, raises
 from ..services.jobs import JobSpec, Lookups
 from . import serializers as s
 
@@ -202,6 +207,25 @@ def spec_from_input(user, data: dict, lookups: Lookups | None = None) -> JobSpec
     return JobSpec(project=project, queue=queue, priority_class=priority, **data)
 
 
+IDEMPOTENCY_KEY_PARAMETER = OpenApiParameter(
+    name=idempotency.HEADER,
+    type=str,
+    location=OpenApiParameter.HEADER,
+    required=False,
+    description=(
+        "Makes a retry safe: a second request by the same user with the same key (1 to 255 "
+        "printable ASCII characters) and the same body creates nothing and answers the first "
+        "answer again (same status and body) with the header `Idempotent-Replayed: true`. "
+        "The same key with another body, or on the other submission endpoint, is refused "
+        "(422). Keys are per user and kept 24 hours; only a successful submission is kept, "
+        "so a refused one may be retried with its key."
+    ),
+)
+IDEMPOTENCY_KEY_REUSED = OpenApiResponse(
+    description="The Idempotency-Key was used for another request (another body or endpoint)."
+)
+
+
 class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """Jobs: submit (one, bulk or array), list and filter, cancel, hold, release, timeline."""
 
@@ -227,41 +251,67 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         except Http404:
             raise NotFoundError("Job not found.") from None
 
+    def _idempotent(self, request, endpoint: str, submit) -> Response:
+        """Answer a submission once per Idempotency-Key (scheduling.services.idempotency)."""
+        key = idempotency.idempotency_key_parse(request.headers.get(idempotency.HEADER))
+        answer = idempotency.job_submit_idempotent(
+            user=request.user,
+            key=key,
+            endpoint=endpoint,
+            data=request.data if key is not None else None,
+            submit=lambda: submit(request),
+        )
+        response = Response(answer.body, status=answer.status_code)
+        if answer.replayed:
+            response[idempotency.REPLAYED_HEADER] = "true"
+        return response
+
     @extend_schema(
         request=s.JobSubmitSerializer,
+        parameters=[IDEMPOTENCY_KEY_PARAMETER],
         responses={
             201: PolymorphicProxySerializer(
                 component_name="JobSubmitted",
                 serializers=[s.JobSerializer, s.JobSubmitResultSerializer],
                 resource_type_field_name=None,
                 many=False,
-            )
+            ),
+            422: IDEMPOTENCY_KEY_REUSED,
         },
         description="Submit one job; with `array` set, that many jobs and the answer lists their ids.",
     )
     def create(self, request):
+        return self._idempotent(request, "jobs.create", self._create)
+
+    def _create(self, request) -> idempotency.Answer:
         data = dict(validated(s.JobSubmitSerializer, request.data))
         spec = spec_from_input(request.user, data)
         if spec.array:
             created = jobs.job_submit_bulk(user=request.user, specs=[spec])
-            return Response(
+            return idempotency.Answer(
+                status.HTTP_201_CREATED,
                 {
                     "count": len(created),
                     "ids": [j.pk for j in created],
                     "array_id": created[0].array_id,
                 },
-                status=status.HTTP_201_CREATED,
             )
         job = jobs.job_submit(user=request.user, spec=spec)
-        return Response(
-            self.get_serializer(self.get_queryset().get(pk=job.pk)).data,
-            status=status.HTTP_201_CREATED,
+        return idempotency.Answer(
+            status.HTTP_201_CREATED, self.get_serializer(self.get_queryset().get(pk=job.pk)).data
         )
 
-    @extend_schema(request=s.JobBulkSerializer, responses={201: s.JobSubmitResultSerializer})
+    @extend_schema(
+        request=s.JobBulkSerializer,
+        parameters=[IDEMPOTENCY_KEY_PARAMETER],
+        responses={201: s.JobSubmitResultSerializer, 422: IDEMPOTENCY_KEY_REUSED},
+    )
     @action(detail=False, methods=["post"])
     def bulk(self, request):
         """Submit a list of jobs (or arrays) all-or-nothing: one bad spec and none is stored."""
+        return self._idempotent(request, "jobs.bulk", self._bulk)
+
+    def _bulk(self, request) -> idempotency.Answer:
         payload = request.data if isinstance(request.data, dict) else {"jobs": request.data}
         data = validated(s.JobBulkSerializer, payload)
         specs = []
@@ -277,8 +327,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
                     errors={f"jobs[{i}].{k}": v for k, v in exc.errors.items()},
                 ) from None
         created = jobs.job_submit_bulk(user=request.user, specs=specs)
-        return Response(
-            {"count": len(created), "ids": [j.pk for j in created]}, status=status.HTTP_201_CREATED
+        return idempotency.Answer(
+            status.HTTP_201_CREATED, {"count": len(created), "ids": [j.pk for j in created]}
         )
 
     def _step(self, request, service):
