@@ -1,16 +1,20 @@
 """``Idempotency-Key`` on ``POST /api/v1/jobs`` and ``POST /api/v1/jobs/bulk``: a retry
 with the same key answers the first answer again and creates nothing."""
 
+import threading
+import time
 from datetime import timedelta
 
 import pytest
 from django.core.cache import cache
+from django.db import connection
 from django.utils import timezone
 from freezegun import freeze_time
 
 from scheduling.models import IdempotencyKey, Job
 from scheduling.services import idempotency
 from scheduling.services.idempotency import idempotency_keys_expire
+from scheduling.services.jobs import job_submit
 
 CREATE, BULK = "/api/v1/jobs", "/api/v1/jobs/bulk"
 
@@ -190,3 +194,55 @@ def test_the_schema_documents_the_header(world, api):
         names = [p["name"] for p in operation["parameters"] if p["in"] == "header"]
         assert "Idempotency-Key" in names
         assert "422" in operation["responses"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_requests_with_one_key_create_once_on_postgresql(world):
+    """Real concurrency: the second request's claim of the key waits on the first's
+    transaction, then finds the key taken and replays the first answer."""
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite serialises writers; this needs PostgreSQL (the CI suite runs it)")
+    barrier = threading.Barrier(2)
+    answers: list = []
+    errors: list = []
+
+    def submit_slowly():
+        job = job_submit(user=world.member, spec=_spec(world))
+        time.sleep(0.5)  # the other request arrives meanwhile
+        return idempotency.Answer(201, {"id": job.pk})
+
+    def request():
+        try:
+            barrier.wait()
+            answers.append(
+                idempotency.job_submit_idempotent(
+                    user=world.member, key="race", endpoint="jobs.create", data={"a": 1},
+                    submit=submit_slowly,
+                )
+            )  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=request) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not errors, errors
+    assert Job.objects.count() == 1
+    assert sorted(a.replayed for a in answers) == [False, True]
+    assert answers[0].body == answers[1].body == {"id": Job.objects.get().pk}
+
+
+def _spec(world):
+    from scheduling.services.jobs import JobSpec
+
+    return JobSpec(
+        project=world.project,
+        queue=world.queue,
+        name="race",
+        workload_type="training",
+        command=["python", "train.py"],
+    )
