@@ -42,7 +42,7 @@ from ..models import (
 from .enqueue import dispatch_on_commit
 from .lifecycle import jobs_transition_bulk
 from .messaging import send_node_messages
-from .pending_cache import PendingCache, PendingRow, pool_positions
+from .pending_cache import PendingCache, PendingRow
 from .pending_ranks import ranks_after
 from .sql import rows_update
 from .stopping import job_stop
@@ -147,6 +147,10 @@ def _preemptors_of_stopping(jobs) -> dict[int, int]:
         if isinstance(data, dict) and data.get("preemptor"):
             preemptors[job_id] = int(data["preemptor"])
     return preemptors
+
+
+def _remember_positions(plan: engine.Plan) -> None:
+    LEADER_CACHE.positions = {job_id: info.pool_position for job_id, info in plan.pending.items()}
 
 
 def _remember_reservations(plan: engine.Plan) -> None:
@@ -271,8 +275,9 @@ def load_snapshot(
             )
         )
 
-    pending_rows, pending = (pending_cache or PendingCache()).load(policies)
-    previous = pool_positions(pending_rows)
+    pending_cache = pending_cache or PendingCache()
+    pending_rows, pending = pending_cache.load(policies)
+    previous = pending_cache.previous_positions(pending_rows)
     reservations = cache.get(RESERVATIONS_KEY) or {}
     for job in pending:
         # Last cycle's pool position: a job that overtakes another one does not wait for
@@ -567,6 +572,7 @@ def dispatch_cycle(now: datetime | None = None) -> dict:
         updated = _apply_pending(plan, loaded, now)
         transaction.on_commit(lambda: send_node_messages(messages))
         transaction.on_commit(lambda: _remember_reservations(plan))
+        transaction.on_commit(lambda: _remember_positions(plan))
     finished = time.perf_counter()
     stats = {
         "skipped": False,

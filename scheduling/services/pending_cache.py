@@ -24,6 +24,9 @@ from ..models import Job, PriorityClass, Queue, WorkloadPolicy
 from ..runtime_prediction import expected_runtimes
 
 FULL_RELOAD_SECONDS = 60.0
+#: Runtime predictions (one query over the submitters' histories and a pass over every
+#: waiting job) are refreshed this often; a new job gets its prediction at once.
+EXPECTED_REFRESH_SECONDS = 10.0
 _WAITING = [JobState.PENDING, JobState.HELD]
 # What decides whether a cached job is still right; with the sort key last.
 _NARROW = (
@@ -88,11 +91,15 @@ class PendingCache:
         self._entries: dict[int, _Entry] = {}
         self._fingerprint: tuple = ()
         self._loaded_at = 0.0
+        self._expected_at = 0.0
         self.whole_reads = 0  # jobs read whole by the last load (for the cycle's figures)
+        #: Pool positions of the last committed cycle's plan (see ``positions``).
+        self.positions: dict[int, int] = {}
 
     def clear(self) -> None:
         self._entries.clear()
         self._fingerprint = ()
+        self.positions = {}
 
     def load(
         self, policies: dict[str, WorkloadPolicy]
@@ -137,6 +144,7 @@ class PendingCache:
         waiting = {row[0] for row in narrow}
         for job_id in [j for j in entries if j not in waiting]:
             del entries[job_id]
+        fresh = set(wanted)
         rows: dict[int, PendingRow] = {}
         pending: list[engine.PendingJob] = []
         for row in narrow:
@@ -146,11 +154,20 @@ class PendingCache:
             entry.row.rank = row[-1]
             rows[row[0]] = entry.row
             pending.append(entry.job)
-        self._refresh_expected(rows)
+        if time.monotonic() - self._expected_at > EXPECTED_REFRESH_SECONDS:
+            self._expected_at = time.monotonic()
+            self._refresh_expected(rows)
+        elif fresh:
+            self._refresh_expected({job_id: rows[job_id] for job_id in fresh if job_id in rows})
         return rows, pending
 
+    def previous_positions(self, rows: dict[int, PendingRow]) -> dict[int, int]:
+        """Each waiting job's pool position in the last cycle: the last committed plan's
+        (kept by ``positions``), else counted from the sort keys."""
+        return self.positions or pool_positions(rows)
+
     def _refresh_expected(self, rows: dict[int, PendingRow]) -> None:
-        """Runtime predictions move as jobs finish: recomputed every cycle (one query)."""
+        """Runtime predictions move as jobs finish (one query for the given jobs)."""
         entries = self._entries
         expected = expected_runtimes(
             (
