@@ -443,6 +443,7 @@ class Agent:
         self._watch_exits()
         self._recover()
         self._register()
+        self._confirm_adopted_starts()
         self._heartbeat()
         self.outbox.flush()
         self._sync_watches()
@@ -526,8 +527,9 @@ class Agent:
             self.messages.close()
         for record in self.jobs.values():
             if record.starting is not None:
-                # Still starting: the wrapper goes on; the next agent adopts the job.
-                record.starting.close()
+                # Still starting: the wrapper goes on (it removes its environment file once
+                # read); the next agent adopts the job.
+                record.starting.close(keep_env=True)
                 record.starting = None
         self.waiter.close()
         self.backend.close()
@@ -1501,13 +1503,18 @@ class Agent:
                     record.attempt,
                     record.pid,
                 )
-                if record.started_at is None:
-                    # The previous agent stopped before its wrapper answered. The wrapper
-                    # is alive, so the command runs (a wrapper that cannot start it exits
-                    # at once, and is then reaped with its exit file's reason).
-                    record.started_at = time.time()
-                    self._save(record)
-                    self._send_started(record)
+
+    def _confirm_adopted_starts(self) -> None:
+        """Jobs whose previous agent stopped before their wrapper answered: a wrapper still
+        alive runs the command (one that cannot start it exits at once, and is then reaped
+        with its exit file's reason), so its ``started`` goes now, after ``register``."""
+        for record in self._running():
+            if record.started_at is None and procfs.is_same_process(
+                record.pid, record.pid_start_ticks
+            ):
+                record.started_at = time.time()
+                self._save(record)
+                self._send_started(record)
 
     def _running(self) -> Iterator[JobRecord]:
         return (r for r in list(self.jobs.values()) if r.running)

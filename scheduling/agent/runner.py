@@ -384,13 +384,14 @@ class Starting:
         line = self.buffer.split(b"\n", 1)[0] if b"\n" in self.buffer else b""
         return line.decode("utf-8", "replace").strip()
 
-    def close(self) -> None:
+    def close(self, *, keep_env: bool = False) -> None:
         """Close the status pipe and remove the environment file (the wrapper removed it
-        once read, normally)."""
+        once read, normally), unless ``keep_env``: the wrapper may not have read it yet."""
         if not self.closed:
             self.closed = True
             os.close(self.status_fd)
-        self.paths.env.unlink(missing_ok=True)
+        if not keep_env:
+            self.paths.env.unlink(missing_ok=True)
 
 
 def open_log(paths: JobPaths) -> int:

@@ -1,11 +1,12 @@
 """Heartbeats: GPU samples, the jobs the agent holds, zombie GPU processes, kill_process."""
 
+import signal
 import subprocess
 import time
 
 from scheduling.agent.gpus import GpuInfo, GpuSample
 from scheduling.agent.protocol import kill_process_message, validate_report
-from tests.scheduling.agent.helpers import PYTHON, launch, python_job, stop
+from tests.scheduling.agent.helpers import PYTHON, launch, python_job, stop, wait_until
 
 
 class FakeNvml:
@@ -65,8 +66,37 @@ def test_heartbeats_are_sent_on_schedule_with_samples_and_jobs(make_agent):
     h.send(stop(1, grace_seconds=1))
     h.wait_report("exited", 1)
     h.wait_for(lambda: h.of_type("heartbeat")[-1]["gpus"][1]["processes"] == [])
-    # An ended job stays in the heartbeat for a while, not running, so a lost exit shows.
-    assert h.of_type("heartbeat")[-1]["jobs"][0]["running"] is False
+    # An ended job stays in the heartbeat for a while, not running, with how it ended (as
+    # its exited report says), so a lost exit shows and can be settled from the heartbeat.
+    exited = h.of_type("exited", 1)[0]
+    summary = h.of_type("heartbeat")[-1]["jobs"][0]
+    assert summary == {
+        "job_id": 1,
+        "attempt": 1,
+        "pid": started["pid"],
+        "running": False,
+        "stop_reason": "cancelled",
+        "exit_code": exited["exit_code"],
+        "signal": exited["signal"],
+        "finished_at": exited["finished_at"],
+        "message": exited["message"],
+    }
+    assert summary["signal"] == signal.SIGTERM and "stopped (cancelled)" in summary["message"]
+
+
+def test_finished_jobs_leave_the_summaries_after_their_retention(make_agent):
+    h = make_agent(finished_retention_seconds=0.5)
+    h.send(launch(1, python_job("raise SystemExit(3)")))
+    h.wait_report("exited", 1)
+    h.agent._heartbeat()
+    h.agent.outbox.flush()
+    (summary,) = h.of_type("heartbeat")[-1]["jobs"]
+    assert (summary["running"], summary["exit_code"], summary["signal"]) == (False, 3, None)
+    assert summary["stop_reason"] is None and summary["message"] == "exited with code 3"
+    wait_until(lambda: time.time() - h.agent.jobs[(1, 1)].finished_at > 0.5)
+    h.agent._heartbeat()
+    h.agent.outbox.flush()
+    assert h.of_type("heartbeat")[-1]["jobs"] == []
 
 
 def test_register_describes_the_node(make_agent):
