@@ -520,10 +520,6 @@ def _apply_pending(plan: engine.Plan, loaded: Loaded, now: datetime) -> int:
     return len(ranks.keys() | {row[0] for row in retold})
 
 
-#: The estimates this process last wrote, by pool id: an unchanged pool is not rewritten.
-_written_estimates: dict[int, dict[str, int | None]] = {}
-
-
 def _write_estimates(plan: engine.Plan, loaded: Loaded, now: datetime) -> None:
     """One row per pool: ``{job id: estimated start}`` of its waiting jobs, to the second."""
     by_pool: dict[int, dict[str, int | None]] = {pool_id: {} for pool_id in loaded.pool_ids}
@@ -536,7 +532,7 @@ def _write_estimates(plan: engine.Plan, loaded: Loaded, now: datetime) -> None:
     changed = [
         PoolEstimates(pool_id=pool_id, computed_at=now, starts=starts)
         for pool_id, starts in by_pool.items()
-        if _written_estimates.get(pool_id) != starts
+        if LEADER_CACHE.estimates.get(pool_id) != starts
     ]
     if changed:
         PoolEstimates.objects.bulk_create(
@@ -547,7 +543,7 @@ def _write_estimates(plan: engine.Plan, loaded: Loaded, now: datetime) -> None:
         )
         # Known as written once the cycle commits (a rollback leaves the rows as they were).
         transaction.on_commit(
-            lambda: _written_estimates.update({e.pool_id: e.starts for e in changed})
+            lambda: LEADER_CACHE.estimates.update({e.pool_id: e.starts for e in changed})
         )
 
 

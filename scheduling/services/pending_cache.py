@@ -93,13 +93,16 @@ class PendingCache:
         self._loaded_at = 0.0
         self._expected_at = 0.0
         self.whole_reads = 0  # jobs read whole by the last load (for the cycle's figures)
-        #: Pool positions of the last committed cycle's plan (see ``positions``).
+        #: Pool positions of the last committed cycle's plan (see ``previous_positions``).
         self.positions: dict[int, int] = {}
+        #: The estimates last written, by pool id: an unchanged pool is not rewritten.
+        self.estimates: dict[int, dict[str, int | None]] = {}
 
     def clear(self) -> None:
         self._entries.clear()
         self._fingerprint = ()
         self.positions = {}
+        self.estimates = {}
 
     def load(
         self, policies: dict[str, WorkloadPolicy]
