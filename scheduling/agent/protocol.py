@@ -122,12 +122,14 @@ Delivery is at least once: after an agent restart or a broker outage a report ma
 twice, so the control side must treat every report idempotently (``log`` by offset,
 ``exited`` by a conditional state update). Order is not guaranteed either: the agent sends
 a job's reports in order (``started``, ``log``…, ``exited``) and a stopped job's ``exited``
-before the ``started`` of the job that waited for its GPUs, but the filesystem broker
-orders messages only to the millisecond and control workers run in parallel, so an
-``exited`` may be handled before its ``started`` or its last ``log`` chunks. Messages to
-the agent are acknowledged only after they have been handled, and handling them twice is
-harmless: a repeated ``launch`` is answered with ``started`` (running) or ``exited``
-(ended), a repeated ``stop`` with nothing (stopping) or ``exited`` (ended).
+before the ``started`` of the job that waited for its GPUs, in order within a batch and
+batch after batch (the filesystem broker keeps the order one process wrote its messages
+in), but control workers run batches in parallel, so an ``exited`` may be handled before
+its ``started`` or its last ``log`` chunks when they went in different batches. Messages
+to the agent are acknowledged only after they have been handled (up to 32 are handed to
+the agent's loop at a time), and handling them twice is harmless: a repeated ``launch`` is
+answered with ``started`` (running) or ``exited`` (ended), a repeated ``stop`` with nothing
+(stopping) or ``exited`` (ended).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import ctypes
+import itertools
 import logging
 import os
 import queue as stdqueue
@@ -141,6 +142,9 @@ class FolderChanges:
         self.acked.close()
 
 
+_SEQUENCE = itertools.count()
+
+
 class _AtomicFilesystemChannel(filesystem.Channel):
     """kombu's filesystem channel, but a message file appears only once it is complete,
     and taking one costs a rename in the folder.
@@ -157,7 +161,11 @@ class _AtomicFilesystemChannel(filesystem.Channel):
     """
 
     def _put(self, queue, payload, **kwargs):
-        name = f"{round(time.monotonic() * 1000)}_{uuid.uuid4()}.{queue}.msg"
+        # Readers take the files in name order: the millisecond (zero-padded, so that the
+        # order holds when the number grows a digit), then this process's sequence number,
+        # so that messages one process writes within a millisecond keep their order too.
+        name = f"{round(time.monotonic() * 1000):013d}_{next(_SEQUENCE):09d}_{uuid.uuid4()}"
+        name = f"{name}.{queue}.msg"
         final = os.path.join(self.data_folder_out, name)
         # Readers pick files named "<anything>.<queue>.msg"; ".tmp" never matches.
         tmp = f"{final}.tmp"
