@@ -155,8 +155,10 @@ def test_once_over_the_filesystem_broker_without_django(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert not (tmp_path / "control").exists()  # exchange tables stay in the broker folder
 
-    reports = read_reports("filesystem://", tmp_path / "broker", REPORTS_QUEUE)
+    batches = []
+    reports = read_reports("filesystem://", tmp_path / "broker", REPORTS_QUEUE, batches=batches)
     assert [r["type"] for r in reports] == ["register", "heartbeat"]
+    assert len(batches) == 1  # both in one message
     register, heartbeat = reports
     assert register["node"] == "fs-node" and register["pool"] == "general"
     # The agent says what it enforces (validated by read_reports).
