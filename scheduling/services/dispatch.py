@@ -501,7 +501,9 @@ def _apply_preemptions(plan: engine.Plan, loaded: Loaded) -> None:
         )
 
 
-def _apply_pending(plan: engine.Plan, loaded: Loaded, now: datetime) -> int:
+def _apply_pending(
+    plan: engine.Plan, loaded: Loaded, now: datetime, pending_cache: PendingCache | None = None
+) -> int:
     """Write what changed of the waiting jobs' standing: the sort keys whose relative order
     changed (scheduling.services.pending_ranks), the reasons that changed, and each pool's
     estimates in one row (scheduling.positions); returns the number of job rows written.
@@ -516,6 +518,9 @@ def _apply_pending(plan: engine.Plan, loaded: Loaded, now: datetime) -> int:
             retold.append((job_id, *new))
     rows_update(Job, ["pending_rank"], list(ranks.items()))
     rows_update(Job, ["pending_reason_code", "pending_reason_message"], retold)
+    if pending_cache is not None:
+        for job_id, code, message in retold:
+            pending_cache.retold(job_id, code, message)
     _write_estimates(plan, loaded, now)
     return len(ranks.keys() | {row[0] for row in retold})
 
@@ -552,23 +557,24 @@ def dispatch_cycle(now: datetime | None = None) -> dict:
     started = time.perf_counter()
     now = now or timezone.now()
     messages: list[tuple[str, dict]] = []
-    with transaction.atomic(), _leader_lock() as leader:
-        if not leader:
-            return {"skipped": True}
-        try:
+    try:
+        with transaction.atomic(), _leader_lock() as leader:
+            if not leader:
+                return {"skipped": True}
             loaded = load_snapshot(now, pending_cache=LEADER_CACHE)
-        except Exception:
-            LEADER_CACHE.clear()
-            raise
-        t_loaded = time.perf_counter()
-        plan = engine.plan(loaded.snapshot)
-        t_planned = time.perf_counter()
-        messages = _apply_placements(plan, loaded, now)
-        _apply_preemptions(plan, loaded)
-        updated = _apply_pending(plan, loaded, now)
-        transaction.on_commit(lambda: send_node_messages(messages))
-        transaction.on_commit(lambda: _remember_reservations(plan))
-        transaction.on_commit(lambda: _remember_positions(plan))
+            t_loaded = time.perf_counter()
+            plan = engine.plan(loaded.snapshot)
+            t_planned = time.perf_counter()
+            messages = _apply_placements(plan, loaded, now)
+            _apply_preemptions(plan, loaded)
+            updated = _apply_pending(plan, loaded, now, LEADER_CACHE)
+            transaction.on_commit(lambda: send_node_messages(messages))
+            transaction.on_commit(lambda: _remember_reservations(plan))
+            transaction.on_commit(lambda: _remember_positions(plan))
+    except Exception:
+        # The leader's copy follows this cycle's writes, which were rolled back.
+        LEADER_CACHE.clear()
+        raise
     finished = time.perf_counter()
     stats = {
         "skipped": False,

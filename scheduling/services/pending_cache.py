@@ -164,6 +164,15 @@ class PendingCache:
             self._refresh_expected({job_id: rows[job_id] for job_id in fresh if job_id in rows})
         return rows, pending
 
+    def retold(self, job_id: int, code: str, message: str) -> None:
+        """The cycle wrote this reason: the copy follows, so that the next cycle does not
+        take its own write for a change. (A cycle that fails clears the whole copy.)"""
+        entry = self._entries.get(job_id)
+        if entry is not None:
+            entry.row.reason = (code, message)
+            state, class_id, requeue_count, _, max_runtime = entry.key
+            entry.key = (state, class_id, requeue_count, code, max_runtime)
+
     def previous_positions(self, rows: dict[int, PendingRow]) -> dict[int, int]:
         """Each waiting job's pool position in the last cycle: the last committed plan's
         (kept by ``positions``), else counted from the sort keys."""
