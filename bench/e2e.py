@@ -73,6 +73,21 @@ CLIENTS = 20
 PENDING_KEPT = 1000
 POLL_SECONDS = 0.2
 IDLE_POLL_SECONDS = 0.02
+#: What the summary table shows of each figure's JSON line, besides its value.
+TABLE_DETAILS = (
+    "seconds",
+    "max",
+    "admitted_median",
+    "ratio_to_drain_bulk",
+    "complete",
+    "failed",
+    "submit_p50",
+    "submit_p95",
+    "list_p99",
+    "submit_rate",
+    "errors",
+    "post_errors",
+)
 #: Targets of issue 21 (DESIGN §11) on a 2-core machine.
 DRAIN_TARGET = {"postgres+redis": 55.0, "embedded": 20.0}
 
@@ -473,12 +488,30 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 @dataclass
+class Drain:
+    """How a drain went: seconds from the first submission, jobs ended, all of them or not."""
+
+    seconds: float
+    ended: int
+    complete: bool
+
+    @property
+    def rate(self) -> float:
+        return self.ended / self.seconds
+
+    def fields(self) -> dict:
+        extra = {} if self.complete else {"complete": False, "ended": self.ended}
+        return {"seconds": round(self.seconds, 2), **extra}
+
+
+@dataclass
 class Bench:
     cluster: Cluster
     api: Api
     world: dict
     jobs: int
     clients_seconds: float
+    drain_timeout: float | None = None
     results: list[dict] = field(default_factory=list)
 
     @property
@@ -517,22 +550,54 @@ class Bench:
     def ended(self, project: str) -> int:
         return self.api.count(project=self.world["projects"][project], state=list(END_STATES))
 
-    def wait_drained(self, project: str, expected: int, timeout: float) -> float:
-        """Polls until ``expected`` jobs of the project ended; returns the monotonic time seen."""
+    def wait_drained(self, project: str, expected: int, t0: float, jobs: int) -> Drain:
+        """Polls until ``expected`` jobs of the project ended, or the drain timeout for
+        ``jobs`` passed: then the jobs left are cancelled and the drain is incomplete."""
+        timeout = self.drain_timeout or 120 + jobs / 2
         deadline = time.monotonic() + timeout
         last_check = 0.0
         while True:
+            ended = self.ended(project)
             now = time.monotonic()
-            if self.ended(project) >= expected:
-                return time.monotonic()
+            if ended >= expected:
+                return Drain(now - t0, ended, complete=True)
             if now > deadline:
-                raise BenchError(
-                    f"{project}: {self.ended(project)}/{expected} jobs ended after {timeout:.0f} s"
-                )
+                log(f"{project}: {ended}/{expected} jobs ended after {timeout:.0f} s: cancelling")
+                self.cancel_active(project)
+                return Drain(now - t0, ended, complete=False)
             if now - last_check > 5:
                 self.cluster.check_alive()
                 last_check = now
             time.sleep(POLL_SECONDS)
+
+    def cancel_active(self, project: str) -> None:
+        """Cancel the project's jobs not ended (from 8 threads), so the next figure starts idle."""
+        ids: list[int] = []
+        page = self.api.get(
+            "jobs/", project=self.world["projects"][project], state=list(ACTIVE_STATES)
+        )
+        while True:
+            ids += [job["id"] for job in page["results"]]
+            if not page.get("next"):
+                break
+            page = self.api.session.get(page["next"], timeout=60).json()
+        todo = iter(ids)
+        lock = threading.Lock()
+
+        def canceller() -> None:
+            while True:
+                with lock:
+                    job = next(todo, None)
+                if job is None:
+                    return
+                with contextlib.suppress(Exception):
+                    self.api.post(f"jobs/{job}/cancel", {"reason": "drain timed out"})
+
+        threads = [threading.Thread(target=canceller) for _ in range(SINGLE_THREADS)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
 
     def wait_idle(self, timeout: float = 300) -> None:
         deadline = time.monotonic() + timeout
@@ -548,15 +613,12 @@ class Bench:
             state=[s for s in END_STATES if s != "SUCCEEDED"],
         )
 
-    def drain_timeout(self, jobs: int) -> float:
-        return 120 + jobs / 2  # 2 jobs/s at the very least, before calling it stuck
-
     # figures
 
     def warmup(self) -> None:
         spec = _spec(self.world, "warmup", ["true"])
         self.api.post("jobs/bulk", {"jobs": [spec] * 8})
-        self.wait_drained("warmup", 8, 120)
+        self.wait_drained("warmup", 8, time.monotonic(), 8)
         self.wait_idle()
 
     def idle_start(self) -> None:
@@ -614,28 +676,26 @@ class Bench:
                 how="job timestamps: started_at (agent) − submitted_at",
             )
 
-    def drain_bulk(self) -> float:
+    def drain_bulk(self) -> float | None:
         self.wait_idle()
         specs = [_spec(self.world, "bulk", ["true"])] * self.jobs
         t0 = time.monotonic()
         self.api.post("jobs/bulk", {"jobs": specs})
         posted = time.monotonic() - t0
-        t1 = self.wait_drained("bulk", self.jobs, self.drain_timeout(self.jobs))
-        seconds = t1 - t0
-        rate = self.jobs / seconds
+        drain = self.wait_drained("bulk", self.jobs, t0, self.jobs)
         target = DRAIN_TARGET[self.backend]
         self.emit(
             "drain_bulk",
-            rate,
+            drain.rate,
             "jobs/s",
             f"≥ {target:g}",
-            rate >= target,
+            drain.rate >= target,
             jobs=self.jobs,
-            seconds=round(seconds, 2),
+            **drain.fields(),
             submit_seconds=round(posted, 2),
             failed=self.failed("bulk"),
         )
-        return seconds
+        return drain.seconds if drain.complete else None
 
     def drain_single(self) -> None:
         self.wait_idle()
@@ -662,17 +722,16 @@ class Bench:
             thread.join()
         posted = time.monotonic() - t0
         submitted = self.jobs - len(errors)
-        t1 = self.wait_drained("single", submitted, self.drain_timeout(self.jobs))
-        rate = submitted / (t1 - t0)
+        drain = self.wait_drained("single", submitted, t0, self.jobs)
         target = DRAIN_TARGET[self.backend]
         self.emit(
             "drain_single",
-            rate,
+            drain.rate,
             "jobs/s",
             f"≥ {target:g}",
-            rate >= target,
+            drain.rate >= target,
             jobs=submitted,
-            seconds=round(t1 - t0, 2),
+            **drain.fields(),
             post_errors=len(errors),
             failed=self.failed("single"),
             clients=SINGLE_THREADS,
@@ -707,7 +766,7 @@ class Bench:
             seconds=round(seconds, 2),
             clients=1,
         )
-        self.wait_drained("seq", SEQ_POSTS, self.drain_timeout(SEQ_POSTS))
+        self.wait_drained("seq", SEQ_POSTS, t0, SEQ_POSTS)
 
     def drain_big(self, one_batch_seconds: float | None) -> None:
         self.wait_idle()
@@ -717,17 +776,16 @@ class Bench:
         for _ in range(10):
             self.api.post("jobs/bulk", {"jobs": specs})
         posted = time.monotonic() - t0
-        t1 = self.wait_drained("big", total, self.drain_timeout(total))
-        seconds = t1 - t0
-        ratio = seconds / one_batch_seconds if one_batch_seconds else None
+        drain = self.wait_drained("big", total, t0, total)
+        ratio = drain.seconds / one_batch_seconds if one_batch_seconds and drain.complete else None
         self.emit(
             "drain_10k",
-            total / seconds,
+            drain.rate,
             "jobs/s",
             "time ≤ 12× drain_bulk's",
             ratio <= 12 if ratio is not None else None,
             jobs=total,
-            seconds=round(seconds, 2),
+            **drain.fields(),
             ratio_to_drain_bulk=round(ratio, 2) if ratio is not None else None,
             submit_seconds=round(posted, 2),
             bulk_requests=10,
@@ -804,11 +862,31 @@ class Bench:
             self.api.post(f"jobs/{blocker['id']}/cancel", {"reason": "benchmark over"})
 
     def table(self) -> str:
-        rows = [("figure", "value", "unit", "target", "meets"), *[("---",) * 5]]
+        rows = [("figure", "value", "unit", "target", "meets", "details"), ("---",) * 6]
         for r in self.results:
             meets = {True: "yes", False: "NO", None: "-"}[r["meets_target"]]
-            rows.append((r["figure"], f"{r['value']:g}", r["unit"], r["target"], meets))
+            details = ", ".join(f"{k} {r[k]}" for k in TABLE_DETAILS if r.get(k) is not None)
+            rows.append((r["figure"], f"{r['value']:g}", r["unit"], r["target"], meets, details))
         return "\n".join("| " + " | ".join(row) + " |" for row in rows)
+
+
+def _revision() -> str:
+    """The commit measured, and whether the working tree differs from it."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return "commit unknown"
+    if not head:
+        return "commit unknown"
+    return f"commit {head}" + (" + uncommitted changes" if dirty else "")
 
 
 def main() -> int:
@@ -820,6 +898,13 @@ def main() -> int:
     parser.add_argument("--big", action="store_true", help="also drain 10 × --jobs (minutes)")
     parser.add_argument("--skip", action="append", default=[], choices=FIGURES, metavar="FIGURE")
     parser.add_argument("--clients-seconds", type=float, default=60.0)
+    parser.add_argument(
+        "--drain-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="give up a drain after this long (default 120 s + 0.5 s a job): its figure is "
+        "then the jobs ended so far per second, marked incomplete, and the rest are cancelled",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temp folder (logs)")
     parser.add_argument("--postgres", default="postgres://postgres@127.0.0.1:5432")
     parser.add_argument("--redis", default="redis://127.0.0.1:6379")
@@ -845,7 +930,7 @@ def main() -> int:
         world = cluster.seed()
         cluster.start()
         api = Api(cluster.url, world.pop("token"))
-        bench = Bench(cluster, api, world, args.jobs, args.clients_seconds)
+        bench = Bench(cluster, api, world, args.jobs, args.clients_seconds, args.drain_timeout)
         bench.wait_nodes()
         log(f"{NODES} nodes registered at {cluster.url}; warming up")
         bench.warmup()
@@ -864,7 +949,10 @@ def main() -> int:
                 bench.drain_big(one_batch)
             elif figure == "clients_60s":
                 bench.clients()
-        print(f"\nSluice end to end, {backend.name}, {os.cpu_count()} CPUs, {time.ctime()}")
+        print(
+            f"\nSluice end to end, {backend.name}, {_revision()}, {os.cpu_count()} CPUs, "
+            f"{time.strftime('%Y-%m-%d %H:%M')}"
+        )
         print(bench.table(), flush=True)
         status = 0
     except KeyboardInterrupt:
