@@ -233,7 +233,7 @@ class LocalMessageSource:
             return None
 
     def close(self) -> None:
-        pass
+        self._wakeup.close()
 
 
 # --- outbox ---------------------------------------------------------------------------------
@@ -707,11 +707,11 @@ class Agent:
 
     def _answer_duplicate_launch(self, record: JobRecord) -> None:
         """A launch seen before: repeat the answer, in case the first one was lost."""
-        if record.running:
+        if record.running and record.starting is None:
             self._send_started(record)
         elif record.finished and record.exit_reported:
             self._send_exited(record)
-        # Waiting, or ended with its report still queued: the answer is on its way.
+        # Waiting, starting, or ended with its report still queued: the answer is on its way.
 
     def _gpu_problem(self, message: dict[str, Any]) -> str | None:
         """Why the launch's GPUs do not match this node, or None if they do."""
@@ -1422,8 +1422,8 @@ class Agent:
         retention = self.config.finished_retention_seconds
         summaries = []
         for r in self.jobs.values():
-            if r.pid is None:
-                continue
+            if r.pid is None or r.starting is not None:
+                continue  # waiting, or its wrapper has not said yet that the command runs
             if not r.running and (r.finished_at is None or now - r.finished_at > retention):
                 continue
             summary = {

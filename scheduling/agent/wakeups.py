@@ -107,7 +107,7 @@ class LoopWaiter:
         self._readers: dict[int, Hashable] = {}
         self.pidfds = pidfds_supported()
         self.sigchld = False
-        self._previous_wakeup_fd: int | None = None
+        self._closed = False
 
     # --- processes ---
 
@@ -188,6 +188,9 @@ class LoopWaiter:
             self._selector.unregister(fd)
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         for key in list(self._processes):
             self.forget_process(key)
         for fd in list(self._readers):

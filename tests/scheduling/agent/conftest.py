@@ -97,3 +97,5 @@ def make_agent(tmp_path: Path) -> Iterator[Callable[..., Harness]]:
                 signal_group(record.pid, signal.SIGKILL)
             if record.process is not None:
                 record.process.wait(timeout=5)
+        # Its descriptors (wake-up pipes, pidfds, the selector), and SIGCHLD if it took it.
+        harness.agent.close()

@@ -179,3 +179,21 @@ def test_an_agent_stopped_before_the_wrapper_answered_never_starts_the_job_twice
     assert second.agent.jobs[(1, 1)].pid == pid
     trigger.write_text("0")
     assert second.wait_report("exited", 1)["exit_code"] == 0
+
+
+def test_a_repeated_launch_while_the_wrapper_starts_is_answered_once_it_runs(make_agent):
+    h = make_agent()
+    message = launch(1, python_job("import time; time.sleep(60)"))
+    h.send(message)
+    h.send(message)
+    h.agent._receive(0)  # both handled; the wrapper's answer is not read yet
+    assert not h.of_type("started", 1)  # nothing said before the wrapper answered
+    h.agent._heartbeat()  # nor listed as running yet
+    h.agent.outbox.flush()
+    assert h.of_type("heartbeat")[-1]["jobs"] == []
+    started = h.wait_report("started", 1)
+    for _ in range(5):
+        h.agent.tick(0.02)
+    assert h.of_type("started", 1) == [started]
+    h.send(stop(1, grace_seconds=1))
+    h.wait_report("exited", 1)
