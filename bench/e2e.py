@@ -593,7 +593,7 @@ class Bench:
                 with contextlib.suppress(Exception):
                     self.api.post(f"jobs/{job}/cancel", {"reason": "drain timed out"})
 
-        threads = [threading.Thread(target=canceller) for _ in range(SINGLE_THREADS)]
+        threads = [threading.Thread(target=canceller, daemon=True) for _ in range(SINGLE_THREADS)]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -714,7 +714,7 @@ class Bench:
                 except Exception as exc:
                     errors.append(str(exc)[:200])
 
-        threads = [threading.Thread(target=client) for _ in range(SINGLE_THREADS)]
+        threads = [threading.Thread(target=client, daemon=True) for _ in range(SINGLE_THREADS)]
         t0 = time.monotonic()
         for thread in threads:
             thread.start()
@@ -827,7 +827,7 @@ class Bench:
                         continue
                     (submit_s if kind == "submit" else list_s).append(time.monotonic() - t)
 
-        threads = [threading.Thread(target=client) for _ in range(CLIENTS)]
+        threads = [threading.Thread(target=client, daemon=True) for _ in range(CLIENTS)]
         t0 = time.monotonic()
         for thread in threads:
             thread.start()
@@ -918,7 +918,10 @@ def main() -> int:
     def interrupted(signum, frame):
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, interrupted)
+    # Also when started with SIGINT ignored (a background job of a script): Ctrl-C, kill
+    # and a closed terminal all stop what it started.
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, interrupted)
     backend = choose_backend(args.backend, args.postgres.rstrip("/"), args.redis.rstrip("/"))
     tmp = Path(tempfile.mkdtemp(prefix="sluice-e2e-", dir="/var/tmp"))
     tmp.chmod(0o711)  # job accounts reach their directories under var/agent/
@@ -962,6 +965,8 @@ def main() -> int:
         log(f"FAILED: {exc}")
         print(cluster.log_tails(), file=sys.stderr)
     finally:
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_IGN)  # let the clean-up finish
         log("stopping the cluster")
         cluster.stop()
         try:
