@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import secrets
 import shutil
@@ -480,8 +481,8 @@ def _spec(world: dict, project: str, command: list[str], **extra) -> dict:
 def _percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
+    ordered = sorted(values)  # nearest rank
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
 
 
 # --- the run --------------------------------------------------------------------------------
