@@ -143,6 +143,10 @@ class AgentConfig:
     forget_after_seconds: float = 24 * 3600.0
     #: Messages handled per pass at most, so deadlines are enforced even under a flood.
     max_messages_per_pass: int = 100
+    #: Seconds a pass spends taking messages at most (at least one is taken): in a burst
+    #: of launches, the first jobs' ``started`` (and any exit) go out while the rest are
+    #: started, and the next pass goes on without waiting.
+    max_receive_seconds: float = 0.1
     #: Reports per broker message at most, and JSON bytes per message at most (a report
     #: bigger than that goes alone).
     max_batch_reports: int = 200
@@ -605,10 +609,11 @@ class Agent:
     def _receive(self, timeout: float) -> None:
         message = self._next_message(timeout)
         handled = 0
+        until = time.monotonic() + self.config.max_receive_seconds
         while message is not None:
             self._handle_incoming(message)
             handled += 1
-            if handled >= self.config.max_messages_per_pass:
+            if handled >= self.config.max_messages_per_pass or time.monotonic() >= until:
                 self._more_messages = True
                 return
             message = self.messages.get(0) if self.messages is not None else None

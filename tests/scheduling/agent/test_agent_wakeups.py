@@ -131,7 +131,7 @@ def test_a_burst_of_launches_starts_every_wrapper_before_waiting_for_any(make_ag
 
     monkeypatch.setattr(agent_module, "spawn_start", spawn_start)
     monkeypatch.setattr(agent_module, "spawn_finish", spawn_finish)
-    h = make_agent(spec="32xH100-80GB")
+    h = make_agent(spec="32xH100-80GB", max_receive_seconds=60)
     for job_id in range(1, 33):
         h.send(launch(job_id, python_job("import time; time.sleep(30)"), gpu_indices=[job_id - 1]))
     h.agent.tick(0)  # one pass takes them all
@@ -197,3 +197,19 @@ def test_a_repeated_launch_while_the_wrapper_starts_is_answered_once_it_runs(mak
     assert h.of_type("started", 1) == [started]
     h.send(stop(1, grace_seconds=1))
     h.wait_report("exited", 1)
+
+
+def test_a_long_burst_is_taken_over_passes_that_do_not_wait(make_agent):
+    h = make_agent(max_receive_seconds=0)  # one message per pass, then the rest of it
+    for job_id in range(1, 4):
+        h.send(stop_message(job_id=job_id, attempt=1, reason="lost"))
+    h.agent.tick(0)
+    assert len(h.of_type("exited")) == 1  # answered and sent in the same pass
+    assert h.agent._wait_time() == 0  # more is waiting: the next pass comes at once
+    began = time.monotonic()
+    h.agent.tick()
+    h.agent.tick()
+    assert time.monotonic() - began < WOKEN
+    assert [r["job_id"] for r in h.of_type("exited")] == [1, 2, 3]
+    h.agent.tick()  # finds nothing more
+    assert h.agent._wait_time() > 1  # back to sleeping
