@@ -285,6 +285,7 @@ CELERY_TASK_ROUTES = {
     "scheduling.dispatch": {"queue": "dispatch"},
     "scheduling.agent_reports": {"queue": "reports"},
     "scheduling.agent_report": {"queue": "reports"},
+    "scheduling.reports_probe": {"queue": "reports"},
 }
 # Workers keep their database connections between tasks. Celery's Django fix-up closes
 # them before and after every task unless this is set (then only every 2 × N tasks);
@@ -427,7 +428,11 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "filters": {"no_403_traceback": {"()": "portal.logfilters.NoTracebackForExpected403"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "INFO"}},
+    "loggers": {
+        "django.db.backends": {"level": "INFO"},
+        "django.request": {"filters": ["no_403_traceback"]},
+    },
 }

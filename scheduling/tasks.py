@@ -32,6 +32,14 @@ def agent_reports(reports: list) -> dict:
     return agent_reports_process(reports=reports)
 
 
+@shared_task(name="scheduling.reports_probe", ignore_result=True)
+def reports_probe(sent_at: float) -> None:
+    """The reports queue is flowing: everything queued before ``sent_at`` was handled."""
+    from .services.nodes import reports_probe_record
+
+    reports_probe_record(sent_at=sent_at)
+
+
 @shared_task(name="scheduling.control_sweep", ignore_result=True)
 def control_sweep() -> dict:
     """Periodic checks: lost nodes, stuck launches, runtime limits, idle reclaim, expired grants."""

@@ -129,9 +129,13 @@ def api():
 def _fresh_dispatch_cache():
     """The dispatch leader keeps the waiting jobs between cycles (pending_cache); each
     test's rolled-back database reuses ids, so each test starts with an empty copy."""
+    from django.core.cache import cache
+
     from scheduling.services.dispatch import LEADER_CACHE
+    from scheduling.services.nodes import REPORTS_PROBE_KEY
 
     LEADER_CACHE.clear()
+    cache.delete(REPORTS_PROBE_KEY)
     yield
     LEADER_CACHE.clear()
 

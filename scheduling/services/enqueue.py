@@ -27,6 +27,7 @@ __all__ = [
     "DISPATCH_REQUESTED_KEY",
     "REPORTS_QUEUE",
     "dispatch_on_commit",
+    "reports_probe_enqueue",
     "request_dispatch",
     "simulation_run_enqueue",
 ]
@@ -54,6 +55,12 @@ def request_dispatch() -> None:
 def dispatch_on_commit() -> None:
     """Request a dispatch cycle once the current transaction commits (never for a rollback)."""
     transaction.on_commit(lambda: request_dispatch())
+
+
+def reports_probe_enqueue(sent_at: float) -> None:
+    """Send a probe through the reports queue: when a worker handles it, every report
+    queued before it has been handled (see ``nodes.nodes_sweep_lost``)."""
+    _task("scheduling.reports_probe").apply_async(args=[sent_at], queue=REPORTS_QUEUE)
 
 
 def simulation_run_enqueue(run_id: int) -> None:

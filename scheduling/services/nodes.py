@@ -30,7 +30,7 @@ from ..choices import (
 )
 from ..models import Allocation, Gpu, Job, JobEvent, Node, ResourcePool, WorkloadPolicy
 from . import enqueue
-from .enqueue import dispatch_on_commit
+from .enqueue import dispatch_on_commit, reports_probe_enqueue
 from .lifecycle import (
     ConcurrentChange,
     IllegalTransition,
@@ -665,10 +665,41 @@ def _end_after_loss(job: Job, now: datetime, message: str) -> None:
     _requeue_if_allowed(job, now)
 
 
+#: When the last probe handled by a reports worker was sent (unix time; see below).
+REPORTS_PROBE_KEY = "sluice:reports:probe"
+
+
+def reports_probe_record(*, sent_at: float) -> None:
+    """A reports worker handled a probe sent at ``sent_at``: reports queued before it
+    have been handled."""
+    if sent_at > (cache.get(REPORTS_PROBE_KEY) or 0.0):
+        cache.set(REPORTS_PROBE_KEY, sent_at, timeout=None)
+
+
+def reports_handled_until(now: datetime) -> datetime:
+    """Up to when the node heartbeats in the database are complete.
+
+    A heartbeat is recorded when a reports worker handles it: while no worker reads the
+    reports queue (workers down, restarting, or far behind), every node's last heartbeat
+    ages although the agents keep sending. Each sweep sends a probe through the queue; a
+    probe that has not come back for a while means the reports are not flowing, and nodes
+    are then judged by the time of the last probe that did come back, not by the clock."""
+    probe = cache.get(REPORTS_PROBE_KEY)
+    if probe is None:
+        return now  # nothing known yet (first start, or the cache was emptied)
+    handled = datetime.fromtimestamp(probe, tz=UTC)
+    stale_after = timedelta(seconds=3 * settings.SLUICE_CONTROL_INTERVAL + 10)
+    return now if now - handled <= stale_after else min(now, handled)
+
+
 def nodes_sweep_lost(now: datetime | None = None) -> list[str]:
-    """Mark nodes without a heartbeat for SLUICE_NODE_LOST_SECONDS as down."""
+    """Mark nodes without a heartbeat for SLUICE_NODE_LOST_SECONDS as down: counted up to
+    when the reports were last known to flow (``reports_handled_until``), so that a
+    control worker that was down itself does not take every node for lost."""
     now = now or timezone.now()
-    cutoff = now - timedelta(seconds=settings.SLUICE_NODE_LOST_SECONDS)
+    until = reports_handled_until(now)
+    transaction.on_commit(lambda: reports_probe_enqueue(now.timestamp()))
+    cutoff = until - timedelta(seconds=settings.SLUICE_NODE_LOST_SECONDS)
     lost = Node.objects.exclude(state=NodeState.DOWN).filter(last_heartbeat__lt=cutoff)
     names = []
     for node in lost:

@@ -7,6 +7,7 @@ import logging
 from django.utils import timezone
 
 from . import limits, reclaim, recovery
+from .idempotency import idempotency_keys_expire
 from .nodes import nodes_sweep_lost
 from .raises import priority_raises_expire
 
@@ -22,6 +23,7 @@ CHECKS += [
     ("session_age", reclaim.session_age_check),
     ("zombie_kills", recovery.zombies_sweep),
     ("retention_cleanup", recovery.retention_cleanup),
+    ("idempotency_keys", idempotency_keys_expire),
 ]
 
 
