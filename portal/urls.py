@@ -44,3 +44,11 @@ urlpatterns = [
     path("", include("portal.audit.urls")),
     path("", include("portal.accounts.urls")),
 ]
+
+# Error pages inside the layout (portal.views), and the icon browsers ask for at /favicon.ico.
+handler403 = "portal.views.permission_denied"
+handler404 = "portal.views.page_not_found"
+handler500 = "portal.views.server_error"
+urlpatterns += [
+    path("favicon.ico", views.favicon, name="favicon"),
+]

@@ -1,10 +1,97 @@
 import json
+import re
 import shlex
+from datetime import timedelta
 
 from django import forms
 
 from .choices import JobState, WorkloadType
 from .selectors import priority_classes_visible_to
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(d|h|min|m|s)?", re.IGNORECASE)
+_UNIT_SECONDS = {"d": 86400, "h": 3600, "m": 60, "min": 60, "s": 1, None: 1}
+
+
+def parse_duration(text: str) -> int:
+    """``2h30m`` → 9000, ``90m`` → 5400, ``3600`` → 3600, ``1d 12h`` → 129600 (seconds).
+
+    A bare number is seconds. Raises ValueError for anything else."""
+    text = text.strip().lower().replace(" ", "")
+    if not text:
+        raise ValueError("empty")
+    total, position = 0.0, 0
+    for match in _DURATION_PART.finditer(text):
+        if match.start() != position:
+            raise ValueError(text)
+        total += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+        position = match.end()
+    if position != len(text):
+        raise ValueError(text)
+    return round(total)
+
+
+def format_duration(seconds) -> str:
+    """9000 → ``2h30m``, 259200 → ``3d``, 45 → ``45s``: how durations are typed and shown."""
+    if seconds is None or seconds == "":
+        return ""
+    seconds = int(round(float(seconds)))
+    if seconds == 0:
+        return "0s"
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        value, seconds = divmod(seconds, size)
+        if value:
+            parts.append(f"{value}{unit}")
+    return "".join(parts)
+
+
+class DurationInput(forms.TextInput):
+    """Shows seconds as ``2h30m``."""
+
+    def format_value(self, value):
+        if isinstance(value, int | float) or (isinstance(value, str) and value.isdigit()):
+            return format_duration(value)
+        return super().format_value(value)
+
+
+class DurationField(forms.Field):
+    """A duration typed as ``2h30m``, ``90m``, ``1d`` or seconds (``3600``); cleans to seconds."""
+
+    widget = DurationInput
+    default_error_messages = {
+        "invalid": "Type a duration such as 2h30m, 90m, 1d or a number of seconds.",
+        "min_value": "At least 1 second.",
+    }
+
+    def to_python(self, value):
+        if value in self.empty_values:
+            return None
+        if isinstance(value, int):
+            return value
+        if isinstance(value, timedelta):
+            return int(value.total_seconds())
+        try:
+            seconds = parse_duration(str(value))
+        except ValueError:
+            raise forms.ValidationError(self.error_messages["invalid"], code="invalid") from None
+        if seconds < 1:
+            raise forms.ValidationError(self.error_messages["min_value"], code="min_value")
+        return seconds
+
+
+class OptionDataSelect(forms.Select):
+    """A select whose options carry ``data-*`` attributes (``option_data[value]``), for the
+    submit page's script (static/js/sluice.js) to show only what the chosen queue's pool has."""
+
+    def __init__(self, *args, option_data=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.option_data = option_data or {}
+
+    def create_option(self, name, value, label, selected, index, subindex=None, attrs=None):
+        option = super().create_option(name, value, label, selected, index, subindex, attrs)
+        key = getattr(value, "value", value)
+        option["attrs"].update(self.option_data.get(str(key), {}))
+        return option
 
 
 class JobSubmitForm(forms.Form):
@@ -12,19 +99,53 @@ class JobSubmitForm(forms.Form):
     (shlex), unless "run through a shell" is ticked."""
 
     project = forms.ModelChoiceField(queryset=None)
-    queue = forms.ModelChoiceField(queryset=None)
-    name = forms.CharField(max_length=120, required=False)
-    workload_type = forms.ChoiceField(choices=WorkloadType.choices, initial=WorkloadType.TRAINING)
-    gpu_model = forms.CharField(
-        max_length=40, required=False, help_text="Empty: any model in the queue's pool."
+    queue = forms.ModelChoiceField(
+        queryset=None,
+        widget=OptionDataSelect,
+        help_text="Where the job waits; it runs in the queue's resource pool.",
     )
-    gpus_per_node = forms.IntegerField(min_value=0, max_value=64, initial=1)
-    nodes = forms.IntegerField(min_value=1, max_value=256, initial=1)
-    max_runtime_seconds = forms.IntegerField(
-        min_value=1, required=False, help_text="Empty: the policy default."
+    name = forms.CharField(
+        max_length=120, required=False, help_text="Shown in lists; e.g. bert-pretrain-lr3e-4."
+    )
+    workload_type = forms.ChoiceField(
+        choices=WorkloadType.choices,
+        initial=WorkloadType.TRAINING,
+        help_text="Sets the runtime limits, preemption and idle reclaim (table on the right).",
+    )
+    # Free text underneath (a comma list is still accepted), chosen from a list of the
+    # models of the pool: the service answers an unknown model with the pool's models.
+    gpu_model = forms.CharField(
+        max_length=200,
+        required=False,
+        label="GPU model",
+        widget=OptionDataSelect,
+        help_text="The models of the queue's pool; any: whichever is free first.",
+    )
+    gpus_per_node = forms.IntegerField(
+        min_value=0,
+        max_value=64,
+        initial=1,
+        label="GPUs per node",
+        help_text="All on one node; 0 for CPU-only work.",
+    )
+    nodes = forms.IntegerField(
+        min_value=1,
+        max_value=256,
+        initial=1,
+        label="Nodes",
+        help_text="More than 1: a multi-node job gets nodes × GPUs per node, all at once.",
+    )
+    max_runtime_seconds = DurationField(
+        required=False,
+        label="Maximum runtime",
+        help_text="e.g. 2h30m, 90m, 1d; empty: the workload type's default. "
+        "The job is stopped when it is reached.",
     )
     priority_class = forms.ModelChoiceField(
-        queryset=None, required=False, empty_label="queue default"
+        queryset=None,
+        required=False,
+        empty_label="queue default",
+        help_text="Above the queue's self-service maximum: ask for a raise on the job page.",
     )
     command = forms.CharField(
         max_length=65536,
@@ -38,11 +159,28 @@ class JobSubmitForm(forms.Form):
         help_text="One NAME=value per line.",
     )
 
-    def __init__(self, *args, projects, queues, priority_classes, **kwargs):
+    def __init__(self, *args, projects, queues, priority_classes, pool_models=None, **kwargs):
+        """``pool_models``: {pool id: {model: GPUs on its largest node}} (the models offered)."""
         super().__init__(*args, **kwargs)
         self.fields["project"].queryset = projects
         self.fields["queue"].queryset = queues
         self.fields["priority_class"].queryset = priority_classes
+        pool_models = pool_models or {}
+        self.fields["queue"].widget.option_data = {
+            str(q.pk): {"data-pool": str(q.pool_id)} for q in queues
+        }
+        models: dict[str, list[str]] = {}
+        largest: dict[str, int] = {}
+        for pool_id, shapes in pool_models.items():
+            for model, per_node in shapes.items():
+                models.setdefault(model, []).append(str(pool_id))
+                largest[model] = max(largest.get(model, 0), per_node)
+        widget = self.fields["gpu_model"].widget
+        widget.choices = [("", "any model of the pool"), *((m, m) for m in sorted(models))]
+        widget.option_data = {
+            m: {"data-pools": " ".join(pools), "data-per-node": str(largest[m])}
+            for m, pools in models.items()
+        }
 
     def clean_command(self):
         raw = self.cleaned_data["command"].strip()
@@ -74,13 +212,76 @@ class JobSubmitForm(forms.Form):
         return [m.strip() for m in value.split(",") if m.strip()]
 
 
+SINCE_CHOICES = [
+    ("", "any time"),
+    ("1h", "last hour"),
+    ("1d", "last day"),
+    ("7d", "last week"),
+    ("30d", "last 30 days"),
+]
+SORTS = {
+    "id": "id",
+    "name": "name",
+    "state": "state",
+    "queue": "queue__name",
+    "gpus": "gpus_per_node",
+    "user": "submitted_by__username",
+    "class": "priority_class__value",
+}
+
+
 class JobFilterForm(forms.Form):
-    state = forms.ChoiceField(choices=[("", "any state"), *JobState.choices], required=False)
-    workload_type = forms.ChoiceField(
-        choices=[("", "any type"), *WorkloadType.choices], required=False
-    )
-    mine = forms.BooleanField(required=False, initial=True, label="Only mine")
+    """The jobs list's filters; every choice is scoped to what the user sees."""
+
     q = forms.CharField(required=False, max_length=100, label="Name contains")
+    state = forms.ChoiceField(choices=[("", "any state"), *JobState.choices], required=False)
+    queue = forms.ModelChoiceField(queryset=None, required=False, empty_label="any queue")
+    project = forms.ModelChoiceField(queryset=None, required=False, empty_label="any project")
+    tenant = forms.ModelChoiceField(
+        queryset=None, required=False, empty_label="any tenant", to_field_name="slug"
+    )
+    user = forms.CharField(required=False, max_length=150, label="User")
+    workload_type = forms.ChoiceField(
+        choices=[("", "any type"), *WorkloadType.choices], required=False, label="Type"
+    )
+    since = forms.ChoiceField(choices=SINCE_CHOICES, required=False, label="Submitted")
+    mine = forms.BooleanField(required=False, initial=True, label="Only mine")
+    sort = forms.CharField(required=False, widget=forms.HiddenInput)
+
+    def __init__(self, *args, queues, projects, tenants, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["queue"].queryset = queues.select_related("tenant")
+        self.fields["project"].queryset = projects.select_related("tenant")
+        self.fields["tenant"].queryset = tenants
+        for name in ("q", "user"):
+            self.fields[name].widget.attrs["size"] = 12
+
+    def order_by(self) -> list[str]:
+        """The sort the user asked for (``-name``: descending), newest first otherwise."""
+        value = (self.cleaned_data.get("sort") or "") if self.is_bound else ""
+        descending = value.startswith("-")
+        column = SORTS.get(value.lstrip("-"))
+        if column is None:
+            return ["-id"]
+        return [f"-{column}" if descending else column, "-id"]
+
+    def since_delta(self) -> timedelta | None:
+        value = self.cleaned_data.get("since")
+        return timedelta(seconds=parse_duration(value)) if value else None
+
+
+class BulkActionForm(forms.Form):
+    """Cancel or hold the jobs ticked in the list."""
+
+    job = forms.TypedMultipleChoiceField(coerce=int, choices=())
+    step = forms.ChoiceField(
+        choices=[("cancel", "cancel"), ("hold", "hold"), ("release", "release")]
+    )
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        ids = self.data.getlist("job") if hasattr(self.data, "getlist") else []
+        self.fields["job"].choices = [(i, i) for i in ids if str(i).isdigit()][:500]
 
 
 def pretty_json(value) -> str:

@@ -394,3 +394,67 @@ def notifications_unread_count(user) -> int:
     if not _authenticated(user):
         return 0
     return Notification.objects.filter(user=user, read_at__isnull=True).count()
+
+
+# --- pages ----------------------------------------------------------------------------------
+
+
+def pool_models(pool_ids) -> dict[int, dict[str, int]]:
+    """Per pool: its GPU models and the most GPUs of each on one node (nodes not down), in
+    one query; the submit form offers these."""
+    rows = (
+        Gpu.objects.filter(node__pool_id__in=set(pool_ids))
+        .exclude(node__state=NodeState.DOWN)
+        .values("node__pool_id", "node_id", "model")
+        .annotate(n=Count("id"))
+    )
+    found: dict[int, dict[str, int]] = {}
+    for row in rows:
+        models = found.setdefault(row["node__pool_id"], {})
+        models[row["model"]] = max(models.get(row["model"], 0), row["n"])
+    return found
+
+
+def allocations_by_node(allocations) -> list[dict]:
+    """A job's allocations as one row per node and grant: GPUs listed together, not one row
+    per GPU (an 8-GPU job on two nodes is two rows)."""
+    rows: dict[tuple, dict] = {}
+    for a in allocations:
+        granted = a.granted_at.replace(microsecond=0) if a.granted_at else None
+        released = a.released_at.replace(microsecond=0) if a.released_at else None
+        key = (a.node_id, granted, released, a.borrowed)
+        row = rows.setdefault(
+            key,
+            {
+                "node": a.node,
+                "gpus": [],
+                "models": set(),
+                "borrowed": a.borrowed,
+                "granted_at": a.granted_at,
+                "released_at": a.released_at,
+            },
+        )
+        row["gpus"].append(a.gpu.index)
+        row["models"].add(a.gpu.model)
+    for row in rows.values():
+        row["gpus"].sort()
+        row["models"] = sorted(row["models"])
+    return sorted(
+        rows.values(), key=lambda r: (r["released_at"] is not None, r["node"].name, r["gpus"])
+    )
+
+
+def raises_above_ceiling_for(user) -> QuerySet[PriorityRaise]:
+    """Pending raises of the tenants the user administers that only a platform admin may
+    decide (their class is above the tenant's ceiling, or the tenant has none)."""
+    if is_platform_admin(user) or not _authenticated(user):
+        return PriorityRaise.objects.none()
+    admin_of = _member_tenant_ids(user, Role.ADMIN)
+    decidable = _decidable(user, RaiseState.PENDING).values("pk")
+    return (
+        PriorityRaise.objects.filter(tenant_id__in=admin_of, state=RaiseState.PENDING)
+        .exclude(pk__in=decidable)
+        .exclude(requested_by=user)
+        .select_related(*_RAISE_RELATED)
+        .order_by("id")
+    )

@@ -1,6 +1,7 @@
 """Pages: submit, my jobs, job detail, queues, quotas, nodes."""
 
 import logging
+import shlex
 from datetime import timedelta
 
 from django.conf import settings
@@ -11,11 +12,12 @@ from django.core.paginator import Paginator
 from django.db.models import Prefetch
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
-from portal.errors import BusinessError
+from portal.errors import BusinessError, PermissionDeniedError
 from portal.forms import add_business_error
 from tenants.selectors import (
     administers_any_tenant,
@@ -25,29 +27,67 @@ from tenants.selectors import (
 )
 
 from . import selectors
-from .choices import ACTIVE_STATES, JobState
-from .forms import JobFilterForm, JobSubmitForm, RaiseRequestForm, RaiseStepForm, pretty_json
+from .choices import ACTIVE_STATES, FINAL_STATES, JobState, NodeState
+from .forms import (
+    SORTS,
+    BulkActionForm,
+    JobFilterForm,
+    JobSubmitForm,
+    RaiseRequestForm,
+    RaiseStepForm,
+    pretty_json,
+)
 from .models import Allocation, WorkloadPolicy
 from .positions import positions_attach
 from .raise_impact import raise_impacts
 from .runtime_prediction import predict_runtime
+from .services import config as config_services
 from .services import jobs as job_services
 from .services import notifications as notification_services
 from .services import raises as raise_services
+from .services.config import NODE_RETIRED_LABEL
 from .services.jobs import JobSpec
 from .waits import job_wait
 
 log = logging.getLogger(__name__)
 
 
+def _initial_from_job(request) -> dict:
+    """The submit form filled from a job the user sees ("submit again with changes")."""
+    source = request.GET.get("from", "")
+    job = (
+        selectors.jobs_visible_to(request.user).filter(pk=source).first()
+        if source.isdigit()
+        else None
+    )
+    if job is None:
+        return {"project": request.GET.get("project"), "queue": request.GET.get("queue")}
+    return {
+        "project": job.project_id,
+        "queue": job.queue_id,
+        "name": job.name,
+        "workload_type": job.workload_type,
+        "gpu_model": ",".join(job.gpu_models),
+        "gpus_per_node": job.gpus_per_node,
+        "nodes": job.nodes,
+        "max_runtime_seconds": job.max_runtime_seconds,
+        "priority_class": job.base_priority_class_id,
+        "command": job.command[0] if job.shell else shlex.join(job.command),
+        "shell": job.shell,
+        "env": "\n".join(f"{k}={v}" for k, v in job.env.items()),
+    }
+
+
 def _submit_form(request, data=None):
     user = request.user
+    queues = list(selectors.queues_visible_to(user))
     return JobSubmitForm(
         data,
         projects=projects_visible_to(user).filter(active=True),
         queues=selectors.queues_visible_to(user),
         priority_classes=selectors.priority_classes_visible_to(user),
-        initial={"project": request.GET.get("project"), "queue": request.GET.get("queue")},
+        pool_models=selectors.pool_models({q.pool_id for q in queues}),
+        initial=_initial_from_job(request),
     )
 
 
@@ -82,7 +122,11 @@ def job_submit(request):
     return render(
         request,
         "scheduling/job_submit.html",
-        {"form": form, "policies": WorkloadPolicy.objects.all()},
+        {
+            "form": form,
+            "policies": WorkloadPolicy.objects.all(),
+            "source_job": request.GET.get("from", ""),
+        },
     )
 
 
@@ -105,29 +149,106 @@ def job_submit_preview(request):
     return render(request, "scheduling/_submit_preview.html", context)
 
 
+def _job_filter_form(request):
+    user = request.user
+    return JobFilterForm(
+        request.GET or {"mine": "on"},
+        queues=selectors.queues_visible_to(user),
+        projects=projects_visible_to(user),
+        tenants=tenants_visible_to(user),
+    )
+
+
+def _filtered_jobs(request, form):
+    jobs = selectors.jobs_visible_to(request.user)
+    if not form.is_valid():
+        return jobs.order_by("-id")
+    data = form.cleaned_data
+    for field in ("state", "workload_type", "queue", "project", "tenant"):
+        if data[field]:
+            jobs = jobs.filter(**{field: data[field]})
+    if data["mine"]:
+        jobs = jobs.filter(submitted_by=request.user)
+    if data["user"]:
+        jobs = jobs.filter(submitted_by__username=data["user"].strip())
+    if data["q"]:
+        jobs = jobs.filter(name__icontains=data["q"])
+    since = form.since_delta()
+    if since:
+        jobs = jobs.filter(submitted_at__gte=timezone.now() - since)
+    return jobs.order_by(*form.order_by())
+
+
+def _sort_links(request, form) -> dict:
+    """For each sortable column: the URL that sorts by it (again: the other way) and an arrow."""
+    current = form.cleaned_data.get("sort", "") if form.is_valid() else ""
+    links = {}
+    for column in SORTS:
+        query = request.GET.copy()
+        query.pop("page", None)
+        query["sort"] = f"-{column}" if current == column else column
+        if not request.GET:
+            query["mine"] = "on"
+        arrow = "▲" if current == column else "▼" if current == f"-{column}" else ""
+        links[column] = {"url": "?" + query.urlencode(), "arrow": arrow}
+    return links
+
+
 @login_required
 def job_list(request):
-    form = JobFilterForm(request.GET or {"mine": "on"})
-    jobs = selectors.jobs_visible_to(request.user)
-    if form.is_valid():
-        data = form.cleaned_data
-        if data["state"]:
-            jobs = jobs.filter(state=data["state"])
-        if data["workload_type"]:
-            jobs = jobs.filter(workload_type=data["workload_type"])
-        if data["mine"]:
-            jobs = jobs.filter(submitted_by=request.user)
-        if data["q"]:
-            jobs = jobs.filter(name__icontains=data["q"])
-    page = Paginator(jobs.order_by("-id"), 50).get_page(request.GET.get("page"))
+    form = _job_filter_form(request)
+    page = Paginator(_filtered_jobs(request, form), 50).get_page(request.GET.get("page"))
     positions_attach(page.object_list)
     query = request.GET.copy()
     query.pop("page", None)
+    template = "scheduling/_job_list_live.html" if request.htmx else "scheduling/job_list.html"
     return render(
         request,
-        "scheduling/job_list.html",
-        {"page": page, "form": form, "query": query.urlencode()},
+        template,
+        {
+            "page": page,
+            "form": form,
+            "query": query.urlencode(),
+            "sort_links": _sort_links(request, form),
+            "live_url": request.get_full_path(),
+        },
     )
+
+
+BULK_STEPS = {
+    "cancel": job_services.job_cancel,
+    "hold": job_services.job_hold,
+    "release": job_services.job_release,
+}
+
+
+@login_required
+@require_POST
+def job_bulk(request):
+    """Cancel, hold or release the jobs ticked in the list (each alone: one refusal does not
+    stop the others), then back to the list."""
+    form = BulkActionForm(request.POST)
+    back = _next_url(request, reverse("job-list"))
+    if not form.is_valid():
+        messages.error(request, "Tick at least one job, then choose what to do.")
+        return redirect(back)
+    step = form.cleaned_data["step"]
+    service = BULK_STEPS[step]
+    done, refused = [], []
+    jobs = selectors.jobs_visible_to(request.user).filter(pk__in=form.cleaned_data["job"])
+    for job in jobs.order_by("id"):
+        try:
+            service(user=request.user, job=job, reason=request.POST.get("reason", "")[:1000])
+            done.append(job.pk)
+        except BusinessError as exc:
+            refused.append(f"{job.pk}: {exc.message}")
+    if done:
+        messages.success(request, f"{step.capitalize()} done for {len(done)} job(s).")
+    for line in refused[:10]:
+        messages.error(request, line)
+    if len(refused) > 10:
+        messages.error(request, f"… and {len(refused) - 10} more refused.")
+    return redirect(back)
 
 
 def _job_or_404(user, pk):
@@ -154,36 +275,47 @@ def _order_explanation(job, policy, now) -> dict:
     }
 
 
+def _job_context(request, job) -> dict:
+    policy = WorkloadPolicy.objects.filter(workload_type=job.workload_type).first()
+    now = timezone.now()
+    return {
+        "job": job,
+        "policy": policy,
+        "prediction": predict_runtime(job),
+        "wait": job_wait(job, now),
+        "order": _order_explanation(job, policy, now),
+        "events": selectors.job_events_of(job),
+        "allocation_rows": selectors.allocations_by_node(selectors.job_allocations(job)),
+        "can_manage": selectors.can_manage_job(request.user, job),
+        "is_active": job.state in ACTIVE_STATES,
+        # The live part polls until the job has ended (then its last answer has no trigger).
+        "live": job.state not in FINAL_STATES,
+    }
+
+
 @login_required
 def job_detail(request, pk):
     job = _job_or_404(request.user, pk)
-    policy = WorkloadPolicy.objects.filter(workload_type=job.workload_type).first()
-    now = timezone.now()
-    return render(
-        request,
-        "scheduling/job_detail.html",
+    context = _job_context(request, job)
+    context["spec_json"] = pretty_json(
         {
-            "job": job,
-            "policy": policy,
-            "prediction": predict_runtime(job),
-            "wait": job_wait(job, now),
-            "order": _order_explanation(job, policy, now),
-            "events": selectors.job_events_of(job),
-            "allocations": selectors.job_allocations(job),
-            "can_manage": selectors.can_manage_job(request.user, job),
-            "is_active": job.state in ACTIVE_STATES,
-            "spec_json": pretty_json(
-                {
-                    "command": job.command,
-                    "shell": job.shell,
-                    "env": job.env,
-                    "gpu_models": job.gpu_models,
-                    "labels": job.labels,
-                    "parameters": job.parameters,
-                }
-            ),
-        },
+            "command": job.command,
+            "shell": job.shell,
+            "env": job.env,
+            "gpu_models": job.gpu_models,
+            "labels": job.labels,
+            "parameters": job.parameters,
+        }
     )
+    return render(request, "scheduling/job_detail.html", context)
+
+
+@login_required
+def job_live(request, pk):
+    """htmx: the job page's live part (state, reason, position, estimate, allocations,
+    timeline, buttons), polled every 2 s while the job has not ended."""
+    job = _job_or_404(request.user, pk)
+    return render(request, "scheduling/_job_live.html", _job_context(request, job))
 
 
 @login_required
@@ -222,7 +354,7 @@ def job_action(request, pk, step):
         messages.success(request, f"Job {job.pk}: {step} done.")
     except BusinessError as exc:
         messages.error(request, exc.message)
-    return redirect("job-detail", pk=job.pk)
+    return redirect(_next_url(request, reverse("job-detail", args=[job.pk])))
 
 
 @login_required
@@ -237,11 +369,14 @@ def queue_detail(request, pk):
     page = Paginator(selectors.queue_pending_jobs(queue), 100).get_page(request.GET.get("page"))
     positions_attach(page.object_list)
     running = list(
-        queue.jobs.filter(state__in=ACTIVE_STATES).select_related("submitted_by", "priority_class")
+        selectors.jobs_visible_to(request.user).filter(queue=queue, state__in=ACTIVE_STATES)
     )
     positions_attach(running)
+    template = "scheduling/_queue_live.html" if request.htmx else "scheduling/queue_detail.html"
     return render(
-        request, "scheduling/queue_detail.html", {"queue": queue, "page": page, "running": running}
+        request,
+        template,
+        {"queue": queue, "page": page, "running": running, "live_url": request.get_full_path()},
     )
 
 
@@ -271,6 +406,7 @@ def quota_index(request):
 
 @login_required
 def node_list(request):
+    show_retired = request.GET.get("retired") == "1"
     nodes = selectors.nodes_visible_to(request.user).prefetch_related("gpus")
     active = {
         a.gpu_id: a
@@ -279,15 +415,52 @@ def node_list(request):
     # A GPU held by a job of a tenant the user cannot see shows as busy, without the job.
     visible_tenants = set(tenants_visible_to(request.user).values_list("pk", flat=True))
     rows = []
+    retired = 0
     for node in nodes:
+        if node.state == NodeState.DOWN and NODE_RETIRED_LABEL in node.labels:
+            retired += 1
+            if not show_retired:
+                continue
         gpus = []
         for g in node.gpus.all():
             allocation = active.get(g.pk)
             job_visible = allocation is not None and allocation.job.tenant_id in visible_tenants
             gpus.append({"gpu": g, "allocation": allocation, "job_visible": job_visible})
-        rows.append({"node": node, "gpus": gpus})
+        rows.append({"node": node, "gpus": gpus, "busy": any(g["allocation"] for g in gpus)})
     template = "scheduling/_nodes_table.html" if request.htmx else "scheduling/node_list.html"
-    return render(request, template, {"rows": rows, "is_admin": request.user.is_staff})
+    return render(
+        request,
+        template,
+        {
+            "rows": rows,
+            "is_admin": request.user.is_staff,
+            "retired_count": retired,
+            "show_retired": show_retired,
+            "live_url": request.get_full_path(),
+        },
+    )
+
+
+@login_required
+@require_POST
+def node_remove(request, pk):
+    """Platform admins remove a down node (deleted, or retired when it has a history)."""
+    node = get_object_or_404(selectors.nodes_visible_to(request.user), pk=pk)
+    try:
+        deleted = config_services.node_remove(actor=request.user, node=node)
+    except BusinessError as exc:
+        if isinstance(exc, PermissionDeniedError):
+            raise PermissionDenied(exc.message) from None
+        messages.error(request, exc.message)
+    else:
+        messages.success(
+            request,
+            f"Node {node.name} removed."
+            if deleted
+            else f"Node {node.name} retired: its jobs' history is kept; it is listed again "
+            "if its agent registers.",
+        )
+    return redirect("node-list")
 
 
 # --- priority raises, approvals inbox, notifications ----------------------------------------
@@ -338,13 +511,18 @@ def approvals(request):
     )
     pending = list(page.object_list)
     impacts = _impacts(pending)
+    above = list(selectors.raises_above_ceiling_for(request.user)[:20])
+    ceilings = {t: selectors.raise_ceiling_of(t) for t in {r.tenant_id for r in above}}
+    template = "scheduling/_approvals_live.html" if request.htmx else "scheduling/approvals.html"
     return render(
         request,
-        "scheduling/approvals.html",
+        template,
         {
             "page": page,
             "rows": [{"raise": r, "impact": impacts.get(r.pk)} for r in pending],
             "grants": selectors.raises_revocable_by(request.user)[:50],
+            "above_ceiling": [{"raise": r, "ceiling": ceilings[r.tenant_id]} for r in above],
+            "live_url": request.get_full_path(),
         },
     )
 

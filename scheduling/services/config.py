@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, models, transaction
+from django.utils import timezone
 
 from portal.audit.services import audit_record
 from portal.errors import BusinessError, PermissionDeniedError
@@ -145,6 +146,36 @@ def node_update(*, actor, node: Node, **changes) -> Node:
         node = config_save(actor=actor, instance=node, changes=changes, action="node.update")
     dispatch_on_commit()
     return node
+
+
+NODE_RETIRED_LABEL = "sluice/retired-at"
+
+
+@transaction.atomic
+def node_remove(*, actor, node: Node) -> bool:
+    """A platform admin removes a down node. Deleted when it never held a GPU for a job;
+    otherwise kept for its allocations' history and marked retired (the label
+    ``sluice/retired-at``), which hides it from the nodes page until its agent registers
+    again. Returns True when the node was deleted."""
+    require_platform_admin(actor)
+    node = Node.objects.select_for_update().get(pk=node.pk)
+    if node.state != NodeState.DOWN:
+        raise BusinessError(
+            f"Node {node.name} is {node.state}: only a down node can be removed "
+            "(drain it and stop its agent first).",
+            code="node_not_down",
+        )
+    if node.allocations.filter(released_at__isnull=True).exists():
+        raise BusinessError(
+            f"Node {node.name} still holds GPUs of jobs; they are released when the jobs end.",
+            code="node_in_use",
+        )
+    if not node.allocations.exists():
+        config_delete(actor=actor, instance=node, action="node.delete")
+        return True
+    labels = {**node.labels, NODE_RETIRED_LABEL: timezone.now().isoformat(timespec="seconds")}
+    config_save(actor=actor, instance=node, changes={"labels": labels}, action="node.retire")
+    return False
 
 
 def quota_save(*, actor, quota: Quota | None = None, **changes) -> Quota:

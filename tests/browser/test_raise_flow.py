@@ -28,6 +28,7 @@ def test_member_requests_admin_approves_member_sees_the_new_class(
 
     log_in("nlp-member")
     page.goto(f"/jobs/{job.pk}/")
+    page.click("#open-raise-form")  # the form is behind a button
     page.select_option("#id_to_class", label="high")
     page.fill("#id_reason", "release candidate must be evaluated before the demo")
     page.fill("#id_hours", "2")
@@ -71,6 +72,7 @@ def test_an_admin_cannot_approve_their_own_request_in_the_inbox(world, page, log
 
     log_in("nlp-admin")
     page.goto(f"/jobs/{job.pk}/")
+    page.click("#open-raise-form")  # the form is behind a button
     page.select_option("#id_to_class", label="high")
     page.fill("#id_reason", "my own job")
     page.click("#request-raise")
