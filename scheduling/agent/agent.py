@@ -12,7 +12,7 @@ at once and a grace period is enforced on time while other jobs start and stop.
 Between passes the loop sleeps in one ``select`` (:mod:`scheduling.agent.wakeups`) until a
 message arrives, a job process ends (its pidfd), a wrapper answers, or something is due
 (heartbeat, SIGKILL deadline, log shipping, report retry): an exit is reported within
-milliseconds, and an idle agent does not poll.
+milliseconds, and an idle agent's loop sleeps until its next heartbeat.
 
 The message source and the report sender are injected: the CLI wires them to the broker
 (:mod:`scheduling.agent.transport`), tests to a local queue and a list.
@@ -126,9 +126,10 @@ class AgentConfig:
     work_dir: Path
     pool: str | None = None
     heartbeat_seconds: float = DEFAULT_HEARTBEAT_SECONDS
-    #: How often the loop looks at jobs whose exit nothing signals (no pidfd: Linux < 5.3,
-    #: and no SIGCHLD for a job adopted from a previous run), and the longest wait in a
-    #: message source that offers no descriptor to select on.
+    #: How often the loop looks at running jobs whose exit nothing signals: without pidfds
+    #: (Linux < 5.3) the jobs adopted from a previous run (no SIGCHLD for them), or every
+    #: job if neither works; and every job with a message source that offers no descriptor
+    #: to select on (the loop then waits in the source).
     poll_seconds: float = 0.5
     log_interval_seconds: float = LOG_INTERVAL_SECONDS
     log_chunk_bytes: int = LOG_CHUNK_BYTES
