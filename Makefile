@@ -10,12 +10,15 @@ $(VENV)/bin/python:
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
-$(VENV)/.installed: requirements.txt | $(VENV)/bin/python
+# `pip install -e .` installs the package itself: the `sluice` command-line client (sluice_cli).
+$(VENV)/.installed: requirements.txt pyproject.toml | $(VENV)/bin/python
 	$(PIP) install -q -r requirements.txt
+	$(PIP) install -q --no-deps -e .
 	touch $@
 
-$(VENV)/.installed-dev: requirements.txt requirements-dev.txt | $(VENV)/bin/python
+$(VENV)/.installed-dev: requirements.txt requirements-dev.txt pyproject.toml | $(VENV)/bin/python
 	$(PIP) install -q -r requirements-dev.txt
+	$(PIP) install -q --no-deps -e .
 	touch $(VENV)/.installed $@
 
 ## Start Sluice on its embedded default (SQLite, filesystem broker, simulated GPU nodes) at http://127.0.0.1:8000
