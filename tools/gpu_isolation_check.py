@@ -319,16 +319,22 @@ class Checks:
 
 
 class Collector:
-    """The agent's reports (Celery task messages on the control queue), validated."""
+    """The agent's reports (Celery task messages on the reports queue: batches, or single
+    reports from agents that do not batch), validated."""
 
     def __init__(self, broker_dir: Path, record: Path) -> None:
-        from scheduling.agent.protocol import CONTROL_QUEUE, REPORT_TASK, validate_report
+        from scheduling.agent.protocol import (
+            REPORT_TASK,
+            REPORTS_QUEUE,
+            REPORTS_TASK,
+            validate_report,
+        )
         from scheduling.agent.transport import broker_connection
 
-        self._task = REPORT_TASK
+        self._single, self._batch = REPORT_TASK, REPORTS_TASK
         self._validate = validate_report
         self.connection = broker_connection("filesystem://", broker_dir)
-        self.queue = self.connection.SimpleQueue(CONTROL_QUEUE, accept=["json"])
+        self.queue = self.connection.SimpleQueue(REPORTS_QUEUE, accept=["json"])
         self.reports: list[dict[str, Any]] = []
         self.invalid: list[str] = []
         self.record = record.open("w")
@@ -343,19 +349,29 @@ class Collector:
                     return
                 continue
             try:
-                if message.headers.get("task") != self._task:
-                    raise ValueError(f"unexpected task {message.headers.get('task')!r}")
+                task = message.headers.get("task")
                 args, _kwargs, _embed = message.payload
-                report = self._validate(args[0])
+                if task == self._batch:
+                    batch = list(args[0])
+                elif task == self._single:
+                    batch = [args[0]]
+                else:
+                    raise ValueError(f"unexpected task {task!r}")
             except Exception as exc:  # reported as a problem, not fatal
                 self.invalid.append(repr(exc))
                 message.ack()
                 continue
             message.ack()
-            report["_received"] = time.time()
-            self.reports.append(report)
-            self.record.write(json.dumps(report) + "\n")
-            self.record.flush()
+            for item in batch:
+                try:
+                    report = self._validate(item)
+                except Exception as exc:
+                    self.invalid.append(repr(exc))
+                    continue
+                report["_received"] = time.time()
+                self.reports.append(report)
+                self.record.write(json.dumps(report) + "\n")
+                self.record.flush()
 
     def of(self, kind: str, job_id: int | None = None) -> list[dict[str, Any]]:
         return [
