@@ -580,8 +580,10 @@ def _show_text(job: dict) -> str:
     add(("Runtime limit", fmt_duration(job.get("max_runtime_seconds"))))
     expected = job.get("expected_runtime")
     if expected:
-        value = fmt_duration(expected["seconds"]) if expected.get("seconds") else "its limit"
-        add(("Expected run", f"{value}: {expected.get('message', '')}".rstrip(": ")))
+        message = expected.get("message") or ""
+        if expected.get("seconds"):
+            message = f"{fmt_duration(expected['seconds'])}: {message}".rstrip(": ")
+        add(("Expected run", message or "-"))
     add(("Command", _command_text(job)))
     allocations = _allocation_lines(job)
     if allocations:
@@ -630,6 +632,7 @@ def cmd_show(ctx: Context, args: argparse.Namespace) -> int:
 
 
 LOG_WINDOW = 65536
+_sleep = time.sleep  # between two looks at a followed log (tests replace it)
 
 
 def cmd_logs(ctx: Context, args: argparse.Namespace) -> int:
@@ -661,7 +664,7 @@ def cmd_logs(ctx: Context, args: argparse.Namespace) -> int:
                 size = _write_new(ctx, job_id, attempt, size, data)
                 print(f"[sluice: job {job_id} {job['state']}]", file=sys.stderr)
                 return EXIT_OK
-        time.sleep(args.interval)
+        _sleep(args.interval)
         data = ctx.client.get(
             f"jobs/{job_id}/logs", tail=LOG_WINDOW, **({"attempt": attempt} if pinned else {})
         )

@@ -1,0 +1,80 @@
+"""`sluice login` gets a token with a username and password and keeps it 0600."""
+
+import io
+import json
+import stat
+from pathlib import Path
+
+from portal.accounts.models import ApiToken
+from tests.factories import PASSWORD
+
+
+def test_login_stores_a_working_token_readable_by_its_owner_only(
+    world, sluice, cli_env, monkeypatch
+):
+    monkeypatch.setattr("sys.stdin", io.StringIO(PASSWORD + "\n"))
+    run = sluice("login", "--username", "nlp-member", "--password-stdin")
+
+    assert run.code == 0, run.err
+    assert "Logged in" in run.out and "nlp-member" in run.out
+    path = Path(cli_env["SLUICE_CONFIG"])
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    stored = json.loads(path.read_text())
+    assert stored["url"] == cli_env["SLUICE_URL"]
+    assert stored["username"] == "nlp-member"
+    token = ApiToken.objects.get(pk=stored["token_id"])
+    assert token.user == world.member
+    assert stored["token"].startswith(token.token_key)
+
+    # Later commands use the saved token: no SLUICE_TOKEN given.
+    whoami = sluice("whoami")
+    assert whoami.code == 0, whoami.err
+    assert whoami.out.startswith("nlp-member")
+
+
+def test_login_asks_for_username_and_password(world, sluice, monkeypatch):
+    monkeypatch.setattr("builtins.input", lambda prompt: "nlp-viewer")
+    monkeypatch.setattr("getpass.getpass", lambda prompt: PASSWORD)
+
+    run = sluice("login")
+
+    assert run.code == 0, run.err
+    assert ApiToken.objects.filter(user=world.viewer).count() == 1
+
+
+def test_wrong_password_is_an_auth_error_and_saves_nothing(world, sluice, cli_env, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO("not-the-password\n"))
+
+    run = sluice("login", "-u", "nlp-member", "--password-stdin")
+
+    assert run.code == 4
+    assert "login refused" in run.err
+    assert not Path(cli_env["SLUICE_CONFIG"]).exists()
+    assert not ApiToken.objects.exists()
+
+
+def test_logout_revokes_the_token_and_forgets_it(world, sluice, cli_env, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO(PASSWORD + "\n"))
+    assert sluice("login", "-u", "nlp-member", "--password-stdin").code == 0
+
+    run = sluice("logout")
+
+    assert run.code == 0, run.err
+    assert "revoked" in run.out
+    assert not ApiToken.objects.exists()
+    assert "token" not in json.loads(Path(cli_env["SLUICE_CONFIG"]).read_text())
+    assert sluice("ls").code == 4
+
+
+def test_a_saved_token_is_not_sent_to_another_server(world, sluice, cli_env, token_of):
+    path = Path(cli_env["SLUICE_CONFIG"])
+    path.parent.mkdir(parents=True)
+    path.write_text(
+        json.dumps({"url": "http://other.example:8000", "token": token_of(world.member)})
+    )
+
+    run = sluice("ls")
+
+    assert run.code == 4
+    assert "not logged in" in run.err
