@@ -51,7 +51,7 @@ FINAL_STATES = frozenset(
 )
 ACTIVE_STATES = frozenset({"ADMITTED", "RUNNING", "STOPPING"})
 JOB_STATES = ("PENDING", "HELD", *sorted(ACTIVE_STATES), *sorted(FINAL_STATES))
-RAISE_STATES = ("PENDING", "APPROVED", "REJECTED", "EXPIRED", "REVOKED", "CANCELLED")
+RAISE_STATES = ("pending", "approved", "rejected", "expired", "revoked", "cancelled")
 
 
 class UsageError(CliError):
@@ -751,7 +751,10 @@ def _raise_step(verb: str) -> Callable[[Context, argparse.Namespace], int]:
 
 
 def cmd_raise_ls(ctx: Context, args: argparse.Namespace) -> int:
-    states = _split_list(args.state, upper=True)
+    states = [s.lower() for s in _split_list(args.state)]
+    bad = [s for s in states if s not in RAISE_STATES]
+    if bad:
+        raise UsageError(f"unknown state {', '.join(bad)} (states: {', '.join(RAISE_STATES)})")
     params: dict[str, Any] = {"ordering": "-id", "state": states}
     if args.decidable:
         params["decidable"] = "true"
@@ -825,9 +828,20 @@ def cmd_quota(ctx: Context, args: argparse.Namespace) -> int:
         for a in job.get("allocations") or []:
             counts = used.setdefault((job["tenant"], job["pool"], a["gpu_model"]), [0, 0])
             counts[1 if a.get("borrowed") else 0] += 1
+    specific = {(q["tenant"], q["pool"], q["gpu_model"]) for q in quotas if q["gpu_model"]}
     for q in quotas:
-        g, b = used.get((q["tenant"], q["pool"], q["gpu_model"]), [0, 0])
-        q["used_guaranteed_gpus"], q["used_borrowed_gpus"] = g, b
+        # A quota without a GPU model covers the models that have no quota of their own.
+        counts = [
+            n
+            for (tenant, pool, model), n in used.items()
+            if (tenant, pool) == (q["tenant"], q["pool"])
+            and (
+                model == q["gpu_model"]
+                or (not q["gpu_model"] and (tenant, pool, model) not in specific)
+            )
+        ]
+        q["used_guaranteed_gpus"] = sum(n[0] for n in counts)
+        q["used_borrowed_gpus"] = sum(n[1] for n in counts)
 
     def human() -> str:
         if not quotas:
