@@ -97,9 +97,9 @@ def _split_list(values: list[str] | None, upper: bool = False) -> list[str]:
     return out
 
 
-def _job_id(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise UsageError(f"{text!r} is not a job id (a whole number)")
+def _job_id(text: str, what: str = "job") -> int:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise UsageError(f"{text!r} is not a {what} id (a whole number)")
     return int(text)
 
 
@@ -182,6 +182,7 @@ def cmd_login(ctx: Context, args: argparse.Namespace) -> int:
             raise CliError(f"login refused: {exc.message}", EXIT_AUTH, exc.body) from None
         raise
     stored = dict(ctx.settings.stored)
+    _revoke_saved_token(stored, quiet=True)  # the one this login replaces
     stored.update(
         url=ctx.settings.url,
         token=data["token"],
@@ -203,22 +204,27 @@ def cmd_login(ctx: Context, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _revoke_saved_token(stored: dict, *, quiet: bool) -> bool:
+    """Revoke the saved token on its server (best effort: an expired or revoked one is fine)."""
+    if not (stored.get("token") and stored.get("token_id") and stored.get("url")):
+        return False
+    try:
+        Client(stored["url"], stored["token"], timeout=10).delete(
+            f"auth/tokens/{stored['token_id']}"
+        )
+    except ApiError as exc:
+        if not quiet and exc.exit_code not in (EXIT_AUTH, EXIT_NOT_FOUND):
+            print(f"warning: the token was not revoked: {exc.message}", file=sys.stderr)
+        return False
+    return True
+
+
 def cmd_logout(ctx: Context, args: argparse.Namespace) -> int:
     stored = dict(ctx.settings.stored)
     if not stored.get("token"):
         print("Not logged in.")
         return EXIT_OK
-    revoked = False
-    if stored.get("token_id"):
-        client = Client(
-            ctx.settings.url if not stored.get("url") else stored["url"], stored["token"]
-        )
-        try:
-            client.delete(f"auth/tokens/{stored['token_id']}")
-            revoked = True
-        except ApiError as exc:
-            if exc.exit_code not in (EXIT_AUTH, EXIT_NOT_FOUND):  # already gone: fine
-                print(f"warning: the token was not revoked: {exc.message}", file=sys.stderr)
+    revoked = _revoke_saved_token(stored, quiet=False)
     for key in ("token", "token_id", "expiry", "username"):
         stored.pop(key, None)
     config_save(ctx.settings.path, stored)
@@ -455,8 +461,10 @@ def _job_info(job: dict) -> str:
     if state in ACTIVE_STATES:
         nodes = sorted({a["node"] for a in job.get("allocations") or []})
         since = job.get("started_at") or job.get("admitted_at")
-        text = ",".join(nodes)
-        return f"{text} {fmt_ago(since).replace(' ago', '')}".strip() if since else text
+        text = f"on {','.join(nodes)}" if nodes else ""
+        if since:
+            text += f" for {fmt_ago(since).replace(' ago', '')}"
+        return text.strip()
     parts = []
     if job.get("exit_code") is not None:
         parts.append(f"exit {job['exit_code']}")
@@ -740,7 +748,7 @@ def cmd_raise_request(ctx: Context, args: argparse.Namespace) -> int:
 
 def _raise_step(verb: str) -> Callable[[Context, argparse.Namespace], int]:
     def run(ctx: Context, args: argparse.Namespace) -> int:
-        raise_id = _job_id(args.id)
+        raise_id = _job_id(args.id, "raise")
         data = ctx.client.post(
             f"priority-raises/{raise_id}/{verb}", {"comment": args.comment or ""}
         )

@@ -54,6 +54,14 @@ def test_wrong_password_is_an_auth_error_and_saves_nothing(world, sluice, cli_en
     assert not ApiToken.objects.exists()
 
 
+def test_logging_in_again_revokes_the_token_it_replaces(world, sluice, monkeypatch):
+    for _ in range(2):
+        monkeypatch.setattr("sys.stdin", io.StringIO(PASSWORD + "\n"))
+        assert sluice("login", "-u", "nlp-member", "--password-stdin").code == 0
+
+    assert ApiToken.objects.filter(user=world.member).count() == 1
+
+
 def test_logout_revokes_the_token_and_forgets_it(world, sluice, cli_env, monkeypatch):
     monkeypatch.setattr("sys.stdin", io.StringIO(PASSWORD + "\n"))
     assert sluice("login", "-u", "nlp-member", "--password-stdin").code == 0
