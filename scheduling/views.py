@@ -162,7 +162,7 @@ def _job_filter_form(request):
 def _filtered_jobs(request, form):
     jobs = selectors.jobs_visible_to(request.user)
     if not form.is_valid():
-        return jobs.order_by("-id")
+        return jobs.none()  # the form shows what to correct
     data = form.cleaned_data
     for field in ("state", "workload_type", "queue", "project", "tenant"):
         if data[field]:

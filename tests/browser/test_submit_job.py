@@ -43,7 +43,13 @@ def test_bad_input_shows_field_errors_in_the_form(world, page, log_in):
     page.select_option("#id_queue", str(world.queue.pk))
     page.fill("#id_gpus_per_node", "9")
     page.fill("#id_command", "python train.py")
+    # The field allows no more than the pool's largest node has (the browser refuses 9).
+    assert page.get_attribute("#id_gpus_per_node", "max") == "8"
     page.click("#submit-form button[type=submit]")
+    assert page.eval_on_selector("#id_gpus_per_node", "field => field.validity.rangeOverflow")
 
+    # Past the browser (the form's limit removed), the server's field error says the same.
+    page.eval_on_selector("#id_gpus_per_node", "field => field.removeAttribute('max')")
+    page.click("#submit-form button[type=submit]")
     expect(page.locator("#field-gpus_per_node .errors")).to_contain_text("at most 8")
     assert not Job.objects.exists()

@@ -130,6 +130,6 @@ def test_the_submit_page_shows_them_per_workload_type(world, client):
 
     page = client.get("/jobs/new/").content.decode()
 
-    assert "Max wait" in page and "15 min" in page and "12 h" in page
+    assert "Max wait" in page and "<td>15m</td>" in page and "<td>12h</td>" in page
     assert "at most 1, then protected for the run" in page
     assert "<td>no limit</td>" in page

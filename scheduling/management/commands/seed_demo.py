@@ -16,13 +16,17 @@ from scheduling.choices import Environment, JobState, NodeState, PoolPurpose, Wo
 from scheduling.models import (
     Gpu,
     Job,
+    JobEvent,
     Node,
     PriorityClass,
     Queue,
     Quota,
     ResourcePool,
+    TenantRaiseCeiling,
     WorkloadPolicy,
 )
+from scheduling.services import jobs as job_services
+from scheduling.services import raises as raise_services
 from scheduling.services.runtime_history import runtime_history_rebuild
 from tenants.choices import Role
 from tenants.models import Membership, Project, Tenant
@@ -125,6 +129,89 @@ HISTORY_PREFIX = "demo-history-"
 HISTORY_JOBS = 160
 HISTORY_DAYS = 7
 
+# Each tenant's admins approve raises up to this class; above it (release-critical,
+# production-inference) a platform admin decides.
+RAISE_CEILING = "high"
+
+# Jobs of the last days that ended in every way a job ends, with their timelines, so the
+# jobs list, job pages and recovery page have something to show on first start:
+# (name, tenant, type, GPUs, state, hours ago it started, hours it ran, exit, message).
+RECENT_PREFIX = "demo-"
+RECENT_JOBS = [
+    ("demo-bert-pretrain", "nlp", "training", 8, JobState.SUCCEEDED, 50, 6.5, 0, ""),
+    (
+        "demo-chat-sft-lr3e5",
+        "nlp",
+        "fine_tuning",
+        4,
+        JobState.FAILED,
+        30,
+        0.4,
+        1,
+        "exit code 1: CUDA out of memory in step 812",
+    ),
+    (
+        "demo-eval-mmlu",
+        "nlp",
+        "evaluation",
+        1,
+        JobState.PREEMPTED,
+        20,
+        1.2,
+        None,
+        "preempted by a higher-class job; its policy allows no further requeue",
+    ),
+    (
+        "demo-notebook-alice",
+        "nlp",
+        "interactive",
+        1,
+        JobState.RECLAIMED,
+        8,
+        2.0,
+        None,
+        "idle reclaim: GPUs below 5 % for 3 min",
+    ),
+    (
+        "demo-detector-sweep-07",
+        "vision",
+        "training",
+        2,
+        JobState.TIMED_OUT,
+        40,
+        12.0,
+        None,
+        "stopped at its runtime limit of 12h",
+    ),
+    ("demo-seg-finetune", "vision", "fine_tuning", 2, JobState.SUCCEEDED, 26, 3.0, 0, ""),
+    (
+        "demo-detector-export",
+        "vision",
+        "batch_inference",
+        1,
+        JobState.CANCELLED,
+        5,
+        0.3,
+        None,
+        "cancelled by vision-member",
+    ),
+]
+QUEUE_OF_TYPE = {
+    "training": "train",
+    "fine_tuning": "train",
+    "evaluation": "train",
+    "batch_inference": "train",
+    "interactive": "notebooks",
+}
+END_EVENT = {
+    JobState.SUCCEEDED: "succeeded",
+    JobState.FAILED: "failed",
+    JobState.PREEMPTED: "preempted",
+    JobState.RECLAIMED: "reclaimed",
+    JobState.TIMED_OUT: "timed_out",
+    JobState.CANCELLED: "cancelled",
+}
+
 
 class Command(BaseCommand):
     help = "Create the demo users, tenants, pools, classes, policies, queues, quotas and simulated nodes."
@@ -192,6 +279,83 @@ class Command(BaseCommand):
         Job.objects.bulk_create(jobs)
         # Stored without going through their end: runtime prediction learns of them here.
         runtime_history_rebuild()
+
+    def _recent(self, classes) -> None:
+        """Jobs of the last days that ended in every way (added once, with timelines)."""
+        if Job.objects.filter(name=RECENT_JOBS[0][0]).exists():
+            return
+        now = timezone.now()
+        for name, slug, wtype, gpus, state, ago, ran, exit_code, message in RECENT_JOBS:
+            queue = Queue.objects.get(tenant__slug=slug, name=QUEUE_OF_TYPE[wtype])
+            started = now - timedelta(hours=ago)
+            submitted = started - timedelta(minutes=4)
+            finished = started + timedelta(hours=ran)
+            job = Job.objects.create(
+                tenant=queue.tenant,
+                project=Project.objects.filter(tenant=queue.tenant).order_by("slug").first(),
+                queue=queue,
+                submitted_by=User.objects.get(username=f"{slug}-member"),
+                name=name,
+                workload_type=wtype,
+                base_priority_class=classes["normal"],
+                priority_class=classes["normal"],
+                state=state,
+                command=["python", f"{wtype}.py"],
+                gpus_per_node=gpus,
+                # The limit it ran into, or twice what it used.
+                max_runtime_seconds=int(
+                    ran * HOUR if state == JobState.TIMED_OUT else max(2 * ran, 1) * HOUR
+                ),
+                submitted_at=submitted,
+                admitted_at=started,
+                started_at=started,
+                finished_at=finished,
+                exit_code=exit_code,
+                failure_message=message,
+                preemption_count=1 if state == JobState.PREEMPTED else 0,
+            )
+            JobEvent.objects.bulk_create(
+                [
+                    JobEvent(job=job, created_at=submitted, kind="submitted", message=""),
+                    JobEvent(job=job, created_at=started, kind="admitted", message=""),
+                    JobEvent(job=job, created_at=started, kind="started", message=""),
+                    JobEvent(job=job, created_at=finished, kind=END_EVENT[state], message=message),
+                ]
+            )
+
+    def _raises(self, classes) -> None:
+        """Raise ceilings for both tenants, and two raises nlp-member waits on: one nlp-admin
+        may approve (up to the ceiling), one above it that only a platform admin may."""
+        for tenant in Tenant.objects.filter(slug__in=[t[0] for t in TENANTS]):
+            TenantRaiseCeiling.objects.get_or_create(
+                tenant=tenant, defaults={"ceiling": classes[RAISE_CEILING]}
+            )
+        member = User.objects.get(username="nlp-member")
+        if Job.objects.filter(name__startswith="demo-held-").exists():
+            return
+        queue = Queue.objects.get(tenant__slug="nlp", name="train-prod")
+        project = Project.objects.get(tenant__slug="nlp", slug="eval-harness")
+        wanted = [
+            ("demo-held-release-eval", "high", "The release candidate must be evaluated today."),
+            ("demo-held-hotfix-train", "release-critical", "Hotfix model for the outage."),
+        ]
+        for name, to_class, reason in wanted:
+            job = job_services.job_submit(
+                user=member,
+                spec=job_services.JobSpec(
+                    queue=queue,
+                    project=project,
+                    name=name,
+                    workload_type=WorkloadType.EVALUATION,
+                    command=["python", "eval.py"],
+                    gpus_per_node=2,
+                ),
+            )
+            # Held, so the demo's scheduler leaves them waiting for the decision.
+            job_services.job_hold(user=member, job=job, reason="waiting for the raise")
+            raise_services.priority_raise_request(
+                user=member, job=job, to_class=classes[to_class], reason=reason, hours=4
+            )
 
     @transaction.atomic
     def handle(self, *args, **options):
@@ -316,6 +480,8 @@ class Command(BaseCommand):
                     },
                 )
         self._history(classes)
+        self._recent(classes)
+        self._raises(classes)
         self.stdout.write(
             self.style.SUCCESS(f"Demo data ready. Logins (password for all: {DEMO_PASSWORD}):")
         )
