@@ -110,7 +110,7 @@ class JobSubmitForm(forms.Form):
     workload_type = forms.ChoiceField(
         choices=WorkloadType.choices,
         initial=WorkloadType.TRAINING,
-        help_text="Sets the runtime limits, preemption and idle reclaim (table on the right).",
+        help_text="Sets the runtime limits, preemption and idle reclaim (table below).",
     )
     # Free text underneath (a comma list is still accepted), chosen from a list of the
     # models of the pool: the service answers an unknown model with the pool's models.
