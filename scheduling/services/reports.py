@@ -38,6 +38,7 @@ from django.db import transaction
 from scheduling.agent.protocol import HEARTBEAT, ProtocolError, validate_report
 
 from . import nodes
+from .runtime_history import runtime_history_batch
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ def agent_reports_process(*, reports: list) -> dict[str, int]:
     valid = [r for r in reports if _valid(r)]
     items = _newest_heartbeats(valid)
     failed = 0
-    with nodes.one_dispatch_per_batch():
+    with runtime_history_batch(), nodes.one_dispatch_per_batch():
         for start in range(0, len(items), REPORTS_PER_TRANSACTION):
             failed += _apply_group(items[start : start + REPORTS_PER_TRANSACTION])
     return {

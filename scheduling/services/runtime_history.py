@@ -15,6 +15,9 @@ install upgraded from before the table existed (its migration runs it).
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import datetime
 
 from django.db import transaction
@@ -55,10 +58,56 @@ def merged_entries(entries: list, entry: list) -> list:
     return merged[:HISTORY_JOBS]
 
 
+#: Set inside ``runtime_history_batch``: the entries of jobs whose end has committed.
+_batch: ContextVar[list | None] = ContextVar("runtime_history_batch", default=None)
+
+
+@contextmanager
+def runtime_history_batch() -> Iterator[None]:
+    """Jobs ending inside this block (a batch of agent reports) add their entries after it,
+    in one short transaction. Recorded at each end, the two rows every job of a project
+    shares would stay locked until the end of the reports' transaction, and two workers
+    handling reports at once would wait on each other for that long."""
+    entries: list[tuple[tuple, list]] = []
+    token = _batch.set(entries)
+    try:
+        yield
+    finally:
+        _batch.reset(token)
+        # Registered last: runs after the ends' own on-commit callbacks that fill
+        # ``entries`` (at once in a worker, where each group has committed already).
+        transaction.on_commit(lambda: _add_entries(entries) if entries else None)
+
+
+@transaction.atomic
+def _add_entries(entries: list[tuple[tuple, list]]) -> None:
+    """Merge entries into their rows, the rows locked in key order (no deadlock between
+    two workers doing the same)."""
+    by_key: dict[tuple, list[list]] = defaultdict(list)
+    for key, entry in entries:
+        by_key[key].append(entry)
+    now = timezone.now()
+    for key in sorted(by_key, key=lambda k: (k[0], k[1], k[2] or 0)):
+        project_id, workload_type, submitter_id = key
+        row, _ = RuntimeHistory.objects.select_for_update().get_or_create(
+            project_id=project_id,
+            workload_type=workload_type,
+            submitted_by_id=submitter_id,
+            defaults={"updated_at": now},
+        )
+        merged = row.entries or []
+        for entry in by_key[key]:
+            merged = merged_entries(merged, entry)
+        row.entries, row.updated_at = merged, now
+        row.save(update_fields=["entries", "updated_at"])
+
+
 @transaction.atomic
 def runtime_history_record(job: Job, *, now: datetime | None = None) -> None:
     """Add a job that has just succeeded or timed out to its submitter's and its project's
-    runtime history (the rows are locked: two jobs ending at once both count)."""
+    runtime history (the rows are locked: two jobs ending at once both count). Inside
+    ``runtime_history_batch`` the entries wait for the end of the batch (and for the
+    job's end to commit)."""
     if job.state not in HISTORY_STATES:
         return
     ratio = finished_ratio(
@@ -71,6 +120,12 @@ def runtime_history_record(job: Job, *, now: datetime | None = None) -> None:
         return
     now = now or timezone.now()
     entry = [(job.finished_at or now).timestamp(), round(ratio, 6)]
+    batch = _batch.get()
+    if batch is not None:
+        keys = [(job.project_id, job.workload_type, s) for s in (job.submitted_by_id, None)]
+        # Only once the end commits: a report rolled back (its savepoint) adds nothing.
+        transaction.on_commit(lambda: batch.extend((key, entry) for key in keys))
+        return
     for submitter_id in (job.submitted_by_id, None):
         row, _ = RuntimeHistory.objects.select_for_update().get_or_create(
             project_id=job.project_id,
