@@ -69,8 +69,8 @@ def _covers(raise_: PriorityRaise, job) -> bool:
 
 
 def _class_value(job) -> int:
-    """A running job's class value, or a waiting one's (the dispatch loop reads waiting
-    jobs as plain rows: ``PendingRow.priority``)."""
+    """A job's class value: the dispatch loop reads placed and waiting jobs as plain rows
+    (``RunningRow.priority``, ``PendingRow.priority``)."""
     priority = getattr(job, "priority", None)
     return priority if isinstance(priority, int) else job.priority_class.value
 
@@ -85,7 +85,7 @@ def _position(plan, job_id: int) -> tuple[bool, int | None, int | None]:
 def _impact(raise_: PriorityRaise, loaded, baseline, engine) -> RaiseImpact:
     snapshot = loaded.snapshot
     pending_ids = {j.id for j in loaded.pending.values() if _covers(raise_, j)}
-    running_ids = {j.pk for j in loaded.running.values() if _covers(raise_, j)}
+    running_ids = {j.id for j in loaded.running.values() if _covers(raise_, j)}
     policy_of = loaded.policies.get
     pending = [
         _raised(p, raise_.to_class, policy_of(p.workload_type)) if p.id in pending_ids else p
@@ -122,7 +122,8 @@ def _impact(raise_: PriorityRaise, loaded, baseline, engine) -> RaiseImpact:
         for p in after.preemptions
         if p.preemptor_id in pending_ids and (p.victim_id, p.preemptor_id) not in before_pairs
     ]
-    result.preempts = [loaded.running[v] for v in dict.fromkeys(victims) if v in loaded.running]
+    found = Job.objects.select_related("tenant", "priority_class").in_bulk(victims)
+    result.preempts = [found[v] for v in dict.fromkeys(victims) if v in found]
     if not pending_ids and not running_ids:
         result.note = "No job it covers is waiting or running now."
     return result

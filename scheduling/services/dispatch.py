@@ -89,13 +89,53 @@ def _from_epoch(value: float | None) -> datetime | None:
     return datetime.fromtimestamp(value, tz=UTC) if value is not None else None
 
 
+@dataclass(slots=True)
+class RunningRow:
+    """What a cycle reads of a placed job (ADMITTED, RUNNING or STOPPING): plain values,
+    the model object is read only for a job the cycle preempts."""
+
+    id: int
+    project_id: int
+    tenant: str
+    pool: str
+    workload_type: str
+    priority: int
+    priority_class: str
+    class_preemptible: bool
+    admitted_at: datetime | None
+    max_runtime_seconds: int
+    state: str
+    stop_reason: str
+    preemption_count: int
+
+
+def _load_running() -> dict[int, RunningRow]:
+    """The placed jobs, one narrow query (their tenants, pools and classes by joins)."""
+    rows = Job.objects.filter(state__in=ACTIVE_STATES).values_list(
+        "id",
+        "project_id",
+        "tenant__slug",
+        "queue__pool__name",
+        "workload_type",
+        "priority_class__value",
+        "priority_class__name",
+        "priority_class__preemptible",
+        "admitted_at",
+        "max_runtime_seconds",
+        "state",
+        "stop_reason",
+        "preemption_count",
+    )
+    return {row[0]: RunningRow(*row) for row in rows.order_by()}
+
+
 @dataclass
 class Loaded:
     """The rows a cycle reads, kept for applying the plan without reading them again."""
 
     snapshot: engine.Snapshot
     pending: dict[int, PendingRow] = field(default_factory=dict)
-    running: dict[int, Job] = field(default_factory=dict)
+    running: dict[int, RunningRow] = field(default_factory=dict)
     gpus: dict[int, tuple[int, int, str]] = field(
         default_factory=dict
     )  # gpu id -> (node id, index, uuid)
@@ -230,10 +270,7 @@ def load_snapshot(
         for q in Quota.objects.select_related("tenant", "pool")
     ]
 
-    related = ("tenant", "project", "queue", "queue__pool", "priority_class")
-    running_jobs = {
-        j.id: j for j in Job.objects.filter(state__in=ACTIVE_STATES).select_related(*related)
-    }
+    running_jobs = _load_running()
     alloc_by_job: dict[int, list[tuple[int, bool, str]]] = defaultdict(list)
     for job_id, gpu_id, borrowed, model in Allocation.objects.filter(
         released_at__isnull=True
@@ -244,17 +281,16 @@ def load_snapshot(
     for job in running_jobs.values():
         allocs = alloc_by_job.get(job.id, [])
         policy = policies.get(job.workload_type)
-        in_use[job.tenant.slug] += len(allocs)
+        in_use[job.tenant] += len(allocs)
         running.append(
             engine.RunningJob(
                 id=job.id,
-                tenant=job.tenant.slug,
-                pool=job.queue.pool.name,
+                tenant=job.tenant,
+                pool=job.pool,
                 workload_type=job.workload_type,
-                priority=job.priority_class.value,
-                priority_class=job.priority_class.name,
-                preemptible=job.priority_class.preemptible
-                and (policy.preemptible if policy else True),
+                priority=job.priority,
+                priority_class=job.priority_class,
+                preemptible=job.class_preemptible and (policy.preemptible if policy else True),
                 gpu_ids=tuple(a[0] for a in allocs),
                 gpu_model=allocs[0][2] if allocs else "",
                 borrowed=any(a[1] for a in allocs),
@@ -472,10 +508,13 @@ def _apply_placements(plan: engine.Plan, loaded: Loaded, now: datetime) -> list[
 
 
 def _apply_preemptions(plan: engine.Plan, loaded: Loaded) -> None:
+    if not plan.preemptions:
+        return
+    victims = Job.objects.select_related("tenant").in_bulk([p.victim_id for p in plan.preemptions])
     for preemption in plan.preemptions:
-        victim = loaded.running.get(preemption.victim_id)
+        victim = victims.get(preemption.victim_id)
         preemptor = loaded.pending.get(preemption.preemptor_id)
-        if victim is None or victim.state == JobState.STOPPING:
+        if victim is None or victim.state not in (JobState.ADMITTED, JobState.RUNNING):
             continue
         message = (
             getattr(preemption, "message", "") or f"Preempted by job {preemption.preemptor_id}."
