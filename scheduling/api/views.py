@@ -297,9 +297,10 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
                 },
             )
         job = jobs.job_submit(user=request.user, spec=spec)
-        return idempotency.Answer(
-            status.HTTP_201_CREATED, self.get_serializer(self.get_queryset().get(pk=job.pk)).data
-        )
+        # The job as stored, with the objects it was made from: no second read. A job
+        # just submitted holds no GPU.
+        job.active_allocations = []
+        return idempotency.Answer(status.HTTP_201_CREATED, self.get_serializer(job).data)
 
     @extend_schema(
         request=s.JobBulkSerializer,

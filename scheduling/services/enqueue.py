@@ -53,8 +53,12 @@ def request_dispatch() -> None:
 
 
 def dispatch_on_commit() -> None:
-    """Request a dispatch cycle once the current transaction commits (never for a rollback)."""
-    transaction.on_commit(lambda: request_dispatch())
+    """Request a dispatch cycle once the current transaction commits (never for a rollback).
+
+    Robust: the change has committed by then, so a broker or cache that fails to take the
+    request is logged, not turned into an error for the caller; the periodic cycle
+    (``SLUICE_DISPATCH_INTERVAL``) picks the change up."""
+    transaction.on_commit(lambda: request_dispatch(), robust=True)
 
 
 def reports_probe_enqueue(sent_at: float) -> None:
