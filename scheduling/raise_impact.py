@@ -7,12 +7,22 @@ and planned again with the raised jobs at the target class. Nothing is written.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.utils import timezone
 
 from .models import Job, PriorityRaise, TenantUsage
+from .services.pending_cache import PendingCache
+
+# The waiting jobs as this web process last read them for a preview (read whole only when
+# new or changed; see pending_cache): with 10,000 waiting, the approvals page takes ~140 ms
+# instead of ~400 ms. Read whole again every 10 minutes (the dispatch leader: every minute).
+# Previews are serialized: the cache's records are updated in place by each load and must
+# not change under a plan that uses them.
+_PREVIEW_CACHE = PendingCache(full_reload_seconds=600)
+_PREVIEW_LOCK = threading.Lock()
 
 
 @dataclass
@@ -140,8 +150,15 @@ def raise_impacts(
         from .services.dispatch import load_snapshot
     except ImportError:  # the engine is optional for the pages: they work without the preview
         return {}
-    loaded = load_snapshot(now or timezone.now(), update_usage=False)
-    if not loaded.snapshot.usage:
-        loaded.snapshot = dataclasses.replace(loaded.snapshot, usage=_stored_usage())
-    baseline = engine.plan(loaded.snapshot)
-    return {r.pk: _impact(r, loaded, baseline, engine) for r in raises}
+    with _PREVIEW_LOCK:
+        try:
+            loaded = load_snapshot(
+                now or timezone.now(), update_usage=False, pending_cache=_PREVIEW_CACHE
+            )
+            if not loaded.snapshot.usage:
+                loaded.snapshot = dataclasses.replace(loaded.snapshot, usage=_stored_usage())
+            baseline = engine.plan(loaded.snapshot)
+            return {r.pk: _impact(r, loaded, baseline, engine) for r in raises}
+        except Exception:
+            _PREVIEW_CACHE.clear()
+            raise

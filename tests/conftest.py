@@ -131,13 +131,16 @@ def _fresh_dispatch_cache():
     test's rolled-back database reuses ids, so each test starts with an empty copy."""
     from django.core.cache import cache
 
+    from scheduling.raise_impact import _PREVIEW_CACHE
     from scheduling.services.dispatch import LEADER_CACHE
     from scheduling.services.nodes import REPORTS_PROBE_KEY
 
     LEADER_CACHE.clear()
+    _PREVIEW_CACHE.clear()
     cache.delete(REPORTS_PROBE_KEY)
     yield
     LEADER_CACHE.clear()
+    _PREVIEW_CACHE.clear()
 
 
 @pytest.fixture

@@ -87,7 +87,8 @@ class _Entry:
 class PendingCache:
     """See the module docstring. ``load`` returns the rows and the engine's records."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, full_reload_seconds: float = FULL_RELOAD_SECONDS) -> None:
+        self._full_reload_seconds = full_reload_seconds
         self._entries: dict[int, _Entry] = {}
         self._fingerprint: tuple = ()
         self._loaded_at = 0.0
@@ -128,7 +129,7 @@ class PendingCache:
             tuple(sorted(classes.values())),
             tuple(sorted((t, p.preemptible, p.max_wait_seconds) for t, p in policies.items())),
         )
-        stale = time.monotonic() - self._loaded_at > FULL_RELOAD_SECONDS
+        stale = time.monotonic() - self._loaded_at > self._full_reload_seconds
         if fingerprint != self._fingerprint or stale:
             self.clear()
             self._fingerprint = fingerprint
