@@ -144,8 +144,16 @@ class Loaded:
     policies: dict[str, WorkloadPolicy] = field(default_factory=dict)
 
 
+#: Each tenant's decayed usage is stored at most this often. Between two writes a cycle
+#: computes it from the stored value (the GPUs in use now counted since then: a few GPU-
+#: seconds against a history of days), so that a cycle that changes nothing writes nothing
+#: (and its commit waits on no disk).
+USAGE_WRITE_SECONDS = 10.0
+
+
 def _update_usage(now: datetime, in_use: dict[str, int]) -> dict[str, float]:
-    """Decay and accrue each tenant's fair-share usage since the last cycle; returns it by slug."""
+    """Decay and accrue each tenant's fair-share usage since it was last stored; returns it
+    by slug, storing it when that was ``USAGE_WRITE_SECONDS`` ago or more."""
     from tenants.models import Tenant
 
     rows = {u.tenant_id: u for u in TenantUsage.objects.all()}
@@ -165,9 +173,10 @@ def _update_usage(now: datetime, in_use: dict[str, int]) -> dict[str, float]:
             settings.SLUICE_USAGE_HALF_LIFE_SECONDS,
             {slug: in_use.get(slug, 0)},
         ).get(slug, 0.0)
-        row.gpu_seconds, row.updated_at = value, now
         usage[slug] = value
-        changed.append(row)
+        if elapsed >= USAGE_WRITE_SECONDS:
+            row.gpu_seconds, row.updated_at = value, now
+            changed.append(row)
     TenantUsage.objects.bulk_update(changed, ["gpu_seconds", "updated_at"], batch_size=500)
     TenantUsage.objects.bulk_create(created, ignore_conflicts=True)
     return usage

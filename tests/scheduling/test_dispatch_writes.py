@@ -5,6 +5,8 @@ leader keeps the waiting jobs between cycles: a cycle in which nothing changed w
 job row, and a job leaving the head does not rewrite the jobs behind it.
 """
 
+from datetime import timedelta
+
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -54,12 +56,36 @@ def backlog(world):
     return running, waiting
 
 
-def test_a_cycle_in_which_nothing_changed_writes_no_job_row(backlog):
+def test_a_cycle_in_which_nothing_changed_writes_no_job_row(
+    backlog, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=True):
+        dispatch_cycle()  # committed: the leader knows the estimates it wrote
     with CaptureQueriesContext(connection) as ctx:
         stats = dispatch_cycle()
     assert stats["pending"] == 6 and stats["placed"] == 0
     assert stats["pending_updated"] == 0 and stats["pending_read_whole"] == 0
     assert _job_updates(ctx.captured_queries) == []
+    writes = [
+        q["sql"]
+        for q in ctx.captured_queries
+        if q["sql"].lstrip().upper().startswith(("UPDATE", "INSERT", "DELETE"))
+    ]
+    assert writes == []  # nor usage, estimates or anything else: the commit has nothing to wait on
+
+
+def test_fair_share_usage_is_stored_every_ten_seconds(backlog):
+    from freezegun import freeze_time
+
+    from scheduling.models import TenantUsage
+
+    before = dict(TenantUsage.objects.values_list("tenant__slug", "updated_at"))
+    dispatch_cycle()
+    assert dict(TenantUsage.objects.values_list("tenant__slug", "updated_at")) == before
+    with freeze_time(timezone.now() + timedelta(seconds=11)):
+        dispatch_cycle()
+        after = TenantUsage.objects.get(tenant__slug="nlp")
+    assert after.updated_at > before["nlp"] and after.gpu_seconds > 0  # 16 GPUs busy meanwhile
 
 
 def test_positions_follow_the_order_without_rewriting_the_jobs_behind(world, backlog):
