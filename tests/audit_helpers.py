@@ -46,3 +46,33 @@ def tamper(sql: str, params: list | None = None) -> None:
     """Run one raw statement on the audit table with the guard out of the way."""
     with append_only_guard_dropped(), connection.cursor() as cursor:
         cursor.execute(sql, params or [])
+
+
+@contextmanager
+def flushes_past_the_audit_guard():
+    """Inside: live-server tests (browser, CLI) can empty the database after each test
+    although the audit log is append-only.
+
+    On SQLite Django empties tables with DELETE, which the audit table's triggers refuse:
+    they are dropped for the flush and created again in the same transaction (both
+    statements are idempotent). PostgreSQL empties tables with TRUNCATE, which its trigger
+    lets through: nothing to do there."""
+    import pytest
+
+    if connection.vendor != "sqlite":
+        yield
+        return
+
+    from django.db.backends.sqlite3.base import DatabaseOperations
+
+    sql_flush = DatabaseOperations.sql_flush
+
+    def flush_with_the_guard_lifted(self, style, tables, **kwargs):
+        statements = sql_flush(self, style, tables, **kwargs)
+        if audit_db.TABLE not in tables:
+            return statements
+        return [*audit_db.SQLITE_DROP, *statements, *audit_db.SQLITE_CREATE]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(DatabaseOperations, "sql_flush", flush_with_the_guard_lifted)
+        yield

@@ -46,33 +46,12 @@ def browser():
 
 @pytest.fixture(scope="session", autouse=True)
 def _flush_past_the_audit_guard():
-    """Empty the test database after each browser test although the audit log is append-only.
+    """Empty the test database after each browser test although the audit log is
+    append-only (see ``tests.audit_helpers.flushes_past_the_audit_guard``). Session-wide,
+    because the flush runs after every function-scoped fixture has been torn down."""
+    from tests.audit_helpers import flushes_past_the_audit_guard
 
-    On SQLite Django empties tables with DELETE, which the audit table's triggers refuse:
-    drop them for the flush and create them again in the same transaction. (PostgreSQL
-    empties tables with TRUNCATE, which its trigger lets through.) Session-wide, because the
-    flush runs after every function-scoped fixture has been torn down.
-    """
-    from django.db import connection
-
-    if connection.vendor != "sqlite":
-        yield
-        return
-
-    from django.db.backends.sqlite3.base import DatabaseOperations
-
-    from portal.audit import db as audit_db
-
-    sql_flush = DatabaseOperations.sql_flush
-
-    def flush_with_the_guard_lifted(self, style, tables, **kwargs):
-        statements = sql_flush(self, style, tables, **kwargs)
-        if audit_db.TABLE not in tables:
-            return statements
-        return [*audit_db.SQLITE_DROP, *statements, *audit_db.SQLITE_CREATE]
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(DatabaseOperations, "sql_flush", flush_with_the_guard_lifted)
+    with flushes_past_the_audit_guard():
         yield
 
 

@@ -17,30 +17,11 @@ from sluice_cli.main import main
 @pytest.fixture(scope="session", autouse=True)
 def _flush_past_the_audit_guard():
     """Empty the test database after each live-server test although the audit log is
-    append-only (as tests/browser/conftest.py does, which this folder cannot import without
-    its browser settings): on SQLite Django empties tables with DELETE, which the audit
-    table's triggers refuse, so they are dropped for the flush and created again in the same
-    transaction (both statements are idempotent, so the two fixtures may wrap each other)."""
-    from django.db import connection
+    append-only (see ``tests.audit_helpers.flushes_past_the_audit_guard``). Session-wide,
+    because the flush runs after every function-scoped fixture has been torn down."""
+    from tests.audit_helpers import flushes_past_the_audit_guard
 
-    if connection.vendor != "sqlite":
-        yield
-        return
-
-    from django.db.backends.sqlite3.base import DatabaseOperations
-
-    from portal.audit import db as audit_db
-
-    sql_flush = DatabaseOperations.sql_flush
-
-    def flush_with_the_guard_lifted(self, style, tables, **kwargs):
-        statements = sql_flush(self, style, tables, **kwargs)
-        if audit_db.TABLE not in tables:
-            return statements
-        return [*audit_db.SQLITE_DROP, *statements, *audit_db.SQLITE_CREATE]
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(DatabaseOperations, "sql_flush", flush_with_the_guard_lifted)
+    with flushes_past_the_audit_guard():
         yield
 
 
