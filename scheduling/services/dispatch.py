@@ -12,7 +12,7 @@ import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -42,7 +42,7 @@ from ..models import (
 from .enqueue import dispatch_on_commit
 from .lifecycle import jobs_transition_bulk
 from .messaging import send_node_messages
-from .pending_cache import PendingCache, PendingRow
+from .pending_cache import PendingCache, PendingRow, epoch
 from .pending_ranks import ranks_after
 from .sql import rows_update
 from .stopping import job_stop
@@ -79,14 +79,6 @@ def _leader_lock():
             yield True
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _epoch(value: datetime | None) -> float:
-    return value.timestamp() if value else 0.0
-
-
-def _from_epoch(value: float | None) -> datetime | None:
-    return datetime.fromtimestamp(value, tz=UTC) if value is not None else None
 
 
 @dataclass(slots=True)
@@ -303,7 +295,7 @@ def load_snapshot(
                 gpu_ids=tuple(a[0] for a in allocs),
                 gpu_model=allocs[0][2] if allocs else "",
                 borrowed=any(a[1] for a in allocs),
-                started_at=_epoch(job.admitted_at),
+                started_at=epoch(job.admitted_at),
                 max_runtime_seconds=job.max_runtime_seconds,
                 min_runtime_before_preemption=policy.min_runtime_before_preemption_seconds
                 if policy

@@ -217,7 +217,8 @@ def _cached_key(entry: _Entry | None) -> tuple | None:
     return entry.key if entry is not None else None
 
 
-def _epoch(value: datetime | None) -> float:
+def epoch(value: datetime | None) -> float:
+    """Unix time of a stored moment, 0 for none (the engine's times)."""
     return value.timestamp() if value else 0.0
 
 
@@ -261,7 +262,7 @@ def _entry(whole: tuple, tenants, projects, pools, classes, policies) -> _Entry:
         nodes=nodes,
         gpu_models=tuple(gpu_models or ()),
         min_gpu_memory_mb=min_memory,
-        submitted_at=_epoch(submitted_at),
+        submitted_at=epoch(submitted_at),
         max_runtime_seconds=max_runtime,
         held=state == JobState.HELD,
         max_wait_seconds=float(policy.max_wait_seconds) if policy else 0.0,
