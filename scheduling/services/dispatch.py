@@ -595,6 +595,7 @@ def _write_estimates(plan: engine.Plan, loaded: Loaded, now: datetime) -> None:
 def dispatch_cycle(now: datetime | None = None) -> dict:
     """One cycle. Returns figures for logs and benchmarks; ``skipped`` if another leader runs."""
     started = time.perf_counter()
+    clock = now is None
     now = now or timezone.now()
     messages: list[tuple[str, dict]] = []
     try:
@@ -603,9 +604,12 @@ def dispatch_cycle(now: datetime | None = None) -> dict:
                 return {"skipped": True}
             loaded = load_snapshot(now, pending_cache=LEADER_CACHE)
             t_loaded = time.perf_counter()
+            # A GPU read as free was released before the snapshot, possibly after the cycle
+            # began: its grant is stamped after the snapshot, so it never precedes that release.
+            granted = max(now, timezone.now()) if clock else now
             plan = engine.plan(loaded.snapshot)
             t_planned = time.perf_counter()
-            messages = _apply_placements(plan, loaded, now)
+            messages = _apply_placements(plan, loaded, granted)
             _apply_preemptions(plan, loaded)
             updated = _apply_pending(plan, loaded, now, LEADER_CACHE)
             transaction.on_commit(lambda: send_node_messages(messages))

@@ -347,3 +347,28 @@ def test_a_node_marked_down_while_the_cycle_plans_gets_no_job(world, monkeypatch
     assert stats["placed"] == 1  # the engine planned it on the snapshot
     assert job.state == JobState.PENDING
     assert not Allocation.objects.filter(job=job).exists()
+
+
+def test_a_gpu_released_after_the_cycle_began_is_granted_after_its_release(world, monkeypatch):
+    # The cycle begins; before its snapshot reads the GPUs, the job holding them exits
+    # (released at the agent's finish time, later than the cycle's start). The next grant
+    # of those GPUs is stamped after that release: no GPU shows two holders at one instant.
+    world.nodes[1].state = NodeState.CORDONED
+    world.nodes[1].save()
+    first = _job(world, gpus=8)  # every GPU of the one schedulable node
+    assert dispatch_cycle()["placed"] == 1
+    job_started({"node": "gpu-01", "job_id": first.pk, "attempt": 0, "pid": 1})
+    second = _job(world, gpus=8)
+    real_load = dispatch.load_snapshot
+
+    def first_exits_then_load(now, **kw):
+        finished = timezone.now().timestamp()
+        exit_report = {"node": "gpu-01", "job_id": first.pk, "attempt": 0, "exit_code": 0}
+        job_exited({**exit_report, "finished_at": finished})
+        return real_load(now, **kw)
+
+    monkeypatch.setattr(dispatch, "load_snapshot", first_exits_then_load)
+    assert dispatch_cycle()["placed"] == 1
+    released = Allocation.objects.filter(job=first).values_list("released_at", flat=True)
+    granted = Allocation.objects.filter(job=second).values_list("granted_at", flat=True)
+    assert len(granted) == 8 and min(granted) >= max(released)
