@@ -68,6 +68,7 @@ INSTALLED_APPS = [
     "portal.accounts",
     "tenants",
     "scheduling",
+    "insights",
 ]
 
 MIDDLEWARE = [

@@ -13,6 +13,7 @@ api_v1 = [
     path("", include("scheduling.limits.api")),
     path("", include("scheduling.api.urls")),
     path("", include("portal.audit.api.urls")),
+    path("", include("insights.api.urls")),
 ]
 
 # The admin login says "locked" too, like the login page (django-axes lockout).
@@ -43,6 +44,7 @@ urlpatterns = [
     path("", include("scheduling.urls")),
     path("", include("portal.audit.urls")),
     path("", include("portal.accounts.urls")),
+    path("", include("insights.urls")),
 ]
 
 # Error pages inside the layout (portal.views), and the icon browsers ask for at /favicon.ico.
