@@ -377,6 +377,25 @@ SLUICE_RETENTION_CLEANUP_SECONDS = env_int("SLUICE_RETENTION_CLEANUP_SECONDS", 3
 # "broker" sends node messages through the broker; "memory" keeps them in a list (tests).
 SLUICE_NODE_TRANSPORT = env_str("SLUICE_NODE_TRANSPORT", "broker")
 
+# --- Insights and metrics (issue 20) ---
+# Rollups: one row per queue and per pool/model/tenant each minute, kept this many days;
+# hourly rows (means of the minutes) kept this many days. The writer runs every
+# SLUICE_ROLLUP_INTERVAL seconds (a beat task on the control queue).
+SLUICE_ROLLUP_INTERVAL = env_int("SLUICE_ROLLUP_INTERVAL", 60)
+SLUICE_ROLLUP_MINUTE_DAYS = env_int("SLUICE_ROLLUP_MINUTE_DAYS", 2)
+SLUICE_ROLLUP_HOUR_DAYS = env_int("SLUICE_ROLLUP_HOUR_DAYS", 90)
+# A job's GPU chart keeps at most this many points (neighbours merge beyond it).
+SLUICE_JOB_SERIES_POINTS = env_int("SLUICE_JOB_SERIES_POINTS", 720)
+# /metrics answers a request with "Authorization: Bearer <SLUICE_METRICS_TOKEN>" or from an
+# address in SLUICE_METRICS_ALLOWED_NETWORKS (CIDRs); with neither set, only loopback.
+SLUICE_METRICS_TOKEN = env_str("SLUICE_METRICS_TOKEN", "")
+SLUICE_METRICS_ALLOWED_NETWORKS = env_list(
+    "SLUICE_METRICS_ALLOWED_NETWORKS", ["127.0.0.0/8", "::1/128"]
+)
+# Where web and Celery processes keep prometheus-client's multiprocess files (event
+# counters and histograms: admission waits, outcomes, preemptions, dispatch cycles).
+PROMETHEUS_MULTIPROC_DIR = Path(env_str("PROMETHEUS_MULTIPROC_DIR", str(VAR_DIR / "prometheus")))
+
 # --- REST API ---
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
