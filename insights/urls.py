@@ -7,4 +7,5 @@ urlpatterns = [
     path("", include("insights.urls_pages")),
     path("", include("insights.urls_usage")),
     path("", include("insights.urls_recommendations")),
+    path("", include("insights.urls_reviews")),
 ]

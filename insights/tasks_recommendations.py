@@ -1,0 +1,1 @@
+"""Tasks of this part of the insights (see insights/tasks.py)."""
