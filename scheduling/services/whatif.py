@@ -1,10 +1,12 @@
 """What-if replays of the cluster's own history, and the export of that history.
 
-A platform admin changes quotas (a tenant's guaranteed GPUs and borrow limit in a pool)
-or the class a tenant's jobs run at, and sees, before changing anything, what the jobs
-recorded in the last days would have waited and received with and without the change.
-Both replays run the real engine (scheduling.simulator) on the cluster as it is now
-(ready nodes, healthy GPUs, quotas, priority classes, workload policies).
+A platform admin changes quotas (a tenant's guaranteed GPUs and borrow limit in a pool),
+the class a tenant's jobs run at, the class one queue's jobs run at (``queue_classes``,
+by queue id) or takes nodes out of the cluster (``cordon``, by node name), and sees,
+before changing anything, what the jobs recorded in the last days would have waited and
+received with and without the change. Both replays run the real engine
+(scheduling.simulator) on the cluster as it is now (ready nodes, healthy GPUs, quotas,
+priority classes, workload policies).
 
 Recorded jobs: those that ran and ended (``started_at`` and ``finished_at`` set), each
 with its last run's duration (a requeued job's earlier runs are not replayed), its
@@ -28,7 +30,16 @@ from portal.errors import BusinessError, NotFoundError, PermissionDeniedError
 
 from ..choices import GpuHealth, NodeState, SimulationState
 from ..engine import QuotaInfo
-from ..models import Gpu, Job, Node, PriorityClass, Quota, SimulationRun, WorkloadPolicy
+from ..models import (
+    Gpu,
+    Job,
+    Node,
+    PriorityClass,
+    Queue,
+    Quota,
+    SimulationRun,
+    WorkloadPolicy,
+)
 from ..simulator import (
     POLICIES,
     ClassSpec,
@@ -196,8 +207,8 @@ def baseline_scenario(jobs: list[SimJob], quotas: dict[int, QuotaInfo]) -> Scena
 
 
 def changed_scenario(baseline: Scenario, quotas: dict[int, QuotaInfo], params: dict) -> Scenario:
-    """The baseline (whose ``quotas`` by id are given) with the quotas and tenants'
-    classes of ``params`` changed."""
+    """The baseline (whose ``quotas`` by id are given) with the quotas, tenants' classes,
+    queues' classes and cordoned nodes of ``params`` changed."""
     overrides = {int(key): value for key, value in (params.get("quotas") or {}).items()}
     changed_quotas = []
     for quota_id, quota in quotas.items():
@@ -212,7 +223,22 @@ def changed_scenario(baseline: Scenario, quotas: dict[int, QuotaInfo], params: d
         replace(job, priority_class=classes[job.tenant]) if classes.get(job.tenant) else job
         for job in baseline.jobs
     ]
-    return replace(baseline, name="changed", quotas=changed_quotas, jobs=jobs)
+    queue_classes = params.get("queue_classes") or {}
+    if queue_classes:
+        queue_of = dict(
+            Job.objects.filter(queue_id__in=[int(key) for key in queue_classes]).values_list(
+                "pk", "queue_id"
+            )
+        )
+        jobs = [
+            replace(job, priority_class=queue_classes[str(queue_of[job.id])])
+            if job.id in queue_of
+            else job
+            for job in jobs
+        ]
+    cordon = set(params.get("cordon") or ())
+    nodes = [node for node in baseline.nodes if node.name not in cordon]
+    return replace(baseline, name="changed", nodes=nodes, quotas=changed_quotas, jobs=jobs)
 
 
 def describe_changes(params: dict) -> list[str]:
@@ -230,6 +256,13 @@ def describe_changes(params: dict) -> list[str]:
             )
     for tenant, cls in sorted((params.get("classes") or {}).items()):
         lines.append(f"{tenant}: jobs run at class {cls}")
+    queue_classes = params.get("queue_classes") or {}
+    queues = Queue.objects.select_related("tenant").in_bulk([int(key) for key in queue_classes])
+    for key, cls in sorted(queue_classes.items()):
+        if int(key) in queues:
+            lines.append(f"queue {queues[int(key)]}: jobs run at class {cls}")
+    for name in params.get("cordon") or ():
+        lines.append(f"node {name}: cordoned (its GPUs left out of the replay)")
     return lines
 
 
@@ -274,7 +307,28 @@ def clean_params(params: dict) -> dict:
             raise BusinessError(f"Unknown priority class {cls}.", field="classes")
         if cls:
             classes[tenant] = cls
-    return {"days": days, "policy": policy, "quotas": quotas, "classes": classes}
+    cleaned = {"days": days, "policy": policy, "quotas": quotas, "classes": classes}
+    # Optional changes, kept out of the parameters when absent (older runs have neither).
+    queue_classes = {}
+    known_queues = set(Queue.objects.values_list("id", flat=True))
+    for key, cls in (params.get("queue_classes") or {}).items():
+        if not str(key).isdigit() or int(key) not in known_queues:
+            raise BusinessError(f"No queue {key}.", field="queue_classes")
+        if cls not in names:
+            raise BusinessError(f"Unknown priority class {cls}.", field="queue_classes")
+        queue_classes[str(int(key))] = cls
+    if queue_classes:
+        cleaned["queue_classes"] = queue_classes
+    cordon = params.get("cordon") or []
+    if not isinstance(cordon, list) or not all(isinstance(name, str) for name in cordon):
+        raise BusinessError("Cordon a list of node names.", field="cordon")
+    cordon = sorted(set(cordon))
+    unknown = set(cordon) - set(Node.objects.filter(name__in=cordon).values_list("name", flat=True))
+    if unknown:
+        raise BusinessError(f"No node {sorted(unknown)[0]}.", field="cordon")
+    if cordon:
+        cleaned["cordon"] = cordon
+    return cleaned
 
 
 @transaction.atomic
