@@ -1,0 +1,348 @@
+"""Usage accounting (chargeback): GPU-hours allocated and used, read from ``UsageDay``,
+grouped and filtered as asked, against the tenants' guarantees. Always scoped to the user.
+
+Who sees what: platform admins every tenant; any member of a tenant (admin, member or
+viewer) the whole tenant's usage, every project and user in it. Inside a team usage is not
+secret: the same people already see all of the tenant's jobs (``jobs_visible_to``), from
+which the hours follow; chargeback is per team, and a member who wants only their own
+hours filters by user. Another tenant's rows never appear, whatever the filters.
+
+The guarantee of a row is the tenant's ``Quota.guaranteed_gpus`` × the hours of the range
+(of the day, for rows grouped by day), summed over the quotas that match the row: its
+tenant (all tenants in scope when the rows are not grouped by tenant), its pool and GPU
+model when grouped so. Hours stop at the present: today counts the hours gone so far, a
+future day none. Quotas are today's (their history is in the audit log, not replayed here).
+A quota for "any model" (blank ``gpu_model``) matches no model row: grouped by GPU model it
+shows on a row of its own, model "any".
+
+The cost does not follow the data: a report is one aggregate query (the database sums the
+rows), one for the totals and one for the quotas, whatever the range or the number of rows.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from django.db.models import QuerySet, Sum
+from django.utils import timezone
+
+from scheduling.models import Quota
+from tenants.models import Membership
+from tenants.selectors import is_platform_admin
+
+from .models import UsageDay
+
+#: Dimensions a report may be grouped by, in the order of the columns.
+GROUP_BY_CHOICES = ("day", "tenant", "project", "user", "workload_type", "pool", "gpu_model")
+DEFAULT_GROUP_BY = ("tenant",)
+DEFAULT_DAYS = 30
+#: The longest range one report covers (three years of days).
+MAX_RANGE_DAYS = 1096
+ANY_MODEL = "any"
+
+# Each dimension: the UsageDay value it reads.
+_SOURCE = {
+    "day": "day",
+    "tenant": "tenant__slug",
+    "project": "project__slug",
+    "user": "user__username",
+    "workload_type": "workload_type",
+    "pool": "pool__name",
+    "gpu_model": "gpu_model",
+}
+# Dimensions a quota has: rows grouped only by these show their guarantees even unused.
+_QUOTA_DIMENSIONS = {"tenant", "pool", "gpu_model"}
+
+
+@dataclass(frozen=True)
+class UsageQuery:
+    """What a report covers: days ``start`` to ``end`` (UTC, both included), grouped by
+    ``group_by`` (canonical order), filtered by tenant slugs, project ids, pool names and
+    user names (empty: no filter)."""
+
+    start: dt.date
+    end: dt.date
+    group_by: tuple[str, ...] = DEFAULT_GROUP_BY
+    tenants: tuple[str, ...] = ()
+    projects: tuple[int, ...] = ()
+    pools: tuple[str, ...] = ()
+    users: tuple[str, ...] = ()
+
+    @property
+    def days(self) -> int:
+        return (self.end - self.start).days + 1
+
+
+@dataclass
+class UsageReport:
+    query: UsageQuery
+    columns: tuple[str, ...]
+    rows: list[dict] = field(default_factory=list)
+    totals: dict = field(default_factory=dict)
+    hours: float = 0.0
+
+
+# --- input ------------------------------------------------------------------------------------
+
+
+def default_range(today: dt.date | None = None) -> tuple[dt.date, dt.date]:
+    """The last 30 days, today included."""
+    today = today or timezone.now().date()
+    return today - dt.timedelta(days=DEFAULT_DAYS - 1), today
+
+
+def range_errors(start: dt.date | None, end: dt.date | None) -> dict[str, list[str]]:
+    """Field messages for a range that is backwards or too long (empty: fine)."""
+    if start is None or end is None:
+        return {}
+    if end < start:
+        return {"end": ["The end must be on or after the start."]}
+    if (end - start).days + 1 > MAX_RANGE_DAYS:
+        return {"end": [f"At most {MAX_RANGE_DAYS} days in one report."]}
+    return {}
+
+
+def split_values(values: Iterable[str]) -> list[str]:
+    """``["tenant,day", "pool"]`` → ``["tenant", "day", "pool"]`` (repeated or comma-separated)."""
+    out: list[str] = []
+    for value in values:
+        out.extend(part.strip() for part in str(value).split(",") if part.strip())
+    return out
+
+
+def group_by_errors(values: Iterable[str]) -> dict[str, list[str]]:
+    unknown = [v for v in values if v not in GROUP_BY_CHOICES]
+    if not unknown:
+        return {}
+    allowed = ", ".join(GROUP_BY_CHOICES)
+    return {
+        "group_by": [f"Unknown: {', '.join(sorted(set(unknown)))[:200]}. Use any of {allowed}."]
+    }
+
+
+def canonical_group_by(values: Iterable[str]) -> tuple[str, ...]:
+    """Known dimensions in column order; a project names its tenant, so ``project`` brings
+    ``tenant`` along (the rows are the same, the column says whose project it is)."""
+    chosen = set(values)
+    if "project" in chosen:
+        chosen.add("tenant")
+    return tuple(d for d in GROUP_BY_CHOICES if d in chosen)
+
+
+# --- scope ------------------------------------------------------------------------------------
+
+
+def usage_days_visible_to(user) -> QuerySet[UsageDay]:
+    """Every UsageDay row the user may read (see the module's docstring)."""
+    if is_platform_admin(user):
+        return UsageDay.objects.all()
+    if not (user and user.is_authenticated and user.is_active):
+        return UsageDay.objects.none()
+    return UsageDay.objects.filter(tenant_id__in=_member_tenant_ids(user))
+
+
+def _member_tenant_ids(user):
+    return Membership.objects.filter(user=user, tenant__active=True).values("tenant_id")
+
+
+def _quotas_visible_to(user) -> QuerySet[Quota]:
+    if is_platform_admin(user):
+        return Quota.objects.all()
+    if not (user and user.is_authenticated and user.is_active):
+        return Quota.objects.none()
+    return Quota.objects.filter(tenant_id__in=_member_tenant_ids(user))
+
+
+def _filtered(user, query: UsageQuery) -> QuerySet[UsageDay]:
+    qs = usage_days_visible_to(user).filter(day__gte=query.start, day__lte=query.end)
+    if query.tenants:
+        qs = qs.filter(tenant__slug__in=query.tenants)
+    if query.projects:
+        qs = qs.filter(project_id__in=query.projects)
+    if query.pools:
+        qs = qs.filter(pool__name__in=query.pools)
+    if query.users:
+        qs = qs.filter(user__username__in=query.users)
+    return qs
+
+
+def _filtered_quotas(user, query: UsageQuery) -> QuerySet[Quota]:
+    qs = _quotas_visible_to(user)
+    if query.tenants:
+        qs = qs.filter(tenant__slug__in=query.tenants)
+    if query.projects:
+        qs = qs.filter(tenant__projects__id__in=query.projects).distinct()
+    if query.pools:
+        qs = qs.filter(pool__name__in=query.pools)
+    return qs
+
+
+# --- hours ------------------------------------------------------------------------------------
+
+
+def _midnight(day: dt.date) -> dt.datetime:
+    return dt.datetime.combine(day, dt.time.min, tzinfo=dt.UTC)
+
+
+def hours_between(start: dt.date, end: dt.date, now: dt.datetime) -> float:
+    """Hours from ``start`` 00:00 UTC to the end of ``end``, stopping at ``now``."""
+    begin = _midnight(start)
+    stop = min(_midnight(end) + dt.timedelta(days=1), now)
+    return max((stop - begin).total_seconds() / 3600.0, 0.0)
+
+
+# --- the report -------------------------------------------------------------------------------
+
+
+def usage_report(user, query: UsageQuery, *, now: dt.datetime | None = None) -> UsageReport:
+    """The rows (all of them, in memory: see ``usage_rows_iter`` for a stream), the totals
+    and the range's hours."""
+    now = now or timezone.now()
+    guarantees = guarantees_for(user, query)
+    rows = list(usage_rows_iter(user, query, guarantees=guarantees, now=now))
+    return UsageReport(
+        query=query,
+        columns=canonical_group_by(query.group_by),
+        rows=rows,
+        totals=usage_totals(user, query, guarantees=guarantees, now=now),
+        hours=round(hours_between(query.start, query.end, now), 3),
+    )
+
+
+def usage_rows_iter(
+    user, query: UsageQuery, *, guarantees: list[dict] | None = None, now: dt.datetime | None = None
+) -> Iterator[dict]:
+    """The report's rows, read in chunks from one aggregate query (flat memory, for CSV)."""
+    now = now or timezone.now()
+    group_by = canonical_group_by(query.group_by)
+    if guarantees is None:
+        guarantees = guarantees_for(user, query)
+    if not group_by:
+        yield usage_totals(user, query, guarantees=guarantees, now=now)
+        return
+    sources = [_SOURCE[d] for d in group_by]
+    qs = (
+        _filtered(user, query)
+        .values(*sources)
+        .annotate(allocated=Sum("allocated_gpu_hours"), used=Sum("used_gpu_hours"))
+        .order_by(*sources)
+    )
+    keys = ((tuple(r[s] for s in sources), r["allocated"], r["used"]) for r in qs.iterator(2000))
+    if set(group_by) <= _QUOTA_DIMENSIONS:
+        # Few rows (at most one per quota and model used): merge in the unused guarantees.
+        keys = iter(_with_unused_guarantees(list(keys), group_by, guarantees))
+    for values, allocated, used in keys:
+        named = dict(zip(group_by, values, strict=True))
+        yield _row(named, allocated or 0.0, used or 0.0, group_by, guarantees, query, now)
+
+
+def usage_totals(
+    user, query: UsageQuery, *, guarantees: list[dict] | None = None, now: dt.datetime | None = None
+) -> dict:
+    """Everything the filters select, summed (one query), against every matching guarantee."""
+    now = now or timezone.now()
+    if guarantees is None:
+        guarantees = guarantees_for(user, query)
+    sums = _filtered(user, query).aggregate(
+        allocated=Sum("allocated_gpu_hours"), used=Sum("used_gpu_hours")
+    )
+    return _row({}, sums["allocated"] or 0.0, sums["used"] or 0.0, (), guarantees, query, now)
+
+
+def usage_by_day(user, query: UsageQuery) -> list[dict]:
+    """Allocated and used GPU-hours of each day of the range (days without usage: 0), for
+    the page's chart."""
+    sums = {
+        r["day"]: r
+        for r in _filtered(user, query)
+        .values("day")
+        .annotate(allocated=Sum("allocated_gpu_hours"), used=Sum("used_gpu_hours"))
+        .order_by("day")
+    }
+    days = [query.start + dt.timedelta(days=i) for i in range(query.days)]
+    return [
+        {
+            "day": day,
+            "allocated": round((sums.get(day) or {}).get("allocated") or 0.0, 3),
+            "used": round((sums.get(day) or {}).get("used") or 0.0, 3),
+        }
+        for day in days
+    ]
+
+
+def guarantees_for(user, query: UsageQuery) -> list[dict]:
+    return [
+        {
+            "tenant": q["tenant__slug"],
+            "pool": q["pool__name"],
+            "gpu_model": q["gpu_model"] or ANY_MODEL,
+            "gpus": q["guaranteed_gpus"],
+        }
+        for q in _filtered_quotas(user, query)
+        .filter(guaranteed_gpus__gt=0)
+        .values("tenant__slug", "pool__name", "gpu_model", "guaranteed_gpus")
+        .order_by("tenant__slug", "pool__name", "gpu_model")
+    ]
+
+
+def _with_unused_guarantees(
+    keys: list[tuple], group_by: tuple[str, ...], guarantees: list[dict]
+) -> list[tuple]:
+    if not group_by:
+        return keys
+    seen = {values for values, _, _ in keys}
+    for g in guarantees:
+        values = tuple(g[d] for d in group_by)
+        if values not in seen:
+            seen.add(values)
+            keys.append((values, 0.0, 0.0))
+    return sorted(keys, key=lambda k: tuple("" if v is None else str(v) for v in k[0]))
+
+
+def _row(
+    named: dict,
+    allocated: float,
+    used: float,
+    group_by: tuple[str, ...],
+    guarantees: list[dict],
+    query: UsageQuery,
+    now: dt.datetime,
+) -> dict:
+    matching = [
+        g
+        for g in guarantees
+        if all(g[d] == named[d] for d in group_by if d in _QUOTA_DIMENSIONS)
+        # A project's or a user's row is measured against its tenant's guarantee.
+    ]
+    if "day" in named:
+        hours = hours_between(named["day"], named["day"], now)
+        named = {**named, "day": named["day"].isoformat()}
+    else:
+        hours = hours_between(query.start, query.end, now)
+    guaranteed = sum(g["gpus"] for g in matching) * hours
+    return {
+        **named,
+        "allocated_gpu_hours": round(allocated, 3),
+        "used_gpu_hours": round(used, 3),
+        "utilization_pct": _pct(used, allocated),
+        "guaranteed_gpu_hours": round(guaranteed, 3),
+        "guarantee_allocated_pct": _pct(allocated, guaranteed),
+        "guarantee_used_pct": _pct(used, guaranteed),
+    }
+
+
+def _pct(part: float, whole: float) -> float | None:
+    return round(100.0 * part / whole, 1) if whole > 0 else None
+
+
+#: Columns of a report after its group columns, in the CSV's order.
+FIGURE_COLUMNS = (
+    "allocated_gpu_hours",
+    "used_gpu_hours",
+    "utilization_pct",
+    "guaranteed_gpu_hours",
+    "guarantee_allocated_pct",
+    "guarantee_used_pct",
+)

@@ -1,0 +1,126 @@
+"""The usage page: the report as a table and a chart, the CSV link, form errors, scoping."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from freezegun import freeze_time
+
+from tests import factories as f
+from tests.insights.usage_helpers import usage_day
+
+pytestmark = pytest.mark.django_db
+NOW = "2026-11-15 12:00:00"
+
+
+@pytest.fixture
+def history(world):
+    usage_day(
+        tenant=world.tenant,
+        day="2026-11-01",
+        pool=world.pool,
+        project=world.project,
+        user=world.member,
+        allocated=600,
+        used=300,
+    )
+    usage_day(
+        tenant=world.other,
+        day="2026-11-02",
+        pool=world.pool,
+        project=world.other_project,
+        user=world.outsider,
+        allocated=192,
+        used=48,
+    )
+    return world
+
+
+@freeze_time(NOW)
+def test_platform_admin_sees_every_tenant_and_totals(client, history):
+    client.force_login(history.platform_admin)
+    response = client.get("/usage/", {"start": "2026-11-01", "end": "2026-11-10"})
+    assert response.status_code == 200
+    html = response.content.decode()
+    rows = {r["cells"][0]: r for r in response.context["rows"]}
+    assert set(rows) == {"nlp", "vision"}
+    assert rows["nlp"]["allocated_gpu_hours"] == 600.0
+    assert rows["nlp"]["guarantee_allocated_pct"] == 31.2  # 600 of 8 × 240 h
+    assert response.context["report"].totals["allocated_gpu_hours"] == 792.0
+    assert 'id="usage-csv"' in html
+    assert "/api/v1/usage?start=2026-11-01&amp;end=2026-11-10&amp;format=csv" in html
+    assert 'data-chart="usage-chart-data"' in html
+    chart = response.context["chart"]
+    assert chart["data"]["labels"][0] == "11-01" and len(chart["data"]["labels"]) == 10
+    assert chart["data"]["datasets"][1]["data"][0] == 600.0  # allocated on Nov 1
+    assert chart["data"]["datasets"][0]["data"][0] == 384.0  # 16 guaranteed GPUs × 24 h
+
+
+@freeze_time(NOW)
+def test_member_sees_their_tenant_only(client, history):
+    client.force_login(history.member)
+    response = client.get(
+        "/usage/", {"start": "2026-11-01", "end": "2026-11-10", "group_by": ["tenant", "user"]}
+    )
+    assert [r["cells"] for r in response.context["rows"]] == [["nlp", "nlp-member"]]
+    html = response.content.decode()
+    assert "vision" not in html
+    assert response.context["report"].totals["allocated_gpu_hours"] == 600.0
+
+
+@freeze_time(NOW)
+def test_default_page_is_the_last_30_days(client, history):
+    client.force_login(history.tenant_admin)
+    response = client.get("/usage/")
+    assert response.status_code == 200
+    query = response.context["query"]
+    assert (query.start, query.end) == (dt.date(2026, 10, 17), dt.date(2026, 11, 15))
+    assert "?format=csv" in response.content.decode()
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"start": "2026-02-30"}, "Enter a valid date."),
+        ({"start": "2026-11-10", "end": "2026-11-01"}, "The end must be on or after the start."),
+        ({"group_by": "colour"}, "Select a valid choice."),
+    ],
+)
+def test_bad_input_is_a_form_error(client, world, params, message):
+    client.force_login(world.member)
+    response = client.get("/usage/", params)
+    assert response.status_code == 400
+    assert message in response.content.decode()
+
+
+def test_anonymous_goes_to_login(client, world):
+    response = client.get("/usage/")
+    assert response.status_code == 302 and "/login/" in response["Location"]
+
+
+def _count(client, params) -> int:
+    with CaptureQueriesContext(connection) as ctx:
+        assert client.get("/usage/", params).status_code == 200
+    return len(ctx.captured_queries)
+
+
+@freeze_time(NOW)
+def test_query_count_does_not_grow_with_the_data(client, world):
+    client.force_login(world.platform_admin)
+    params = {"start": "2026-11-01", "end": "2026-11-10", "group_by": ["day", "user"]}
+    usage_day(tenant=world.tenant, day="2026-11-01", pool=world.pool, allocated=1, used=1)
+    few = _count(client, params)
+    for day in range(1, 11):
+        for _ in range(4):
+            usage_day(
+                tenant=world.other,
+                day=dt.date(2026, 11, day),
+                pool=world.pool,
+                user=f.UserFactory(),
+                allocated=2,
+                used=1,
+            )
+    assert _count(client, params) == few
