@@ -10,7 +10,6 @@ from django.core.exceptions import PermissionDenied
 from django.shortcuts import render
 
 from scheduling.choices import ReclaimKind
-
 from tenants.models import Tenant
 
 from .selectors import (

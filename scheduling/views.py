@@ -27,7 +27,7 @@ from tenants.selectors import (
 )
 
 from . import selectors
-from .choices import ACTIVE_STATES, FINAL_STATES, JobState, NodeState
+from .choices import ACTIVE_STATES, FINAL_STATES, GpuHealth, JobState, NodeState
 from .forms import (
     SORTS,
     BulkActionForm,
@@ -404,6 +404,57 @@ def quota_index(request):
     return render(request, "scheduling/quota_index.html", {"tenants": tenants})
 
 
+def _pool_summary(rows) -> list[dict]:
+    """Per pool and GPU model, from the rows the page already holds (no query but the
+    policies'): GPUs in total, allocated, used and idle (allocated, below the holding job's
+    idle threshold in the last sample, or not sampled), free, and down (on a down,
+    draining or cordoned node, or unhealthy, and not allocated). Retired nodes are left out."""
+    thresholds = dict(
+        WorkloadPolicy.objects.values_list("workload_type", "idle_utilization_threshold")
+    )
+    found: dict[tuple[str, str], dict] = {}
+    for row in rows:
+        node = row["node"]
+        if NODE_RETIRED_LABEL in node.labels:
+            continue
+        for g in row["gpus"]:
+            gpu, allocation = g["gpu"], g["allocation"]
+            s = found.setdefault(
+                (node.pool.name, gpu.model),
+                {
+                    "pool": node.pool,
+                    "model": gpu.model,
+                    "total": 0,
+                    "allocated": 0,
+                    "used": 0,
+                    "idle": 0,
+                    "free": 0,
+                    "down": 0,
+                    "utilization": 0.0,
+                },
+            )
+            s["total"] += 1
+            if allocation is not None:
+                s["allocated"] += 1
+                threshold = thresholds.get(allocation.job.workload_type, 5.0)
+                if gpu.utilization is not None and gpu.utilization >= threshold:
+                    s["used"] += 1
+                else:
+                    s["idle"] += 1
+                s["utilization"] += gpu.utilization or 0.0
+            elif node.state != NodeState.READY or gpu.health != GpuHealth.HEALTHY:
+                s["down"] += 1
+            else:
+                s["free"] += 1
+    summary = sorted(found.values(), key=lambda s: (s["pool"].name, s["model"]))
+    for s in summary:
+        total = s["total"] or 1
+        for key in ("used", "idle", "free", "down"):
+            s[f"pct_{key}"] = 100 * s[key] / total
+        s["mean_utilization"] = s["utilization"] / s["allocated"] if s["allocated"] else None
+    return summary
+
+
 @login_required
 def node_list(request):
     show_retired = request.GET.get("retired") == "1"
@@ -433,6 +484,7 @@ def node_list(request):
         template,
         {
             "rows": rows,
+            "summary": _pool_summary(rows),
             "is_admin": request.user.is_staff,
             "retired_count": retired,
             "show_retired": show_retired,
