@@ -140,9 +140,7 @@ def job_raises(world, count: int, *, to_class=None) -> list[PriorityRaise]:
     now = timezone.now()
     raises = []
     for number in range(count):
-        job = f.JobFactory(
-            queue=world.queue, project=world.project, submitted_by=world.member
-        )
+        job = f.JobFactory(queue=world.queue, project=world.project, submitted_by=world.member)
         raises.append(
             PriorityRaise.objects.create(
                 tenant=world.tenant,

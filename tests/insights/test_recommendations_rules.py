@@ -70,9 +70,7 @@ def test_too_short_a_history_proposes_no_lower_guarantee(world):
 def one_hour_target(world):
     world.queue.allowed_workload_types = [WorkloadType.TRAINING]
     world.queue.save()
-    WorkloadPolicy.objects.filter(workload_type=WorkloadType.TRAINING).update(
-        max_wait_seconds=3600
-    )
+    WorkloadPolicy.objects.filter(workload_type=WorkloadType.TRAINING).update(max_wait_seconds=3600)
 
 
 def _slow_queue(world):
