@@ -1,0 +1,924 @@
+"""The rollup writer: the history of the embedded default (no Prometheus needed).
+
+A beat task (``insights.rollup``, every ``SLUICE_ROLLUP_INTERVAL`` seconds) calls
+:func:`rollup_write`. Each run samples the present into the rows of the current minute
+bucket and bills the time since the previous run:
+
+- ``QueueRollup`` (minute) for every queue: the PENDING jobs and GPUs now (HELD jobs are
+  not counted: nobody can schedule them), and the jobs admitted in the minute with their
+  waits (p50, p95, max). A wait is the one that ended at the admission, as
+  :mod:`scheduling.waits` defines it: from the attempt's start (``queued_at``, else
+  ``submitted_at``) to ``admitted_at``; time held counts, as it does on every page. The
+  previous minute's admissions are completed by the next run.
+- ``UsageRollup`` (minute) per pool × GPU model (tenant empty: capacity = schedulable GPUs,
+  healthy on ready nodes) and per pool × GPU model × tenant (capacity = the tenant's
+  guarantee): GPUs allocated (open allocations), used (their utilization / 100) and idle
+  (held below the job's policy threshold).
+- ``GpuActivity`` per GPU: when it was last seen busy, since when it is idle.
+- ``JobGpuSeries`` per running job: one point a minute, merged two by two past
+  ``SLUICE_JOB_SERIES_POINTS``; allocated and used GPU-seconds.
+- ``UsageDay``: allocated and used GPU-hours per day, tenant, project, user, workload type,
+  pool and GPU model.
+
+A GPU sample (``Gpu.utilization``, ``memory_used_mb``, ``sampled_at``, written by the
+agents' heartbeats) older than :func:`stale_after` is *unknown*: it counts as neither used
+nor idle, and the job series stores ``null`` for it.
+
+Billing is exact for allocations: each run bills the minutes ``[previous bucket, current
+bucket)`` as the overlap of every allocation (``granted_at``, ``released_at``) with them, so
+a job shorter than a minute is billed too. Used GPU-seconds are that overlap × the GPU's
+present utilization (0 for an allocation already released, or an unknown sample). The
+window is capped (:func:`window_cap`): a writer that was down does not bill its outage at
+one sample.
+
+When an hour has ended its hour rows are written from the minute rows (means; admitted
+counts summed; waits recomputed from the jobs admitted in that hour), and rows past their
+retention are deleted. A run reads and writes in bulk: its query count does not grow with
+the number of jobs, GPUs or queues. Two overlapping runs cannot both write: the run holds
+a lock (a PostgreSQL advisory lock, a file lock on SQLite) and one that cannot take it
+does nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import BigIntegerField, Count, F, Func, IntegerField, JSONField, Max, Min, Q
+from django.db.models import Sum, Value
+from django.utils import timezone
+
+from scheduling.choices import JobState, NodeState
+from scheduling.models import Allocation, Gpu, Job, Queue, Quota, WorkloadPolicy
+
+from .choices import Resolution
+from .models import GpuActivity, JobGpuSeries, QueueRollup, UsageDay, UsageRollup
+
+MINUTE = timedelta(minutes=1)
+HOUR = timedelta(hours=1)
+DEFAULT_IDLE_THRESHOLD = 5.0
+#: States in which a job's GPUs are charted (an ADMITTED job is still launching).
+SERIES_STATES = (JobState.RUNNING, JobState.STOPPING)
+_LOCK_KEY = 0x5_1CE_2011
+
+
+# --- small helpers ------------------------------------------------------------------------
+
+
+def floor_minute(moment: datetime) -> datetime:
+    return moment.replace(second=0, microsecond=0)
+
+
+def floor_hour(moment: datetime) -> datetime:
+    return moment.replace(minute=0, second=0, microsecond=0)
+
+
+def window_cap() -> timedelta:
+    """The most one run bills (and the age past which a GPU sample is unknown): three
+    intervals, at least three minutes."""
+    return timedelta(seconds=3 * max(settings.SLUICE_ROLLUP_INTERVAL, 60))
+
+
+def stale_after() -> timedelta:
+    return window_cap()
+
+
+def admission_wait(admitted_at: datetime, queued_at: datetime | None, submitted_at) -> float:
+    """The wait that ended at an admission (scheduling.waits: the attempt's wait)."""
+    return max((admitted_at - (queued_at or submitted_at)).total_seconds(), 0.0)
+
+
+def percentile(ordered: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default) of sorted values."""
+    if len(ordered) == 1:
+        return ordered[0]
+    rank = (len(ordered) - 1) * q
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def wait_figures(waits: list[float]) -> tuple[float | None, float | None, float | None]:
+    """(p50, p95, max) of waits in seconds; Nones when there are none."""
+    if not waits:
+        return None, None, None
+    ordered = sorted(waits)
+    return percentile(ordered, 0.5), percentile(ordered, 0.95), ordered[-1]
+
+
+def overlap_seconds(start: datetime, end: datetime | None, lo: datetime, hi: datetime) -> float:
+    """Seconds of ``[start, end)`` (end None: open) inside ``[lo, hi)``."""
+    right = hi if end is None else min(end, hi)
+    return max((right - max(start, lo)).total_seconds(), 0.0)
+
+
+def day_segments(lo: datetime, hi: datetime) -> list[tuple[date, datetime, datetime]]:
+    """``[lo, hi)`` cut at UTC midnights: (day, start, end) pieces."""
+    pieces = []
+    start = lo
+    while start < hi:
+        midnight = datetime.combine(start.astimezone(UTC).date(), datetime.min.time(), UTC)
+        end = min(midnight + timedelta(days=1), hi)
+        pieces.append((midnight.date(), start, end))
+        start = end
+    return pieces
+
+
+def guarantees(
+    quotas: list[tuple[int, int, str, int]], models: dict[int, dict[str, int]]
+) -> dict[tuple[int, str, int], float]:
+    """Each tenant's guarantee per (pool, GPU model, tenant).
+
+    A quota for a model is that model's; a quota for any model (blank) is one budget for
+    the pool's models the tenant has no quota of its own for (as the engine reads it): it
+    is split among them in proportion to their GPUs (all of it when there is one)."""
+    out: dict[tuple[int, str, int], float] = {}
+    explicit: dict[tuple[int, int], set[str]] = defaultdict(set)
+    for tenant_id, pool_id, model, guaranteed in quotas:
+        if model:
+            explicit[(tenant_id, pool_id)].add(model)
+            out[(pool_id, model, tenant_id)] = float(guaranteed)
+    for tenant_id, pool_id, model, guaranteed in quotas:
+        if model or not guaranteed:
+            continue
+        shared = {
+            m: n
+            for m, n in models.get(pool_id, {}).items()
+            if m not in explicit[(tenant_id, pool_id)]
+        }
+        total = sum(shared.values())
+        for m, n in shared.items():
+            share = guaranteed * n / total if total else guaranteed / len(shared)
+            out[(pool_id, m, tenant_id)] = out.get((pool_id, m, tenant_id), 0.0) + share
+    return out
+
+
+# --- JSON expressions (the series grow in the database, not read back) ------------------------
+
+
+class _JsonLength(Func):
+    """Number of elements of a JSON array column."""
+
+    function = "json_array_length"
+    arity = 1
+    output_field = IntegerField()
+
+    def as_postgresql(self, compiler, connection, **extra):
+        return self.as_sql(compiler, connection, function="jsonb_array_length", **extra)
+
+
+class _JsonLastTime(Func):
+    """The time (first element) of the last point of a series' ``points``."""
+
+    arity = 1
+    output_field = BigIntegerField()
+
+    def as_sqlite(self, compiler, connection, **extra):
+        sql, params = compiler.compile(self.source_expressions[0])
+        return f"json_extract({sql}, '$[#-1][0]')", params
+
+    def as_postgresql(self, compiler, connection, **extra):
+        sql, params = compiler.compile(self.source_expressions[0])
+        return f"((({sql}) -> -1) ->> 0)::bigint", params
+
+
+class _JsonAppend(Func):
+    """``points`` with one point added at the end."""
+
+    arity = 1
+    output_field = JSONField()
+
+    def __init__(self, point: list, **extra):
+        super().__init__(F("points"), **extra)
+        self.point = point
+
+    def as_sqlite(self, compiler, connection, **extra):
+        sql, params = compiler.compile(self.source_expressions[0])
+        return (
+            f"json_insert(COALESCE({sql}, '[]'), '$[#]', json(%s))",
+            [*params, json.dumps(self.point)],
+        )
+
+    def as_postgresql(self, compiler, connection, **extra):
+        sql, params = compiler.compile(self.source_expressions[0])
+        return f"(COALESCE({sql}, '[]'::jsonb) || %s::jsonb)", [*params, json.dumps([self.point])]
+
+
+def series_merge(points: list) -> list:
+    """Neighbours merged two by two: the first one's time, the mean of each GPU's values
+    (of those known; null when neither is)."""
+    merged = []
+    for i in range(0, len(points), 2):
+        pair = points[i : i + 2]
+        merged.append(
+            [
+                pair[0][0],
+                _mean_columns([p[1] for p in pair]),
+                _mean_columns([p[2] for p in pair]),
+            ]
+        )
+    return merged
+
+
+def _mean_columns(rows: list[list]) -> list:
+    width = max(len(r) for r in rows)
+    out = []
+    for i in range(width):
+        known = [r[i] for r in rows if i < len(r) and r[i] is not None]
+        out.append(round(sum(known) / len(known), 1) if known else None)
+    return out
+
+
+# --- the writer -------------------------------------------------------------------------------
+
+
+@dataclass
+class RollupRun:
+    """What one run did (the task returns it as a dict, for the worker's log)."""
+
+    bucket: datetime
+    billed_seconds: float
+    queue_rows: int = 0
+    usage_rows: int = 0
+    series: int = 0
+    usage_days: int = 0
+    hours_compacted: int = 0
+    deleted: int = 0
+    unknown_gpus: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {
+            "bucket": self.bucket.isoformat(),
+            "billed_seconds": self.billed_seconds,
+            "queue_rows": self.queue_rows,
+            "usage_rows": self.usage_rows,
+            "series": self.series,
+            "usage_days": self.usage_days,
+            "hours_compacted": self.hours_compacted,
+            "deleted": self.deleted,
+            "unknown_gpus": self.unknown_gpus,
+        }
+
+
+@contextlib.contextmanager
+def _writer_lock():
+    """A transaction in which this process is the only rollup writer; yields False (and
+    no transaction) when another run holds the lock."""
+    if connection.vendor == "postgresql":
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [_LOCK_KEY])
+                acquired = bool(cursor.fetchone()[0])
+            yield acquired
+        return
+    settings.VAR_DIR.mkdir(parents=True, exist_ok=True)
+    with open(settings.VAR_DIR / "rollups.lock", "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            with transaction.atomic():
+                yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def rollup_write(*, now: datetime | None = None) -> RollupRun | None:
+    """Write the rollups of the minute bucket of ``now`` (default: the present) and bill
+    the time since the previous run. Idempotent per minute bucket: a second run in the same
+    minute refreshes that minute's rows and bills nothing. Returns None when another run
+    holds the writer's lock."""
+    now = now or timezone.now()
+    with _writer_lock() as acquired:
+        if not acquired:
+            return None
+        return _Writer(now).run()
+
+
+@dataclass
+class _GpuNow:
+    id: int
+    name: str
+    model: str
+    pool_id: int
+    schedulable: bool
+    utilization: float | None  # None: unknown (never sampled, or stale)
+    memory_used_mb: int | None
+
+
+@dataclass
+class _Held:
+    """An allocation overlapping the run (open now, or released inside the billed window)."""
+
+    gpu_id: int
+    job_id: int
+    granted_at: datetime
+    released_at: datetime | None
+    tenant_id: int
+    project_id: int | None
+    user_id: int | None
+    workload_type: str
+    job_state: str
+
+
+class _Writer:
+    def __init__(self, now: datetime):
+        self.now = now
+        self.bucket = floor_minute(now)
+        self.interval = settings.SLUICE_ROLLUP_INTERVAL
+
+    def run(self) -> RollupRun:
+        last = (
+            UsageRollup.objects.filter(resolution=Resolution.MINUTE)
+            .aggregate(m=Max("bucket"))
+            .get("m")
+        )
+        self.last = last
+        cap = window_cap()
+        if last is None:
+            start = self.bucket - timedelta(seconds=max(self.interval, 60))
+        else:
+            start = max(min(last, self.bucket), self.bucket - cap)
+        self.window = (start, self.bucket)
+        self.billed = (self.bucket - start).total_seconds()
+        result = RollupRun(bucket=self.bucket, billed_seconds=self.billed)
+
+        self.thresholds = dict(
+            WorkloadPolicy.objects.values_list("workload_type", "idle_utilization_threshold")
+        )
+        self._load_gpus()
+        self._load_allocations()
+        result.unknown_gpus = sum(1 for g in self.open_by_gpu if self.gpus[g].utilization is None)
+        result.queue_rows = self._write_queue_rows()
+        result.usage_rows = self._write_usage_rows()
+        self._write_gpu_activity()
+        if self.billed > 0:
+            result.series = self._write_series()
+            result.usage_days = self._write_usage_days()
+        if last is None or floor_hour(last) < floor_hour(self.bucket):
+            result.hours_compacted = _compact_hours(self.now)
+            result.deleted = _apply_retention(self.now)
+        return result
+
+    # --- reads ---
+
+    def _load_gpus(self) -> None:
+        fresh_after = self.now - stale_after()
+        self.gpus: dict[int, _GpuNow] = {}
+        rows = Gpu.objects.values_list(
+            "id",
+            "index",
+            "model",
+            "utilization",
+            "memory_used_mb",
+            "sampled_at",
+            "health",
+            "node__name",
+            "node__pool_id",
+            "node__state",
+        )
+        for gid, index, model, util, mem, sampled, health, node, pool_id, node_state in rows:
+            fresh = sampled is not None and sampled >= fresh_after
+            self.gpus[gid] = _GpuNow(
+                id=gid,
+                name=f"{node}:{index}",
+                model=model,
+                pool_id=pool_id,
+                schedulable=node_state == NodeState.READY and health == "healthy",
+                utilization=util if fresh and util is not None else None,
+                memory_used_mb=mem if fresh else None,
+            )
+
+    def _load_allocations(self) -> None:
+        start, _ = self.window
+        rows = Allocation.objects.filter(
+            Q(released_at__isnull=True) | Q(released_at__gt=start)
+        ).values_list(
+            "gpu_id",
+            "job_id",
+            "granted_at",
+            "released_at",
+            "job__tenant_id",
+            "job__project_id",
+            "job__submitted_by_id",
+            "job__workload_type",
+            "job__state",
+        )
+        self.held = [_Held(*row) for row in rows]
+        self.open_by_gpu = {h.gpu_id: h for h in self.held if h.released_at is None}
+
+    def _threshold(self, workload_type: str) -> float:
+        return self.thresholds.get(workload_type, DEFAULT_IDLE_THRESHOLD)
+
+    # --- queues ---
+
+    def _write_queue_rows(self) -> int:
+        queues = {
+            qid: (pool, tenant)
+            for qid, pool, tenant in Queue.objects.values_list("id", "pool_id", "tenant_id")
+        }
+        pending = {
+            row["queue_id"]: row
+            for row in Job.objects.filter(state=JobState.PENDING)
+            .values("queue_id")
+            .annotate(jobs=Count("id"), gpus=Sum(F("gpus_per_node") * F("nodes")))
+        }
+        # The previous run's minute is completed (its admissions after that run), if recent.
+        previous = (
+            self.last
+            if self.last is not None and self.window[0] == self.last < self.bucket
+            else None
+        )
+        since = previous or self.bucket
+        waits: dict[tuple[datetime, int], list[float]] = defaultdict(list)
+        for queue_id, admitted, queued, submitted in Job.objects.filter(
+            admitted_at__gte=since, admitted_at__lt=self.bucket + MINUTE
+        ).values_list("queue_id", "admitted_at", "queued_at", "submitted_at"):
+            waits[(floor_minute(admitted), queue_id)].append(
+                admission_wait(admitted, queued, submitted)
+            )
+        buckets = [self.bucket] if previous is None else [previous, self.bucket]
+        existing = {
+            (row.bucket, row.queue_id): row
+            for row in QueueRollup.objects.filter(resolution=Resolution.MINUTE, bucket__in=buckets)
+        }
+        wanted: dict[tuple[datetime, int], QueueRollup] = {}
+        for queue_id, (pool_id, tenant_id) in queues.items():
+            key = (self.bucket, queue_id)
+            row = existing.get(key) or QueueRollup(
+                resolution=Resolution.MINUTE,
+                bucket=self.bucket,
+                queue_id=queue_id,
+                pool_id=pool_id,
+                tenant_id=tenant_id,
+            )
+            counts = pending.get(queue_id)
+            row.pending_jobs = float(counts["jobs"]) if counts else 0.0
+            row.pending_gpus = float(counts["gpus"] or 0) if counts else 0.0
+            wanted[key] = row
+        for (bucket, queue_id), values in waits.items():
+            key = (bucket, queue_id)
+            row = wanted.get(key) or existing.get(key)
+            if row is None:
+                if queue_id not in queues:
+                    continue
+                pool_id, tenant_id = queues[queue_id]
+                row = QueueRollup(
+                    resolution=Resolution.MINUTE,
+                    bucket=bucket,
+                    queue_id=queue_id,
+                    pool_id=pool_id,
+                    tenant_id=tenant_id,
+                )
+            wanted[key] = row
+        for key, row in wanted.items():
+            values = waits.get(key, [])
+            row.admitted_jobs = len(values)
+            row.wait_p50_seconds, row.wait_p95_seconds, row.wait_max_seconds = wait_figures(values)
+        _save(
+            QueueRollup,
+            wanted.values(),
+            [
+                "pending_jobs",
+                "pending_gpus",
+                "admitted_jobs",
+                "wait_p50_seconds",
+                "wait_p95_seconds",
+                "wait_max_seconds",
+            ],
+        )
+        return len(wanted)
+
+    # --- pools and tenants ---
+
+    def _write_usage_rows(self) -> int:
+        totals: dict[tuple[int, str, int | None], list[float]] = {}
+        models: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+
+        def add(key, capacity=0.0, allocated=0.0, used=0.0, idle=0.0):
+            row = totals.setdefault(key, [0.0, 0.0, 0.0, 0.0])
+            row[0] += capacity
+            row[1] += allocated
+            row[2] += used
+            row[3] += idle
+
+        for gpu in self.gpus.values():
+            models[gpu.pool_id][gpu.model] += 1
+            add((gpu.pool_id, gpu.model, None), capacity=1.0 if gpu.schedulable else 0.0)
+            held = self.open_by_gpu.get(gpu.id)
+            if held is None:
+                continue
+            used = gpu.utilization / 100.0 if gpu.utilization is not None else 0.0
+            idle = (
+                1.0
+                if gpu.utilization is not None
+                and gpu.utilization < self._threshold(held.workload_type)
+                else 0.0
+            )
+            for tenant in (None, held.tenant_id):
+                add((gpu.pool_id, gpu.model, tenant), allocated=1.0, used=used, idle=idle)
+        quotas = list(
+            Quota.objects.values_list("tenant_id", "pool_id", "gpu_model", "guaranteed_gpus")
+        )
+        for (pool_id, model, tenant_id), guaranteed in guarantees(quotas, models).items():
+            if model in models.get(pool_id, {}):
+                add((pool_id, model, tenant_id))
+                totals[(pool_id, model, tenant_id)][0] = guaranteed
+        existing = {
+            (row.pool_id, row.gpu_model, row.tenant_id): row
+            for row in UsageRollup.objects.filter(resolution=Resolution.MINUTE, bucket=self.bucket)
+        }
+        rows = []
+        for key, (capacity, allocated, used, idle) in totals.items():
+            pool_id, model, tenant_id = key
+            row = existing.get(key) or UsageRollup(
+                resolution=Resolution.MINUTE,
+                bucket=self.bucket,
+                pool_id=pool_id,
+                gpu_model=model,
+                tenant_id=tenant_id,
+            )
+            row.capacity_gpus = capacity
+            row.allocated_gpus = allocated
+            row.used_gpus = round(used, 4)
+            row.idle_gpus = idle
+            rows.append(row)
+        _save(UsageRollup, rows, ["capacity_gpus", "allocated_gpus", "used_gpus", "idle_gpus"])
+        return len(rows)
+
+    # --- GPUs ---
+
+    def _write_gpu_activity(self) -> None:
+        known = dict(GpuActivity.objects.values_list("gpu_id", "idle_since"))
+        busy, idle = [], []
+        for gpu in self.gpus.values():
+            held = self.open_by_gpu.get(gpu.id)
+            if held is None:
+                idle.append(gpu.id)  # nobody holds it
+            elif gpu.utilization is None:
+                continue  # held, sample unknown: neither busy nor idle
+            elif gpu.utilization >= self._threshold(held.workload_type):
+                busy.append(gpu.id)
+            else:
+                idle.append(gpu.id)
+        busy_set, idle_set = set(busy), set(idle)
+        GpuActivity.objects.bulk_create(
+            [
+                GpuActivity(
+                    gpu_id=gid,
+                    busy_at=self.now if gid in busy_set else None,
+                    idle_since=self.now if gid in idle_set else None,
+                    sampled_at=self.now,
+                )
+                for gid in self.gpus
+                if gid not in known
+            ],
+            ignore_conflicts=True,
+        )
+        if busy:
+            GpuActivity.objects.filter(gpu_id__in=busy).update(busy_at=self.now, idle_since=None)
+        newly_idle = [gid for gid in idle if gid in known and known[gid] is None]
+        if newly_idle:
+            GpuActivity.objects.filter(gpu_id__in=newly_idle).update(idle_since=self.now)
+        GpuActivity.objects.update(sampled_at=self.now)
+
+    # --- jobs' series ---
+
+    def _billed(self) -> dict[int, list[float]]:
+        """{job id: [allocated GPU-seconds, used GPU-seconds]} over the billed window."""
+        lo, hi = self.window
+        out: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        for held in self.held:
+            seconds = overlap_seconds(held.granted_at, held.released_at, lo, hi)
+            if seconds <= 0:
+                continue
+            entry = out[held.job_id]
+            entry[0] += seconds
+            util = self.gpus[held.gpu_id].utilization if held.gpu_id in self.gpus else None
+            if held.released_at is None and util is not None:
+                entry[1] += seconds * util / 100.0
+        return out
+
+    def _write_series(self) -> int:
+        billed = self._billed()
+        running: dict[int, list[_GpuNow]] = defaultdict(list)
+        for held in self.open_by_gpu.values():
+            if held.job_state in SERIES_STATES and held.gpu_id in self.gpus:
+                running[held.job_id].append(self.gpus[held.gpu_id])
+        stamp = int(self.now.timestamp())
+        points = {}
+        names = {}
+        for job_id, gpus in running.items():
+            gpus.sort(key=lambda g: g.name)
+            names[job_id] = [g.name for g in gpus]
+            points[job_id] = [
+                stamp,
+                [None if g.utilization is None else round(g.utilization, 1) for g in gpus],
+                [g.memory_used_mb for g in gpus],
+            ]
+        ids = set(billed) | set(running)
+        if not ids:
+            return 0
+        existing = {
+            job_id: (gpus, step, count, last)
+            for job_id, gpus, step, count, last in JobGpuSeries.objects.filter(job_id__in=ids)
+            .annotate(count=_JsonLength("points"), last=_JsonLastTime("points"))
+            .values_list("job_id", "gpus", "step_seconds", "count", "last")
+        }
+        limit = settings.SLUICE_JOB_SERIES_POINTS
+        tolerance = max(self.interval, 60) / 2
+        created, updated, to_merge = [], [], {}
+        for job_id in ids:
+            allocated, used = billed.get(job_id, (0.0, 0.0))
+            point = points.get(job_id)
+            if job_id not in existing:
+                if point is None:
+                    continue  # billed after its end, never charted: no series
+                created.append(
+                    JobGpuSeries(
+                        job_id=job_id,
+                        gpus=names[job_id],
+                        points=[point],
+                        step_seconds=60,
+                        allocated_gpu_seconds=allocated,
+                        used_gpu_seconds=used,
+                    )
+                )
+                continue
+            gpus, step, count, last = existing[job_id]
+            row = JobGpuSeries(
+                job_id=job_id,
+                gpus=names.get(job_id, gpus),
+                step_seconds=step,
+                allocated_gpu_seconds=F("allocated_gpu_seconds") + Value(allocated),
+                used_gpu_seconds=F("used_gpu_seconds") + Value(used),
+                points=F("points"),
+            )
+            due = point is not None and (
+                not count or last is None or stamp - last >= step - tolerance
+            )
+            if due and (count or 0) + 1 > limit:
+                to_merge[job_id] = (row, point)
+            elif due:
+                row.points = _JsonAppend(point)
+            updated.append(row)
+        if to_merge:
+            for job_id, stored in JobGpuSeries.objects.filter(
+                job_id__in=list(to_merge)
+            ).values_list("job_id", "points"):
+                row, point = to_merge[job_id]
+                row.points = series_merge([*stored, point])
+                row.step_seconds = row.step_seconds * 2
+        JobGpuSeries.objects.bulk_create(created, ignore_conflicts=True)
+        if updated:
+            JobGpuSeries.objects.bulk_update(
+                updated,
+                ["gpus", "points", "step_seconds", "allocated_gpu_seconds", "used_gpu_seconds"],
+            )
+        return len(created) + len(updated)
+
+    # --- chargeback ---
+
+    def _write_usage_days(self) -> int:
+        lo, hi = self.window
+        totals: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        for held in self.held:
+            gpu = self.gpus.get(held.gpu_id)
+            if gpu is None:
+                continue
+            for day, start, end in day_segments(lo, hi):
+                seconds = overlap_seconds(held.granted_at, held.released_at, start, end)
+                if seconds <= 0:
+                    continue
+                key = (
+                    day,
+                    held.tenant_id,
+                    held.project_id,
+                    held.user_id,
+                    held.workload_type,
+                    gpu.pool_id,
+                    gpu.model,
+                )
+                entry = totals[key]
+                entry[0] += seconds / 3600.0
+                if held.released_at is None and gpu.utilization is not None:
+                    entry[1] += seconds * gpu.utilization / 100.0 / 3600.0
+        return usage_days_add(totals)
+
+
+def usage_days_add(totals: dict[tuple, list[float]], *, replace_allocated: bool = False) -> int:
+    """Add ``[allocated, used]`` GPU-hours to the ``UsageDay`` rows of their keys (day,
+    tenant, project, user, workload type, pool, GPU model), found then updated (nulls
+    match nulls); ``replace_allocated``: set allocated instead (the backfill)."""
+    if not totals:
+        return 0
+    days = {key[0] for key in totals}
+    existing = {
+        (
+            row.day,
+            row.tenant_id,
+            row.project_id,
+            row.user_id,
+            row.workload_type,
+            row.pool_id,
+            row.gpu_model,
+        ): row.pk
+        for row in UsageDay.objects.filter(day__in=days).only(
+            "id",
+            "day",
+            "tenant_id",
+            "project_id",
+            "user_id",
+            "workload_type",
+            "pool_id",
+            "gpu_model",
+        )
+    }
+    created, updated = [], []
+    for key, (allocated, used) in totals.items():
+        day, tenant_id, project_id, user_id, workload_type, pool_id, model = key
+        pk = existing.get(key)
+        if pk is None:
+            created.append(
+                UsageDay(
+                    day=day,
+                    tenant_id=tenant_id,
+                    project_id=project_id,
+                    user_id=user_id,
+                    workload_type=workload_type,
+                    pool_id=pool_id,
+                    gpu_model=model,
+                    allocated_gpu_hours=allocated,
+                    used_gpu_hours=used,
+                )
+            )
+        else:
+            row = UsageDay(pk=pk)
+            row.allocated_gpu_hours = (
+                Value(allocated)
+                if replace_allocated
+                else F("allocated_gpu_hours") + Value(allocated)
+            )
+            row.used_gpu_hours = F("used_gpu_hours") + Value(used)
+            updated.append(row)
+    UsageDay.objects.bulk_create(created)
+    if updated:
+        UsageDay.objects.bulk_update(updated, ["allocated_gpu_hours", "used_gpu_hours"])
+    return len(created) + len(updated)
+
+
+def _save(model, rows, fields: list[str]) -> None:
+    """Insert the new rows, update the stored ones (in bulk)."""
+    rows = list(rows)
+    new = [r for r in rows if r.pk is None]
+    old = [r for r in rows if r.pk is not None]
+    if new:
+        model.objects.bulk_create(new, ignore_conflicts=True)
+    if old:
+        model.objects.bulk_update(old, fields)
+
+
+# --- hours: compaction and retention ----------------------------------------------------------
+
+
+def _compact_hours(now: datetime) -> int:
+    """Write the hour rows of the ended hours that have minute rows and no hour rows yet."""
+    end = floor_hour(now)
+    newest = (
+        UsageRollup.objects.filter(resolution=Resolution.HOUR).aggregate(m=Max("bucket")).get("m")
+    )
+    if newest is not None:
+        start = newest + HOUR
+    else:
+        oldest = (
+            UsageRollup.objects.filter(resolution=Resolution.MINUTE)
+            .aggregate(m=Min("bucket"))
+            .get("m")
+        )
+        if oldest is None:
+            return 0
+        start = floor_hour(oldest)
+    start = max(start, floor_hour(now - timedelta(days=settings.SLUICE_ROLLUP_MINUTE_DAYS)))
+    if start >= end:
+        return 0
+    return hours_from_minutes(start, end)
+
+
+def hours_from_minutes(start: datetime, end: datetime) -> int:
+    """Hour rows of the hours in ``[start, end)`` from their minute rows: pending and GPU
+    figures are means over the minutes sampled in the hour (a minute without a tenant's row
+    counts as 0 for it), admitted jobs the sum of the minutes (or the jobs recorded as
+    admitted in the hour, if more: a minute the writer missed), waits recomputed from the
+    jobs admitted in the hour. Existing hour rows are kept (conflicts ignored)."""
+    queue_minutes: dict[datetime, set] = defaultdict(set)
+    queue_sums: dict[tuple[datetime, int], list] = {}
+    for bucket, queue_id, pool_id, tenant_id, jobs, gpus, admitted in QueueRollup.objects.filter(
+        resolution=Resolution.MINUTE, bucket__gte=start, bucket__lt=end
+    ).values_list(
+        "bucket",
+        "queue_id",
+        "pool_id",
+        "tenant_id",
+        "pending_jobs",
+        "pending_gpus",
+        "admitted_jobs",
+    ):
+        hour = floor_hour(bucket)
+        queue_minutes[hour].add(bucket)
+        sums = queue_sums.setdefault((hour, queue_id), [pool_id, tenant_id, 0.0, 0.0, 0])
+        sums[2] += jobs
+        sums[3] += gpus
+        sums[4] += admitted
+    waits: dict[tuple[datetime, int], list[float]] = defaultdict(list)
+    for queue_id, admitted, queued, submitted in Job.objects.filter(
+        admitted_at__gte=start, admitted_at__lt=end
+    ).values_list("queue_id", "admitted_at", "queued_at", "submitted_at"):
+        waits[(floor_hour(admitted), queue_id)].append(admission_wait(admitted, queued, submitted))
+    queue_rows = []
+    for (hour, queue_id), (pool_id, tenant_id, jobs, gpus, admitted) in queue_sums.items():
+        minutes = len(queue_minutes[hour])
+        values = waits.get((hour, queue_id), [])
+        p50, p95, top = wait_figures(values)
+        queue_rows.append(
+            QueueRollup(
+                resolution=Resolution.HOUR,
+                bucket=hour,
+                queue_id=queue_id,
+                pool_id=pool_id,
+                tenant_id=tenant_id,
+                pending_jobs=jobs / minutes,
+                pending_gpus=gpus / minutes,
+                admitted_jobs=max(admitted, len(values)),
+                wait_p50_seconds=p50,
+                wait_p95_seconds=p95,
+                wait_max_seconds=top,
+            )
+        )
+    QueueRollup.objects.bulk_create(queue_rows, ignore_conflicts=True)
+
+    pool_minutes: dict[tuple[datetime, int, str], int] = defaultdict(int)
+    usage_sums: dict[tuple, list[float]] = {}
+    for bucket, pool_id, tenant_id, model, cap, alloc, used, idle in UsageRollup.objects.filter(
+        resolution=Resolution.MINUTE, bucket__gte=start, bucket__lt=end
+    ).values_list(
+        "bucket",
+        "pool_id",
+        "tenant_id",
+        "gpu_model",
+        "capacity_gpus",
+        "allocated_gpus",
+        "used_gpus",
+        "idle_gpus",
+    ):
+        hour = floor_hour(bucket)
+        if tenant_id is None:
+            pool_minutes[(hour, pool_id, model)] += 1
+        sums = usage_sums.setdefault((hour, pool_id, model, tenant_id), [0.0, 0.0, 0.0, 0.0])
+        sums[0] += cap
+        sums[1] += alloc
+        sums[2] += used
+        sums[3] += idle
+    usage_rows = []
+    for (hour, pool_id, model, tenant_id), sums in usage_sums.items():
+        minutes = pool_minutes.get((hour, pool_id, model)) or 1
+        usage_rows.append(
+            UsageRollup(
+                resolution=Resolution.HOUR,
+                bucket=hour,
+                pool_id=pool_id,
+                gpu_model=model,
+                tenant_id=tenant_id,
+                capacity_gpus=sums[0] / minutes,
+                allocated_gpus=sums[1] / minutes,
+                used_gpus=sums[2] / minutes,
+                idle_gpus=sums[3] / minutes,
+            )
+        )
+    UsageRollup.objects.bulk_create(usage_rows, ignore_conflicts=True)
+    return len({row.bucket for row in usage_rows} | {row.bucket for row in queue_rows})
+
+
+def _apply_retention(now: datetime) -> int:
+    """Delete minute rows older than SLUICE_ROLLUP_MINUTE_DAYS, hour rows older than
+    SLUICE_ROLLUP_HOUR_DAYS."""
+    minute_edge = now - timedelta(days=settings.SLUICE_ROLLUP_MINUTE_DAYS)
+    hour_edge = now - timedelta(days=settings.SLUICE_ROLLUP_HOUR_DAYS)
+    deleted = 0
+    for model in (QueueRollup, UsageRollup):
+        deleted += model.objects.filter(
+            resolution=Resolution.MINUTE, bucket__lt=minute_edge
+        ).delete()[0]
+        deleted += model.objects.filter(resolution=Resolution.HOUR, bucket__lt=hour_edge).delete()[
+            0
+        ]
+    return deleted
