@@ -51,8 +51,19 @@ from datetime import UTC, date, datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import BigIntegerField, Count, F, Func, IntegerField, JSONField, Max, Min, Q
-from django.db.models import Sum, Value
+from django.db.models import (
+    BigIntegerField,
+    Count,
+    F,
+    Func,
+    IntegerField,
+    JSONField,
+    Max,
+    Min,
+    Q,
+    Sum,
+    Value,
+)
 from django.utils import timezone
 
 from scheduling.choices import JobState, NodeState
@@ -466,7 +477,7 @@ class _Writer:
             row.pending_jobs = float(counts["jobs"]) if counts else 0.0
             row.pending_gpus = float(counts["gpus"] or 0) if counts else 0.0
             wanted[key] = row
-        for (bucket, queue_id), values in waits.items():
+        for bucket, queue_id in waits:
             key = (bucket, queue_id)
             row = wanted.get(key) or existing.get(key)
             if row is None:
