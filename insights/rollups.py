@@ -933,3 +933,274 @@ def _apply_retention(now: datetime) -> int:
             0
         ]
     return deleted
+
+
+# --- backfill -------------------------------------------------------------------------------
+
+
+@dataclass
+class _HourSums:
+    pending: dict = field(default_factory=lambda: defaultdict(lambda: [0.0, 0.0]))
+    waits: dict = field(default_factory=lambda: defaultdict(list))
+    usage: dict = field(default_factory=lambda: defaultdict(float))
+    days: dict = field(default_factory=lambda: defaultdict(lambda: [0.0, 0.0]))
+
+
+def _spread(start: datetime, end: datetime, lo: datetime, hi: datetime):
+    """(hour, seconds) of ``[start, end)`` inside ``[lo, hi)``, hour by hour."""
+    start, end = max(start, lo), min(end, hi)
+    hour = floor_hour(start)
+    while hour < end:
+        seconds = (min(end, hour + HOUR) - max(start, hour)).total_seconds()
+        if seconds > 0:
+            yield hour, seconds
+        hour += HOUR
+
+
+@transaction.atomic
+def rollups_backfill(*, days: int, now: datetime | None = None, replace: bool = False) -> dict:
+    """Rebuild the hour rows of the last ``days`` days (ended hours) and the allocated
+    GPU-hours of ``UsageDay`` from the recorded jobs and allocations, so that a fresh
+    install (the demo, a benchmark) has history.
+
+    - Queue depth: each job counts as pending over its recorded waits (the first attempt's,
+      from ``submitted_at`` for ``first_wait_seconds``, and the current one's, from
+      ``queued_at``/``submitted_at`` to its admission or end); time held counts as
+      pending (holds are not recorded as intervals), earlier re-waits of a job requeued
+      more than once are not counted.
+    - Waits: the admissions recorded (the current one, and the first of a requeued job).
+    - Allocations per pool, GPU model and tenant from the ``Allocation`` rows; a job
+      without any (stored directly, like the demo's history) counts its GPUs from
+      ``admitted_at`` to its end, in its queue's pool, on its first acceptable GPU model
+      (else the pool's most common one).
+    - Capacity: the pool's schedulable GPUs and the tenants' guarantees as they are now
+      (their past values are not recorded).
+    - Used and idle GPUs: 0 (utilization is not recorded in the past).
+
+    Hours that already have rows are kept unless ``replace``. ``UsageDay``: the allocated
+    GPU-hours of each day from the first day to the last minute the writer billed are
+    set (used GPU-hours are kept)."""
+    now = now or timezone.now()
+    end = floor_hour(now)
+    start = end - timedelta(days=days)
+    day_start = datetime.combine(start.astimezone(UTC).date(), datetime.min.time(), UTC)
+    last_billed = (
+        UsageRollup.objects.filter(resolution=Resolution.MINUTE).aggregate(m=Max("bucket")).get("m")
+    )
+    day_end = last_billed if last_billed and last_billed > day_start else floor_minute(now)
+
+    queues = {
+        qid: (pool, tenant)
+        for qid, pool, tenant in Queue.objects.values_list("id", "pool_id", "tenant_id")
+    }
+    models: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    capacity: dict[tuple[int, str], int] = defaultdict(int)
+    for pool_id, model, health, node_state in Gpu.objects.values_list(
+        "node__pool_id", "model", "health", "node__state"
+    ):
+        models[pool_id][model] += 1
+        capacity[(pool_id, model)] += node_state == NodeState.READY and health == "healthy"
+    dominant = {pool: max(counts, key=counts.get) for pool, counts in models.items()}
+    guaranteed = guarantees(
+        list(Quota.objects.values_list("tenant_id", "pool_id", "gpu_model", "guaranteed_gpus")),
+        models,
+    )
+    sums = _HourSums()
+    lo = min(start, day_start)
+
+    allocations = Allocation.objects.filter(granted_at__lt=now).filter(
+        Q(released_at__isnull=True) | Q(released_at__gt=lo)
+    )
+    with_allocations: set[int] = set()
+    jobs = {
+        row[0]: row
+        for row in Job.objects.filter(submitted_at__lt=now)
+        .filter(Q(finished_at__isnull=True) | Q(finished_at__gte=lo))
+        .values_list(
+            "id",
+            "queue_id",
+            "tenant_id",
+            "project_id",
+            "submitted_by_id",
+            "workload_type",
+            "state",
+            "gpus_per_node",
+            "nodes",
+            "gpu_models",
+            "submitted_at",
+            "queued_at",
+            "admitted_at",
+            "finished_at",
+            "requeue_count",
+            "first_wait_seconds",
+        )
+    }
+    owners = {
+        job_id: (tenant, project, user, wtype)
+        for job_id, tenant, project, user, wtype in Job.objects.filter(
+            pk__in=allocations.values("job_id")
+        ).values_list("id", "tenant_id", "project_id", "submitted_by_id", "workload_type")
+    }
+    for job_id, granted, released, pool_id, model in allocations.values_list(
+        "job_id", "granted_at", "released_at", "gpu__node__pool_id", "gpu__model"
+    ):
+        with_allocations.add(job_id)
+        _add_held(
+            sums,
+            owners[job_id],
+            pool_id,
+            model,
+            1,
+            granted,
+            released or now,
+            start,
+            end,
+            day_start,
+            day_end,
+        )
+
+    for row in jobs.values():
+        (job_id, queue_id, tenant, project, user, wtype, state, per_node, nodes, wanted, submitted,
+         queued, admitted_at, finished, requeues, first_wait) = row  # fmt: skip
+        gpus = per_node * nodes
+        waits: list[tuple[datetime, datetime | None]] = []
+        if requeues and first_wait is not None:
+            waits.append((submitted, submitted + timedelta(seconds=first_wait)))
+            _admission(
+                sums, queue_id, submitted + timedelta(seconds=first_wait), first_wait, start, end
+            )
+        wait_end = (
+            admitted_at or finished or (now if state in (JobState.PENDING, JobState.HELD) else None)
+        )
+        if wait_end is not None:
+            waits.append((queued or submitted, wait_end))
+        for begin, finish in waits:
+            for hour, seconds in _spread(begin, finish, start, end):
+                entry = sums.pending[(hour, queue_id)]
+                entry[0] += seconds / 3600
+                entry[1] += gpus * seconds / 3600
+        if admitted_at is not None:
+            _admission(
+                sums,
+                queue_id,
+                admitted_at,
+                admission_wait(admitted_at, queued, submitted),
+                start,
+                end,
+            )
+            if job_id not in with_allocations and queue_id in queues:
+                pool_id = queues[queue_id][0]
+                model = (wanted or [None])[0] or dominant.get(pool_id, "")
+                held_end = finished or (
+                    now if state not in (JobState.PENDING, JobState.HELD) else None
+                )
+                if held_end is not None:
+                    _add_held(
+                        sums,
+                        (tenant, project, user, wtype),
+                        pool_id,
+                        model,
+                        gpus,
+                        admitted_at,
+                        held_end,
+                        start,
+                        end,
+                        day_start,
+                        day_end,
+                    )
+
+    hours = [start + i * HOUR for i in range(days * 24)]
+    if replace:
+        for model_ in (QueueRollup, UsageRollup):
+            model_.objects.filter(
+                resolution=Resolution.HOUR, bucket__gte=start, bucket__lt=end
+            ).delete()
+    done_queue = set(
+        QueueRollup.objects.filter(resolution=Resolution.HOUR, bucket__gte=start, bucket__lt=end)
+        .values_list("bucket", flat=True)
+        .distinct()
+    )
+    done_usage = set(
+        UsageRollup.objects.filter(resolution=Resolution.HOUR, bucket__gte=start, bucket__lt=end)
+        .values_list("bucket", flat=True)
+        .distinct()
+    )
+    queue_rows = []
+    for hour in hours:
+        if hour in done_queue:
+            continue
+        for queue_id, (pool_id, tenant_id) in queues.items():
+            depth = sums.pending.get((hour, queue_id), (0.0, 0.0))
+            values = sums.waits.get((hour, queue_id), [])
+            p50, p95, top = wait_figures(values)
+            queue_rows.append(
+                QueueRollup(
+                    resolution=Resolution.HOUR,
+                    bucket=hour,
+                    queue_id=queue_id,
+                    pool_id=pool_id,
+                    tenant_id=tenant_id,
+                    pending_jobs=depth[0],
+                    pending_gpus=depth[1],
+                    admitted_jobs=len(values),
+                    wait_p50_seconds=p50,
+                    wait_p95_seconds=p95,
+                    wait_max_seconds=top,
+                )
+            )
+    keys = {(pool, model, None) for pool, model in capacity}
+    keys |= {key for key, g in guaranteed.items() if g and (key[0], key[1]) in capacity}
+    keys |= {(pool, model, tenant) for (_, pool, model, tenant) in sums.usage}
+    usage_rows = []
+    for hour in hours:
+        if hour in done_usage:
+            continue
+        for pool_id, model, tenant_id in keys:
+            allocated = sums.usage.get((hour, pool_id, model, tenant_id), 0.0)
+            cap = (
+                capacity.get((pool_id, model), 0)
+                if tenant_id is None
+                else guaranteed.get((pool_id, model, tenant_id), 0.0)
+            )
+            if tenant_id is not None and not allocated and not cap:
+                continue
+            usage_rows.append(
+                UsageRollup(
+                    resolution=Resolution.HOUR,
+                    bucket=hour,
+                    pool_id=pool_id,
+                    gpu_model=model,
+                    tenant_id=tenant_id,
+                    capacity_gpus=float(cap),
+                    allocated_gpus=allocated,
+                )
+            )
+    QueueRollup.objects.bulk_create(queue_rows, batch_size=2000, ignore_conflicts=True)
+    UsageRollup.objects.bulk_create(usage_rows, batch_size=2000, ignore_conflicts=True)
+    day_rows = usage_days_add(dict(sums.days), replace_allocated=True)
+    return {
+        "hours": len(hours),
+        "queue_rows": len(queue_rows),
+        "usage_rows": len(usage_rows),
+        "usage_days": day_rows,
+        "jobs": len(jobs),
+    }
+
+
+def _admission(sums: _HourSums, queue_id, moment: datetime, wait: float, start, end) -> None:
+    if start <= moment < end:
+        sums.waits[(floor_hour(moment), queue_id)].append(wait)
+
+
+def _add_held(sums, owner, pool_id, model, gpus, begin, finish, start, end, day_start, day_end):
+    """GPUs held from ``begin`` to ``finish``: hour sums (pool and tenant) and days."""
+    tenant, project, user, wtype = owner
+    for hour, seconds in _spread(begin, finish, start, end):
+        sums.usage[(hour, pool_id, model, None)] += gpus * seconds / 3600
+        sums.usage[(hour, pool_id, model, tenant)] += gpus * seconds / 3600
+    for day, lo, hi in day_segments(max(begin, day_start), min(finish, day_end)):
+        seconds = overlap_seconds(begin, finish, lo, hi)
+        if seconds > 0:
+            sums.days[(day, tenant, project, user, wtype, pool_id, model)][0] += (
+                gpus * seconds / 3600
+            )
