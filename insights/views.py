@@ -66,6 +66,7 @@ def _bar(labels, datasets, *, horizontal=False, y_format=None, stacked=False, ti
         "data": {"labels": labels, "datasets": datasets},
         "options": {
             "indexAxis": "y" if horizontal else "x",
+            "datasets": {"bar": {"maxBarThickness": 36}},
             "plugins": {"legend": {"position": "bottom", "labels": {"boxWidth": 12}}},
             "scales": scales,
         },

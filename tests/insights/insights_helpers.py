@@ -127,3 +127,177 @@ def idle_gpu(gpu, now, *, idle_for: timedelta, busy=True):
     return GpuActivity.objects.create(
         gpu=gpu, busy_at=since if busy else None, idle_since=since, sampled_at=now
     )
+
+
+def rich_history(world, now: datetime, hours: int = 24 * 7) -> None:
+    """A week of varied history for the browser test and the screenshots: queues of both
+    tenants waiting more by day, pools filling and emptying, failed jobs, reclaims and idle
+    GPUs, and an inference pool near its limit."""
+    import math
+
+    from scheduling.choices import PoolPurpose, WorkloadType
+
+    serving = f.PoolFactory(name="serving", purpose=PoolPurpose.INFERENCE)
+    node = f.NodeFactory(name="srv-01", pool=serving)
+    for i in range(4):
+        f.GpuFactory(node=node, index=i, uuid=f"GPU-srv-{i}", model="L40S")
+    f.QuotaFactory(
+        tenant=world.tenant, pool=serving, gpu_model="L40S", guaranteed_gpus=2, borrow_limit_gpus=1
+    )
+    serve = f.QueueFactory(
+        tenant=world.tenant,
+        name="serve",
+        pool=serving,
+        allowed_workload_types=[WorkloadType.INFERENCE],
+        default_priority_class=world.normal,
+        max_self_service_class=world.normal,
+    )
+    eval_q = f.QueueFactory(
+        tenant=world.other,
+        name="eval",
+        pool=world.pool,
+        default_priority_class=world.normal,
+        max_self_service_class=world.normal,
+    )
+    queues = [
+        (world.queue, 1800, 3.0),
+        (world.other_queue, 600, 1.0),
+        (eval_q, 300, 0.5),
+        (serve, 60, 0.2),
+    ]
+    queue_rows, usage_rows = [], []
+    for h_ago in range(1, hours + 1):
+        bucket = hour(now, h_ago)
+        day = 0.5 + 0.5 * math.sin((bucket.hour - 6) / 24 * 2 * math.pi)
+        for queue, wait, depth in queues:
+            queue_rows.append(
+                QueueRollup(
+                    resolution=Resolution.HOUR,
+                    bucket=bucket,
+                    queue=queue,
+                    pool=queue.pool,
+                    tenant=queue.tenant,
+                    pending_jobs=round(depth * (0.3 + 2 * day), 2),
+                    pending_gpus=round(depth * 4 * day, 2),
+                    admitted_jobs=2 + int(4 * day),
+                    wait_p50_seconds=wait * (0.2 + day) / 2,
+                    wait_p95_seconds=wait * (0.3 + 1.5 * day),
+                    wait_max_seconds=wait * (0.5 + 2 * day),
+                )
+            )
+        alloc_nlp, alloc_vis = round(6 + 6 * day, 1), round(1 + 2 * day, 1)
+        for tenant, alloc, use, idle, cap in (
+            (None, alloc_nlp + alloc_vis, 0.5 * alloc_nlp + 0.9 * alloc_vis, 0.4 * alloc_nlp, 16),
+            (world.tenant, alloc_nlp, 0.5 * alloc_nlp, 0.4 * alloc_nlp, 8),
+            (world.other, alloc_vis, 0.9 * alloc_vis, 0.0, 8),
+        ):
+            usage_rows.append(
+                UsageRollup(
+                    resolution=Resolution.HOUR,
+                    bucket=bucket,
+                    pool=world.pool,
+                    tenant=tenant,
+                    gpu_model="H100-80GB",
+                    capacity_gpus=cap,
+                    allocated_gpus=alloc,
+                    used_gpus=use,
+                    idle_gpus=idle,
+                )
+            )
+        serve_alloc = round(2 + 1.0 * day, 1)
+        usage_rows.append(
+            UsageRollup(
+                resolution=Resolution.HOUR,
+                bucket=bucket,
+                pool=serving,
+                tenant=None,
+                gpu_model="L40S",
+                capacity_gpus=4,
+                allocated_gpus=serve_alloc,
+                used_gpus=serve_alloc * 0.8,
+                idle_gpus=0,
+            )
+        )
+        usage_rows.append(
+            UsageRollup(
+                resolution=Resolution.HOUR,
+                bucket=bucket,
+                pool=serving,
+                tenant=world.tenant,
+                gpu_model="L40S",
+                capacity_gpus=2,
+                allocated_gpus=serve_alloc,
+                used_gpus=serve_alloc * 0.8,
+                idle_gpus=0,
+            )
+        )
+    QueueRollup.objects.bulk_create(queue_rows)
+    UsageRollup.objects.bulk_create(usage_rows)
+    for i in range(12):
+        ago = timedelta(hours=3 + 11 * i)
+        ended_job(
+            world.queue,
+            world.project,
+            world.member,
+            exit_code=1 if i % 3 else 137,
+            command=["python", "train.py", "--config", "big.yaml" if i % 3 else "oom.yaml"],
+            finished_ago=ago,
+            now=now,
+        )
+        ended_job(
+            world.queue,
+            world.project,
+            world.member,
+            state=JobState.SUCCEEDED,
+            exit_code=0,
+            finished_ago=ago,
+            now=now,
+        )
+        ended_job(
+            world.other_queue,
+            world.other_project,
+            world.outsider,
+            state=JobState.FAILED if i % 4 == 0 else JobState.SUCCEEDED,
+            exit_code=2 if i % 4 == 0 else 0,
+            workload_type="evaluation",
+            command=["python", "eval.py"],
+            finished_ago=ago,
+            now=now,
+        )
+        reclaim(
+            world.tenant if i % 2 else world.other,
+            now,
+            gpu_hours=1.5 + i % 4,
+            ago=timedelta(hours=5 + 13 * i),
+            kind=ReclaimKind.IDLE_RECLAIM if i % 3 else ReclaimKind.PREEMPTION_REQUEUE,
+        )
+    gpus = list(world.nodes[0].gpus.order_by("index")[:4])
+    f.placed_job(
+        gpus=gpus[:2],
+        queue=world.queue,
+        project=world.project,
+        submitted_by=world.member,
+        name="notebook",
+    )
+    f.placed_job(
+        gpus=gpus[2:3],
+        queue=world.other_queue,
+        project=world.other_project,
+        submitted_by=world.outsider,
+        name="vision-eval",
+    )
+    for i, gpu in enumerate(gpus):
+        idle_gpu(gpu, now, idle_for=timedelta(hours=30 - 7 * i), busy=i != 3)
+    busy = list(world.nodes[1].gpus.order_by("index")[:6])
+    for i, gpu in enumerate(busy):
+        gpu.utilization = 60.0 + 6 * i
+        gpu.save(update_fields=["utilization"])
+    trainer = f.placed_job(
+        gpus=busy,
+        queue=world.queue,
+        project=world.project,
+        submitted_by=world.member,
+        name="llm-pretrain",
+    )
+    for i in range(3):
+        preemption_event(trainer, now, ago=timedelta(hours=4 + 20 * i))
