@@ -189,7 +189,8 @@ def rule_lower_guarantee(now: datetime) -> list[Proposal]:
     """A quota whose hourly allocation stayed below half its guarantee most of the period:
     lower the guarantee to the p95 allocation plus headroom, and raise the borrow limit by
     as much, so the tenant may still use as many GPUs when they are idle but no longer
-    holds them reserved."""
+    holds them reserved. Never below the largest non-preemptible job the tenant ran in the
+    pool in the period: such a job must fit within the guarantee, or it could never start."""
     start = now - timedelta(days=threshold("PERIOD_DAYS"))
     hour_rows = UsageRollup.objects.filter(
         resolution=Resolution.HOUR, bucket__gte=start, bucket__lt=now
@@ -207,6 +208,7 @@ def rule_lower_guarantee(now: datetime) -> list[Proposal]:
     for quota in quotas:
         if quota.gpu_model:
             specific[(quota.tenant_id, quota.pool_id)].add(quota.gpu_model)
+    largest = _largest_non_preemptible_jobs(start, now)
     proposals = []
     for quota in quotas:
         buckets = observed.get(quota.pool_id, set())
@@ -223,7 +225,8 @@ def rule_lower_guarantee(now: datetime) -> list[Proposal]:
         low = [v for v in values if v < guaranteed * threshold("GUARANTEE_LOW_USE")]
         unused_share = len(low) / len(values)
         p95, peak = percentile(values, 0.95), max(values)
-        new = math.ceil(round(p95 * (1 + threshold("GUARANTEE_HEADROOM")), 6))
+        floor = largest.get((quota.tenant_id, quota.pool_id), 0)
+        new = max(math.ceil(round(p95 * (1 + threshold("GUARANTEE_HEADROOM")), 6)), floor)
         if unused_share < threshold("GUARANTEE_UNUSED_SHARE") or new >= guaranteed:
             continue
         borrow = quota.borrow_limit_gpus + (guaranteed - new)
@@ -238,6 +241,7 @@ def rule_lower_guarantee(now: datetime) -> list[Proposal]:
             "allocated_p95_gpus": round(p95, 2),
             "allocated_peak_gpus": round(peak, 2),
             "allocated_mean_gpus": round(sum(values) / len(values), 2),
+            "largest_non_preemptible_job_gpus": floor,
             "impact_gpu_hours": round(unused_hours, 1),
             "score": guaranteed - new,
             "facts": [
@@ -248,6 +252,7 @@ def rule_lower_guarantee(now: datetime) -> list[Proposal]:
                 ],
                 ["Allocated, 95th percentile of hours", f"{p95:.1f} GPUs"],
                 ["Allocated, peak hour", f"{peak:.1f} GPUs"],
+                ["Largest non-preemptible job", f"{floor} GPUs" if floor else "none"],
                 ["Guaranteed GPU-hours left unused", f"{unused_hours:,.0f}"],
             ],
         }
@@ -269,13 +274,33 @@ def rule_lower_guarantee(now: datetime) -> list[Proposal]:
                 RecommendationKind.LOWER_GUARANTEE,
                 f"lower_guarantee:quota:{quota.pk}",
                 quota.tenant,
-                f"{quota.tenant.slug}: guarantee in {quota.pool.name} unused "
-                f"{unused_share:.0%} of the time — lower it to {new}",
+                f"{quota.tenant.slug}: under half its {quota.pool.name} guarantee used "
+                f"{unused_share:.0%} of the hours — lower it from {guaranteed} to {new}",
                 evidence,
                 change,
             )
         )
     return proposals
+
+
+def _largest_non_preemptible_jobs(start: datetime, end: datetime) -> dict[tuple[int, int], int]:
+    """(tenant, pool) -> GPUs of the largest job that started in the period and may not be
+    preempted (its base class or its workload policy says so, as the dispatch loop reads)."""
+    policies = dict(WorkloadPolicy.objects.values_list("workload_type", "preemptible"))
+    largest: dict[tuple[int, int], int] = defaultdict(int)
+    rows = Job.objects.filter(started_at__gte=start, started_at__lt=end).values_list(
+        "tenant_id",
+        "queue__pool_id",
+        "gpus_per_node",
+        "nodes",
+        "base_priority_class__preemptible",
+        "workload_type",
+    )
+    for tenant_id, pool_id, gpus, nodes, class_preemptible, workload_type in rows:
+        if not (class_preemptible and policies.get(workload_type, True)):
+            key = (tenant_id, pool_id)
+            largest[key] = max(largest[key], gpus * nodes)
+    return largest
 
 
 # -- rule: a queue whose p95 wait exceeds its target ------------------------------------------

@@ -236,3 +236,27 @@ def test_a_few_raises_make_no_rule(world):
     h.job_raises(world, 4)
 
     assert not _of(RecommendationKind.FREQUENT_RAISES, recs.recommendations_compute(_now()))
+
+
+def test_a_lower_guarantee_still_fits_the_largest_non_preemptible_job(world):
+    from django.utils import timezone
+
+    from scheduling.choices import JobState
+    from tests import factories as f
+
+    now = timezone.now()
+    f.JobFactory(  # class normal is not preemptible: 6 GPUs must fit within the guarantee
+        queue=world.queue,
+        project=world.project,
+        state=JobState.SUCCEEDED,
+        gpus_per_node=6,
+        submitted_at=now - timedelta(days=2),
+        started_at=now - timedelta(days=2),
+        finished_at=now - timedelta(days=2) + timedelta(hours=1),
+    )
+    h.usage_hours(world.pool, {world.tenant: [1.0] * 90 + [3.0] * 10, world.other: 8.0}, hours=100)
+
+    [proposal] = _of(RecommendationKind.LOWER_GUARANTEE, recs.recommendations_compute(_now()))
+
+    assert proposal.evidence["largest_non_preemptible_job_gpus"] == 6
+    assert (proposal.change["guaranteed"], proposal.change["borrow_limit"]) == (6, 10)
