@@ -11,6 +11,8 @@ from django import template
 from django.utils import timezone
 
 from insights.models import JobGpuSeries
+from insights.rollups import DEFAULT_IDLE_THRESHOLD
+from scheduling.models import WorkloadPolicy
 from scheduling.services.waste import human_duration
 
 register = template.Library()
@@ -79,10 +81,10 @@ def chart_config(series: JobGpuSeries) -> dict:
         low = [None if m is None else round(max(m - s, 0.0), 1) for m, s in util]
         high = [None if m is None else round(min(m + s, 100.0), 1) for m, s in util]
         band = "rgba(47, 111, 222, 0.15)"
-        datasets.append({**_line("− 1 σ", low, band, "y"), "pointRadius": 0, "borderWidth": 0})
+        datasets.append({**_line("mean − 1 σ", low, band, "y"), "pointRadius": 0, "borderWidth": 0})
         datasets.append(
             {
-                **_line("+ 1 σ", high, band, "y"),
+                **_line("mean + 1 σ", high, band, "y"),
                 "pointRadius": 0,
                 "borderWidth": 0,
                 "fill": "-1",
@@ -144,8 +146,25 @@ def _line(label: str, data: list, color: str, axis: str, *, dashed: bool = False
     return line
 
 
-def usage_summary(series: JobGpuSeries, gpus: int) -> tuple[str, str, float | None]:
-    """("8 GPUs held for 3 h, used 12 % on average — mostly idle", verdict, percent)."""
+def idle_tail_seconds(series: JobGpuSeries, threshold: float) -> float:
+    """How long the last points have had every GPU known and below ``threshold`` %."""
+    points = series.points
+    first_idle = None
+    for point in reversed(points):
+        known = [v for v in point[1] if v is not None]
+        if not known or max(known) >= threshold:
+            break
+        first_idle = point
+    if first_idle is None:
+        return 0.0
+    return float(points[-1][0] - first_idle[0] + series.step_seconds)
+
+
+def usage_summary(
+    series: JobGpuSeries, gpus: int, threshold: float = 5.0
+) -> tuple[str, str, float | None]:
+    """("8 GPUs held for 3 h, used 12 % on average — mostly idle", verdict, percent); the
+    sentence adds how long the GPUs have been idle when the last 10 minutes or more were."""
     gpus = gpus or len(series.gpus) or 1
     if series.allocated_gpu_seconds > 0:
         percent = 100.0 * series.used_gpu_seconds / series.allocated_gpu_seconds
@@ -158,11 +177,11 @@ def usage_summary(series: JobGpuSeries, gpus: int) -> tuple[str, str, float | No
         held = "less than a minute"
     verdict = usage_verdict(percent)
     noun = "GPU" if gpus == 1 else "GPUs"
-    return (
-        f"{gpus} {noun} held for {held}, used {percent:.0f} % on average — {verdict}.",
-        verdict,
-        percent,
-    )
+    sentence = f"{gpus} {noun} held for {held}, used {percent:.0f} % on average — {verdict}"
+    idle = idle_tail_seconds(series, threshold)
+    if idle >= 600 and verdict != "idle":
+        sentence += f"; idle (below {threshold:g} %) for the last {human_duration(idle)}"
+    return f"{sentence}.", verdict, percent
 
 
 @register.inclusion_tag("insights/_job_gpu_chart.html")
@@ -171,7 +190,14 @@ def job_gpu_chart(job) -> dict:
     series = JobGpuSeries.objects.filter(job_id=job.pk).first()
     if series is None:
         return {"show": job.started_at is not None, "job": job, "config": None}
-    summary, verdict, percent = usage_summary(series, job.total_gpus)
+    threshold = (
+        WorkloadPolicy.objects.filter(workload_type=job.workload_type)
+        .values_list("idle_utilization_threshold", flat=True)
+        .first()
+    )
+    summary, verdict, percent = usage_summary(
+        series, job.total_gpus, DEFAULT_IDLE_THRESHOLD if threshold is None else threshold
+    )
     return {
         "show": True,
         "job": job,

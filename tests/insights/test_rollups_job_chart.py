@@ -71,10 +71,27 @@ def test_many_gpus_are_drawn_as_mean_and_band(world):
     config = chart_config(series)
     datasets = {d["label"]: d["data"] for d in config["data"]["datasets"]}
     assert datasets["mean utilization of 8 GPUs"] == [45.0, None]
-    assert datasets["+ 1 σ"][0] == pytest.approx(45 + 22.9, abs=0.1)
+    assert datasets["mean + 1 σ"][0] == pytest.approx(45 + 22.9, abs=0.1)
     assert datasets["mean memory"] == [1.0, None]
     summary, verdict, _ = usage_summary(series, 8)
     assert summary == "8 GPUs held for 3 h, used 12 % on average — mostly idle."
+
+
+def test_the_sentence_says_how_long_the_gpus_have_been_idle():
+    points = [[60 * m, [90.0, 80.0] if m < 30 else [1.0, None], [1, 1]] for m in range(60)]
+    series = JobGpuSeries(
+        job_id=1,
+        gpus=["n:0", "n:1"],
+        points=points,
+        allocated_gpu_seconds=2 * 3600,
+        used_gpu_seconds=2 * 3600 * 0.43,
+    )
+    summary, verdict, _ = usage_summary(series, 2, threshold=5.0)
+    assert summary == (
+        "2 GPUs held for 1 h, used 43 % on average — partly used; "
+        "idle (below 5 %) for the last 30 min."
+    )
+    assert usage_summary(series, 2, threshold=1.0)[0].endswith("partly used.")
 
 
 @pytest.mark.parametrize(
