@@ -381,3 +381,30 @@ def test_the_schema_documents_the_endpoints(client, world):
         "/api/v1/recommendations/{id}/dismiss",
     ):
         assert any(p.rstrip("/") == path for p in schema["paths"]), path
+
+
+def test_the_list_queries_do_not_grow_with_the_rows(
+    client, api, world, django_assert_max_num_queries
+):
+    run = SimulationRun.objects.create(
+        created_by=world.platform_admin, params={}, created_at=timezone.now()
+    )
+    for number in range(30):
+        rec = _make(
+            RecommendationKind.REPEATED_FAILURE,
+            f"k{number}",
+            {"action": "notify"},
+            tenant=world.tenant if number % 2 else world.other,
+            impact=number,
+        )
+        if number % 3 == 0:
+            Recommendation.objects.filter(pk=rec.pk).update(simulation=run)
+        if number % 5 == 0:
+            recs.recommendation_dismiss(user=world.platform_admin, recommendation=rec, reason="r")
+    client.force_login(world.platform_admin)
+    user_api = api(world.platform_admin)
+
+    with django_assert_max_num_queries(8):
+        assert client.get(reverse("recommendations")).status_code == 200
+    with django_assert_max_num_queries(6):
+        assert user_api.get("/api/v1/recommendations").status_code == 200
