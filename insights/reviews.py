@@ -74,6 +74,7 @@ VERDICT_LABELS = {
     "mixed": "Mixed",
     "steady": "No change",
     "no_data": "No data",
+    "no_baseline": "No baseline",
 }
 
 # The table of a review: (section, key, label, unit, which way is better).
@@ -90,6 +91,17 @@ ROWS = (
         "count",
         "lower",
     ),
+    ("Manual interventions", "raises_approved", "Raises approved", "count", "lower"),
+    (
+        "Manual interventions",
+        "extensions_approved",
+        "Runtime extensions approved",
+        "count",
+        "lower",
+    ),
+    ("Manual interventions", "exemptions", "Idle-reclaim exemptions", "count", "lower"),
+    ("Manual interventions", "admin_overrides", "Admin overrides", "count", "lower"),
+    ("Manual interventions", "interventions", "All manual interventions", "count", "lower"),
     ("Contention", "preemptions", "Preemptions", "count", "lower"),
     ("Contention", "raises_requested", "Priority raises requested", "count", "lower"),
     ("Contention", "raises_approved", "Priority raises approved", "count", "lower"),
@@ -105,17 +117,6 @@ ROWS = (
     ("Failures released", "reclaims", "Reclaims of wasted GPUs", "count", None),
     ("Failures released", "reclaimed_gpu_hours", "GPU-hours reclaimed", "gpu_hours", None),
     ("Idle GPUs", "idle_gpu_hours_reclaimed", "Idle GPU-hours reclaimed", "gpu_hours", None),
-    ("Manual interventions", "raises_approved", "Raises approved", "count", "lower"),
-    (
-        "Manual interventions",
-        "extensions_approved",
-        "Runtime extensions approved",
-        "count",
-        "lower",
-    ),
-    ("Manual interventions", "exemptions", "Idle-reclaim exemptions", "count", "lower"),
-    ("Manual interventions", "admin_overrides", "Admin overrides", "count", "lower"),
-    ("Manual interventions", "interventions", "All manual interventions", "count", "lower"),
 )
 
 
@@ -349,11 +350,18 @@ def review_compute(week_start: dt.date) -> dict:
 # --- reading a review -----------------------------------------------------------------------
 
 
+def _duration(seconds: float) -> str:
+    """Whole minutes from ten minutes up: a review's waits need no seconds."""
+    if seconds >= 600:
+        seconds = round(seconds / 60) * 60
+    return human_duration(seconds)
+
+
 def _format(value, unit: str) -> str:
     if value is None:
         return "—"
     if unit == "duration":
-        return human_duration(value)
+        return _duration(value)
     if unit == "gpu_hours":
         return f"{value:,.1f} GPU-h"
     return f"{value:,}"
@@ -363,7 +371,7 @@ def _trend(delta, better: str | None) -> str:
     if better is None:
         return "neutral"
     if delta is None:
-        return "n/a"
+        return "na"
     if abs(delta) < 1e-9:
         return "same"
     return "better" if (delta < 0) == (better == "lower") else "worse"
@@ -376,7 +384,7 @@ def _delta_text(delta, unit: str) -> str:
         return "= 0"
     arrow = "↑" if delta > 0 else "↓"
     if unit == "duration":
-        return f"{arrow} {human_duration(abs(delta))}"
+        return f"{arrow} {_duration(abs(delta))}"
     if unit == "gpu_hours":
         return f"{arrow} {abs(delta):,.1f} GPU-h"
     return f"{arrow} {abs(delta):,}"
@@ -422,10 +430,16 @@ def review_verdict(this: dict, last: dict) -> dict:
         + (f" ({wait['delta_text']})" if wait["delta_text"] else ""),
     ]
     trends = {interventions["trend"], wait["trend"]}
+    no_baseline = not last["interventions"] and last["key_wait_p95_s"] is None
     if nothing:
         status, head = (
             "no_data",
             "Nothing to compare: no manual intervention and no key work in either week",
+        )
+    elif no_baseline:
+        status, head = (
+            "no_baseline",
+            "No baseline: the week before had no key work and no manual intervention",
         )
     elif "better" in trends and "worse" not in trends:
         status, head = "works", "The policy works"
@@ -435,7 +449,9 @@ def review_verdict(this: dict, last: dict) -> dict:
         status, head = "mixed", "Mixed"
     else:
         status, head = "steady", "No change"
-    text = f"{head}." if status == "no_data" else f"{head}: {parts[0]}; {parts[1]}."
+    text = (
+        f"{head}." if status in ("no_data", "no_baseline") else f"{head}: {parts[0]}; {parts[1]}."
+    )
     return {"status": status, "label": VERDICT_LABELS[status], "text": text}
 
 

@@ -17,6 +17,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404
 from django.shortcuts import redirect, render
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_POST
 
 from portal.errors import BusinessError
@@ -64,7 +65,14 @@ def policy_reviews(request):
     items = []
     for review in PolicyReview.objects.order_by("-week_start")[:104]:
         part = reviews.review_slice(review, tenant)
-        items.append({"review": review, "part": part, "final": reviews.is_final(review)})
+        items.append(
+            {
+                "review": review,
+                "part": part,
+                "final": reviews.is_final(review),
+                "computed_at": parse_datetime((review.figures or {}).get("computed_at") or ""),
+            }
+        )
     now = timezone.now()
     return render(
         request,
@@ -107,6 +115,7 @@ def policy_review(request, week_start: str):
         {
             "review": review,
             "figures": review.figures or {},
+            "computed_at": parse_datetime((review.figures or {}).get("computed_at") or ""),
             "part": part,
             "final": reviews.is_final(review),
             "tenant": tenant,

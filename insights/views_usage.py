@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 from django import forms
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
@@ -119,12 +121,22 @@ def _chart(days: list[dict], guarantee_per_day: float) -> dict:
 
 @login_required
 def usage_page(request):
-    form = UsageFilterForm(request.GET or None, user=request.user)
-    if request.GET and not form.is_valid():
+    data = request.GET.copy()
+    # The form shows the range it reports on, defaults included.
+    default_start, default_end = usage.default_range()
+    if not data.get("end"):
+        data["end"] = default_end.isoformat()
+    if not data.get("start"):
+        try:
+            end = dt.date.fromisoformat(data["end"])
+        except ValueError:
+            end = default_end
+        data["start"] = (end - (default_end - default_start)).isoformat()
+    if not data.getlist("group_by"):
+        data.setlist("group_by", list(usage.DEFAULT_GROUP_BY))
+    form = UsageFilterForm(data, user=request.user)
+    if not form.is_valid():
         return render(request, "insights/usage.html", {"form": form}, status=400)
-    if not request.GET:
-        form = UsageFilterForm({}, user=request.user)
-        form.is_valid()
     query = form.to_query()
     report = usage.usage_report(request.user, query)
     page = Paginator(report.rows, PAGE_ROWS).get_page(request.GET.get("page"))

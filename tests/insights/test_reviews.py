@@ -212,7 +212,7 @@ def test_rows_deltas_and_verdicts(fortnight):
     nlp = reviews.review_slice(review, "nlp")
     assert nlp["verdict"]["status"] == "works"
     assert nlp["verdict"]["text"].startswith("The policy works: manual interventions 7 → 1 (↓ 6)")
-    assert reviews.review_slice(review, "vision")["verdict"]["status"] == "steady"
+    assert reviews.review_slice(review, "vision")["verdict"]["status"] == "no_baseline"
     assert reviews.review_slice(review, "nobody") is None
 
 
@@ -224,6 +224,8 @@ def test_verdict_when_both_get_worse_or_nothing_happened():
     assert reviews.review_verdict(worse, better)["status"] == "attention"
     assert reviews.review_verdict(better, worse)["status"] == "works"
     assert reviews.review_verdict(better, better)["status"] == "steady"
+    first = reviews.review_verdict(worse, empty)
+    assert first["status"] == "no_baseline" and first["text"].startswith("No baseline")
 
 
 def test_a_class_above_the_queue_default_is_key_work(world):
