@@ -103,6 +103,8 @@ FAILURE_MIN_JOBS = 5
 #: and a pool keeps ``IDLE_KEEP_NODES`` ready nodes at least.
 IDLE_GPU_DAYS = 3
 IDLE_KEEP_NODES = 1
+#: GPU activity sampled longer ago than this is not evidence (the rollup writer stopped).
+IDLE_SAMPLE_MAX_AGE = timedelta(hours=1)
 
 #: Sessions reclaimed: this many idle reclaims of interactive sessions in the period; the
 #: proposed window is half the current one, not below ``IDLE_WINDOW_MIN_SECONDS``.
@@ -570,7 +572,9 @@ def rule_idle_gpus(now: datetime) -> list[Proposal]:
         idle_for = []
         for gpu in gpus:
             row = activity.get(gpu.pk)
-            since = row and (row.busy_at or row.idle_since)
+            # Stale samples (the rollup writer stopped) prove nothing about idleness.
+            fresh = row is not None and now - row.sampled_at <= IDLE_SAMPLE_MAX_AGE
+            since = fresh and (row.busy_at or row.idle_since) or None
             if since is None or now - since < idle_after:
                 break
             idle_for.append((now - since).total_seconds())

@@ -260,3 +260,12 @@ def test_a_lower_guarantee_still_fits_the_largest_non_preemptible_job(world):
 
     assert proposal.evidence["largest_non_preemptible_job_gpus"] == 6
     assert (proposal.change["guaranteed"], proposal.change["borrow_limit"]) == (6, 10)
+
+
+def test_stale_gpu_activity_proves_no_idleness(world):
+    from insights.models import GpuActivity
+
+    h.gpu_activity(world.nodes[1], busy_ago=timedelta(days=4))
+    GpuActivity.objects.update(sampled_at=_now() - timedelta(hours=3))
+
+    assert not _of(RecommendationKind.IDLE_GPUS, recs.recommendations_compute(_now()))
