@@ -6,7 +6,7 @@ Node agents do not use this app: they talk to the broker directly (see schedulin
 import os
 
 from celery import Celery
-from celery.signals import task_prerun
+from celery.signals import task_prerun, worker_init, worker_process_shutdown
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
@@ -25,3 +25,22 @@ def _close_old_connections(task=None, **_kwargs) -> None:
     from django.db import close_old_connections
 
     close_old_connections()
+
+
+@worker_init.connect
+def _metrics_dir_prepare(**_kwargs) -> None:
+    """A worker starts: prometheus-client's multiprocess directory exists, without the files
+    of processes that no longer run (insights.instrument)."""
+    from django.conf import settings
+
+    from insights.instrument import multiprocess_dir_prepare
+
+    multiprocess_dir_prepare(settings.PROMETHEUS_MULTIPROC_DIR)
+
+
+@worker_process_shutdown.connect
+def _metrics_process_dead(pid=None, **_kwargs) -> None:
+    """A pool child exits: prometheus-client's bookkeeping for a dead process."""
+    from insights.instrument import process_dead
+
+    process_dead(int(pid or os.getpid()))

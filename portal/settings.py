@@ -392,9 +392,24 @@ SLUICE_METRICS_TOKEN = env_str("SLUICE_METRICS_TOKEN", "")
 SLUICE_METRICS_ALLOWED_NETWORKS = env_list(
     "SLUICE_METRICS_ALLOWED_NETWORKS", ["127.0.0.0/8", "::1/128"]
 )
-# Where web and Celery processes keep prometheus-client's multiprocess files (event
-# counters and histograms: admission waits, outcomes, preemptions, dispatch cycles).
+# Where web and Celery processes keep prometheus-client's multiprocess files (the events
+# observed where they happen: admission waits, dispatch cycles; docs/insights-metrics.md).
 PROMETHEUS_MULTIPROC_DIR = Path(env_str("PROMETHEUS_MULTIPROC_DIR", str(VAR_DIR / "prometheus")))
+# prometheus-client chooses its multiprocess mode from the environment when it is first
+# imported: the settings, loaded first in every process (gunicorn workers, Celery processes,
+# manage.py), export the directory before anything imports it. Files of dead processes
+# are removed when a service starts (insights.instrument.multiprocess_dir_prepare).
+import os  # noqa: E402
+
+PROMETHEUS_MULTIPROC_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(PROMETHEUS_MULTIPROC_DIR)
+# /metrics serves the totals over the whole history (job outcomes, preemptions, reclaims)
+# as a beat task last counted them, this often: a count costs a pass over the jobs table.
+SLUICE_METRICS_TOTALS_INTERVAL = env_int("SLUICE_METRICS_TOTALS_INTERVAL", 30)
+CELERY_BEAT_SCHEDULE["insights-metrics-totals"] = {
+    "task": "insights.metrics_totals",
+    "schedule": schedule(timedelta(seconds=SLUICE_METRICS_TOTALS_INTERVAL)),
+}
 
 # --- REST API ---
 REST_FRAMEWORK = {

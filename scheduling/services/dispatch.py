@@ -20,6 +20,7 @@ from django.core.cache import cache
 from django.db import connection, transaction
 from django.utils import timezone
 
+from insights import instrument
 from portal.audit.services import audit_record
 from scheduling.agent.protocol import launch_message
 from tenants.selectors import job_unix_account
@@ -501,6 +502,7 @@ def _apply_placements(plan: engine.Plan, loaded: Loaded, now: datetime) -> list[
         pending_reason_message="",
         pending_rank=None,
     )
+    instrument.admissions_observe(jobs, now)
     messages = []
     accounts = job_accounts(jobs)
     for job in jobs:
@@ -620,6 +622,7 @@ def dispatch_cycle(now: datetime | None = None) -> dict:
         LEADER_CACHE.clear()
         raise
     finished = time.perf_counter()
+    instrument.dispatch_cycle_observe(finished - started)
     stats = {
         "skipped": False,
         "pending": len(loaded.pending),
