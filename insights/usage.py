@@ -22,6 +22,7 @@ rows), one for the totals and one for the quotas, whatever the range or the numb
 from __future__ import annotations
 
 import datetime as dt
+from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -233,9 +234,24 @@ def usage_rows_iter(
     if set(group_by) <= _QUOTA_DIMENSIONS:
         # Few rows (at most one per quota and model used): merge in the unused guarantees.
         keys = iter(_with_unused_guarantees(list(keys), group_by, guarantees))
+    # A row's guarantee: the quotas matching its tenant, pool and model, as far as grouped
+    # (a project's or a user's row is measured against its tenant's guarantee).
+    dims = tuple(d for d in group_by if d in _QUOTA_DIMENSIONS)
+    gpus_by_key: dict[tuple, int] = defaultdict(int)
+    for g in guarantees:
+        gpus_by_key[tuple(g[d] for d in dims)] += g["gpus"]
+    range_hours = hours_between(query.start, query.end, now)
+    day_hours: dict[dt.date, float] = {}
     for values, allocated, used in keys:
         named = dict(zip(group_by, values, strict=True))
-        yield _row(named, allocated or 0.0, used or 0.0, group_by, guarantees, query, now)
+        hours = range_hours
+        if "day" in named:
+            day = named["day"]
+            if day not in day_hours:
+                day_hours[day] = hours_between(day, day, now)
+            hours, named["day"] = day_hours[day], day.isoformat()
+        gpus = gpus_by_key.get(tuple(named[d] for d in dims), 0)
+        yield _row(named, allocated or 0.0, used or 0.0, gpus * hours)
 
 
 def usage_totals(
@@ -248,7 +264,9 @@ def usage_totals(
     sums = _filtered(user, query).aggregate(
         allocated=Sum("allocated_gpu_hours"), used=Sum("used_gpu_hours")
     )
-    return _row({}, sums["allocated"] or 0.0, sums["used"] or 0.0, (), guarantees, query, now)
+    gpus = sum(g["gpus"] for g in guarantees)
+    hours = hours_between(query.start, query.end, now)
+    return _row({}, sums["allocated"] or 0.0, sums["used"] or 0.0, gpus * hours)
 
 
 def usage_by_day(user, query: UsageQuery) -> list[dict]:
@@ -301,27 +319,7 @@ def _with_unused_guarantees(
     return sorted(keys, key=lambda k: tuple("" if v is None else str(v) for v in k[0]))
 
 
-def _row(
-    named: dict,
-    allocated: float,
-    used: float,
-    group_by: tuple[str, ...],
-    guarantees: list[dict],
-    query: UsageQuery,
-    now: dt.datetime,
-) -> dict:
-    matching = [
-        g
-        for g in guarantees
-        if all(g[d] == named[d] for d in group_by if d in _QUOTA_DIMENSIONS)
-        # A project's or a user's row is measured against its tenant's guarantee.
-    ]
-    if "day" in named:
-        hours = hours_between(named["day"], named["day"], now)
-        named = {**named, "day": named["day"].isoformat()}
-    else:
-        hours = hours_between(query.start, query.end, now)
-    guaranteed = sum(g["gpus"] for g in matching) * hours
+def _row(named: dict, allocated: float, used: float, guaranteed: float) -> dict:
     return {
         **named,
         "allocated_gpu_hours": round(allocated, 3),
