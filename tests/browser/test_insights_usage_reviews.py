@@ -63,6 +63,11 @@ def test_usage_and_review_pages(browser, live_server, transactional_db, tmp_path
             assert page.locator("#usage-table tbody tr").count() > 3
             if username == "nlp-admin":
                 assert "vision" not in page.locator("#usage-table").inner_text()
+            # the Download CSV link works with the page's session
+            csv = page.request.get(page.locator("#usage-csv").get_attribute("href"))
+            assert csv.status == 200 and csv.headers["content-type"].startswith("text/csv")
+            lines = csv.text().splitlines()
+            assert lines[0].startswith("tenant,") and lines[-1].startswith("total,")
         if name.startswith("review-"):
             assert page.locator("#review-verdict").count() == 1
         page.screenshot(path=str(out / f"{name}.png"), full_page=True)
