@@ -43,6 +43,7 @@ from scheduling.choices import (
     GpuHealth,
     JobState,
     NodeState,
+    NotificationKind,
     ReclaimKind,
     SimulationState,
     WorkloadType,
@@ -1124,7 +1125,7 @@ def _apply_change(user, change: dict, reason: str) -> str:
             raise BusinessError("Nobody to notify: the users of this recommendation are gone.")
         notification_send(
             users=users,
-            kind="recommendation",
+            kind=NotificationKind.RECOMMENDATION,
             message=change["message"],
             link=change.get("link", ""),
         )

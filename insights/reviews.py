@@ -41,7 +41,13 @@ from django.utils import timezone
 
 from portal.audit.models import AuditEvent
 from portal.errors import BusinessError
-from scheduling.choices import INFERENCE_TYPES, ExtensionState, JobState, ReclaimKind
+from scheduling.choices import (
+    INFERENCE_TYPES,
+    ExtensionState,
+    JobState,
+    NotificationKind,
+    ReclaimKind,
+)
 from scheduling.models import Allocation, Job, PriorityRaise, ReclaimRecord, RuntimeExtension
 from scheduling.services.notifications import notification_send
 from scheduling.services.waste import human_duration
@@ -52,8 +58,8 @@ from .models import PolicyReview
 
 WEEK = dt.timedelta(days=7)
 FIGURES_VERSION = 1
-#: The notification kind of a review (ask: ``NotificationKind.POLICY_REVIEW`` in scheduling).
-NOTIFICATION_KIND = "policy_review"
+#: The notification kind of a review.
+NOTIFICATION_KIND = NotificationKind.POLICY_REVIEW
 
 #: Audit actions that change the policy; by a platform admin they are an override.
 OVERRIDE_PREFIXES = ("quota.", "queue.", "policy.", "priority_class.", "pool.")

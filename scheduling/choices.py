@@ -120,6 +120,8 @@ class NotificationKind(models.TextChoices):
     EXTENSION_REQUESTED = "extension_requested", "Runtime extension requested"
     EXTENSION_APPROVED = "extension_approved", "Runtime extension approved"
     EXTENSION_REJECTED = "extension_rejected", "Runtime extension rejected"
+    RECOMMENDATION = "recommendation", "Recommendation"
+    POLICY_REVIEW = "policy_review", "Weekly policy review"
 
 
 class ExtensionState(models.TextChoices):
