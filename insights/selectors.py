@@ -15,8 +15,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.db.models import Count, F, Max, Q, QuerySet, Sum
-from django.db.models.functions import Coalesce, TruncDate, TruncHour
+from django.db.models import Avg, Count, F, FloatField, Func, Max, Q, QuerySet, Sum, Value
+from django.db.models.functions import Coalesce, Floor, TruncDate, TruncHour
 from django.utils import timezone
 
 from scheduling.choices import FINAL_STATES, JobState, PoolPurpose, WorkloadType
@@ -126,6 +126,20 @@ def insights_scope(user) -> Scope | None:
 # --- chart points ---------------------------------------------------------------------------
 
 
+class Epoch(Func):
+    """Seconds since 1970 of a datetime column, on SQLite and PostgreSQL."""
+
+    output_field = FloatField()
+
+    def as_sqlite(self, compiler, connection, **extra):
+        template = "((julianday(%(expressions)s) - 2440587.5) * 86400.0)"
+        return self.as_sql(compiler, connection, template=template, **extra)
+
+    def as_postgresql(self, compiler, connection, **extra):
+        template = "EXTRACT(EPOCH FROM %(expressions)s)::double precision"
+        return self.as_sql(compiler, connection, template=template, **extra)
+
+
 @dataclass
 class Window:
     """The period's time range and its chart points."""
@@ -149,6 +163,11 @@ class Window:
         fmt = "%H:%M" if self.period.length <= timedelta(days=1) else "%d %b %H:%M"
         step = timedelta(seconds=self.period.step_seconds)
         return [(self.start + step * i).strftime(fmt) for i in range(self.points)]
+
+    def point(self):
+        """The chart point of a row's bucket, computed by the database."""
+        start = self.start.timestamp() - 0.5  # buckets sit on whole minutes: no float edge
+        return Floor((Epoch("bucket") - Value(start)) / Value(float(self.period.step_seconds)))
 
     def rollups(self, model) -> QuerySet:
         return model.objects.filter(
@@ -227,43 +246,36 @@ def queue_waits(scope: Scope, window: Window) -> list[dict]:
 
 
 def queue_series(window: Window, queue_ids: list[int]) -> dict[int, dict[str, list]]:
-    """Per queue: p50, p95 (admissions-weighted per point) and mean depth per chart point."""
+    """Per queue: p50, p95 (admissions-weighted per point) and mean depth per chart point,
+    grouped in SQL (a few hundred rows back, whatever the number of buckets)."""
     n = window.points
-    acc = {
-        qid: {"adm": [0] * n, "p50": [0.0] * n, "p95": [0.0] * n, "depth": [0.0] * n, "k": [0] * n}
-        for qid in queue_ids
-    }
-    if queue_ids:
-        rows = (
-            window.rollups(QueueRollup)
-            .filter(queue_id__in=queue_ids)
-            .values_list(
-                "queue_id",
-                "bucket",
-                "admitted_jobs",
-                "wait_p50_seconds",
-                "wait_p95_seconds",
-                "pending_jobs",
-            )
+    series = {qid: {"p50": [None] * n, "p95": [None] * n, "depth": [None] * n} for qid in queue_ids}
+    if not queue_ids:
+        return series
+    with_wait = Q(wait_p95_seconds__isnull=False)
+    rows = (
+        window.rollups(QueueRollup)
+        .filter(queue_id__in=queue_ids)
+        .annotate(point=window.point())
+        .values("queue_id", "point")
+        .annotate(
+            admitted=Sum("admitted_jobs", filter=with_wait),
+            p50_weighted=Sum(F("wait_p50_seconds") * F("admitted_jobs"), filter=with_wait),
+            p95_weighted=Sum(F("wait_p95_seconds") * F("admitted_jobs"), filter=with_wait),
+            depth=Avg("pending_jobs"),
         )
-        for qid, bucket, admitted, p50, p95, depth in rows.iterator(chunk_size=5000):
-            i = window.index(bucket)
-            if i is None:
-                continue
-            a = acc[qid]
-            if admitted and p95 is not None:
-                a["adm"][i] += admitted
-                a["p50"][i] += (p50 or 0.0) * admitted
-                a["p95"][i] += p95 * admitted
-            a["depth"][i] += depth
-            a["k"][i] += 1
-    series = {}
-    for qid, a in acc.items():
-        series[qid] = {
-            "p50": [round(a["p50"][i] / a["adm"][i], 1) if a["adm"][i] else None for i in range(n)],
-            "p95": [round(a["p95"][i] / a["adm"][i], 1) if a["adm"][i] else None for i in range(n)],
-            "depth": [round(a["depth"][i] / a["k"][i], 2) if a["k"][i] else None for i in range(n)],
-        }
+        .order_by()
+    )
+    for r in rows:
+        i = int(r["point"])
+        if not 0 <= i < n:
+            continue
+        s = series[r["queue_id"]]
+        if r["admitted"]:
+            s["p50"][i] = round((r["p50_weighted"] or 0.0) / r["admitted"], 1)
+            s["p95"][i] = round((r["p95_weighted"] or 0.0) / r["admitted"], 1)
+        if r["depth"] is not None:
+            s["depth"][i] = round(r["depth"], 2)
     return series
 
 
@@ -380,35 +392,32 @@ def team_usage(
 
 def pool_series(window: Window, pool_ids: list[int]) -> dict[int, dict[str, list]]:
     """Per pool (all GPU models together): mean capacity, allocated, used and idle GPUs per
-    chart point, from the pool rows (tenant null)."""
+    chart point, from the pool rows (tenant null), grouped in SQL."""
     n = window.points
-    acc = {pid: {k: [0.0] * n for k in ("cap", "alloc", "used", "idle")} for pid in pool_ids}
-    seen = {pid: [set() for _ in range(n)] for pid in pool_ids}
-    if pool_ids:
-        rows = (
-            window.rollups(UsageRollup)
-            .filter(tenant__isnull=True, pool_id__in=pool_ids)
-            .values_list(
-                "pool_id", "bucket", "capacity_gpus", "allocated_gpus", "used_gpus", "idle_gpus"
-            )
+    names = ("cap", "alloc", "used", "idle")
+    series = {pid: {name: [None] * n for name in names} for pid in pool_ids}
+    if not pool_ids:
+        return series
+    rows = (
+        window.rollups(UsageRollup)
+        .filter(tenant__isnull=True, pool_id__in=pool_ids)
+        .annotate(point=window.point())
+        .values("pool_id", "point")
+        .annotate(
+            buckets=Count("bucket", distinct=True),
+            cap=Sum("capacity_gpus"),
+            alloc=Sum("allocated_gpus"),
+            used=Sum("used_gpus"),
+            idle=Sum("idle_gpus"),
         )
-        for pid, bucket, cap, alloc, used, idle in rows.iterator(chunk_size=5000):
-            i = window.index(bucket)
-            if i is None:
-                continue
-            a = acc[pid]
-            a["cap"][i] += cap
-            a["alloc"][i] += alloc
-            a["used"][i] += used
-            a["idle"][i] += idle
-            seen[pid][i].add(bucket)
-    series = {}
-    for pid, a in acc.items():
-        k = [len(s) for s in seen[pid]]
-        series[pid] = {
-            name: [round(values[i] / k[i], 2) if k[i] else None for i in range(n)]
-            for name, values in a.items()
-        }
+        .order_by()
+    )
+    for r in rows:
+        i = int(r["point"])
+        if not 0 <= i < n or not r["buckets"]:
+            continue
+        for name in names:
+            series[r["pool_id"]][name][i] = round((r[name] or 0.0) / r["buckets"], 2)
     return series
 
 
@@ -443,9 +452,10 @@ def pool_summaries(totals: list[dict], buckets: int) -> list[dict]:
 
 
 def _ended_jobs(scope: Scope, window: Window) -> QuerySet:
+    """Jobs that ended in the period in a final state (index ``job_state_finished``)."""
     return scope.filter(
         Job.objects.filter(
-            finished_at__gte=window.start, finished_at__lt=window.end, state__in=FINAL_STATES
+            state__in=FINAL_STATES, finished_at__gte=window.start, finished_at__lt=window.end
         )
     )
 
@@ -455,16 +465,33 @@ def failures(scope: Scope, window: Window) -> dict:
     from the jobs that ended in the period (rate: FAILED over every final state)."""
     ended = _ended_jobs(scope, window)
     failed_q = Q(state=JobState.FAILED)
-    by_project = list(
-        ended.values("project_id", "project__slug", "tenant__slug")
-        .annotate(total=Count("id"), failed=Count("id", filter=failed_q))
-        .order_by("-failed", "-total", "project__slug")
+    # One read of the ended jobs, grouped by project and type; the two rankings are sums of it.
+    groups = ended.values("project_id", "project__slug", "tenant__slug", "workload_type").annotate(
+        total=Count("id"), failed=Count("id", filter=failed_q)
     )
-    by_type = list(
-        ended.values("workload_type")
-        .annotate(total=Count("id"), failed=Count("id", filter=failed_q))
-        .order_by("-failed", "workload_type")
+    projects: dict[int, dict] = {}
+    types: dict[str, dict] = {}
+    for g in groups:
+        p = projects.setdefault(
+            g["project_id"],
+            {
+                "project_id": g["project_id"],
+                "project__slug": g["project__slug"],
+                "tenant__slug": g["tenant__slug"],
+                "total": 0,
+                "failed": 0,
+            },
+        )
+        t = types.setdefault(
+            g["workload_type"], {"workload_type": g["workload_type"], "total": 0, "failed": 0}
+        )
+        for entry in (p, t):
+            entry["total"] += g["total"]
+            entry["failed"] += g["failed"]
+    by_project = sorted(
+        projects.values(), key=lambda r: (-r["failed"], -r["total"], r["project__slug"])
     )
+    by_type = sorted(types.values(), key=lambda r: (-r["failed"], r["workload_type"]))
     failed = ended.filter(failed_q)
     commands = list(
         failed.values("project_id", "project__slug", "tenant__slug", "command", "exit_code")
