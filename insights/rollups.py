@@ -57,12 +57,10 @@ from django.db.models import (
     F,
     Func,
     IntegerField,
-    JSONField,
     Max,
     Min,
     Q,
     Sum,
-    Value,
 )
 from django.utils import timezone
 
@@ -198,28 +196,6 @@ class _JsonLastTime(Func):
     def as_postgresql(self, compiler, connection, **extra):
         sql, params = compiler.compile(self.source_expressions[0])
         return f"((({sql}) -> -1) ->> 0)::bigint", params
-
-
-class _JsonAppend(Func):
-    """``points`` with one point added at the end."""
-
-    arity = 1
-    output_field = JSONField()
-
-    def __init__(self, point: list, **extra):
-        super().__init__(F("points"), **extra)
-        self.point = point
-
-    def as_sqlite(self, compiler, connection, **extra):
-        sql, params = compiler.compile(self.source_expressions[0])
-        return (
-            f"json_insert(COALESCE({sql}, '[]'), '$[#]', json(%s))",
-            [*params, json.dumps(self.point)],
-        )
-
-    def as_postgresql(self, compiler, connection, **extra):
-        sql, params = compiler.compile(self.source_expressions[0])
-        return f"(COALESCE({sql}, '[]'::jsonb) || %s::jsonb)", [*params, json.dumps([self.point])]
 
 
 def series_merge(points: list) -> list:
@@ -667,35 +643,25 @@ class _Writer:
                 )
                 continue
             gpus, step, count, last = existing[job_id]
-            row = JobGpuSeries(
-                job_id=job_id,
-                gpus=names.get(job_id, gpus),
-                step_seconds=step,
-                allocated_gpu_seconds=F("allocated_gpu_seconds") + Value(allocated),
-                used_gpu_seconds=F("used_gpu_seconds") + Value(used),
-                points=F("points"),
-            )
+            # (job, gpus, step, replace, append, allocated, used)
+            row = [job_id, json.dumps(names.get(job_id, gpus)), step, None, None, allocated, used]
             due = point is not None and (
                 not count or last is None or stamp - last >= step - tolerance
             )
             if due and (count or 0) + 1 > limit:
                 to_merge[job_id] = (row, point)
             elif due:
-                row.points = _JsonAppend(point)
+                row[4] = json.dumps(point)
             updated.append(row)
         if to_merge:
             for job_id, stored in JobGpuSeries.objects.filter(
                 job_id__in=list(to_merge)
             ).values_list("job_id", "points"):
                 row, point = to_merge[job_id]
-                row.points = series_merge([*stored, point])
-                row.step_seconds = row.step_seconds * 2
+                row[3] = json.dumps(series_merge([*stored, point]))
+                row[2] = row[2] * 2
         JobGpuSeries.objects.bulk_create(created, ignore_conflicts=True)
-        if updated:
-            JobGpuSeries.objects.bulk_update(
-                updated,
-                ["gpus", "points", "step_seconds", "allocated_gpu_seconds", "used_gpu_seconds"],
-            )
+        _series_update(updated)
         return len(created) + len(updated)
 
     # --- chargeback ---
@@ -774,18 +740,101 @@ def usage_days_add(totals: dict[tuple, list[float]], *, replace_allocated: bool 
                 )
             )
         else:
-            row = UsageDay(pk=pk)
-            row.allocated_gpu_hours = (
-                Value(allocated)
-                if replace_allocated
-                else F("allocated_gpu_hours") + Value(allocated)
-            )
-            row.used_gpu_hours = F("used_gpu_hours") + Value(used)
-            updated.append(row)
-    UsageDay.objects.bulk_create(created)
-    if updated:
-        UsageDay.objects.bulk_update(updated, ["allocated_gpu_hours", "used_gpu_hours"])
+            updated.append([pk, allocated, used, 1 if replace_allocated else 0])
+    UsageDay.objects.bulk_create(created, batch_size=1000)
+    _update_from_values(
+        UsageDay,
+        updated,
+        columns=[("id", "bigint"), ("alloc", "float8"), ("used", "float8"), ("replace", "int")],
+        assignments={
+            "allocated_gpu_hours": "CASE WHEN {replace} = 1 THEN {alloc} "
+            "ELSE allocated_gpu_hours + {alloc} END",
+            "used_gpu_hours": "used_gpu_hours + {used}",
+        },
+    )
     return len(created) + len(updated)
+
+
+#: Rows per UPDATE ... FROM (VALUES ...) statement.
+UPDATE_CHUNK = 1000
+
+
+def _update_from_values(
+    model, rows: list[list], *, columns: list[tuple[str, str]], assignments: dict[str, str]
+) -> int:
+    """Update many rows of ``model`` in one statement per UPDATE_CHUNK rows:
+    ``UPDATE t SET ... FROM (VALUES ...) AS v WHERE t.<key> = v.<key>``; ``columns`` name
+    the values of each row (the first: the key column of ``t``) with their PostgreSQL type,
+    ``assignments`` give each column's new value as SQL with ``{name}`` for a value.
+    (Django's bulk_update builds a CASE per row and column: seconds of Python for
+    thousands of rows, where the database needs milliseconds.)"""
+    if not rows:
+        return 0
+    table = connection.ops.quote_name(model._meta.db_table)
+    key = columns[0][0]
+    postgres = connection.vendor == "postgresql"
+    if postgres:
+        one = "(" + ", ".join(f"%s::{kind}" for _, kind in columns) + ")"
+        alias = "v(" + ", ".join(f"v_{name}" for name, _ in columns) + ")"
+        refs = {name: f"v.v_{name}" for name, _ in columns}
+    else:
+        one = "(" + ", ".join("%s" for _ in columns) + ")"
+        alias = "v"
+        refs = {name: f"v.column{i + 1}" for i, (name, _) in enumerate(columns)}
+    sets = ", ".join(
+        f"{connection.ops.quote_name(column)} = {template.format(**refs)}"
+        for column, template in assignments.items()
+    )
+    with connection.cursor() as cursor:
+        for i in range(0, len(rows), UPDATE_CHUNK):
+            chunk = rows[i : i + UPDATE_CHUNK]
+            values = ", ".join([one] * len(chunk))
+            cursor.execute(
+                f"UPDATE {table} SET {sets} FROM (VALUES {values}) AS {alias} "
+                f"WHERE {table}.{connection.ops.quote_name(key)} = {refs[key]}",
+                [value for row in chunk for value in row],
+            )
+    return len(rows)
+
+
+def _series_update(rows: list[list]) -> int:
+    """Rows ``[job id, gpus (JSON), step, points (JSON) to replace or None, point (JSON) to
+    append or None, GPU-seconds allocated to add, used to add]``: the point is appended in
+    the database (the stored points are not read back)."""
+    if connection.vendor == "postgresql":
+        points = (
+            "CASE WHEN {replace} IS NOT NULL THEN {replace} "
+            "WHEN {append} IS NOT NULL THEN COALESCE(points, '[]'::jsonb) || "
+            "jsonb_build_array({append}) ELSE points END"
+        )
+        gpus = "{gpus}"
+    else:
+        points = (
+            "CASE WHEN {replace} IS NOT NULL THEN json({replace}) "
+            "WHEN {append} IS NOT NULL THEN json_insert(COALESCE(points, '[]'), '$[#]', "
+            "json({append})) ELSE points END"
+        )
+        gpus = "json({gpus})"
+    return _update_from_values(
+        JobGpuSeries,
+        rows,
+        columns=[
+            ("job_id", "bigint"),
+            ("gpus", "jsonb"),
+            ("step", "int"),
+            ("replace", "jsonb"),
+            ("append", "jsonb"),
+            ("alloc", "float8"),
+            ("used", "float8"),
+        ],
+        assignments={
+            "gpus": gpus,
+            "step_seconds": "{step}",
+            "points": points,
+            "allocated_gpu_seconds": "allocated_gpu_seconds + {alloc}",
+            "used_gpu_seconds": "used_gpu_seconds + {used}",
+        },
+    )
 
 
 def _save(model, rows, fields: list[str]) -> None:
