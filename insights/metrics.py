@@ -18,8 +18,11 @@ generic writer: a cluster of 8,000 GPUs is ~35,000 samples, which that writer ta
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import math
+import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -403,10 +406,14 @@ def _escape(value: str) -> str:
 
 
 def _number(value: float | int) -> str:
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    if isinstance(value, int):
+    kind = type(value)
+    if kind is int:
         return str(value)
+    if kind is float and math.isfinite(value):
+        return repr(value)
+    if kind is bool:
+        return "1" if value else "0"
+    value = float(value)
     if math.isnan(value):
         return "NaN"
     if math.isinf(value):
@@ -415,7 +422,12 @@ def _number(value: float | int) -> str:
 
 
 def labels_text(names: tuple[str, ...], values) -> str:
-    return ",".join(f'{n}="{_escape(str(v))}"' for n, v in zip(names, values, strict=True))
+    return ",".join(
+        [
+            f'{n}="{_escape(v) if isinstance(v, str) else v}"'
+            for n, v in zip(names, values, strict=True)
+        ]
+    )
 
 
 @dataclass
@@ -681,9 +693,14 @@ def _gpu_samples(fam: dict[str, Family], gpus: list[GpuRow]) -> None:
     used = fam["sluice_gpu_memory_used_bytes"]
     total = fam["sluice_gpu_memory_total_bytes"]
     allocated = fam["sluice_gpu_allocated"]
+    assert names == ("node", "gpu", "uuid", "model", "pool")
     for row in sorted(gpus, key=lambda r: (r.node, r.index)):
         values = (row.node, row.index, row.uuid, row.model, row.pool)
-        labels = labels_text(names, values)
+        # labels_text(names, values), spelled out: 8,000 GPUs.
+        labels = (
+            f'node="{_escape(row.node)}",gpu="{row.index}",uuid="{_escape(row.uuid)}",'
+            f'model="{_escape(row.model)}",pool="{_escape(row.pool)}"'
+        )
         if row.utilization is not None:
             util.add_rendered(labels, values, row.utilization)
         if row.memory_used_mb is not None:
@@ -712,6 +729,31 @@ class DatabaseCollector:
 
 
 # --- /metrics -----------------------------------------------------------------------------
+
+_gc_lock = threading.Lock()
+_gc_holders = 0
+_gc_was_enabled = True
+
+
+@contextlib.contextmanager
+def gc_paused():
+    """No cyclic garbage collection while a scrape builds its ~100,000 short-lived objects
+    (tuples and strings, freed by reference counting): the collector's passes over them
+    doubled a scrape's CPU time (~55 ms -> ~110 ms at 8,000 GPUs). Nested or concurrent
+    holders (gunicorn threads) share the pause; the last one restores the previous state."""
+    global _gc_holders, _gc_was_enabled
+    with _gc_lock:
+        if _gc_holders == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_holders += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_holders -= 1
+            if _gc_holders == 0 and _gc_was_enabled:
+                gc.enable()
 
 
 #: Parsed multiprocess keys: (family, sample name, rendered labels without ``le``, le or
@@ -824,7 +866,8 @@ def _generic_events_text(files: list[str]) -> str:
 
 def metrics_text(now: datetime | None = None) -> str:
     """Everything ``/metrics`` answers, in Prometheus' text format 0.0.4."""
-    return events_text() + database_text(now)
+    with gc_paused():
+        return events_text() + database_text(now)
 
 
 # --- the summary (GET /api/v1/metrics/summary) --------------------------------------------
@@ -836,7 +879,8 @@ def metrics_summary(*, queue_ids: set[int] | None, now: datetime | None = None) 
     Five queries."""
     now = now or timezone.now()
     queues = queue_labels()
-    state = gpu_state(now, queues)
+    with gc_paused():
+        state = gpu_state(now, queues)
     waiting = waiting_by_queue()
     running_by_queue: dict[int, int] = defaultdict(int)
     for (queue_id, _model, _state), n in state.running.items():

@@ -327,3 +327,22 @@ def test_the_collector_gives_a_registry_the_same_families(cluster):
     assert {k: v for k, v in theirs.items() if k[0] not in drop} == {
         k: v for k, v in ours.items() if k[0] not in drop
     }
+
+
+def test_gc_pause_is_shared_and_restored():
+    import gc
+
+    assert gc.isenabled()
+    with metrics.gc_paused():
+        assert not gc.isenabled()
+        with metrics.gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with metrics.gc_paused():
+            pass
+        assert not gc.isenabled()  # it was off before: stays off
+    finally:
+        gc.enable()
