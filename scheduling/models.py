@@ -397,6 +397,8 @@ class Job(models.Model):
             models.Index(fields=["state", "queue"]),
             models.Index(fields=["tenant", "state"]),
             models.Index(fields=["submitted_by", "-id"]),
+            # Jobs that ended in a period (failures on the insights page, reviews, rules).
+            models.Index(fields=["state", "finished_at"], name="job_state_finished"),
             models.Index(
                 fields=["queue", "pending_rank"],
                 name="job_pending_rank",
