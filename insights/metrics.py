@@ -27,6 +27,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from pathlib import Path
 
 from django.conf import settings
 from django.db import connection
@@ -822,8 +823,8 @@ def events_text() -> str:
     none today) go through prometheus-client's merge."""
     from prometheus_client.mmap_dict import MmapedDict
 
-    path = settings.PROMETHEUS_MULTIPROC_DIR
-    if not path or not path.is_dir():
+    path = Path(settings.PROMETHEUS_MULTIPROC_DIR or "")
+    if not settings.PROMETHEUS_MULTIPROC_DIR or not path.is_dir():
         return ""
     families: dict[str, _EventFamily] = {}
     others = []

@@ -346,3 +346,18 @@ def test_gc_pause_is_shared_and_restored():
         assert not gc.isenabled()  # it was off before: stays off
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize(
+    "number, text",
+    [
+        (3, "3"),
+        (0.5, "0.5"),
+        (True, "1"),
+        (float("nan"), "NaN"),
+        (float("inf"), "+Inf"),
+        (float("-inf"), "-Inf"),
+    ],
+)
+def test_numbers_in_the_text_format(number, text):
+    assert metrics._number(number) == text
