@@ -3,6 +3,7 @@
     .venv/bin/python bench/rollup_writer.py [--database-url sqlite:////tmp/sluice-bench-writer.sqlite3]
                                             [--database-url postgres://postgres@127.0.0.1:5432/sluice_bench_writer]
                                             [--nodes 1000] [--series-points 360] [--runs 5]
+                                            [--ended 100000]
 
 Creates a scratch database (dropped at the end) with ``--nodes`` nodes × 8 GPUs in 3 pools ×
 3 GPU models, 20 tenants, 60 queues; about 3,250 running jobs of 1, 2, 4 and 8 GPUs holding
@@ -11,7 +12,8 @@ job's GPU series already ``--series-points`` long (a job in mid-life: the series
 720 points). Then runs the writer once a minute (simulated clock): the first run (it
 creates every GPU's activity row), ``--runs`` steady runs, and one run in which every series
 passes SLUICE_JOB_SERIES_POINTS at once and is merged (the worst case; a real cluster
-spreads the merges over time).
+spreads the merges over time). ``--ended N`` first stores N ended 2-GPU jobs of the past
+days with their released allocations (the history a run filters by ``released_at``).
 
 Prints one JSON line per measurement: seconds and queries of a run.
 """
@@ -110,6 +112,57 @@ def place_jobs(world, now, *, pending: int = 5000) -> int:
     return len(plan)
 
 
+def ended_history(world, now, count: int) -> None:
+    """``count`` ended 2-GPU jobs of the last 30 days, with their released allocations."""
+    import random
+
+    from scheduling.models import Allocation, Gpu, Job
+
+    rng = random.Random(5)
+    gpus = list(Gpu.objects.values_list("id", "node_id"))
+    tenant, projects, users = world["owners"][1]
+    queue = next(q for q in world["queues"] if q.tenant_id == tenant.pk)
+    for first in range(0, count, 5000):
+        jobs = []
+        for k in range(first, min(first + 5000, count)):
+            end = now - timedelta(minutes=rng.randint(10, 30 * 1440))
+            jobs.append(
+                Job(
+                    tenant=tenant,
+                    project=projects[0],
+                    queue=queue,
+                    submitted_by=users[0],
+                    name=f"old-{k}",
+                    workload_type="training",
+                    base_priority_class=world["normal"],
+                    priority_class=world["normal"],
+                    state="SUCCEEDED",
+                    command=["true"],
+                    gpus_per_node=2,
+                    max_runtime_seconds=86400,
+                    submitted_at=end - timedelta(hours=2),
+                    admitted_at=end - timedelta(hours=1),
+                    started_at=end - timedelta(hours=1),
+                    finished_at=end,
+                )
+            )
+        Job.objects.bulk_create(jobs, batch_size=2000)
+        Allocation.objects.bulk_create(
+            [
+                Allocation(
+                    job=job,
+                    gpu_id=gpu_id,
+                    node_id=node_id,
+                    granted_at=job.admitted_at,
+                    released_at=job.finished_at,
+                )
+                for job in jobs
+                for gpu_id, node_id in rng.sample(gpus, 2)
+            ],
+            batch_size=5000,
+        )
+
+
 def sample_all(moment) -> None:
     """Every GPU sampled a few seconds before ``moment``: GPU i of each node at 13 × i %
     (one UPDATE per index; GPU 0 is idle)."""
@@ -175,6 +228,7 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--series-points", type=int, default=360)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--ended", type=int, default=0, help="ended jobs stored first")
     args = parser.parse_args()
     setup_database(args.database_url)
     try:
@@ -184,12 +238,15 @@ def main() -> int:
 
         world = build_world(nodes=args.nodes)
         now = timezone.now().replace(second=10, microsecond=0)
+        if args.ended:
+            ended_history(world, now, args.ended)
         jobs = place_jobs(world, now)
         base = {
             "bench": "rollup_writer",
             "database": connection.vendor,
             "gpus": args.nodes * 8,
             "running_jobs": jobs,
+            "ended_jobs": args.ended,
         }
         series = prefill_series(now, args.series_points) if args.series_points else 0
         sample_all(now)

@@ -15,8 +15,9 @@ bucket and bills the time since the previous run:
   guarantee): GPUs allocated (open allocations), used (their utilization / 100) and idle
   (held below the job's policy threshold).
 - ``GpuActivity`` per GPU: when it was last seen busy, since when it is idle.
-- ``JobGpuSeries`` per running job: one point a minute, merged two by two past
-  ``SLUICE_JOB_SERIES_POINTS``; allocated and used GPU-seconds.
+- ``JobGpuSeries`` per running job: one point a minute, merged two by two when it
+  reaches ``SLUICE_JOB_SERIES_POINTS`` (up to 64 points earlier, by job id, so that jobs
+  started together do not all merge in the same run); allocated and used GPU-seconds.
 - ``UsageDay``: allocated and used GPU-hours per day, tenant, project, user, workload type,
   pool and GPU model.
 
@@ -624,6 +625,7 @@ class _Writer:
         }
         limit = settings.SLUICE_JOB_SERIES_POINTS
         tolerance = max(self.interval, 60) / 2
+        spread = max(1, min(64, limit // 4))
         created, updated, to_merge = [], [], {}
         for job_id in ids:
             allocated, used = billed.get(job_id, (0.0, 0.0))
@@ -648,7 +650,9 @@ class _Writer:
             due = point is not None and (
                 not count or last is None or stamp - last >= step - tolerance
             )
-            if due and (count or 0) + 1 > limit:
+            # Jobs started together would all merge in the same run: each merges up to
+            # ``spread`` points early, by its id, so that their merges spread over minutes.
+            if due and (count or 0) + 1 > limit - job_id % spread:
                 to_merge[job_id] = (row, point)
             elif due:
                 row[4] = json.dumps(point)

@@ -250,6 +250,22 @@ def test_series_merges_neighbours_and_doubles_its_step(busy_world, settings):
     assert series.allocated_gpu_seconds == pytest.approx(7 * 240)
 
 
+def test_jobs_started_together_merge_in_different_runs(world, settings):
+    settings.SLUICE_JOB_SERIES_POINTS = 8  # merges up to 2 points early, by job id
+    g = gpus_of(world.nodes[0])
+    jobs = [placed(world, [gpu], granted_at=at(9, 0)) for gpu in g[:2]]
+    start = int(T0.timestamp()) - 7 * 60
+    for job in jobs:
+        JobGpuSeries.objects.create(
+            job=job, gpus=["x"], points=[[start + 60 * i, [1.0], [1]] for i in range(7)]
+        )
+
+    rollup_write(now=T0)
+
+    lengths = {job.pk % 2: len(JobGpuSeries.objects.get(job=job).points) for job in jobs}
+    assert lengths == {0: 8, 1: 4}  # the even one appended, the odd one merged 8 into 4
+
+
 def test_series_merge_means():
     points = [[0, [10, None], [100, None]], [60, [20, None], [200, 5]], [120, [30, 1], [1, 1]]]
     assert series_merge(points) == [[0, [15.0, None], [150.0, 5.0]], [120, [30.0, 1.0], [1.0, 1.0]]]
