@@ -22,9 +22,15 @@ class QueueRollup(models.Model):
 
     resolution = models.CharField(max_length=6, choices=Resolution.choices)
     bucket = models.DateTimeField(help_text="Start of the minute or hour.")
-    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="+")
-    pool = models.ForeignKey(ResourcePool, on_delete=models.CASCADE, related_name="+")
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    # No index on the rollups' foreign keys (12.7 MB of 90 days at 1,000 GPUs on PostgreSQL):
+    # rows are read by bucket, and deleting a queue, pool or tenant is rare.
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="+", db_index=False)
+    pool = models.ForeignKey(
+        ResourcePool, on_delete=models.CASCADE, related_name="+", db_index=False
+    )
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
+    # No index on the foreign keys (12.7 MB of 90 days at 1,000 GPUs on PostgreSQL): rows are
+    # read by bucket, and deleting a queue, pool or tenant is rare.
     pending_jobs = models.FloatField(default=0.0)
     pending_gpus = models.FloatField(default=0.0)
     admitted_jobs = models.PositiveIntegerField(default=0, help_text="Admitted in the bucket.")
@@ -55,9 +61,11 @@ class UsageRollup(models.Model):
 
     resolution = models.CharField(max_length=6, choices=Resolution.choices)
     bucket = models.DateTimeField()
-    pool = models.ForeignKey(ResourcePool, on_delete=models.CASCADE, related_name="+")
+    pool = models.ForeignKey(
+        ResourcePool, on_delete=models.CASCADE, related_name="+", db_index=False
+    )
     tenant = models.ForeignKey(
-        Tenant, on_delete=models.CASCADE, null=True, blank=True, related_name="+"
+        Tenant, on_delete=models.CASCADE, null=True, blank=True, related_name="+", db_index=False
     )
     gpu_model = models.CharField(max_length=64)
     capacity_gpus = models.FloatField(default=0.0)

@@ -5,11 +5,12 @@ variable; the README lists them all. The embedded default needs no external serv
 SQLite file and a filesystem message broker, both under ``var/``.
 """
 
+import os
 from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
-from celery.schedules import schedule
+from celery.schedules import crontab, schedule
 from django.core.exceptions import ImproperlyConfigured
 
 from portal.env import env_bool, env_int, env_list, env_str
@@ -399,17 +400,34 @@ PROMETHEUS_MULTIPROC_DIR = Path(env_str("PROMETHEUS_MULTIPROC_DIR", str(VAR_DIR 
 # imported: the settings, loaded first in every process (gunicorn workers, Celery processes,
 # manage.py), export the directory before anything imports it. Files of dead processes
 # are removed when a service starts (insights.instrument.multiprocess_dir_prepare).
-import os  # noqa: E402
-
 PROMETHEUS_MULTIPROC_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
 os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(PROMETHEUS_MULTIPROC_DIR)
 # /metrics serves the totals over the whole history (job outcomes, preemptions, reclaims)
 # as a beat task last counted them, this often: a count costs a pass over the jobs table.
 SLUICE_METRICS_TOTALS_INTERVAL = env_int("SLUICE_METRICS_TOTALS_INTERVAL", 30)
-CELERY_BEAT_SCHEDULE["insights-metrics-totals"] = {
-    "task": "insights.metrics_totals",
-    "schedule": schedule(timedelta(seconds=SLUICE_METRICS_TOTALS_INTERVAL)),
-}
+# The insights' beat tasks: rollups every interval, history totals for /metrics, the
+# recommendations once a day, the weekly policy review (written once per week; checked
+# every 6 h so that a beat down on Monday morning still writes it).
+CELERY_BEAT_SCHEDULE.update(
+    {
+        "insights-rollup": {
+            "task": "insights.rollup",
+            "schedule": schedule(timedelta(seconds=SLUICE_ROLLUP_INTERVAL)),
+        },
+        "insights-metrics-totals": {
+            "task": "insights.metrics_totals",
+            "schedule": schedule(timedelta(seconds=SLUICE_METRICS_TOTALS_INTERVAL)),
+        },
+        "insights-recommendations": {
+            "task": "insights.recommendations",
+            "schedule": crontab(hour=5, minute=17),
+        },
+        "insights-policy-review": {
+            "task": "insights.policy_review",
+            "schedule": crontab(hour="*/6", minute=20),
+        },
+    }
+)
 
 # --- REST API ---
 REST_FRAMEWORK = {

@@ -213,6 +213,34 @@ END_EVENT = {
 }
 
 
+def _fit_to_capacity(jobs: list[Job], capacity: int, fixed: list[tuple]) -> None:
+    """Move each past job's admission (in submit order, no job starting before one submitted
+    earlier) to the first moment the pool has its GPUs free for the whole run, around the
+    ``fixed`` (start, end, GPUs) of jobs already there: the history never holds more GPUs
+    than the pool has, and its waits grow where the week was busy."""
+    placed = list(fixed)
+    last = None
+    for job in sorted(jobs, key=lambda j: j.submitted_at):
+        at = max(job.admitted_at, last) if last else job.admitted_at
+        duration = job.finished_at - job.started_at
+        while True:
+            end = at + duration
+            moments = [at] + [start for start, _, _ in placed if at < start < end]
+            if all(
+                sum(g for start, stop, g in placed if start <= m < stop) + job.gpus_per_node
+                <= capacity
+                for m in moments
+            ):
+                break
+            later = [stop for _, stop, _ in placed if stop > at]
+            if not later:
+                break
+            at = min(later)
+        job.admitted_at = job.started_at = last = at
+        job.finished_at = at + duration
+        placed.append((at, job.finished_at, job.gpus_per_node))
+
+
 class Command(BaseCommand):
     help = "Create the demo users, tenants, pools, classes, policies, queues, quotas and simulated nodes."
 
@@ -246,13 +274,14 @@ class Command(BaseCommand):
             for slug, queue in queues.items()
         }
         start = now - timedelta(days=HISTORY_DAYS)
+        capacity = Gpu.objects.filter(node__pool__name="training").count() or 16
         jobs = []
         for number in range(HISTORY_JOBS):
             slug = rng.choices(sorted(queues), weights=[2, 1])[0]
             queue = queues[slug]
             submitted = start + timedelta(seconds=rng.uniform(0, (HISTORY_DAYS - 1) * 86400))
             duration = timedelta(seconds=rng.choice([1200, 1800, 3600, 7200, 4 * 3600, 8 * 3600]))
-            waited = timedelta(seconds=rng.choice([5, 30, 120, 600, 1800]))
+            waited = timedelta(seconds=rng.choice([5, 30, 120]))
             klass = classes[rng.choices(["normal", "low", "best-effort"], [6, 3, 1])[0]]
             state = rng.choices([JobState.SUCCEEDED, JobState.FAILED], [9, 1])[0]
             jobs.append(
@@ -276,6 +305,13 @@ class Command(BaseCommand):
                     exit_code=0 if state == JobState.SUCCEEDED else 1,
                 )
             )
+        fixed = [
+            (j.admitted_at, j.finished_at, j.gpus_per_node * j.nodes)
+            for j in Job.objects.filter(
+                queue__pool__name="training", admitted_at__isnull=False, finished_at__isnull=False
+            )
+        ]
+        _fit_to_capacity(jobs, capacity, fixed)
         Job.objects.bulk_create(jobs)
         # Stored without going through their end: runtime prediction learns of them here.
         runtime_history_rebuild()
@@ -479,9 +515,13 @@ class Command(BaseCommand):
                         "max_self_service_class": classes[ceiling],
                     },
                 )
-        self._history(classes)
         self._recent(classes)
+        self._history(classes)  # fitted around the recent jobs' GPUs
         self._raises(classes)
+        # The insights' hourly history of the demo's week (kept hours stay as they are).
+        from insights.rollups import rollups_backfill
+
+        rollups_backfill(days=HISTORY_DAYS)
         self.stdout.write(
             self.style.SUCCESS(f"Demo data ready. Logins (password for all: {DEMO_PASSWORD}):")
         )
