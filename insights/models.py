@@ -44,7 +44,7 @@ class QueueRollup(models.Model):
                 fields=["resolution", "bucket", "queue"], name="queue_rollup_once"
             )
         ]
-        indexes = [models.Index(fields=["resolution", "bucket"], name="queue_rollup_bucket")]
+        # Reads by (resolution, bucket) use the unique index above: no second index.
 
     def __str__(self) -> str:
         return f"{self.queue_id} at {self.bucket:%Y-%m-%d %H:%M} ({self.resolution})"

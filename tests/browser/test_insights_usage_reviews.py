@@ -15,6 +15,7 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from insights import reviews
+from tests.insights.rollups_helpers import without_backfilled_history
 from tests.insights.usage_helpers import demo_fortnight, demo_usage
 
 pytestmark = pytest.mark.browser
@@ -25,6 +26,7 @@ VIEWPORT = {"width": 1280, "height": 900}
 
 def test_usage_and_review_pages(browser, live_server, transactional_db, tmp_path):
     call_command("seed_demo", stdout=io.StringIO())
+    without_backfilled_history()
     now = timezone.now()
     demo_usage(today=now.date())
     week = reviews.last_completed_week(now)

@@ -30,6 +30,7 @@ from scheduling.models import (
 from tenants.models import Project, Tenant
 from tests import factories as f
 from tests.insights import recommendations_helpers as h
+from tests.insights.rollups_helpers import without_backfilled_history
 
 pytestmark = pytest.mark.browser
 
@@ -146,6 +147,7 @@ def test_recommendations_pages_as_platform_admin(
 ):
     settings.SLUICE_LOG_DIR = tmp_path / "logs"
     call_command("seed_demo", stdout=io.StringIO())
+    without_backfilled_history()
     _week_of_history()
     counts = recs.recommendations_refresh()
     assert counts["created"] >= 6, [r.title for r in Recommendation.objects.all()]

@@ -86,3 +86,11 @@ def admitted(world, *, submitted_at, admitted_at, queued_at=None, queue=None, **
         queued_at=queued_at,
         **fields,
     )
+
+
+def without_backfilled_history() -> None:
+    """Drop the history seed_demo rolled up, for a test that writes its own."""
+    from insights.models import QueueRollup, UsageDay, UsageRollup
+
+    for model in (QueueRollup, UsageDay, UsageRollup):
+        model.objects.all().delete()

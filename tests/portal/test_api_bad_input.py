@@ -480,6 +480,22 @@ def _fill_path(path: str, world, job) -> str:
                 user=world.member, job=job, seconds=60, reason="r"
             ).pk
         }
+    if "/recommendations/" in path:
+        from django.utils import timezone
+
+        from insights.models import Recommendation
+
+        now = timezone.now()
+        ids = {
+            "/": Recommendation.objects.create(
+                kind="repeated_failure",
+                key="bad-input",
+                tenant=world.tenant,
+                title="t",
+                created_at=now,
+                updated_at=now,
+            ).pk
+        }
     if "{id}" in path:
         path = path.replace("{id}", str(next(pk for part, pk in ids.items() if part in path)))
     return path
