@@ -61,8 +61,12 @@ def default_broker_url() -> str:
 
 
 def default_broker_dir() -> str:
-    """``SLUICE_BROKER_DIR``, else ``var/broker``."""
-    return os.environ.get("SLUICE_BROKER_DIR") or DEFAULT_BROKER_DIR
+    """``SLUICE_BROKER_DIR``, else ``broker`` in ``SLUICE_VAR_DIR``, else ``var/broker``: the
+    folder the portal's settings choose from the same variables."""
+    var_dir = os.environ.get("SLUICE_VAR_DIR")
+    return os.environ.get("SLUICE_BROKER_DIR") or (
+        os.path.join(var_dir, "broker") if var_dir else DEFAULT_BROKER_DIR
+    )
 
 
 # inotify(7), through the C library: no dependency, Linux only (elsewhere: polling).

@@ -326,3 +326,15 @@ def test_discover_prints_gpus_as_json(tmp_path):
     data = json.loads(result.stdout)
     assert data["backend"] == "simulated"
     assert [g["model"] for g in data["gpus"]] == ["H200-141GB", "H200-141GB"]
+
+
+def test_the_broker_folder_follows_the_var_dir_as_the_portal_does(monkeypatch):
+    from scheduling.agent.transport import default_broker_dir
+
+    monkeypatch.delenv("SLUICE_BROKER_DIR", raising=False)
+    monkeypatch.delenv("SLUICE_VAR_DIR", raising=False)
+    assert default_broker_dir() == "var/broker"
+    monkeypatch.setenv("SLUICE_VAR_DIR", "/srv/sluice")
+    assert default_broker_dir() == "/srv/sluice/broker"
+    monkeypatch.setenv("SLUICE_BROKER_DIR", "/mnt/broker")
+    assert default_broker_dir() == "/mnt/broker"
