@@ -61,6 +61,9 @@ PERIODS = {
     "30d": Period("30d", "30 days", timedelta(days=30), Resolution.HOUR, 12 * 3600),
 }
 DEFAULT_PERIOD = "7d"
+#: The 24 h view on hour rows, when the minute rows do not reach back 24 h yet (a fresh
+#: install whose history was backfilled, a writer that was stopped).
+HOURLY_DAY = Period("24h", "24 hours", timedelta(hours=24), Resolution.HOUR, 3600)
 
 #: How many queues the wait and depth charts draw (the ones that wait longest / are deepest).
 CHART_QUEUES = 5
@@ -176,7 +179,20 @@ class Window:
 
 
 def window_for(period: Period, now: datetime | None = None) -> Window:
-    return Window(period=period, end=now or timezone.now())
+    window = Window(period=period, end=now or timezone.now())
+    if period.resolution == Resolution.MINUTE:
+        first = (
+            UsageRollup.objects.filter(resolution=Resolution.MINUTE)
+            .order_by("bucket")
+            .values_list("bucket", flat=True)
+            .first()
+        )
+        has_hours = UsageRollup.objects.filter(
+            resolution=Resolution.HOUR, bucket__gte=window.start
+        ).exists()
+        if has_hours and (first is None or first > window.start + timedelta(hours=1)):
+            return Window(period=HOURLY_DAY, end=window.end)
+    return window
 
 
 def _mean(total: float, n: int) -> float:

@@ -276,7 +276,7 @@ def insights(request):
     context = {
         **data,
         "scope": scope,
-        "period": period,
+        "period": data["window"].period,  # the 24 h view may fall back to hour rows
         "periods": list(PERIODS.values()),
         "period_error": period_error,
         "charts": _charts(data),

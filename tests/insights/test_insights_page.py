@@ -305,3 +305,42 @@ def test_query_count_does_not_grow_with_history(world, client, user):
         assert client.get("/insights/").status_code == 200
 
     assert len(large) == len(small), [q["sql"][:120] for q in large.captured_queries]
+
+
+def test_the_day_view_reads_hour_rows_until_minute_rows_cover_the_day(client, world):
+    # A fresh install: the backfill wrote hour rows, the writer a few minutes so far.
+    from insights.choices import Resolution
+    from insights.models import UsageRollup
+
+    now = timezone.now().replace(second=0, microsecond=0)
+    for hours_ago in range(1, 10):
+        UsageRollup.objects.create(
+            resolution=Resolution.HOUR,
+            bucket=now.replace(minute=0) - timedelta(hours=hours_ago),
+            pool=world.pool,
+            gpu_model="H100-80GB",
+            capacity_gpus=16,
+            allocated_gpus=4,
+        )
+    UsageRollup.objects.create(
+        resolution=Resolution.MINUTE,
+        bucket=now - timedelta(minutes=2),
+        pool=world.pool,
+        gpu_model="H100-80GB",
+        capacity_gpus=16,
+        allocated_gpus=8,
+    )
+    client.force_login(world.platform_admin)
+    page = client.get("/insights/?period=24h")
+    assert page.context["window"].period.resolution == Resolution.HOUR
+    assert "hourly history" in page.content.decode()
+    # Once the minute rows reach back a day, they are read.
+    UsageRollup.objects.create(
+        resolution=Resolution.MINUTE,
+        bucket=now - timedelta(hours=23, minutes=50),
+        pool=world.pool,
+        gpu_model="H100-80GB",
+        capacity_gpus=16,
+    )
+    page = client.get("/insights/?period=24h")
+    assert page.context["window"].period.resolution == Resolution.MINUTE
