@@ -41,6 +41,10 @@ DEFAULT_GROUP_BY = ("tenant",)
 DEFAULT_DAYS = 30
 #: The longest range one report covers (three years of days).
 MAX_RANGE_DAYS = 1096
+#: The days a report may name: the hours of a day past the last one, or a default start
+#: before the first, would leave the dates Python can represent (a 500, not a 400).
+EARLIEST_DAY = dt.date(1970, 1, 1)
+LATEST_DAY = dt.date(9998, 12, 31)
 ANY_MODEL = "any"
 
 # Each dimension: the UsageDay value it reads.
@@ -91,13 +95,30 @@ class UsageReport:
 def default_range(today: dt.date | None = None) -> tuple[dt.date, dt.date]:
     """The last 30 days, today included."""
     today = today or timezone.now().date()
-    return today - dt.timedelta(days=DEFAULT_DAYS - 1), today
+    return default_start(today), today
+
+
+def default_start(end: dt.date) -> dt.date:
+    """The start of a range that names only its end: 30 days, today included, never before
+    EARLIEST_DAY."""
+    if end <= EARLIEST_DAY + dt.timedelta(days=DEFAULT_DAYS - 1):
+        return EARLIEST_DAY
+    return end - dt.timedelta(days=DEFAULT_DAYS - 1)
 
 
 def range_errors(start: dt.date | None, end: dt.date | None) -> dict[str, list[str]]:
-    """Field messages for a range that is backwards or too long (empty: fine)."""
+    """Field messages for a range that is backwards, too long or outside the days a report
+    may name (empty: fine)."""
     if start is None or end is None:
         return {}
+    outside = f"Pick a day from {EARLIEST_DAY:%Y-%m-%d} to {LATEST_DAY:%Y-%m-%d}."
+    errors = {
+        name: [outside]
+        for name, day in (("start", start), ("end", end))
+        if not EARLIEST_DAY <= day <= LATEST_DAY
+    }
+    if errors:
+        return errors
     if end < start:
         return {"end": ["The end must be on or after the start."]}
     if (end - start).days + 1 > MAX_RANGE_DAYS:

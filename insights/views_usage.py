@@ -56,9 +56,8 @@ class UsageFilterForm(forms.Form):
 
     def clean(self):
         data = super().clean()
-        default_start, default_end = usage.default_range()
-        end = data.get("end") or default_end
-        start = data.get("start") or end - (default_end - default_start)
+        end = data.get("end") or usage.default_range()[1]
+        start = data.get("start") or usage.default_start(end)
         for name, messages in usage.range_errors(start, end).items():
             self.add_error(name, messages)
         data["start"], data["end"] = start, end
@@ -123,7 +122,7 @@ def _chart(days: list[dict], guarantee_per_day: float) -> dict:
 def usage_page(request):
     data = request.GET.copy()
     # The form shows the range it reports on, defaults included.
-    default_start, default_end = usage.default_range()
+    default_end = usage.default_range()[1]
     if not data.get("end"):
         data["end"] = default_end.isoformat()
     if not data.get("start"):
@@ -131,7 +130,7 @@ def usage_page(request):
             end = dt.date.fromisoformat(data["end"])
         except ValueError:
             end = default_end
-        data["start"] = (end - (default_end - default_start)).isoformat()
+        data["start"] = usage.default_start(end).isoformat()
     if not data.getlist("group_by"):
         data.setlist("group_by", list(usage.DEFAULT_GROUP_BY))
     form = UsageFilterForm(data, user=request.user)

@@ -100,9 +100,8 @@ class UsageQuerySerializer(serializers.Serializer):
     )
 
     def validate(self, attrs):
-        default_start, default_end = usage.default_range()
-        end = attrs.get("end") or default_end
-        start = attrs.get("start") or end - (default_end - default_start)
+        end = attrs.get("end") or usage.default_range()[1]
+        start = attrs.get("start") or usage.default_start(end)
         group_by = usage.split_values(attrs.get("group_by") or ()) or list(usage.DEFAULT_GROUP_BY)
         errors = {**usage.range_errors(start, end), **usage.group_by_errors(group_by)}
         if errors:

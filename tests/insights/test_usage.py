@@ -244,6 +244,11 @@ def test_filters_by_project_pool_and_user(api, history):
         ({"start": "2020-01-01", "end": "2026-01-01"}, "end"),
         ({"group_by": "tenant,colour"}, "group_by"),
         ({"project": "abc"}, "project"),
+        # the range's hours (or its default start) would leave the dates Python represents
+        ({"end": "9999-12-31"}, "end"),
+        ({"start": "9999-12-30", "end": "9999-12-31"}, "end"),
+        ({"end": "0001-01-01"}, "end"),
+        ({"start": "0001-01-01", "end": "0001-01-05"}, "start"),
     ],
 )
 def test_bad_input_is_a_400_naming_the_field(api, world, params, field):
@@ -258,6 +263,21 @@ def test_bad_input_with_csv_asked_is_a_json_400(api, world):
     assert response.status_code == 400
     assert response["Content-Type"].startswith("application/json")
     assert "start" in response.json()["errors"]
+
+
+def test_days_outside_the_range_with_csv_asked_are_a_json_400(api, world):
+    response = api(world.member).get(
+        "/api/v1/usage", {"start": "9999-12-30", "end": "9999-12-31", "format": "csv"}
+    )
+    assert response.status_code == 400
+    assert "end" in response.json()["errors"]
+
+
+@freeze_time(NOW)
+def test_an_end_near_the_first_day_starts_the_default_range_there(api, world):
+    response = api(world.member).get("/api/v1/usage", {"end": "1970-01-10"})
+    assert response.status_code == 200, response.json()
+    assert (response.json()["start"], response.json()["end"]) == ("1970-01-01", "1970-01-10")
 
 
 def _csv(response) -> list[list[str]]:

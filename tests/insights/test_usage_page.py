@@ -87,6 +87,9 @@ def test_default_page_is_the_last_30_days(client, history):
         ({"start": "2026-02-30"}, "Enter a valid date."),
         ({"start": "2026-11-10", "end": "2026-11-01"}, "The end must be on or after the start."),
         ({"group_by": "colour"}, "Select a valid choice."),
+        ({"end": "9999-12-31"}, "Pick a day from 1970-01-01 to 9998-12-31."),
+        ({"end": "0001-01-01"}, "Pick a day from 1970-01-01 to 9998-12-31."),
+        ({"start": "9999-12-30", "end": "9999-12-31"}, "Pick a day from"),
     ],
 )
 def test_bad_input_is_a_form_error(client, world, params, message):
