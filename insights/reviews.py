@@ -57,6 +57,10 @@ from tenants.models import Tenant
 from .models import PolicyReview
 
 WEEK = dt.timedelta(days=7)
+#: The weeks a review may be of: a review reads the week before too, and both must be
+#: dates Python can represent (the first Monday of 1970; nothing past 9998).
+FIRST_WEEK = dt.date(1970, 1, 5)
+LAST_WEEK = dt.date(9998, 12, 28)
 FIGURES_VERSION = 1
 #: The notification kind of a review.
 NOTIFICATION_KIND = NotificationKind.POLICY_REVIEW
@@ -151,7 +155,7 @@ def parse_week_start(value: str) -> dt.date | None:
         day = dt.date.fromisoformat(value)
     except (TypeError, ValueError):
         return None
-    return day if day.weekday() == 0 else None
+    return day if day.weekday() == 0 and FIRST_WEEK <= day <= LAST_WEEK else None
 
 
 # --- the figures of one week ----------------------------------------------------------------
@@ -519,6 +523,10 @@ def policy_review_write(
     now = now or timezone.now()
     if week_start.weekday() != 0:
         raise BusinessError("A week starts on a Monday.", field="week_start")
+    if not FIRST_WEEK <= week_start <= LAST_WEEK:
+        raise BusinessError(
+            f"Pick a week from {FIRST_WEEK:%Y-%m-%d} to {LAST_WEEK:%Y-%m-%d}.", field="week_start"
+        )
     start, end = week_bounds(week_start)
     if start > now:
         raise BusinessError("That week has not begun yet.", field="week_start")

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pytest
 from freezegun import freeze_time
 
 from insights import reviews
 from insights.models import PolicyReview
+from portal.errors import BusinessError
 from tests.insights.test_reviews import WEEK, at, fortnight  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.django_db
@@ -92,6 +95,19 @@ def test_compute_now(client, fortnight):  # noqa: F811
         assert response.redirect_chain[-1][0] == "/reviews/"
     assert PolicyReview.objects.count() == 1
     assert client.get("/reviews/compute/").status_code == 405
+
+
+def test_weeks_at_the_ends_of_the_calendar_are_refused_not_a_500(client, fortnight):  # noqa: F811
+    # The review reads the week before and ends the Monday after: both must be dates.
+    client.force_login(fortnight.platform_admin)
+    for bad in ("0001-01-01", "9999-12-27", "1969-12-29"):
+        response = client.post("/reviews/compute/", {"week_start": bad}, follow=True)
+        assert response.status_code == 200
+        assert response.redirect_chain[-1][0] == "/reviews/"
+        assert client.get(f"/reviews/{bad}/").status_code == 404
+    assert not PolicyReview.objects.exists()
+    with pytest.raises(BusinessError):
+        reviews.policy_review_write(week_start=dt.date(9999, 12, 27))
 
 
 def test_empty_list(client, world):
