@@ -270,6 +270,7 @@ def rule_lower_guarantee(now: datetime) -> list[Proposal]:
             "quota": quota.pk,
             "guaranteed": new,
             "borrow_limit": borrow,
+            "from": {"guaranteed": guaranteed, "borrow_limit": quota.borrow_limit_gpus},
             "whatif": {"quotas": {str(quota.pk): {"guaranteed": new, "borrow_limit": borrow}}},
         }
         proposals.append(
@@ -389,6 +390,10 @@ def rule_queue_wait(now: datetime) -> list[Proposal]:
                 "quota": quota.pk,
                 "guaranteed": new,
                 "borrow_limit": quota.borrow_limit_gpus,
+                "from": {
+                    "guaranteed": quota.guaranteed_gpus,
+                    "borrow_limit": quota.borrow_limit_gpus,
+                },
                 "whatif": {
                     "quotas": {
                         str(quota.pk): {"guaranteed": new, "borrow_limit": quota.borrow_limit_gpus}
@@ -687,6 +692,10 @@ def rule_short_idle_window(now: datetime) -> list[Proposal]:
         "action": "policy_update",
         "policy": WorkloadType.INTERACTIVE,
         "fields": {"idle_window_seconds": new, "idle_warning_lead_seconds": lead},
+        "from": {
+            "idle_window_seconds": current,
+            "idle_warning_lead_seconds": policy.idle_warning_lead_seconds,
+        },
         "not_simulated": "The what-if simulator replays recorded runtimes; it does not model "
         "GPU utilization, so an idle window cannot be replayed. The evidence gives the "
         "GPU-hours the reclaimed sessions would have returned sooner.",
@@ -1050,6 +1059,23 @@ def recommendation_apply(*, user, recommendation: Recommendation) -> Recommendat
     return rec
 
 
+def _require_unchanged(change: dict, now: dict, what: str) -> None:
+    """The new values of a change were computed from the values it records in ``from``
+    (a lower guarantee's borrow limit is the old one plus what the guarantee gives up):
+    once someone edited them since, applying would write numbers computed for another
+    configuration. The daily run recomputes the recommendation from the values of then."""
+    before = change.get("from")
+    if not before:
+        return  # recorded before changes named their starting values
+    if any(now.get(name) != value for name, value in before.items()):
+        raise BusinessError(
+            f"{what} was changed since this recommendation was computed (it assumed "
+            + ", ".join(f"{name} {value}" for name, value in before.items())
+            + "); the next daily run recomputes it.",
+            code="stale",
+        )
+
+
 def _apply_change(user, change: dict, reason: str) -> str:
     """Carry out ``change["action"]``; returns what was changed, in words."""
     action = change.get("action")
@@ -1057,6 +1083,11 @@ def _apply_change(user, change: dict, reason: str) -> str:
         quota = Quota.objects.select_related("tenant", "pool").filter(pk=change["quota"]).first()
         if quota is None:
             raise BusinessError("The quota of this recommendation no longer exists.")
+        _require_unchanged(
+            change,
+            {"guaranteed": quota.guaranteed_gpus, "borrow_limit": quota.borrow_limit_gpus},
+            f"quota {quota}",
+        )
         config_services.config_save(
             actor=user,
             instance=quota,
@@ -1111,6 +1142,11 @@ def _apply_change(user, change: dict, reason: str) -> str:
         policy = WorkloadPolicy.objects.filter(workload_type=change["policy"]).first()
         if policy is None:
             raise BusinessError("The workload policy of this recommendation no longer exists.")
+        _require_unchanged(
+            change,
+            {name: getattr(policy, name) for name in change.get("from") or {}},
+            f"policy {policy.workload_type}",
+        )
         config_services.config_save(
             actor=user,
             instance=policy,

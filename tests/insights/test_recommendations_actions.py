@@ -11,6 +11,7 @@ from insights import recommendations as recs
 from insights.choices import RecommendationKind, RecommendationState
 from insights.models import Recommendation
 from portal.audit.models import AuditEvent
+from portal.errors import BusinessError
 from scheduling.choices import NodeState, SimulationState, WorkloadType
 from scheduling.models import Node, Notification, Quota, SimulationRun, WorkloadPolicy
 from tests.insights import recommendations_helpers as h
@@ -228,6 +229,56 @@ def test_an_applied_recommendation_cannot_be_applied_again(api, world, lower_nlp
 
     assert response.status_code == 400 and response.json()["code"] == "not_open"
     assert AuditEvent.objects.filter(action="recommendation.apply").count() == 1
+
+
+def test_a_quota_edited_since_the_recommendation_is_not_overwritten(client, api, world, lower_nlp):
+    # The borrow limit 12 was computed as 8 + what the guarantee gives up (8 -> 4); once an
+    # admin set the quota to 6 / 2 by hand, applying would write 4 / 12 over it.
+    assert lower_nlp.change["from"] == {"guaranteed": 8, "borrow_limit": 8}
+    Quota.objects.filter(tenant=world.tenant).update(guaranteed_gpus=6, borrow_limit_gpus=2)
+
+    response = api(world.platform_admin).post(f"/api/v1/recommendations/{lower_nlp.pk}/apply")
+
+    assert response.status_code == 400 and response.json()["code"] == "stale"
+    client.force_login(world.platform_admin)
+    page = client.post(reverse("recommendation-apply", args=[lower_nlp.pk]), follow=True)
+    assert "was changed since this recommendation was computed" in page.content.decode()
+    quota = Quota.objects.get(tenant=world.tenant)
+    assert (quota.guaranteed_gpus, quota.borrow_limit_gpus) == (6, 2)
+    lower_nlp.refresh_from_db()
+    assert lower_nlp.state == RecommendationState.OPEN
+    assert not AuditEvent.objects.filter(action__in=["quota.update", "recommendation.apply"])
+    # The daily run recomputes it from the quota as it is now.
+    recs.recommendations_refresh()
+    lower_nlp.refresh_from_db()
+    assert lower_nlp.change["from"] == {"guaranteed": 6, "borrow_limit": 2}
+    assert (lower_nlp.change["guaranteed"], lower_nlp.change["borrow_limit"]) == (4, 4)
+    recs.recommendation_apply(user=world.platform_admin, recommendation=lower_nlp)
+    quota.refresh_from_db()
+    assert (quota.guaranteed_gpus, quota.borrow_limit_gpus) == (4, 4)
+
+
+def test_a_policy_edited_since_the_recommendation_is_not_overwritten(world):
+    WorkloadPolicy.objects.filter(workload_type=WorkloadType.INTERACTIVE).update(
+        idle_window_seconds=3600, idle_warning_lead_seconds=600
+    )
+    rec = _make(
+        RecommendationKind.SHORT_IDLE_WINDOW,
+        "short_idle_window:policy:interactive",
+        {
+            "action": "policy_update",
+            "policy": WorkloadType.INTERACTIVE,
+            "fields": {"idle_window_seconds": 1800, "idle_warning_lead_seconds": 600},
+            "from": {"idle_window_seconds": 7200, "idle_warning_lead_seconds": 600},
+        },
+    )
+
+    with pytest.raises(BusinessError) as raised:
+        recs.recommendation_apply(user=world.platform_admin, recommendation=rec)
+
+    assert raised.value.code == "stale"
+    policy = WorkloadPolicy.objects.get(workload_type=WorkloadType.INTERACTIVE)
+    assert policy.idle_window_seconds == 3600
 
 
 # -- dismiss ----------------------------------------------------------------------------------
