@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.db.models import Avg, Count, F, FloatField, Func, Max, Q, QuerySet, Sum, Value
 from django.db.models.functions import Coalesce, Floor, TruncDate, TruncHour
@@ -595,10 +595,12 @@ def recoveries(scope: Scope, window: Window) -> dict:
         .annotate(n=Count("id"), gpu_hours=Sum("gpu_hours_freed"))
         .order_by("-gpu_hours")
     )
+    # UTC hours and days, as every other figure of the page (the database would otherwise
+    # cut them in TIME_ZONE, a setting of the installation).
     trunc = (
-        TruncHour("created_at")
+        TruncHour("created_at", tzinfo=UTC)
         if window.period.length <= timedelta(days=1)
-        else TruncDate("created_at")
+        else TruncDate("created_at", tzinfo=UTC)
     )
     over_time = list(
         records.annotate(at=trunc)

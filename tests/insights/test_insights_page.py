@@ -11,6 +11,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
+from freezegun import freeze_time
 
 from scheduling.choices import JobState, PoolPurpose, ReclaimKind, WorkloadType
 from tests import factories as f
@@ -214,6 +215,17 @@ def test_reclaimed_and_preempted_gpu_hours(world, client):
     assert 'id="stat-reclaimed">6.5<' in body
     recovery = chart(body, "chart-recovery")
     assert sum(sum(d["data"]) for d in recovery["data"]["datasets"]) == 8.5
+
+
+def test_reclaims_over_time_are_cut_at_utc_days_whatever_the_time_zone(world, client, settings):
+    # 20:00 UTC on the 15th is the 16th in Tokyo: the chart's days are UTC, as the page's.
+    settings.TIME_ZONE = "Asia/Tokyo"
+    with freeze_time("2026-11-17 12:00:00"):
+        h.reclaim(world.tenant, timezone.now(), gpu_hours=6.5, ago=timedelta(hours=40))
+        _, body = get(client, world.tenant_admin)
+
+    recovery = chart(body, "chart-recovery")
+    assert recovery["data"]["labels"] == ["15 Nov"]
 
 
 def test_inference_pools_near_capacity(world, client):
