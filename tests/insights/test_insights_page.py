@@ -226,6 +226,8 @@ def test_reclaims_over_time_are_cut_at_utc_days_whatever_the_time_zone(world, cl
 
     recovery = chart(body, "chart-recovery")
     assert recovery["data"]["labels"] == ["15 Nov"]
+    # the window it states is UTC too
+    assert "to 2026-11-17 12:00 UTC" in body
 
 
 def test_inference_pools_near_capacity(world, client):

@@ -41,6 +41,13 @@ def test_platform_admin_sees_the_cluster_and_each_tenant(client, review, fortnig
     assert nlp.context["part"]["verdict"]["status"] == "works"
 
 
+def test_the_computed_time_is_shown_in_utc(client, review, fortnight, settings):  # noqa: F811
+    settings.TIME_ZONE = "Asia/Tokyo"  # 09:00 there
+    client.force_login(fortnight.platform_admin)
+    html = client.get("/reviews/2026-11-23/").content.decode()
+    assert "Computed 2026-12-01 00:00 UTC" in html
+
+
 def test_tenant_admin_sees_their_tenant_only(client, review, fortnight):  # noqa: F811
     client.force_login(fortnight.tenant_admin)
     page = client.get("/reviews/2026-11-23/")
