@@ -16,7 +16,9 @@ its evidence (the numbers and the period), and a concrete change. The daily beat
 Changes the what-if simulator can replay carry ``change["whatif"]`` (parameters of
 ``scheduling.services.whatif.clean_params``: quotas, classes of a queue's jobs, cordoned
 nodes); the others say why (``change["not_simulated"]``). ``change["action"]`` is what
-*apply* does, through the same services as a manual edit (audited).
+*apply* does, through the same services as a manual edit (audited); a change computed
+from a quota's or a policy's values records them in ``change["from"]``, and *apply*
+refuses it (code ``stale``) once they were edited since.
 
 Thresholds are module constants; each can be overridden by a setting of the same name
 prefixed with ``SLUICE_RECOMMEND_`` (e.g. ``SLUICE_RECOMMEND_FAILURE_MIN_JOBS = 3``).
