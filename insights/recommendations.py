@@ -17,7 +17,7 @@ Changes the what-if simulator can replay carry ``change["whatif"]`` (parameters 
 ``scheduling.services.whatif.clean_params``: quotas, classes of a queue's jobs, cordoned
 nodes); the others say why (``change["not_simulated"]``). ``change["action"]`` is what
 *apply* does, through the same services as a manual edit (audited); a change computed
-from a quota's or a policy's values records them in ``change["from"]``, and *apply*
+from a quota's, a queue's or a policy's values records them in ``change["from"]``, and *apply*
 refuses it (code ``stale``) once they were edited since.
 
 Thresholds are module constants; each can be overridden by a setting of the same name
@@ -413,6 +413,7 @@ def rule_queue_wait(now: datetime) -> list[Proposal]:
                 "action": "queue_class",
                 "queue": queue.pk,
                 "priority_class": higher.name,
+                "from": {"default_priority_class": queue.default_priority_class.name},
                 "whatif": {"queue_classes": {str(queue.pk): higher.name}},
             }
             remedy = f"raise its class to {higher.name}"
@@ -785,6 +786,7 @@ def rule_frequent_raises(now: datetime) -> list[Proposal]:
                 "action": "queue_class",
                 "queue": queue.pk,
                 "priority_class": target,
+                "from": {"default_priority_class": queue.default_priority_class.name},
                 "whatif": {"queue_classes": {str(queue.pk): target}},
             }
             remedy = f"run queue {queue.name} at {target}"
@@ -1106,13 +1108,18 @@ def _apply_change(user, change: dict, reason: str) -> str:
         return f"quota {quota}"
     if action == "queue_class":
         queue = (
-            Queue.objects.select_related("max_self_service_class")
+            Queue.objects.select_related("max_self_service_class", "default_priority_class")
             .filter(pk=change["queue"])
             .first()
         )
         cls = PriorityClass.objects.filter(name=change["priority_class"]).first()
         if queue is None or cls is None:
             raise BusinessError("The queue or class of this recommendation no longer exists.")
+        _require_unchanged(
+            change,
+            {"default_priority_class": queue.default_priority_class.name},
+            f"queue {queue}",
+        )
         ceiling = queue.max_self_service_class
         config_services.config_save(
             actor=user,

@@ -14,6 +14,7 @@ from portal.audit.models import AuditEvent
 from portal.errors import BusinessError
 from scheduling.choices import NodeState, SimulationState, WorkloadType
 from scheduling.models import Node, Notification, Quota, SimulationRun, WorkloadPolicy
+from tests import factories as f
 from tests.insights import recommendations_helpers as h
 
 pytestmark = pytest.mark.django_db
@@ -279,6 +280,33 @@ def test_a_policy_edited_since_the_recommendation_is_not_overwritten(world):
     assert raised.value.code == "stale"
     policy = WorkloadPolicy.objects.get(workload_type=WorkloadType.INTERACTIVE)
     assert policy.idle_window_seconds == 3600
+
+
+def test_a_queue_class_raised_since_the_recommendation_is_not_lowered(world):
+    # Computed when the queue ran at normal: "run it at high". An admin set it to high
+    # and then to a class above it; applying would lower it again.
+    urgent = f.PriorityClassFactory(name="urgent", value=800)
+    rec = _make(
+        RecommendationKind.QUEUE_WAIT,
+        f"queue_wait:queue:{world.queue.pk}",
+        {
+            "action": "queue_class",
+            "queue": world.queue.pk,
+            "priority_class": "high",
+            "from": {"default_priority_class": "normal"},
+        },
+        tenant=world.tenant,
+    )
+    world.queue.default_priority_class = urgent
+    world.queue.max_self_service_class = urgent
+    world.queue.save()
+
+    with pytest.raises(BusinessError) as raised:
+        recs.recommendation_apply(user=world.platform_admin, recommendation=rec)
+
+    assert raised.value.code == "stale"
+    world.queue.refresh_from_db()
+    assert world.queue.default_priority_class == urgent
 
 
 # -- dismiss ----------------------------------------------------------------------------------
