@@ -5,7 +5,8 @@ SLUICE_METRICS_TOKEN is set, or one from an address in SLUICE_METRICS_ALLOWED_NE
 (default: loopback only). Anything else is a plain-text 403.
 
 The address is the connection's (``REMOTE_ADDR``), never a header the client writes; and a
-request that came through a proxy (it carries ``X-Forwarded-For`` or ``Forwarded``) is not
+request that came through a proxy (it carries ``X-Forwarded-For``, ``Forwarded``,
+``X-Real-IP``, ``X-Forwarded-Host``/``-Proto`` or ``Via``) is not
 judged by its address at all: behind a proxy on the same machine every request would come
 from the loopback. Through a proxy, use the token.
 """
@@ -54,8 +55,20 @@ def _token_ok(request: HttpRequest) -> bool:
     return hmac.compare_digest(given.strip().encode(), token.encode())
 
 
+#: Headers a reverse proxy adds (nginx's usual ``X-Real-IP`` without ``X-Forwarded-For``
+#: among them); a scraper talking to the portal directly sends none of them.
+PROXY_HEADERS = (
+    "x-forwarded-for",
+    "forwarded",
+    "x-real-ip",
+    "x-forwarded-host",
+    "x-forwarded-proto",
+    "via",
+)
+
+
 def _address_ok(request: HttpRequest) -> bool:
-    if "x-forwarded-for" in request.headers or "forwarded" in request.headers:
+    if any(name in request.headers for name in PROXY_HEADERS):
         return False
     try:
         address = ipaddress.ip_address(request.META.get("REMOTE_ADDR", ""))

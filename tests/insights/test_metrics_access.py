@@ -107,6 +107,10 @@ def test_no_allowed_networks_means_token_only(client, settings):
         {"HTTP_X_FORWARDED_FOR": "127.0.0.1"},
         {"HTTP_X_FORWARDED_FOR": "203.0.113.9, 127.0.0.1"},
         {"HTTP_FORWARDED": "for=127.0.0.1"},
+        # nginx's common "proxy_set_header X-Real-IP $remote_addr;" without X-Forwarded-For
+        {"HTTP_X_REAL_IP": "203.0.113.9"},
+        {"HTTP_X_FORWARDED_PROTO": "https"},
+        {"HTTP_VIA": "1.1 proxy"},
     ],
 )
 def test_through_a_proxy_the_address_does_not_count(client, settings, header):
