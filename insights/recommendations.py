@@ -217,7 +217,8 @@ def rule_lower_guarantee(now: datetime) -> list[Proposal]:
     proposals = []
     for quota in quotas:
         buckets = observed.get(quota.pool_id, set())
-        if len(buckets) < threshold("GUARANTEE_MIN_HOURS"):
+        # No hour at all says nothing (and divides by zero), whatever the setting allows.
+        if not buckets or len(buckets) < threshold("GUARANTEE_MIN_HOURS"):
             continue
         per_bucket: dict = defaultdict(float)
         others = specific[(quota.tenant_id, quota.pool_id)]

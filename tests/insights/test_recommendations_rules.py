@@ -63,6 +63,12 @@ def test_too_short_a_history_proposes_no_lower_guarantee(world):
     assert not _of(RecommendationKind.LOWER_GUARANTEE, recs.recommendations_compute(_now()))
 
 
+def test_a_pool_without_history_proposes_nothing_even_with_no_minimum(world, settings):
+    settings.SLUICE_RECOMMEND_GUARANTEE_MIN_HOURS = 0
+
+    assert not _of(RecommendationKind.LOWER_GUARANTEE, recs.recommendations_compute(_now()))
+
+
 # -- a queue whose p95 wait exceeds its target ----------------------------------------------
 
 
