@@ -72,6 +72,8 @@ def recommendation_list(request):
             "kinds": RecommendationKind.choices,
             "can_act": request.user.is_staff,
         },
+        # A filter it does not know is a form error (shown), the list unfiltered below it.
+        status=400 if form.is_bound and form.errors else 200,
     )
 
 

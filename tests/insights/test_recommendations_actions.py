@@ -443,8 +443,8 @@ def test_the_list_filters_by_kind_and_state(client, world, three):
     assert b"handled" in page.content
     page = client.get(reverse("recommendations"), {"kind": "idle_gpus", "state": "open"})
     assert [r.key for r in page.context["open_recs"]] == ["p"] and page.context["history"] == []
-    # An unknown filter value is ignored, not a 500.
-    assert client.get(reverse("recommendations"), {"kind": "nope"}).status_code == 200
+    # An unknown filter value is a form error (400), not a 500.
+    assert client.get(reverse("recommendations"), {"kind": "nope"}).status_code == 400
     api_bad = client.get("/api/v1/recommendations", {"state": "nope"})
     assert api_bad.status_code == 400 and "state" in api_bad.json()["errors"]
 
@@ -487,3 +487,11 @@ def test_the_list_queries_do_not_grow_with_the_rows(
         assert client.get(reverse("recommendations")).status_code == 200
     with django_assert_max_num_queries(6):
         assert user_api.get("/api/v1/recommendations").status_code == 200
+
+
+def test_an_unknown_filter_is_a_form_error(client, world):
+    client.force_login(world.platform_admin)
+    page = client.get("/recommendations/?kind=bogus&state=open")
+    assert page.status_code == 400
+    assert 'id="filter-errors"' in page.content.decode()
+    assert client.get("/recommendations/?state=open").status_code == 200
