@@ -411,10 +411,7 @@ class _Writer:
     # --- queues ---
 
     def _write_queue_rows(self) -> int:
-        queues = {
-            qid: (pool, tenant)
-            for qid, pool, tenant in Queue.objects.values_list("id", "pool_id", "tenant_id")
-        }
+        queues = _queue_owners()
         pending = {
             row["queue_id"]: row
             for row in Job.objects.filter(state=JobState.PENDING)
@@ -428,13 +425,7 @@ class _Writer:
             else None
         )
         since = previous or self.bucket
-        waits: dict[tuple[datetime, int], list[float]] = defaultdict(list)
-        for queue_id, admitted, queued, submitted in Job.objects.filter(
-            admitted_at__gte=since, admitted_at__lt=self.bucket + MINUTE
-        ).values_list("queue_id", "admitted_at", "queued_at", "submitted_at"):
-            waits[(floor_minute(admitted), queue_id)].append(
-                admission_wait(admitted, queued, submitted)
-            )
+        waits = _admission_waits(since, self.bucket + MINUTE, floor_minute)
         buckets = [self.bucket] if previous is None else [previous, self.bucket]
         existing = {
             (row.bucket, row.queue_id): row
@@ -878,6 +869,45 @@ def _compact_hours(now: datetime) -> int:
     return hours_from_minutes(start, end)
 
 
+def _queue_owners() -> dict[int, tuple[int, int]]:
+    """Each queue's pool and tenant, by queue id."""
+    return {
+        qid: (pool, tenant)
+        for qid, pool, tenant in Queue.objects.values_list("id", "pool_id", "tenant_id")
+    }
+
+
+def _admission_waits(since: datetime, until: datetime, floor) -> dict[tuple[datetime, int], list]:
+    """The admission waits of the jobs admitted in ``[since, until)``, by (``floor`` of the
+    admission, queue id)."""
+    waits: dict[tuple[datetime, int], list[float]] = defaultdict(list)
+    for queue_id, admitted, queued, submitted in Job.objects.filter(
+        admitted_at__gte=since, admitted_at__lt=until
+    ).values_list("queue_id", "admitted_at", "queued_at", "submitted_at"):
+        waits[(floor(admitted), queue_id)].append(admission_wait(admitted, queued, submitted))
+    return waits
+
+
+def _queue_hour_row(
+    hour, queue_id, pool_id, tenant_id, pending_jobs, pending_gpus, admitted_jobs, waits
+) -> QueueRollup:
+    """An hour row of a queue, its wait figures from ``waits``."""
+    p50, p95, top = wait_figures(waits)
+    return QueueRollup(
+        resolution=Resolution.HOUR,
+        bucket=hour,
+        queue_id=queue_id,
+        pool_id=pool_id,
+        tenant_id=tenant_id,
+        pending_jobs=pending_jobs,
+        pending_gpus=pending_gpus,
+        admitted_jobs=admitted_jobs,
+        wait_p50_seconds=p50,
+        wait_p95_seconds=p95,
+        wait_max_seconds=top,
+    )
+
+
 def hours_from_minutes(start: datetime, end: datetime) -> int:
     """Hour rows of the hours in ``[start, end)`` from their minute rows: pending and GPU
     figures are means over the minutes sampled in the hour (a minute without a tenant's row
@@ -903,29 +933,21 @@ def hours_from_minutes(start: datetime, end: datetime) -> int:
         sums[2] += jobs
         sums[3] += gpus
         sums[4] += admitted
-    waits: dict[tuple[datetime, int], list[float]] = defaultdict(list)
-    for queue_id, admitted, queued, submitted in Job.objects.filter(
-        admitted_at__gte=start, admitted_at__lt=end
-    ).values_list("queue_id", "admitted_at", "queued_at", "submitted_at"):
-        waits[(floor_hour(admitted), queue_id)].append(admission_wait(admitted, queued, submitted))
+    waits = _admission_waits(start, end, floor_hour)
     queue_rows = []
     for (hour, queue_id), (pool_id, tenant_id, jobs, gpus, admitted) in queue_sums.items():
         minutes = len(queue_minutes[hour])
         values = waits.get((hour, queue_id), [])
-        p50, p95, top = wait_figures(values)
         queue_rows.append(
-            QueueRollup(
-                resolution=Resolution.HOUR,
-                bucket=hour,
-                queue_id=queue_id,
-                pool_id=pool_id,
-                tenant_id=tenant_id,
-                pending_jobs=jobs / minutes,
-                pending_gpus=gpus / minutes,
-                admitted_jobs=max(admitted, len(values)),
-                wait_p50_seconds=p50,
-                wait_p95_seconds=p95,
-                wait_max_seconds=top,
+            _queue_hour_row(
+                hour,
+                queue_id,
+                pool_id,
+                tenant_id,
+                jobs / minutes,
+                gpus / minutes,
+                max(admitted, len(values)),
+                values,
             )
         )
     QueueRollup.objects.bulk_create(queue_rows, ignore_conflicts=True)
@@ -1042,10 +1064,7 @@ def rollups_backfill(*, days: int, now: datetime | None = None, replace: bool = 
     )
     day_end = last_billed if last_billed and last_billed > day_start else floor_minute(now)
 
-    queues = {
-        qid: (pool, tenant)
-        for qid, pool, tenant in Queue.objects.values_list("id", "pool_id", "tenant_id")
-    }
+    queues = _queue_owners()
     models: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     capacity: dict[tuple[int, str], int] = defaultdict(int)
     for pool_id, model, health, node_state in Gpu.objects.values_list(
@@ -1185,20 +1204,9 @@ def rollups_backfill(*, days: int, now: datetime | None = None, replace: bool = 
         for queue_id, (pool_id, tenant_id) in queues.items():
             depth = sums.pending.get((hour, queue_id), (0.0, 0.0))
             values = sums.waits.get((hour, queue_id), [])
-            p50, p95, top = wait_figures(values)
             queue_rows.append(
-                QueueRollup(
-                    resolution=Resolution.HOUR,
-                    bucket=hour,
-                    queue_id=queue_id,
-                    pool_id=pool_id,
-                    tenant_id=tenant_id,
-                    pending_jobs=depth[0],
-                    pending_gpus=depth[1],
-                    admitted_jobs=len(values),
-                    wait_p50_seconds=p50,
-                    wait_p95_seconds=p95,
-                    wait_max_seconds=top,
+                _queue_hour_row(
+                    hour, queue_id, pool_id, tenant_id, depth[0], depth[1], len(values), values
                 )
             )
     keys = {(pool, model, None) for pool, model in capacity}
