@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from insights.choices import Resolution
 from insights.models import GpuActivity, QueueRollup, UsageRollup
+from insights.rollups import floor_hour
 from scheduling.choices import JobState, ReclaimKind
 from scheduling.models import JobEvent, ReclaimRecord
 from tests import factories as f
@@ -16,24 +17,66 @@ from tests import factories as f
 
 def hour(now: datetime, hours_ago: int) -> datetime:
     """The start of the hour ``hours_ago`` hours before ``now``'s hour."""
-    return now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=hours_ago)
+    return floor_hour(now) - timedelta(hours=hours_ago)
+
+
+def queue_row(
+    bucket,
+    queue,
+    *,
+    pending_jobs,
+    pending_gpus,
+    admitted,
+    p50,
+    p95,
+    wait_max=None,
+    resolution=Resolution.HOUR,
+) -> QueueRollup:
+    """An unsaved rollup row of ``queue`` (an hour's unless ``resolution`` says otherwise)."""
+    return QueueRollup(
+        resolution=resolution,
+        bucket=bucket,
+        queue=queue,
+        pool=queue.pool,
+        tenant=queue.tenant,
+        pending_jobs=pending_jobs,
+        pending_gpus=pending_gpus,
+        admitted_jobs=admitted,
+        wait_p50_seconds=p50,
+        wait_p95_seconds=p95,
+        wait_max_seconds=wait_max,
+    )
+
+
+def usage_row(
+    bucket, pool, tenant, *, model="H100-80GB", capacity, allocated=0.0, used=0.0, idle=0.0
+) -> UsageRollup:
+    """An unsaved hour row of a pool (``tenant`` None) or of a tenant in it."""
+    return UsageRollup(
+        resolution=Resolution.HOUR,
+        bucket=bucket,
+        pool=pool,
+        tenant=tenant,
+        gpu_model=model,
+        capacity_gpus=capacity,
+        allocated_gpus=allocated,
+        used_gpus=used,
+        idle_gpus=idle,
+    )
 
 
 def queue_hours(queue, now, hours, *, p50, p95, admitted=2, depth=3.0, wait_max=None):
     """Hour rows of one queue for the last ``hours`` hours, all with the same figures."""
     QueueRollup.objects.bulk_create(
-        QueueRollup(
-            resolution=Resolution.HOUR,
-            bucket=hour(now, h + 1),
-            queue=queue,
-            pool=queue.pool,
-            tenant=queue.tenant,
+        queue_row(
+            hour(now, h + 1),
+            queue,
             pending_jobs=depth,
             pending_gpus=depth,
-            admitted_jobs=admitted,
-            wait_p50_seconds=p50,
-            wait_p95_seconds=p95,
-            wait_max_seconds=wait_max if wait_max is not None else p95,
+            admitted=admitted,
+            p50=p50,
+            p95=p95,
+            wait_max=wait_max if wait_max is not None else p95,
         )
         for h in range(hours)
     )
@@ -43,18 +86,16 @@ def queue_minutes(queue, now, minutes, *, p95, admitted=1, depth=1.0):
     """Minute rows of one queue for the last ``minutes`` minutes."""
     base = now.replace(second=0, microsecond=0)
     QueueRollup.objects.bulk_create(
-        QueueRollup(
-            resolution=Resolution.MINUTE,
-            bucket=base - timedelta(minutes=m + 1),
-            queue=queue,
-            pool=queue.pool,
-            tenant=queue.tenant,
+        queue_row(
+            base - timedelta(minutes=m + 1),
+            queue,
             pending_jobs=depth,
             pending_gpus=depth,
-            admitted_jobs=admitted,
-            wait_p50_seconds=p95 / 2,
-            wait_p95_seconds=p95,
-            wait_max_seconds=p95,
+            admitted=admitted,
+            p50=p95 / 2,
+            p95=p95,
+            wait_max=p95,
+            resolution=Resolution.MINUTE,
         )
         for m in range(minutes)
     )
@@ -65,16 +106,15 @@ def usage_hours(
 ):
     """Hour rows of a pool (``tenant`` None) or of a tenant in it."""
     UsageRollup.objects.bulk_create(
-        UsageRollup(
-            resolution=Resolution.HOUR,
-            bucket=hour(now, h + 1),
-            pool=pool,
-            tenant=tenant,
-            gpu_model=model,
-            capacity_gpus=capacity,
-            allocated_gpus=allocated,
-            used_gpus=used,
-            idle_gpus=idle,
+        usage_row(
+            hour(now, h + 1),
+            pool,
+            tenant,
+            model=model,
+            capacity=capacity,
+            allocated=allocated,
+            used=used,
+            idle=idle,
         )
         for h in range(hours)
     )
@@ -171,18 +211,15 @@ def rich_history(world, now: datetime, hours: int = 24 * 7) -> None:
         day = 0.5 + 0.5 * math.sin((bucket.hour - 6) / 24 * 2 * math.pi)
         for queue, wait, depth in queues:
             queue_rows.append(
-                QueueRollup(
-                    resolution=Resolution.HOUR,
-                    bucket=bucket,
-                    queue=queue,
-                    pool=queue.pool,
-                    tenant=queue.tenant,
+                queue_row(
+                    bucket,
+                    queue,
                     pending_jobs=round(depth * (0.3 + 2 * day), 2),
                     pending_gpus=round(depth * 4 * day, 2),
-                    admitted_jobs=2 + int(4 * day),
-                    wait_p50_seconds=wait * (0.2 + day) / 2,
-                    wait_p95_seconds=wait * (0.3 + 1.5 * day),
-                    wait_max_seconds=wait * (0.5 + 2 * day),
+                    admitted=2 + int(4 * day),
+                    p50=wait * (0.2 + day) / 2,
+                    p95=wait * (0.3 + 1.5 * day),
+                    wait_max=wait * (0.5 + 2 * day),
                 )
             )
         alloc_nlp, alloc_vis = round(6 + 6 * day, 1), round(1 + 2 * day, 1)
@@ -192,45 +229,23 @@ def rich_history(world, now: datetime, hours: int = 24 * 7) -> None:
             (world.other, alloc_vis, 0.9 * alloc_vis, 0.0, 8),
         ):
             usage_rows.append(
-                UsageRollup(
-                    resolution=Resolution.HOUR,
-                    bucket=bucket,
-                    pool=world.pool,
-                    tenant=tenant,
-                    gpu_model="H100-80GB",
-                    capacity_gpus=cap,
-                    allocated_gpus=alloc,
-                    used_gpus=use,
-                    idle_gpus=idle,
+                usage_row(
+                    bucket, world.pool, tenant, capacity=cap, allocated=alloc, used=use, idle=idle
                 )
             )
         serve_alloc = round(2 + 1.0 * day, 1)
-        usage_rows.append(
-            UsageRollup(
-                resolution=Resolution.HOUR,
-                bucket=bucket,
-                pool=serving,
-                tenant=None,
-                gpu_model="L40S",
-                capacity_gpus=4,
-                allocated_gpus=serve_alloc,
-                used_gpus=serve_alloc * 0.8,
-                idle_gpus=0,
+        for tenant, cap in ((None, 4), (world.tenant, 2)):
+            usage_rows.append(
+                usage_row(
+                    bucket,
+                    serving,
+                    tenant,
+                    model="L40S",
+                    capacity=cap,
+                    allocated=serve_alloc,
+                    used=serve_alloc * 0.8,
+                )
             )
-        )
-        usage_rows.append(
-            UsageRollup(
-                resolution=Resolution.HOUR,
-                bucket=bucket,
-                pool=serving,
-                tenant=world.tenant,
-                gpu_model="L40S",
-                capacity_gpus=2,
-                allocated_gpus=serve_alloc,
-                used_gpus=serve_alloc * 0.8,
-                idle_gpus=0,
-            )
-        )
     QueueRollup.objects.bulk_create(queue_rows)
     UsageRollup.objects.bulk_create(usage_rows)
     for i in range(12):

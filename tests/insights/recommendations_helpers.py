@@ -7,18 +7,18 @@ from datetime import datetime, timedelta
 
 from django.utils import timezone
 
-from insights.choices import Resolution
 from insights.models import GpuActivity, QueueRollup, UsageRollup
+from insights.rollups import floor_hour
 from scheduling.choices import JobState, RaiseState, ReclaimKind, WorkloadType
 from scheduling.models import JobEvent, PriorityRaise, ReclaimRecord
 from tests import factories as f
+from tests.insights.insights_helpers import queue_row, usage_row
 
 MODEL = "H100-80GB"
 
 
 def hour_start(now: datetime | None = None) -> datetime:
-    now = now or timezone.now()
-    return now.replace(minute=0, second=0, microsecond=0)
+    return floor_hour(now or timezone.now())
 
 
 def usage_hours(pool, tenant_allocations: dict, *, hours: int, now=None) -> list[datetime]:
@@ -28,28 +28,12 @@ def usage_hours(pool, tenant_allocations: dict, *, hours: int, now=None) -> list
     buckets = [end - timedelta(hours=hours - i) for i in range(hours)]
     rows = []
     for i, bucket in enumerate(buckets):
-        rows.append(
-            UsageRollup(
-                resolution=Resolution.HOUR,
-                bucket=bucket,
-                pool=pool,
-                tenant=None,
-                gpu_model=MODEL,
-                capacity_gpus=16,
-            )
-        )
+        rows.append(usage_row(bucket, pool, None, model=MODEL, capacity=16))
         for tenant, values in tenant_allocations.items():
             value = values[i] if isinstance(values, list) else values
             rows.append(
-                UsageRollup(
-                    resolution=Resolution.HOUR,
-                    bucket=bucket,
-                    pool=pool,
-                    tenant=tenant,
-                    gpu_model=MODEL,
-                    capacity_gpus=8,
-                    allocated_gpus=value,
-                    used_gpus=value * 0.5,
+                usage_row(
+                    bucket, pool, tenant, model=MODEL, capacity=8, allocated=value, used=value * 0.5
                 )
             )
     UsageRollup.objects.bulk_create(rows)
@@ -61,17 +45,14 @@ def queue_hours(queue, rows: list[tuple[int, float | None, float]], *, now=None)
     ending before ``now``."""
     end = hour_start(now)
     QueueRollup.objects.bulk_create(
-        QueueRollup(
-            resolution=Resolution.HOUR,
-            bucket=end - timedelta(hours=len(rows) - i),
-            queue=queue,
-            pool=queue.pool,
-            tenant=queue.tenant,
-            admitted_jobs=admitted,
-            wait_p95_seconds=p95,
-            wait_p50_seconds=p95 / 2 if p95 is not None else None,
-            pending_gpus=pending,
+        queue_row(
+            end - timedelta(hours=len(rows) - i),
+            queue,
             pending_jobs=pending,
+            pending_gpus=pending,
+            admitted=admitted,
+            p50=p95 / 2 if p95 is not None else None,
+            p95=p95,
         )
         for i, (admitted, p95, pending) in enumerate(rows)
     )
