@@ -4,17 +4,14 @@ share, CSV, bad input, scoping (nlp vs vision) and constant query counts."""
 from __future__ import annotations
 
 import csv
-import datetime as dt
 import io
 
 import pytest
-from django.db import connection
-from django.test.utils import CaptureQueriesContext
 from freezegun import freeze_time
 
 from insights import usage
 from tests import factories as f
-from tests.insights.usage_helpers import usage_day
+from tests.insights.usage_helpers import busy_range, query_count, usage_day, world_usage
 
 pytestmark = pytest.mark.django_db
 NOW = "2026-11-15 12:00:00"
@@ -26,43 +23,17 @@ def history(world):
     """nlp: 960 GPU-h allocated, 480 used in the range; vision: 192 and 48; plus rows just
     outside the range that must not count."""
     w = world
-    usage_day(
-        tenant=w.tenant,
-        day="2026-11-01",
-        pool=w.pool,
-        project=w.project,
-        user=w.member,
-        allocated=600,
-        used=300,
-    )
-    usage_day(
-        tenant=w.tenant,
+    world_usage(w, day="2026-11-01", allocated=600, used=300)
+    world_usage(
+        w,
         day="2026-11-02",
-        pool=w.pool,
-        project=w.project,
         user=w.tenant_admin,
         workload_type="fine_tuning",
         allocated=360,
         used=180,
     )
-    usage_day(
-        tenant=w.other,
-        day="2026-11-10",
-        pool=w.pool,
-        project=w.other_project,
-        user=w.outsider,
-        allocated=192,
-        used=48,
-    )
-    usage_day(
-        tenant=w.tenant,
-        day="2026-10-31",
-        pool=w.pool,
-        project=w.project,
-        user=w.member,
-        allocated=1000,
-        used=1000,
-    )
+    world_usage(w, day="2026-11-10", vision=True, allocated=192, used=48)
+    world_usage(w, day="2026-10-31", allocated=1000, used=1000)
     usage_day(tenant=w.other, day="2026-11-11", pool=w.pool, allocated=1000, used=1000)
     return w
 
@@ -343,12 +314,7 @@ def test_json_is_paginated(api, history):
 
 
 def _queries(client, params) -> int:
-    with CaptureQueriesContext(connection) as ctx:
-        response = client.get("/api/v1/usage", params)
-        if hasattr(response, "streaming_content"):
-            b"".join(response.streaming_content)
-    assert response.status_code == 200
-    return len(ctx.captured_queries)
+    return query_count(client, "/api/v1/usage", params)
 
 
 @freeze_time(NOW)
@@ -356,28 +322,12 @@ def _queries(client, params) -> int:
 def test_query_count_does_not_grow_with_the_data(api, world, fmt):
     params = {**RANGE, "group_by": "day,project,user", "format": fmt}
     client = api(world.tenant_admin)
-    usage_day(
-        tenant=world.tenant,
-        day="2026-11-01",
-        pool=world.pool,
-        project=world.project,
-        user=world.member,
-        allocated=1,
-        used=1,
-    )
+    world_usage(world, day="2026-11-01", allocated=1, used=1)
     few = _queries(client, params)
     users = [f.UserFactory() for _ in range(5)]
-    for day in range(1, 11):
-        for u in users:
-            usage_day(
-                tenant=world.tenant,
-                day=dt.date(2026, 11, day),
-                pool=world.pool,
-                project=world.project,
-                user=u,
-                allocated=2,
-                used=1,
-            )
+    busy_range(
+        tenant=world.tenant, pool=world.pool, project=world.project, users_of_day=lambda: users
+    )
     many = _queries(api(world.tenant_admin), params)
     assert many == few
 

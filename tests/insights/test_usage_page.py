@@ -5,12 +5,10 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
-from django.db import connection
-from django.test.utils import CaptureQueriesContext
 from freezegun import freeze_time
 
 from tests import factories as f
-from tests.insights.usage_helpers import usage_day
+from tests.insights.usage_helpers import busy_range, query_count, usage_day, world_usage
 
 pytestmark = pytest.mark.django_db
 NOW = "2026-11-15 12:00:00"
@@ -18,24 +16,8 @@ NOW = "2026-11-15 12:00:00"
 
 @pytest.fixture
 def history(world):
-    usage_day(
-        tenant=world.tenant,
-        day="2026-11-01",
-        pool=world.pool,
-        project=world.project,
-        user=world.member,
-        allocated=600,
-        used=300,
-    )
-    usage_day(
-        tenant=world.other,
-        day="2026-11-02",
-        pool=world.pool,
-        project=world.other_project,
-        user=world.outsider,
-        allocated=192,
-        used=48,
-    )
+    world_usage(world, day="2026-11-01", allocated=600, used=300)
+    world_usage(world, day="2026-11-02", vision=True, allocated=192, used=48)
     return world
 
 
@@ -105,9 +87,7 @@ def test_anonymous_goes_to_login(client, world):
 
 
 def _count(client, params) -> int:
-    with CaptureQueriesContext(connection) as ctx:
-        assert client.get("/usage/", params).status_code == 200
-    return len(ctx.captured_queries)
+    return query_count(client, "/usage/", params)
 
 
 @freeze_time(NOW)
@@ -116,14 +96,9 @@ def test_query_count_does_not_grow_with_the_data(client, world):
     params = {"start": "2026-11-01", "end": "2026-11-10", "group_by": ["day", "user"]}
     usage_day(tenant=world.tenant, day="2026-11-01", pool=world.pool, allocated=1, used=1)
     few = _count(client, params)
-    for day in range(1, 11):
-        for _ in range(4):
-            usage_day(
-                tenant=world.other,
-                day=dt.date(2026, 11, day),
-                pool=world.pool,
-                user=f.UserFactory(),
-                allocated=2,
-                used=1,
-            )
+    busy_range(
+        tenant=world.other,
+        pool=world.pool,
+        users_of_day=lambda: [f.UserFactory() for _ in range(4)],
+    )
     assert _count(client, params) == few

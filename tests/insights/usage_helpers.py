@@ -34,6 +34,48 @@ def usage_day(
     )
 
 
+def world_usage(world, *, day, allocated: float, used: float, vision=False, **fields):
+    """A UsageDay of the world's nlp project and member, or (``vision``) of the other
+    tenant's project and the outsider, in the world's pool; ``fields`` override."""
+    owner = {
+        "tenant": world.other if vision else world.tenant,
+        "project": world.other_project if vision else world.project,
+        "user": world.outsider if vision else world.member,
+        **fields,
+    }
+    return usage_day(day=day, pool=world.pool, allocated=allocated, used=used, **owner)
+
+
+def busy_range(*, tenant, pool, users_of_day, project=None) -> None:
+    """Rows of 2 allocated and 1 used GPU-hour for each user ``users_of_day()`` returns on
+    each day of 1-10 November 2026: data enough to show a query count that does not grow."""
+    for day in range(1, 11):
+        for user in users_of_day():
+            usage_day(
+                tenant=tenant,
+                day=dt.date(2026, 11, day),
+                pool=pool,
+                project=project,
+                user=user,
+                allocated=2,
+                used=1,
+            )
+
+
+def query_count(client, path: str, params) -> int:
+    """The queries one GET of ``path`` makes (a streamed body read to the end); it must be a
+    200."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as ctx:
+        response = client.get(path, params)
+        if hasattr(response, "streaming_content"):
+            b"".join(response.streaming_content)
+    assert response.status_code == 200
+    return len(ctx.captured_queries)
+
+
 def demo_usage(*, days: int = 30, today: dt.date) -> int:
     """A month of plausible usage on the demo (``seed_demo``): each tenant's projects and
     members in each pool, busy on weekdays. Seeded; returns the number of rows."""
