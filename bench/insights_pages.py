@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shutil
 import statistics
@@ -33,6 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench._scratch import drop_database, setup_in_var  # noqa: E402
+
 POOLS = (("training", "H100-80GB", 500), ("inference", "A100-40GB", 200))
 POOLS += (("interactive", "L4-24GB", 100), ("general", "A100-80GB", 200))
 TENANTS = 20
@@ -42,51 +43,6 @@ MINUTE_DAYS = 2
 OUTCOMES = (("SUCCEEDED", 0, 70), ("FAILED", 1, 10), ("FAILED", 137, 4), ("FAILED", 2, 3))
 OUTCOMES += (("CANCELLED", None, 8), ("TIMED_OUT", None, 5))
 COMMANDS = (["python", "train.py"], ["python", "eval.py", "--fast"], ["bash", "run.sh"])
-
-
-def _setup(database_url: str | None, var: Path) -> str:
-    env = {
-        "DEBUG": "1",
-        "SLUICE_VAR_DIR": str(var),
-        "CELERY_TASK_ALWAYS_EAGER": "1",
-        "SLUICE_NODE_TRANSPORT": "memory",
-        "ALLOWED_HOSTS": "testserver,127.0.0.1,localhost",
-        "DJANGO_SETTINGS_MODULE": "portal.settings",
-    }
-    os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    if database_url:
-        import psycopg
-
-        base, _, name = database_url.rpartition("/")
-        with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
-            conn.execute(f'CREATE DATABASE "{name}"')
-        env["DATABASE_URL"] = database_url
-    else:
-        env["DATABASE_URL"] = f"sqlite:///{var / 'bench.sqlite3'}"
-    os.environ.update(env)
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
-    from django.db import connection
-
-    return connection.vendor
-
-
-def _drop(database_url: str | None) -> None:
-    from django.db import connections
-
-    connections.close_all()
-    if not database_url:
-        return
-    import psycopg
-
-    base, _, name = database_url.rpartition("/")
-    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def _build(jobs_total: int, rng: random.Random) -> dict:  # noqa: C901 (one linear builder)
@@ -374,7 +330,7 @@ def main() -> None:
     reuse = bool(args.keep and (var / "bench.sqlite3").exists() and not args.database_url)
     var.mkdir(parents=True, exist_ok=True)
     try:
-        vendor = _setup(args.database_url, var)
+        vendor = setup_in_var(args.database_url, var)
         from django.contrib.auth import get_user_model
         from django.test import Client
 
@@ -427,7 +383,7 @@ def main() -> None:
                     for ms, sql in _slowest_queries(client, url):
                         print(f"    {ms:8.1f} ms  {sql}", flush=True)
     finally:
-        _drop(args.database_url)
+        drop_database(args.database_url)
         if not args.keep:
             shutil.rmtree(var, ignore_errors=True)
 

@@ -32,6 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench._scratch import drop_database, setup_in_var  # noqa: E402
+
 POOLS = (("training", "H100-80GB", 81559, 500), ("inference", "A100-40GB", 40960, 200))
 POOLS += (("interactive", "L4-24GB", 23034, 100), ("general", "A100-80GB", 81920, 200))
 TENANTS = 20
@@ -55,52 +57,6 @@ OUTCOMES = (
     ("PREEMPTED", "preempted", None, 15, 2),
     ("LOST", "lost", None, None, 1),
 )
-
-
-def _setup(database_url: str | None, var: Path) -> str:
-    env = {
-        "DEBUG": "1",
-        "SLUICE_VAR_DIR": str(var),
-        "CELERY_TASK_ALWAYS_EAGER": "1",
-        "SLUICE_NODE_TRANSPORT": "memory",
-        "ALLOWED_HOSTS": "testserver,127.0.0.1,localhost",
-        "DJANGO_SETTINGS_MODULE": "portal.settings",
-    }
-    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)  # the settings put it under var
-    if database_url:
-        import psycopg
-
-        base, _, name = database_url.rpartition("/")
-        with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
-            conn.execute(f'CREATE DATABASE "{name}"')
-        env["DATABASE_URL"] = database_url
-    else:
-        env["DATABASE_URL"] = f"sqlite:///{var / 'bench.sqlite3'}"
-    os.environ.update(env)
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
-    from django.db import connection
-
-    return connection.vendor
-
-
-def _drop(database_url: str | None) -> None:
-    from django.db import connections
-
-    connections.close_all()
-    if not database_url:
-        return
-    import psycopg
-
-    base, _, name = database_url.rpartition("/")
-    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def _build(jobs_total: int, nodes_scale: float, rng: random.Random) -> dict:
@@ -469,7 +425,7 @@ def main() -> int:
     var.mkdir(parents=True, exist_ok=True)
     rng = random.Random(20)
     try:
-        vendor = _setup(args.database_url, var)
+        vendor = setup_in_var(args.database_url, var)
         started = time.perf_counter()
         if reuse:
             world = _reload()
@@ -509,7 +465,7 @@ def main() -> int:
             print(json.dumps({"bench": f"summary_{who}", "database": vendor, **line}), flush=True)
     finally:
         if "django" in sys.modules:
-            _drop(args.database_url)
+            drop_database(args.database_url)
         if not args.keep:
             shutil.rmtree(var, ignore_errors=True)
     return 0

@@ -31,7 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.rollups_size import build_world, drop_database, setup_database  # noqa: E402
+from bench._scratch import drop_database, setup_database  # noqa: E402
+from bench.rollups_size import build_world, world_job  # noqa: E402
 
 DEFAULT_URL = "sqlite:////tmp/sluice-bench-writer.sqlite3"
 PATTERNS = [[8], [4, 4], [2, 2, 2, 2], [1, 1, 1, 1, 1, 1]]
@@ -59,17 +60,16 @@ def place_jobs(world, now, *, pending: int = 5000) -> int:
             queue = queues_of.get((tenant.pk, node.pool_id)) or next(
                 q for q in world["queues"] if q.tenant_id == tenant.pk
             )
-            job = Job(
-                tenant=tenant,
+            job = world_job(
+                world,
+                tenant,
                 project=rng.choice(projects),
+                user=rng.choice(users),
                 queue=queue,
-                submitted_by=rng.choice(users),
                 name=f"run-{i}-{len(free)}",
                 workload_type=rng.choice(["training", "fine_tuning", "evaluation"]),
-                base_priority_class=world["normal"],
-                priority_class=world["normal"],
                 state="RUNNING",
-                command=["python", "train.py"],
+                command=("python", "train.py"),
                 gpus_per_node=size,
                 max_runtime_seconds=86400,
                 submitted_at=now - timedelta(hours=3),
@@ -90,17 +90,14 @@ def place_jobs(world, now, *, pending: int = 5000) -> int:
     tenant, projects, users = owners[0]
     Job.objects.bulk_create(
         [
-            Job(
-                tenant=tenant,
+            world_job(
+                world,
+                tenant,
                 project=projects[0],
+                user=users[0],
                 queue=world["queues"][k % 3],
-                submitted_by=users[0],
                 name=f"wait-{k}",
-                workload_type="training",
-                base_priority_class=world["normal"],
-                priority_class=world["normal"],
                 state="PENDING",
-                command=["true"],
                 gpus_per_node=rng.choice([1, 2, 4, 8]),
                 max_runtime_seconds=3600,
                 submitted_at=now - timedelta(minutes=rng.randint(1, 600)),
@@ -127,17 +124,14 @@ def ended_history(world, now, count: int) -> None:
         for k in range(first, min(first + 5000, count)):
             end = now - timedelta(minutes=rng.randint(10, 30 * 1440))
             jobs.append(
-                Job(
-                    tenant=tenant,
+                world_job(
+                    world,
+                    tenant,
                     project=projects[0],
+                    user=users[0],
                     queue=queue,
-                    submitted_by=users[0],
                     name=f"old-{k}",
-                    workload_type="training",
-                    base_priority_class=world["normal"],
-                    priority_class=world["normal"],
                     state="SUCCEEDED",
-                    command=["true"],
                     gpus_per_node=2,
                     max_runtime_seconds=86400,
                     submitted_at=end - timedelta(hours=2),

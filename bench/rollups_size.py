@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import sys
 import time
@@ -35,6 +34,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench._scratch import drop_database, setup_database  # noqa: E402
 
 DEFAULT_URL = "sqlite:////tmp/sluice-bench-rollups.sqlite3"
 MODELS = ["H100-80GB", "A100-40GB", "L4-24GB"]
@@ -47,50 +48,39 @@ TABLES = [
 ]
 
 
-def setup_database(database_url: str) -> None:
-    """A fresh scratch database named by ``database_url``, migrated, Django set up."""
-    if database_url.startswith("sqlite:"):
-        path = Path(database_url.removeprefix("sqlite:///"))
-        for suffix in ("", "-wal", "-shm"):
-            Path(f"{path}{suffix}").unlink(missing_ok=True)
-    else:
-        import psycopg
+def world_job(
+    world,
+    tenant,
+    *,
+    project,
+    user,
+    queue,
+    name: str,
+    state: str,
+    gpus_per_node: int,
+    max_runtime_seconds: int,
+    workload_type: str = "training",
+    command: tuple[str, ...] = ("true",),
+    **fields,
+):
+    """An unsaved job of ``tenant`` in ``build_world``'s world, at its normal priority."""
+    from scheduling.models import Job
 
-        base, _, name = database_url.rpartition("/")
-        with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            conn.execute(f'CREATE DATABASE "{name}"')
-    os.environ.update(
-        {
-            "DEBUG": "1",
-            "DATABASE_URL": database_url,
-            "SLUICE_NODE_TRANSPORT": "memory",
-            "CELERY_TASK_ALWAYS_EAGER": "1",
-        }
+    return Job(
+        tenant=tenant,
+        project=project,
+        queue=queue,
+        submitted_by=user,
+        name=name,
+        workload_type=workload_type,
+        base_priority_class=world["normal"],
+        priority_class=world["normal"],
+        state=state,
+        command=list(command),
+        gpus_per_node=gpus_per_node,
+        max_runtime_seconds=max_runtime_seconds,
+        **fields,
     )
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
-
-
-def drop_database(database_url: str) -> None:
-    from django.db import connections
-
-    connections.close_all()
-    if database_url.startswith("sqlite:"):
-        path = Path(database_url.removeprefix("sqlite:///"))
-        for suffix in ("", "-wal", "-shm"):
-            Path(f"{path}{suffix}").unlink(missing_ok=True)
-        return
-    import psycopg
-
-    base, _, name = database_url.rpartition("/")
-    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def build_world(
@@ -314,17 +304,14 @@ def fill_series(world, *, jobs: int = 100, gpus: int = 8, points: int = 720) -> 
     now = timezone.now()
     rows = Job.objects.bulk_create(
         [
-            Job(
-                tenant=tenant,
+            world_job(
+                world,
+                tenant,
                 project=projects[0],
+                user=users[0],
                 queue=queue,
-                submitted_by=users[0],
                 name=f"series-{i}",
-                workload_type="training",
-                base_priority_class=world["normal"],
-                priority_class=world["normal"],
                 state="SUCCEEDED",
-                command=["true"],
                 gpus_per_node=gpus,
                 max_runtime_seconds=86400,
                 submitted_at=now,
