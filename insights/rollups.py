@@ -908,6 +908,23 @@ def _queue_hour_row(
     )
 
 
+def _usage_hour_row(
+    hour, pool_id, model, tenant_id, capacity, allocated, used=0.0, idle=0.0
+) -> UsageRollup:
+    """An hour row of a pool and GPU model (``tenant_id`` None) or of a tenant in them."""
+    return UsageRollup(
+        resolution=Resolution.HOUR,
+        bucket=hour,
+        pool_id=pool_id,
+        gpu_model=model,
+        tenant_id=tenant_id,
+        capacity_gpus=capacity,
+        allocated_gpus=allocated,
+        used_gpus=used,
+        idle_gpus=idle,
+    )
+
+
 def hours_from_minutes(start: datetime, end: datetime) -> int:
     """Hour rows of the hours in ``[start, end)`` from their minute rows: pending and GPU
     figures are means over the minutes sampled in the hour (a minute without a tenant's row
@@ -978,17 +995,7 @@ def hours_from_minutes(start: datetime, end: datetime) -> int:
     for (hour, pool_id, model, tenant_id), sums in usage_sums.items():
         minutes = pool_minutes.get((hour, pool_id, model)) or 1
         usage_rows.append(
-            UsageRollup(
-                resolution=Resolution.HOUR,
-                bucket=hour,
-                pool_id=pool_id,
-                gpu_model=model,
-                tenant_id=tenant_id,
-                capacity_gpus=sums[0] / minutes,
-                allocated_gpus=sums[1] / minutes,
-                used_gpus=sums[2] / minutes,
-                idle_gpus=sums[3] / minutes,
-            )
+            _usage_hour_row(hour, pool_id, model, tenant_id, *(total / minutes for total in sums))
         )
     UsageRollup.objects.bulk_create(usage_rows, ignore_conflicts=True)
     return len({row.bucket for row in usage_rows} | {row.bucket for row in queue_rows})
@@ -1226,15 +1233,7 @@ def rollups_backfill(*, days: int, now: datetime | None = None, replace: bool = 
             if tenant_id is not None and not allocated and not cap:
                 continue
             usage_rows.append(
-                UsageRollup(
-                    resolution=Resolution.HOUR,
-                    bucket=hour,
-                    pool_id=pool_id,
-                    gpu_model=model,
-                    tenant_id=tenant_id,
-                    capacity_gpus=float(cap),
-                    allocated_gpus=allocated,
-                )
+                _usage_hour_row(hour, pool_id, model, tenant_id, float(cap), allocated)
             )
     QueueRollup.objects.bulk_create(queue_rows, batch_size=2000, ignore_conflicts=True)
     UsageRollup.objects.bulk_create(usage_rows, batch_size=2000, ignore_conflicts=True)
