@@ -170,6 +170,72 @@ def _minutes(days: int, step: timedelta, end: datetime) -> list[datetime]:
     return [end - step * (count - i) for i in range(count)]
 
 
+def _store(model, rows) -> int:
+    """Store ``rows`` (an iterable) in bulk, 20,000 at a time; returns how many."""
+    count, batch = 0, []
+    for row in rows:
+        batch.append(row)
+        if len(batch) >= 20000:
+            model.objects.bulk_create(batch, batch_size=5000)
+            count, batch = count + len(batch), []
+    model.objects.bulk_create(batch, batch_size=5000)
+    return count + len(batch)
+
+
+def _queue_rows(world, rng, resolution, buckets):
+    from insights.models import QueueRollup
+
+    for bucket in buckets:
+        for queue in world["queues"]:
+            depth = rng.choice([0, 0, 0, 1, 2, 5, 12])
+            admitted = rng.choice([0, 0, 1, 2])
+            waits = sorted(rng.uniform(5, 3600) for _ in range(admitted))
+            yield QueueRollup(
+                resolution=resolution,
+                bucket=bucket,
+                queue_id=queue.pk,
+                pool_id=queue.pool_id,
+                tenant_id=queue.tenant_id,
+                pending_jobs=float(depth),
+                pending_gpus=float(depth * 2),
+                admitted_jobs=admitted,
+                wait_p50_seconds=waits[len(waits) // 2] if waits else None,
+                wait_p95_seconds=waits[-1] if waits else None,
+                wait_max_seconds=waits[-1] if waits else None,
+            )
+
+
+def _usage_rows(rng, resolution, buckets, pool_keys, quota_keys):
+    from insights.models import UsageRollup
+
+    for bucket in buckets:
+        for pool_id, model in pool_keys:
+            alloc = rng.uniform(60, 110)
+            yield UsageRollup(
+                resolution=resolution,
+                bucket=bucket,
+                pool_id=pool_id,
+                gpu_model=model,
+                capacity_gpus=111.0,
+                allocated_gpus=alloc,
+                used_gpus=alloc * rng.uniform(0.3, 0.9),
+                idle_gpus=rng.uniform(0, 10),
+            )
+        for pool_id, model, tenant_id, guaranteed in quota_keys:
+            alloc = rng.uniform(0, guaranteed * 1.5)
+            yield UsageRollup(
+                resolution=resolution,
+                bucket=bucket,
+                pool_id=pool_id,
+                gpu_model=model,
+                tenant_id=tenant_id,
+                capacity_gpus=float(guaranteed),
+                allocated_gpus=alloc,
+                used_gpus=alloc * rng.uniform(0.2, 0.9),
+                idle_gpus=rng.uniform(0, 2),
+            )
+
+
 def fill_rollups(world, *, minute_days: int = 2, hour_days: int = 90) -> dict:
     """The rows the writer keeps at the default retention (random but plausible values)."""
     from insights.choices import Resolution
@@ -190,73 +256,12 @@ def fill_rollups(world, *, minute_days: int = 2, hour_days: int = 90) -> dict:
         buckets = _minutes(
             days, step, end.replace(minute=0) if resolution == Resolution.HOUR else end
         )
-        queue_rows, usage_rows = 0, 0
-        batch = []
-        for bucket in buckets:
-            for queue in world["queues"]:
-                depth = rng.choice([0, 0, 0, 1, 2, 5, 12])
-                admitted = rng.choice([0, 0, 1, 2])
-                waits = sorted(rng.uniform(5, 3600) for _ in range(admitted))
-                batch.append(
-                    QueueRollup(
-                        resolution=resolution,
-                        bucket=bucket,
-                        queue_id=queue.pk,
-                        pool_id=queue.pool_id,
-                        tenant_id=queue.tenant_id,
-                        pending_jobs=float(depth),
-                        pending_gpus=float(depth * 2),
-                        admitted_jobs=admitted,
-                        wait_p50_seconds=waits[len(waits) // 2] if waits else None,
-                        wait_p95_seconds=waits[-1] if waits else None,
-                        wait_max_seconds=waits[-1] if waits else None,
-                    )
-                )
-            if len(batch) >= 20000:
-                QueueRollup.objects.bulk_create(batch, batch_size=5000)
-                queue_rows += len(batch)
-                batch = []
-        QueueRollup.objects.bulk_create(batch, batch_size=5000)
-        queue_rows += len(batch)
-        batch = []
-        for bucket in buckets:
-            for pool_id, model in pool_keys:
-                alloc = rng.uniform(60, 110)
-                batch.append(
-                    UsageRollup(
-                        resolution=resolution,
-                        bucket=bucket,
-                        pool_id=pool_id,
-                        gpu_model=model,
-                        capacity_gpus=111.0,
-                        allocated_gpus=alloc,
-                        used_gpus=alloc * rng.uniform(0.3, 0.9),
-                        idle_gpus=rng.uniform(0, 10),
-                    )
-                )
-            for pool_id, model, tenant_id, guaranteed in quota_keys:
-                alloc = rng.uniform(0, guaranteed * 1.5)
-                batch.append(
-                    UsageRollup(
-                        resolution=resolution,
-                        bucket=bucket,
-                        pool_id=pool_id,
-                        gpu_model=model,
-                        tenant_id=tenant_id,
-                        capacity_gpus=float(guaranteed),
-                        allocated_gpus=alloc,
-                        used_gpus=alloc * rng.uniform(0.2, 0.9),
-                        idle_gpus=rng.uniform(0, 2),
-                    )
-                )
-            if len(batch) >= 20000:
-                UsageRollup.objects.bulk_create(batch, batch_size=5000)
-                usage_rows += len(batch)
-                batch = []
-        UsageRollup.objects.bulk_create(batch, batch_size=5000)
-        usage_rows += len(batch)
-        counts[f"queue_{resolution}"] = queue_rows
-        counts[f"usage_{resolution}"] = usage_rows
+        counts[f"queue_{resolution}"] = _store(
+            QueueRollup, _queue_rows(world, rng, resolution, buckets)
+        )
+        counts[f"usage_{resolution}"] = _store(
+            UsageRollup, _usage_rows(rng, resolution, buckets, pool_keys, quota_keys)
+        )
     days = [(end - timedelta(days=d)).date() for d in range(hour_days)]
     batch = []
     for day in days:
