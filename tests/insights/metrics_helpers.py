@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from datetime import timedelta
 
 from django.utils import timezone
@@ -9,6 +10,30 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from scheduling.choices import JobState
 from tests import factories as f
+
+
+@contextmanager
+def multiprocess_metrics(tmp_path, monkeypatch, settings):
+    """prometheus-client in multiprocess mode on ``tmp_path``/prometheus (a fresh value class:
+    the one made at import remembers its files), the instrument's metrics made anew on it;
+    all undone when the block ends. Yields the folder."""
+    from django.core.cache import cache
+    from prometheus_client import values
+
+    from insights import instrument, metrics
+
+    path = tmp_path / "prometheus"
+    path.mkdir()
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(path))
+    settings.PROMETHEUS_MULTIPROC_DIR = path
+    monkeypatch.setattr(values, "ValueClass", values.MultiProcessValue())
+    instrument.metrics_reset()
+    cache.delete(metrics.TOTALS_CACHE_KEY)
+    yield path
+    values.close_all_multiprocess_files()
+    monkeypatch.undo()
+    instrument.metrics_reset()
+    cache.delete(metrics.TOTALS_CACHE_KEY)
 
 
 def parse(text: str) -> dict[tuple[str, frozenset], float]:

@@ -14,14 +14,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from django.core.cache import cache
 from django.utils import timezone
-from prometheus_client import values
 
 from insights import instrument, metrics
 from scheduling.services.dispatch import dispatch_cycle
 from tests import factories as f
-from tests.insights.metrics_helpers import of, parse, scrape, value
+from tests.insights.metrics_helpers import multiprocess_metrics, of, parse, scrape, value
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT = "sluice_admission_wait_seconds"
@@ -30,20 +28,9 @@ CYCLE = "sluice_dispatch_cycle_duration_seconds"
 
 @pytest.fixture
 def multiproc_dir(tmp_path, monkeypatch, settings):
-    """prometheus-client in multiprocess mode on ``tmp_path`` (a fresh value class: the one
-    made at import remembers its files), the instrument's metrics made anew on it."""
-    path = tmp_path / "prometheus"
-    path.mkdir()
-    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(path))
-    settings.PROMETHEUS_MULTIPROC_DIR = path
-    monkeypatch.setattr(values, "ValueClass", values.MultiProcessValue())
-    instrument.metrics_reset()
-    cache.delete(metrics.TOTALS_CACHE_KEY)
-    yield path
-    values.close_all_multiprocess_files()
-    monkeypatch.undo()
-    instrument.metrics_reset()
-    cache.delete(metrics.TOTALS_CACHE_KEY)
+    """prometheus-client in multiprocess mode on ``tmp_path`` (see multiprocess_metrics)."""
+    with multiprocess_metrics(tmp_path, monkeypatch, settings) as path:
+        yield path
 
 
 def _in_another_process(path: Path, code: str) -> int:

@@ -8,13 +8,12 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from django.core.cache import cache
 from django.utils import timezone
 
 from insights import instrument, metrics
 from scheduling.choices import JobState, ReclaimKind
 from scheduling.models import Gpu, ReclaimRecord
-from tests.insights.metrics_helpers import job, placed, sample, scrape
+from tests.insights.metrics_helpers import job, multiprocess_metrics, placed, sample, scrape
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana" / "sluice-dashboard.json"
 NAME = re.compile(r"\b(sluice_[a-z0-9_]+)")
@@ -47,15 +46,12 @@ def dashboard():
 @pytest.fixture
 def everything(world, tmp_path, monkeypatch, settings):
     """A cluster in which every family has samples, events included (in a tmp dir)."""
-    from prometheus_client import values
+    with multiprocess_metrics(tmp_path, monkeypatch, settings):
+        yield _fill(world)
 
-    path = tmp_path / "prometheus"
-    path.mkdir()
-    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(path))
-    settings.PROMETHEUS_MULTIPROC_DIR = path
-    monkeypatch.setattr(values, "ValueClass", values.MultiProcessValue())
-    instrument.metrics_reset()
-    cache.delete(metrics.TOTALS_CACHE_KEY)
+
+def _fill(world):
+    """Samples of every family in ``world``."""
     gpus = list(Gpu.objects.filter(node=world.nodes[0]).order_by("index"))
     placed(world, gpus[:2])
     sample(gpus[0], 60.0)
@@ -71,11 +67,7 @@ def everything(world, tmp_path, monkeypatch, settings):
     )
     instrument.dispatch_cycle_observe(0.05)
     instrument._observe_waits([(("training", "nlp", "nlp/train", "normal"), 30.0)])
-    yield world
-    values.close_all_multiprocess_files()
-    monkeypatch.undo()
-    instrument.metrics_reset()
-    cache.delete(metrics.TOTALS_CACHE_KEY)
+    return world
 
 
 def test_every_metric_the_dashboard_uses_is_exposed(dashboard, everything, client):
