@@ -31,6 +31,7 @@ from .client import (
     EXIT_NOT_FOUND,
     EXIT_OK,
     EXIT_USAGE,
+    MAX_PAGE_SIZE,
     ApiError,
     Client,
     CliError,
@@ -885,6 +886,57 @@ def cmd_quota(ctx: Context, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+#: The group columns of ``sluice usage``, in the API's names.
+USAGE_GROUPS = ("day", "tenant", "project", "user", "workload_type", "pool", "gpu_model")
+
+
+def cmd_usage(ctx: Context, args: argparse.Namespace) -> int:
+    """GPU-hours allocated and used against the guarantee (GET /api/v1/usage)."""
+    group_by = [g for part in (args.by or ["tenant"]) for g in part.split(",") if g]
+    params = {"start": args.start, "end": args.end, "group_by": group_by, "tenant": args.tenant}
+    params.update(pool=args.pool)
+    rows: list[dict] = []
+    report: dict = {}
+    for page in range(1, 1000):
+        report = ctx.client.get("usage", page=page, page_size=MAX_PAGE_SIZE, **params)
+        rows.extend(report.get("results", []))
+        if not report.get("next"):
+            break
+    report["results"] = rows
+
+    def percent(value) -> str:
+        return "-" if value is None else f"{value:.0f}%"
+
+    def line(row: dict, label: list) -> list:
+        return [
+            *label,
+            f"{row['allocated_gpu_hours']:.1f}",
+            f"{row['used_gpu_hours']:.1f}",
+            percent(row.get("utilization_pct")),
+            f"{row['guaranteed_gpu_hours']:.0f}",
+            percent(row.get("guarantee_allocated_pct")),
+        ]
+
+    def human() -> str:
+        columns = [g for g in USAGE_GROUPS if g in report.get("group_by", group_by)]
+        head = f"{report.get('start')} → {report.get('end')} ({report.get('hours', 0):.0f} h)"
+        if not rows:
+            return f"{head}\nNo usage."
+        figures = ["allocated gpu-h", "used gpu-h", "util", "guaranteed gpu-h", "of guarantee"]
+        body = [line(r, [r.get(c) or "-" for c in columns]) for r in rows]
+        total = report.get("totals")
+        if total:
+            body.append(line(total, ["total"] + [""] * (len(columns) - 1)))
+        return (
+            head
+            + "\n"
+            + table([c.replace("_", " ") for c in columns] + figures, body, right=figures)
+        )
+
+    ctx.emit(report, human)
+    return EXIT_OK
+
+
 def cmd_nodes(ctx: Context, args: argparse.Namespace) -> int:
     nodes = list(ctx.client.paginate("nodes", pool__name=args.pool))
     gpus: dict[str, list[dict]] = {}
@@ -1085,6 +1137,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tenant")
     p = command("nodes", cmd_nodes, "nodes and their GPUs")
     p.add_argument("--pool")
+    p = command("usage", cmd_usage, "GPU-hours allocated and used against the guarantee")
+    p.add_argument("--start", help="first day, YYYY-MM-DD (default: 29 days before the end)")
+    p.add_argument("--end", help="last day, YYYY-MM-DD (default: today)")
+    p.add_argument(
+        "--by",
+        action="append",
+        help="group by " + ", ".join(USAGE_GROUPS) + " (repeat or comma-separate; default tenant)",
+    )
+    p.add_argument("--tenant", action="append", help="only this tenant (slug; repeatable)")
+    p.add_argument("--pool", action="append", help="only this pool (repeatable)")
     return parser
 
 

@@ -94,3 +94,38 @@ def test_queues_quota_and_nodes(world, sluice, token_of):
         line.startswith("gpu-01") and f"8×{model}" in line for line in nodes.out.splitlines()
     ), nodes.out
     assert len(sluice("nodes", "--json", token=member).json()[0]["gpus"]) == 8
+
+
+def test_usage_against_the_guarantee(world, sluice, token_of):
+    from datetime import date
+
+    from insights.models import UsageDay
+
+    today = date.today()
+    for tenant, user, hours in (
+        (world.tenant, world.member, 30.0),
+        (world.other, world.outsider, 7.0),
+    ):
+        UsageDay.objects.create(
+            day=today,
+            tenant=tenant,
+            project=world.project if tenant == world.tenant else world.other_project,
+            user=user,
+            workload_type="training",
+            pool=world.pool,
+            gpu_model="H100-80GB",
+            allocated_gpu_hours=hours,
+            used_gpu_hours=hours / 2,
+        )
+    token = token_of(world.member)
+    run = sluice("usage", "--by", "tenant,user", token=token)
+    assert run.code == 0, run.err
+    lines = run.out.splitlines()
+    assert lines[1].split()[:2] == ["TENANT", "USER"]
+    assert any(line.split()[:4] == ["nlp", "nlp-member", "30.0", "15.0"] for line in lines)
+    assert "vision" not in run.out  # a member sees their own tenant only
+    assert lines[-1].split()[:3] == ["total", "-", "30.0"]
+    data = sluice("usage", "--json", token=token).json()
+    assert data["group_by"] == ["tenant"] and data["totals"]["allocated_gpu_hours"] == 30.0
+    bad = sluice("usage", "--start", "yesterday", token=token)
+    assert bad.code == 1 and "start" in bad.err
