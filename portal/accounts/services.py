@@ -120,3 +120,9 @@ def sign_in_lockout_record(*, username: str, failures: int, locked_until: dateti
         },
         reason="Too many failed sign-ins",
     )
+
+
+def api_tokens_expired_delete(*, now: datetime) -> int:
+    """Delete the tokens past their expiry (refused already; the hourly sweep's tidy-up)."""
+    deleted, _ = ApiToken.objects.filter(expiry__lt=now).delete()
+    return deleted

@@ -269,7 +269,11 @@ def retention_cleanup(now: datetime | None = None) -> dict | str:
     """The sweep's entry: at most once every ``SLUICE_RETENTION_CLEANUP_SECONDS``."""
     if not cache.add(RETENTION_CLEANUP_KEY, 1, timeout=settings.SLUICE_RETENTION_CLEANUP_SECONDS):
         return "not due"
-    return job_logs_retention_cleanup(now=now)
+    from portal.accounts.services import api_tokens_expired_delete
+
+    figures = job_logs_retention_cleanup(now=now)
+    api_tokens_expired_delete(now=now or timezone.now())
+    return figures
 
 
 def _log_folders(root: Path) -> dict[int, Path]:

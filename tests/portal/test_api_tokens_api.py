@@ -239,3 +239,22 @@ def test_list_query_count_does_not_grow_with_tokens(world, api, api_token):
 
     assert body["count"] == 6
     assert len(six) == len(one)
+
+
+def test_a_request_reads_only_the_token_it_presents(world, api_token, token_client):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from portal.accounts.services import api_tokens_expired_delete
+
+    stale, _ = api_token(world.member, days=1)
+    _, key = api_token(world.member, days=30)
+    later = timezone.now() + timedelta(days=2)
+    with freeze_time(later), CaptureQueriesContext(connection) as queries:
+        assert token_client(key).get("/api/v1/jobs").status_code == 200
+    token_reads = [q for q in queries.captured_queries if 'FROM "accounts_apitoken"' in q["sql"]]
+    assert len(token_reads) == 1  # knox's per-request scan of the user's other tokens: gone
+    # The other, expired token is refused if presented, and the hourly sweep deletes it.
+    assert ApiToken.objects.filter(pk=stale.pk).exists()
+    assert api_tokens_expired_delete(now=later) == 1
+    assert not ApiToken.objects.filter(pk=stale.pk).exists()
