@@ -70,7 +70,7 @@ from scheduling.services import whatif
 from scheduling.services.notifications import notification_send
 from tenants.choices import Role
 from tenants.models import Membership, Project, Tenant
-from tenants.selectors import is_platform_admin
+from tenants.selectors import administered_tenants, is_platform_admin
 
 from .choices import RecommendationKind, RecommendationState, Resolution
 from .models import GpuActivity, QueueRollup, Recommendation, UsageRollup
@@ -918,11 +918,7 @@ def _upsert(proposal: Proposal, now: datetime) -> str:
 
 
 def _admin_tenant_ids(user) -> list[int]:
-    return list(
-        Membership.objects.filter(user=user, role=Role.ADMIN, tenant__active=True).values_list(
-            "tenant_id", flat=True
-        )
-    )
+    return list(administered_tenants(user).values_list("id", flat=True))
 
 
 def recommendations_check_access(user) -> None:

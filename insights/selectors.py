@@ -30,9 +30,8 @@ from scheduling.models import (
     ResourcePool,
     WorkloadPolicy,
 )
-from tenants.choices import Role
-from tenants.models import Membership, Tenant
-from tenants.selectors import is_platform_admin
+from tenants.models import Tenant
+from tenants.selectors import administered_tenants, is_platform_admin
 
 from .choices import Resolution
 from .models import GpuActivity, QueueRollup, UsageRollup
@@ -118,11 +117,7 @@ def insights_scope(user) -> Scope | None:
         return Scope(platform=True)
     if not user or not user.is_authenticated or not user.is_active:
         return None
-    ids = tuple(
-        Membership.objects.filter(user=user, role=Role.ADMIN, tenant__active=True)
-        .order_by("tenant_id")
-        .values_list("tenant_id", flat=True)
-    )
+    ids = tuple(sorted(administered_tenants(user).values_list("id", flat=True)))
     return Scope(platform=False, tenant_ids=ids) if ids else None
 
 
@@ -705,3 +700,47 @@ def insights_for(scope: Scope, period: Period, now: datetime | None = None) -> d
         "recoveries": recoveries(scope, window),
         "inference": inference_capacity(totals, buckets, guarantees),
     }
+
+
+# --- the dashboard's glance ------------------------------------------------------------------
+
+
+#: Queues the dashboard's glance lists: those waiting longest now.
+GLANCE_QUEUES = 5
+
+
+def dashboard_glance(user) -> dict | None:
+    """For tenant and platform admins: each pool's GPUs now (busy, idle while held, free,
+    unavailable) and the queues waiting longest (theirs), from the metrics summary (five
+    queries; not in the polled part)."""
+    from scheduling.selectors import queues_visible_to
+    from tenants.selectors import administers_any_tenant
+
+    from .metrics import metrics_summary
+
+    if not administers_any_tenant(user):
+        return None
+    platform = is_platform_admin(user)
+    queue_ids = None if platform else set(queues_visible_to(user).values_list("id", flat=True))
+    summary = metrics_summary(queue_ids=queue_ids)
+    pools = []
+    for pool in summary["pools"]:
+        gpus = pool["gpus"]
+        total = gpus["total"] or 1
+        busy = gpus["allocated"] - gpus["idle"]
+        pools.append(
+            {
+                **pool,
+                "busy": busy,
+                "pct_busy": 100 * busy / total,
+                "pct_idle": 100 * gpus["idle"] / total,
+                "pct_free": 100 * gpus["free"] / total,
+                "pct_down": 100 * gpus["unavailable"] / total,
+            }
+        )
+    waiting = sorted(
+        (q for q in summary["queues"] if q["depth"]),
+        key=lambda q: q["longest_wait_seconds"],
+        reverse=True,
+    )[:GLANCE_QUEUES]
+    return {"pools": pools, "queues": waiting}

@@ -21,9 +21,7 @@ from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_POST
 
 from portal.errors import BusinessError
-from tenants.choices import Role
-from tenants.models import Membership
-from tenants.selectors import is_platform_admin
+from tenants.selectors import administered_tenants, is_platform_admin
 
 from . import reviews
 from .models import PolicyReview
@@ -35,11 +33,7 @@ def _admin_tenants(user) -> list[str]:
         from tenants.models import Tenant
 
         return list(Tenant.objects.order_by("slug").values_list("slug", flat=True))
-    return list(
-        Membership.objects.filter(user=user, role=Role.ADMIN, tenant__active=True)
-        .order_by("tenant__slug")
-        .values_list("tenant__slug", flat=True)
-    )
+    return list(administered_tenants(user).values_list("slug", flat=True))
 
 
 def _scope(request) -> tuple[str | None, list[str]]:

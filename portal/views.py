@@ -17,48 +17,10 @@ def dashboard(request):
     # htmx polls only the live part (the counters and the recent jobs).
     template = "_dashboard_live.html" if request.htmx else "dashboard.html"
     if not request.htmx:
-        context["glance"] = _glance(request.user)
+        from insights.selectors import dashboard_glance
+
+        context["glance"] = dashboard_glance(request.user)
     return render(request, template, context)
-
-
-#: Queues the dashboard's glance lists: those waiting longest now.
-GLANCE_QUEUES = 5
-
-
-def _glance(user) -> dict | None:
-    """For tenant and platform admins: each pool's GPUs now (busy, idle while held, free,
-    unavailable) and the queues waiting longest (theirs), from the metrics summary (five
-    queries; not in the polled part)."""
-    from insights.metrics import metrics_summary
-    from scheduling.selectors import queues_visible_to
-    from tenants.selectors import administers_any_tenant, is_platform_admin
-
-    if not administers_any_tenant(user):
-        return None
-    platform = is_platform_admin(user)
-    queue_ids = None if platform else set(queues_visible_to(user).values_list("id", flat=True))
-    summary = metrics_summary(queue_ids=queue_ids)
-    pools = []
-    for pool in summary["pools"]:
-        gpus = pool["gpus"]
-        total = gpus["total"] or 1
-        busy = gpus["allocated"] - gpus["idle"]
-        pools.append(
-            {
-                **pool,
-                "busy": busy,
-                "pct_busy": 100 * busy / total,
-                "pct_idle": 100 * gpus["idle"] / total,
-                "pct_free": 100 * gpus["free"] / total,
-                "pct_down": 100 * gpus["unavailable"] / total,
-            }
-        )
-    waiting = sorted(
-        (q for q in summary["queues"] if q["depth"]),
-        key=lambda q: q["longest_wait_seconds"],
-        reverse=True,
-    )[:GLANCE_QUEUES]
-    return {"pools": pools, "queues": waiting}
 
 
 # --- error pages: inside the layout, saying why and what to do ------------------------------

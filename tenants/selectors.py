@@ -93,13 +93,19 @@ def users_visible_to(user) -> QuerySet:
     )
 
 
+def administered_tenants(user) -> QuerySet[Tenant]:
+    """The active tenants ``user`` is an admin of (by membership; platform rights aside),
+    in slug order."""
+    if not user or not user.is_authenticated:
+        return Tenant.objects.none()
+    return Tenant.objects.filter(
+        active=True, memberships__user=user, memberships__role=Role.ADMIN
+    ).order_by("slug")
+
+
 def administers_any_tenant(user) -> bool:
     """Platform admins, and admins of at least one active tenant (approvals inbox, audit log)."""
-    if is_platform_admin(user):
-        return True
-    if not user or not user.is_authenticated:
-        return False
-    return Membership.objects.filter(user=user, role=Role.ADMIN, tenant__active=True).exists()
+    return is_platform_admin(user) or administered_tenants(user).exists()
 
 
 #: What a Unix account name may be (useradd's portable set, at most 32 characters).
