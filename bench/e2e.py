@@ -311,6 +311,52 @@ class Cluster:
                 args += ["--broker-dir", self.env["SLUICE_BROKER_DIR"]]
             self._spawn(f"agent-{node}", args)
 
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds (user + system) each started process has used so far, with all its
+        descendants: the live ones and those it reaped (a job's ``true`` and its wrapper
+        count for their agent). Agents are summed as ``agents``; PostgreSQL and Redis, not
+        started here, are read by name (``postgres``, ``redis``) when this user sees them."""
+        tick = os.sysconf("SC_CLK_TCK")
+        stats: dict[int, tuple[int, int, str]] = {}  # pid -> (ppid, ticks incl. reaped, comm)
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    data = f.read()
+            except OSError:
+                continue
+            comm = data[data.index("(") + 1 : data.rindex(")")]
+            fields = data[data.rindex(")") + 2 :].split()
+            ticks = sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
+            stats[int(entry)] = (int(fields[1]), ticks, comm)
+        children: dict[int, list[int]] = {}
+        for pid, (ppid, _, _) in stats.items():
+            children.setdefault(ppid, []).append(pid)
+
+        def tree(pid: int) -> int:
+            total, todo = 0, [pid]
+            while todo:
+                current = todo.pop()
+                total += stats.get(current, (0, 0, ""))[1]
+                todo += children.get(current, [])
+            return total
+
+        out: dict[str, float] = {}
+        for name, proc in self.procs.items():
+            key = "agents" if name.startswith("agent") else name
+            out[key] = out.get(key, 0.0) + tree(proc.pid) / tick
+        for service in ("postgres", "redis-server"):
+            ticks = sum(t for _, t, comm in stats.values() if comm.startswith(service))
+            if ticks:
+                out[service.split("-")[0]] = ticks / tick
+        own = os.times()
+        out["bench_client"] = own.user + own.system
+        with open("/proc/stat") as f:
+            cpu = [int(v) for v in f.readline().split()[1:]]
+        out["machine"] = (sum(cpu) - cpu[3] - cpu[4]) / tick  # all but idle and iowait
+        return out
+
     def check_alive(self) -> None:
         for name, proc in self.procs.items():
             if proc.poll() is not None:
@@ -532,6 +578,16 @@ class Bench:
         self.results.append(line)
         print(json.dumps(line), flush=True)
 
+    def cpu_since(self, before: dict[str, float], jobs: int | None = None) -> dict:
+        """CPU seconds by process since ``before`` (see ``Cluster.cpu_seconds``), and per
+        job in milliseconds when ``jobs`` is given: where a figure's time went."""
+        after = self.cluster.cpu_seconds()
+        used = {k: round(after[k] - before.get(k, 0.0), 2) for k in after}
+        fields: dict[str, Any] = {"cpu_seconds": used}
+        if jobs:
+            fields["cpu_ms_per_job"] = {k: round(1000 * v / jobs, 1) for k, v in used.items()}
+        return fields
+
     # waiting
 
     def wait_nodes(self, timeout: float = 120) -> None:
@@ -680,6 +736,7 @@ class Bench:
     def drain_bulk(self) -> float | None:
         self.wait_idle()
         specs = [_spec(self.world, "bulk", ["true"])] * self.jobs
+        cpu = self.cluster.cpu_seconds()
         t0 = time.monotonic()
         self.api.post("jobs/bulk", {"jobs": specs})
         posted = time.monotonic() - t0
@@ -695,6 +752,7 @@ class Bench:
             **drain.fields(),
             submit_seconds=round(posted, 2),
             failed=self.failed("bulk"),
+            **self.cpu_since(cpu, self.jobs),
         )
         return drain.seconds if drain.complete else None
 
@@ -716,12 +774,14 @@ class Bench:
                     errors.append(str(exc)[:200])
 
         threads = [threading.Thread(target=client, daemon=True) for _ in range(SINGLE_THREADS)]
+        cpu = self.cluster.cpu_seconds()
         t0 = time.monotonic()
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
         posted = time.monotonic() - t0
+        cpu_posting = self.cpu_since(cpu, self.jobs)
         submitted = self.jobs - len(errors)
         drain = self.wait_drained("single", submitted, t0, self.jobs)
         target = DRAIN_TARGET[self.backend]
@@ -736,6 +796,7 @@ class Bench:
             post_errors=len(errors),
             failed=self.failed("single"),
             clients=SINGLE_THREADS,
+            **self.cpu_since(cpu, submitted),
         )
         self.emit(
             "single_post_rate",
@@ -747,16 +808,19 @@ class Bench:
             seconds=round(posted, 2),
             clients=SINGLE_THREADS,
             errors=len(errors),
+            **cpu_posting,
         )
         if errors:
             log(f"single POST errors (first): {errors[0]}")
         # 200 single submissions in a row, from one client, on the now idle cluster.
         self.wait_idle()
         spec = _spec(self.world, "seq", ["true"])
+        cpu = self.cluster.cpu_seconds()
         t0 = time.monotonic()
         for _ in range(SEQ_POSTS):
             self.api.post("jobs/", spec)
         seconds = time.monotonic() - t0
+        cpu_posting = self.cpu_since(cpu, SEQ_POSTS)
         self.emit(
             "single_post_seq",
             SEQ_POSTS / seconds,
@@ -766,6 +830,7 @@ class Bench:
             jobs=SEQ_POSTS,
             seconds=round(seconds, 2),
             clients=1,
+            **cpu_posting,
         )
         self.wait_drained("seq", SEQ_POSTS, t0, SEQ_POSTS)
 
@@ -829,12 +894,14 @@ class Bench:
                     (submit_s if kind == "submit" else list_s).append(time.monotonic() - t)
 
         threads = [threading.Thread(target=client, daemon=True) for _ in range(CLIENTS)]
+        cpu = self.cluster.cpu_seconds()
         t0 = time.monotonic()
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
         seconds = time.monotonic() - t0
+        cpu_used = self.cpu_since(cpu)
         pending_after = self.api.count(project=blocked, state="PENDING")
         p99 = _percentile(submit_s, 99)
         list_p99 = _percentile(list_s, 99)
@@ -856,6 +923,7 @@ class Bench:
             list_p99=round(list_p99, 3),
             errors=len(errors),
             pending_kept=[pending_before, pending_after],
+            **cpu_used,
         )
         if errors:
             log(f"client errors (first): {errors[0]}")
