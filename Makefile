@@ -38,7 +38,16 @@ lint: $(VENV)/.installed-dev
 ## The scheduling engine compiled with mypyc (about a third faster; see scheduling/engine/native.py).
 ## Rebuilt when its sources change; without a C compiler the engine runs as pure Python.
 ENGINE_SOURCES := $(wildcard scheduling/engine/*.py)
-native: scheduling/engine/native.stamp
+native: scheduling/engine/native.stamp scheduling/agent/sluice-job-wrapper
+
+## The job wrapper compiled (scheduling/agent/wrapper.c); without a C compiler the agent
+## starts wrapper.py instead (about 30 ms of CPU more per job).
+CC ?= cc
+scheduling/agent/sluice-job-wrapper: scheduling/agent/wrapper.c
+	@mkdir -p build
+	@if $(CC) -O2 -Wall -Wextra -o $@.tmp $< > build/wrapper.log 2>&1 && mv $@.tmp $@; then \
+	echo "job wrapper compiled: $@"; \
+	else cat build/wrapper.log; rm -f $@.tmp; echo "job wrapper NOT compiled: the agent starts wrapper.py"; fi
 
 scheduling/engine/native.stamp: $(ENGINE_SOURCES) tools/build_native.py $(VENV)/.installed-dev
 	@mkdir -p build
@@ -71,4 +80,4 @@ demo-reset:
 	rm -rf var/
 
 clean:
-	rm -rf $(VENV) var staticfiles build scheduling/engine/*.so scheduling/engine/native.stamp sluice_engine__mypyc*.so
+	rm -rf $(VENV) var staticfiles build scheduling/agent/sluice-job-wrapper scheduling/engine/*.so scheduling/engine/native.stamp sluice_engine__mypyc*.so

@@ -1,5 +1,9 @@
 """The tiny process that runs a job's command and writes down how it ended.
 
+The compiled twin of this module, ``wrapper.c`` (``make native``), is what the agent runs
+when it was built; this one is the reference and the fallback, and both keep the same
+contract (tests/scheduling/agent/test_wrapper_contract.py runs them side by side).
+
 The agent starts every job as ``python -I wrapper.py --exit-file F --env-file E --status-fd
 N [--cwd D] [--uid U --gid G] [--cgroup C] -- argv...`` in a new session, so the wrapper
 leads the job's process group. The wrapper joins the job's cgroup (so that everything the
@@ -51,18 +55,23 @@ def write_exit_file(path: str, info: dict) -> None:
 
 
 def read_env_file(path: str) -> dict[str, str]:
-    """The job's environment, written by the agent; removed once read (it holds the
-    user's secrets, and the launch file keeps them anyway)."""
+    """The job's environment, written by the agent as ``KEY=VALUE`` entries each ended by
+    a NUL byte; removed once read (it holds the user's secrets, and the launch file keeps
+    them anyway)."""
     try:
-        with open(path) as f:
-            env = json.load(f)
+        with open(path, "rb") as f:
+            data = f.read()
     finally:
         with contextlib.suppress(OSError):
             os.unlink(path)
-    if not isinstance(env, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
-    ):
-        raise ValueError("the environment file is not an object of strings")
+    if data and not data.endswith(b"\0"):
+        raise ValueError("the environment file is not a list of NUL-ended KEY=VALUE entries")
+    env = {}
+    for entry in data.split(b"\0")[:-1]:
+        key, sep, value = entry.partition(b"=")
+        if not key or not sep:
+            raise ValueError("an entry of the environment file is not KEY=VALUE")
+        env[os.fsdecode(key)] = os.fsdecode(value)
     return env
 
 
