@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 export DEBUG ?= 1
 
-.PHONY: run test lint check migrations-check pytest integration browser bench bench-e2e native demo-reset clean
+.PHONY: run test lint check migrations-check pytest integration browser bench bench-api bench-e2e native demo-reset clean
 
 $(VENV)/bin/python:
 	python3 -m venv $(VENV)
@@ -70,6 +70,11 @@ integration: $(VENV)/.installed-dev native
 bench: $(VENV)/.installed-dev native
 	$(PY) bench/engine.py
 	$(PY) bench/dispatch.py
+
+## The job API's cost per call in the web process (issue 21): CPU ms and queries of POST one
+## job, POST a bulk of 100, GET the list's default page and GET one job (DATABASE_URL or SQLite)
+bench-api: $(VENV)/.installed-dev
+	$(PY) bench/api.py $(ARGS)
 
 ## End to end (issue 21): real web, workers and 4 agents × 8 simulated GPUs on PostgreSQL + Redis
 ## when both answer, else embedded. ARGS: --backend embedded, --big (10,000 jobs), --skip FIGURE
