@@ -2,7 +2,7 @@
 
 - :func:`broker_connection` / :func:`broker_transport_options`: the kombu connection both
   sides use, with the filesystem broker's folders set (the embedded default).
-- :func:`send_control_message`: how the control side puts a message on ``node.<name>``.
+- :func:`send_control_messages`: how the control side puts messages on ``node.<name>``.
 - :class:`KombuMessageSource`: the agent's consumer of its queue (a thread that wakes the
   agent's loop), reconnecting with backoff.
 - :class:`CeleryReportSender`: the agent's sender of reports, in batches, as Celery task
@@ -320,20 +320,35 @@ def node_queue(node: str) -> Queue:
     return Queue(name, Exchange(name, type="direct"), routing_key=name)
 
 
+#: How a publish retries while the broker reconnects.
+_PUBLISH_RETRY = {"max_retries": 3, "interval_start": 0.2, "interval_step": 0.5}
+
+
 def send_control_message(connection: Connection, node: str, message: dict[str, Any]) -> None:
     """Validate ``message`` and publish it (JSON, persistent) to the node's queue."""
-    validate_control_message(message)
-    queue = node_queue(node)
+    send_control_messages(connection, [(node, message)])
+
+
+def send_control_messages(connection: Connection, messages: list[tuple[str, dict]]) -> None:
+    """Validate and publish (node, message) pairs in order, through one producer; each
+    node's queue is declared once per call, not once per message (a declaration costs
+    the broker three writes)."""
+    for _, message in messages:
+        validate_control_message(message)
+    declared: set[str] = set()
     with connection.Producer(serializer="json") as producer:
-        producer.publish(
-            message,
-            exchange=queue.exchange,
-            routing_key=queue.routing_key,
-            declare=[queue],
-            delivery_mode="persistent",
-            retry=True,
-            retry_policy={"max_retries": 3, "interval_start": 0.2, "interval_step": 0.5},
-        )
+        for node, message in messages:
+            queue = node_queue(node)
+            producer.publish(
+                message,
+                exchange=queue.exchange,
+                routing_key=queue.routing_key,
+                declare=[] if node in declared else [queue],
+                delivery_mode="persistent",
+                retry=True,
+                retry_policy=_PUBLISH_RETRY,
+            )
+            declared.add(node)
 
 
 class _Received:

@@ -8,6 +8,7 @@ rolled back. Builders for the messages are the protocol module's (``launch_messa
 from __future__ import annotations
 
 import logging
+import threading
 
 from django.conf import settings
 
@@ -19,21 +20,54 @@ log = logging.getLogger(__name__)
 OUTBOX: list[tuple[str, dict]] = []
 
 
+#: Each thread's broker connection, kept between sends (a dispatch cycle sends its launches
+#: every second or so: connecting each time cost more than publishing). kombu connections
+#: are not thread-safe, hence one per thread (gunicorn threads send stops too).
+_local = threading.local()
+
+
+def _connection():
+    from scheduling.agent.transport import broker_connection
+
+    url, folder = settings.CELERY_BROKER_URL, settings.SLUICE_BROKER_DIR
+    kept = getattr(_local, "connection", None)
+    if kept is not None and getattr(_local, "key", None) == (url, folder):
+        return kept
+    _drop_connection()
+    _local.connection, _local.key = broker_connection(url, folder), (url, folder)
+    return _local.connection
+
+
+def _drop_connection() -> None:
+    kept = getattr(_local, "connection", None)
+    _local.connection = None
+    if kept is not None:
+        try:
+            kept.release()
+        except Exception:  # already broken: nothing to release
+            log.debug("closing a broken broker connection", exc_info=True)
+
+
 def send_node_messages(messages: list[tuple[str, dict]]) -> None:
-    """Publish (node name, message) pairs over one broker connection."""
+    """Publish (node name, message) pairs, in order, over this thread's kept broker
+    connection; a connection that fails is replaced once before giving up. A retried
+    batch may repeat messages sent before the failure: agents answer a repeated launch or
+    stop without acting twice (scheduling.agent.protocol)."""
     if not messages:
         return
     if settings.SLUICE_NODE_TRANSPORT == "memory":
         OUTBOX.extend((node, validate_control_message(message)) for node, message in messages)
         return
-    from scheduling.agent.transport import broker_connection, send_control_message
+    from scheduling.agent.transport import send_control_messages
 
-    try:
-        with broker_connection(settings.CELERY_BROKER_URL, settings.SLUICE_BROKER_DIR) as conn:
-            for node, message in messages:
-                send_control_message(conn, node, message)
-    except Exception:  # the broker is down: the sweeps resend (stuck launches, stop deadlines)
-        log.exception("could not send %d message(s) to node agents", len(messages))
+    for attempt in (1, 2):
+        try:
+            send_control_messages(_connection(), messages)
+            return
+        except Exception:
+            _drop_connection()
+            if attempt == 2:  # the broker is down: the sweeps resend (stuck launches, stops)
+                log.exception("could not send %d message(s) to node agents", len(messages))
 
 
 def send_node_message(node_name: str, message: dict) -> None:
