@@ -181,17 +181,24 @@ class JobFilter(filters.FilterSet):
         fields = ["state", "queue", "project", "tenant", "user", "workload_type", "array_id"]
 
 
+def _one(queryset):
+    """The first row of ``queryset`` or None, without ordering it (``first()`` orders by the
+    model's ordering: joins and compilation for a lookup by primary key)."""
+    rows = list(queryset.order_by()[:1])
+    return rows[0] if rows else None
+
+
 def spec_from_input(user, data: dict, lookups: Lookups | None = None) -> JobSpec:
     """Resolve the ids and names in validated API input into a JobSpec (404 for others' objects)."""
     lookups = lookups or Lookups()
     project_id, queue_id = data.pop("project"), data.pop("queue")
     project = lookups.get(
-        ("project", project_id), lambda: projects_visible_to(user).filter(pk=project_id).first()
+        ("project", project_id), lambda: _one(projects_visible_to(user).filter(pk=project_id))
     )
     if project is None:
         raise NotFoundError("Project not found.")
     queue = lookups.get(
-        ("queue", queue_id), lambda: selectors.queues_visible_to(user).filter(pk=queue_id).first()
+        ("queue", queue_id), lambda: _one(selectors.queues_visible_to(user).filter(pk=queue_id))
     )
     if queue is None:
         raise NotFoundError("Queue not found.")
@@ -199,7 +206,7 @@ def spec_from_input(user, data: dict, lookups: Lookups | None = None) -> JobSpec
     priority = None
     if name:
         priority = lookups.get(
-            ("class", name), lambda: PriorityClass.objects.filter(name=name).first()
+            ("class", name), lambda: _one(PriorityClass.objects.filter(name=name))
         )
         if priority is None:
             raise BusinessError(f"Unknown priority class {name!r}.", field="priority_class")

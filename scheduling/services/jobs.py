@@ -10,7 +10,8 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from portal.audit.services import audit_record
@@ -21,12 +22,23 @@ from tenants.choices import Role
 from tenants.models import Project
 from tenants.selectors import can_submit_to_project, has_role, job_unix_account
 
-from ..choices import JobState, QueueState, StopReason
-from ..models import Job, JobEvent, PriorityClass, Queue, WorkloadPolicy
-from ..selectors import pool_gpu_shapes, quota_for
+from ..choices import GpuHealth, JobState, NodeState, QueueState, RaiseState, StopReason
+from ..models import (
+    Allocation,
+    Gpu,
+    Job,
+    JobEvent,
+    Node,
+    PriorityClass,
+    PriorityRaise,
+    ProjectQuota,
+    Queue,
+    Quota,
+    WorkloadPolicy,
+)
 from .enqueue import dispatch_on_commit
 from .lifecycle import job_event, job_transition
-from .raises import effective_class_for, higher_class, project_grant_classes
+from .raises import higher_class, project_grant_classes
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAX_COMMAND_BYTES = 64 * 1024
@@ -86,6 +98,110 @@ class Lookups:
         if key not in self._values:
             self._values[key] = load()
         return self._values[key]
+
+
+@dataclass
+class AdmissionContext:
+    """What admitting a job to a pool reads, for one tenant and project: the pool's GPU
+    shapes, the tenant's quotas and GPUs in use there, the project's cap in the pool and
+    the classes granted to the project now. One query (:func:`_admission_context`)."""
+
+    #: {model: (most GPUs on one node, memory MiB, total GPUs)}, as ``pool_gpu_shapes``.
+    shapes: dict[str, tuple[int, int, int]]
+    #: {model or "": (guaranteed, borrow limit, max running jobs)}
+    quotas: dict[str, tuple[int, int, int | None]]
+    #: {model: [guaranteed GPUs in use, borrowed GPUs in use]}
+    used: dict[str, list[int]]
+    #: The project's most GPUs in the pool (None: no cap).
+    project_cap: int | None
+    #: (value, class id) of the highest class granted to the project now, if any.
+    grant: tuple[int, int] | None
+
+    def quota(self, gpu_model: str) -> dict:
+        """What ``scheduling.selectors.quota_for`` answers (model-specific quota wins over
+        the any-model one; usage counted for the quota's scope)."""
+        quota = self.quotas.get(gpu_model) if gpu_model in self.quotas else None
+        scoped = quota is not None
+        if quota is None:
+            quota = self.quotas.get("")
+        if scoped:
+            guaranteed_used, borrowed_used = self.used.get(gpu_model, (0, 0))
+        else:
+            guaranteed_used = sum(u[0] for u in self.used.values())
+            borrowed_used = sum(u[1] for u in self.used.values())
+        return {
+            "guaranteed": quota[0] if quota else 0,
+            "borrow_limit": quota[1] if quota else 0,
+            "max_running_jobs": quota[2] if quota else None,
+            "used": guaranteed_used + borrowed_used,
+            "borrowed_used": borrowed_used,
+        }
+
+
+def _table(model) -> str:
+    return connection.ops.quote_name(model._meta.db_table)
+
+
+def _admission_context(*, tenant_id: int, project_id: int, pool_id: int) -> AdmissionContext:
+    """The reads of ``scheduling.selectors.pool_gpu_shapes`` and ``quota_for`` (every model),
+    the project's cap (``ProjectQuota``) and ``raises.project_grant_classes``, in one
+    statement: a submission paid five queries for them (issue 21). Kept equal to those by
+    tests/scheduling/test_api_costs.py."""
+    now = connection.ops.adapt_datetimefield_value(timezone.now())
+    gpu, node, alloc = _table(Gpu), _table(Node), _table(Allocation)
+    sql = f"""
+        SELECT 's', g.model, g.node_id, COUNT(*), MAX(g.memory_mb)
+          FROM {gpu} g JOIN {node} n ON n.id = g.node_id
+         WHERE n.pool_id = %s AND g.health = %s AND n.state <> %s
+         GROUP BY g.node_id, g.model
+        UNION ALL
+        SELECT 'q', q.gpu_model, q.guaranteed_gpus, q.borrow_limit_gpus, q.max_running_jobs
+          FROM {_table(Quota)} q WHERE q.tenant_id = %s AND q.pool_id = %s
+        UNION ALL
+        SELECT 'u', g.model, CASE WHEN a.borrowed THEN 1 ELSE 0 END, COUNT(*), 0
+          FROM {alloc} a
+          JOIN {_table(Job)} j ON j.id = a.job_id
+          JOIN {node} n ON n.id = a.node_id
+          JOIN {gpu} g ON g.id = a.gpu_id
+         WHERE j.tenant_id = %s AND n.pool_id = %s AND a.released_at IS NULL
+         GROUP BY g.model, CASE WHEN a.borrowed THEN 1 ELSE 0 END
+        UNION ALL
+        SELECT 'c', '', p.max_gpus, 0, 0
+          FROM {_table(ProjectQuota)} p WHERE p.project_id = %s AND p.pool_id = %s
+        UNION ALL
+        SELECT 'r', '', r.to_class_id, c.value, 0
+          FROM {_table(PriorityRaise)} r JOIN {_table(PriorityClass)} c ON c.id = r.to_class_id
+         WHERE r.project_id = %s AND r.state = %s AND r.expires_at > %s
+           AND (r.window_start IS NULL OR r.window_start <= %s)
+    """
+    params = [pool_id, GpuHealth.HEALTHY, NodeState.DOWN, tenant_id, pool_id, tenant_id, pool_id]
+    params += [project_id, pool_id, project_id, RaiseState.APPROVED, now, now]
+    shapes: dict[str, list[int]] = {}
+    quotas: dict[str, tuple[int, int, int | None]] = {}
+    used: dict[str, list[int]] = {}
+    cap, grant = None, None
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    for kind, model, a, b, c in rows:
+        if kind == "s":
+            per_node, mem, total = shapes.get(model, [0, 0, 0])
+            shapes[model] = [max(per_node, b), max(mem, c), total + b]
+        elif kind == "q":
+            quotas[model] = (a, b, c)
+        elif kind == "u":
+            used.setdefault(model, [0, 0])[1 if a else 0] += b
+        elif kind == "c":
+            cap = a
+        elif grant is None or b > grant[0]:
+            grant = (b, a)
+    return AdmissionContext(
+        shapes={m: (v[0], v[1], v[2]) for m, v in shapes.items()},
+        quotas=quotas,
+        used=used,
+        project_cap=cap,
+        grant=grant,
+    )
 
 
 def _fail(field_name: str, message: str, code: str = "invalid") -> None:
@@ -263,6 +379,14 @@ def _check_runtime(spec: JobSpec, policy: WorkloadPolicy) -> int:
     return runtime
 
 
+def _context_for(spec: JobSpec, lookups: Lookups) -> AdmissionContext:
+    tenant_id, project_id, pool_id = spec.project.tenant_id, spec.project.pk, spec.queue.pool_id
+    return lookups.get(
+        ("admission", tenant_id, project_id, pool_id),
+        lambda: _admission_context(tenant_id=tenant_id, project_id=project_id, pool_id=pool_id),
+    )
+
+
 def _check_placement(
     spec: JobSpec, policy: WorkloadPolicy, preemptible: bool, lookups: Lookups
 ) -> Admission:
@@ -281,14 +405,13 @@ def _check_placement(
             f"Pool {pool} does not run {wt} jobs; it runs "
             f"{', '.join(pool.allowed_workload_types)}.",
         )
-    allowed_pools = [p.name for p in policy.allowed_pools.all()]
-    if allowed_pools and pool.name not in allowed_pools:
+    if not policy.allows_pool:
+        allowed_pools = [p.name for p in policy.allowed_pools.all()]
         _fail(
             "workload_type", f"The {wt} policy allows pools {', '.join(allowed_pools)}, not {pool}."
         )
-    shapes = lookups.get(
-        ("shapes", pool.pk), lambda: pool_gpu_shapes(pool)
-    )  # {model: (max GPUs on one node, memory MiB, total GPUs)}
+    context = _context_for(spec, lookups)
+    shapes = context.shapes  # {model: (max GPUs on one node, memory MiB, total GPUs)}
     if spec.gpus_per_node == 0:
         return Admission(pool.name, [], preemptible, "guaranteed", "Needs no GPU.")
     if not shapes:
@@ -318,10 +441,7 @@ def _check_placement(
     total = spec.gpus_per_node * spec.nodes
     quotas, best = [], None
     for model in fits_node:
-        quota = lookups.get(
-            ("quota", spec.project.tenant_id, pool.pk, model),
-            lambda model=model: quota_for(spec.project.tenant, pool, model),
-        )
+        quota = context.quota(model)
         limit = quota["guaranteed"] + quota["borrow_limit"]
         quotas.append({"gpu_model": model, **quota})
         if (
@@ -374,18 +494,37 @@ def _check_placement(
 
 
 def _project_cap(spec: JobSpec, lookups: Lookups) -> None:
-    cap = lookups.get(
-        ("cap", spec.project.pk, spec.queue.pool_id),
-        lambda: spec.project.quotas.filter(pool=spec.queue.pool).first(),
-    )
+    cap = _context_for(spec, lookups).project_cap
     total = spec.gpus_per_node * spec.nodes
-    if cap and total > cap.max_gpus:
+    if cap is not None and total > cap:
         _fail(
             "gpus_per_node",
-            f"Project {spec.project} may use at most {cap.max_gpus} GPUs in pool "
+            f"Project {spec.project} may use at most {cap} GPUs in pool "
             f"{spec.queue.pool}; the job needs {total}.",
             code="exceeds_project_cap",
         )
+
+
+def _policy(workload_type: str, pool_id: int, lookups: Lookups) -> WorkloadPolicy | None:
+    """The workload type's policy, with ``allows_pool``: whether it lets its jobs run in
+    the pool (no allowed pools: every pool). One query; the pool names only for a refusal."""
+    through = WorkloadPolicy.allowed_pools.through
+    mine = through.objects.filter(workloadpolicy_id=OuterRef("pk"))
+
+    def load():
+        policy = (
+            WorkloadPolicy.objects.filter(workload_type=workload_type)
+            .annotate(
+                any_pool=Exists(mine), this_pool=Exists(mine.filter(resourcepool_id=pool_id))
+            )
+            .order_by()
+            .first()
+        )
+        if policy is not None:
+            policy.allows_pool = policy.this_pool or not policy.any_pool
+        return policy
+
+    return lookups.get(("policy", workload_type, pool_id), load)
 
 
 def job_validate(*, user, spec: JobSpec, lookups: Lookups | None = None) -> tuple[dict, Admission]:
@@ -395,14 +534,7 @@ def job_validate(*, user, spec: JobSpec, lookups: Lookups | None = None) -> tupl
     _check_access(user, spec, lookups)
     _check_node_paths(spec)
     _check_unix_account(user, spec, lookups)
-    policy = lookups.get(
-        ("policy", spec.workload_type),
-        lambda: (
-            WorkloadPolicy.objects.filter(workload_type=spec.workload_type)
-            .prefetch_related("allowed_pools")
-            .first()
-        ),
-    )
+    policy = _policy(spec.workload_type, spec.queue.pool_id, lookups)
     if policy is None:
         _fail(
             "workload_type",
@@ -414,7 +546,7 @@ def job_validate(*, user, spec: JobSpec, lookups: Lookups | None = None) -> tupl
     admission = _check_placement(spec, policy, preemptible, lookups)
     _project_cap(spec, lookups)
     values = {
-        "tenant_id": spec.project.tenant_id,
+        "tenant": spec.project.tenant,
         "project": spec.project,
         "queue": spec.queue,
         "submitted_by": user,
@@ -449,10 +581,13 @@ def job_submit(*, user, spec: JobSpec) -> Job:
     """Validate and store one job as PENDING (or an array, see ``job_submit_bulk``)."""
     if spec.array:
         return job_submit_bulk(user=user, specs=[spec])[0]
-    values, _ = job_validate(user=user, spec=spec)
+    lookups = Lookups()
+    values, _ = job_validate(user=user, spec=spec, lookups=lookups)
     now = timezone.now()
     # A project raise active now (a release push) applies to new jobs from the start.
-    values["priority_class"] = effective_class_for(spec.project, values["priority_class"], now)
+    grant = _context_for(spec, lookups).grant
+    if grant is not None and grant[0] > values["priority_class"].value:
+        values["priority_class"] = PriorityClass.objects.get(pk=grant[1])
     job = Job.objects.create(submitted_at=now, **values)
     JobEvent.objects.create(
         job=job,
@@ -465,7 +600,7 @@ def job_submit(*, user, spec: JobSpec) -> Job:
         action="job.submit",
         target=job,
         actor=user,
-        tenant=job.tenant,
+        tenant=spec.project.tenant,
         after={
             "queue": str(spec.queue),
             "gpus": job.total_gpus,
