@@ -15,11 +15,18 @@ from rest_framework.views import APIView
 from portal.api.filters import IdFilter, path_id
 from portal.api.views import validated
 from portal.errors import BusinessError, NotFoundError
-from tenants.selectors import projects_visible_to, tenant_get, tenants_visible_to
+from tenants.selectors import (
+    is_platform_admin,
+    member_tenant_ids,
+    project_get_visible,
+    projects_visible_to,
+    tenant_get,
+    tenants_visible_to,
+)
 
 from .. import selectors
 from ..choices import RaiseState
-from ..models import Allocation, Job, PriorityClass, PriorityRaise
+from ..models import Allocation, Job, PriorityClass, PriorityRaise, Queue
 from ..services import config, idempotency, jobs, notifications, raises
 from ..services.jobs import JobSpec, Lookups
 from . import serializers as s
@@ -188,18 +195,31 @@ def _one(queryset):
     return rows[0] if rows else None
 
 
+def _queue_to_submit_to(user, queue_id: int) -> Queue | None:
+    """``selectors.queues_visible_to(user).filter(pk=queue_id)`` with what a submission
+    reads of the queue (its tenant, pool and classes), the user's tenants taken from the
+    roles cached on the user: a subquery and two joins fewer (issue 21)."""
+    qs = Queue.objects.select_related(
+        "tenant", "pool", "default_priority_class", "max_self_service_class"
+    ).filter(pk=queue_id)
+    if not is_platform_admin(user):
+        if not (user and user.is_authenticated and user.is_active):
+            return None
+        tenant_ids = member_tenant_ids(user)
+        if not tenant_ids:
+            return None
+        qs = qs.filter(tenant_id__in=tenant_ids, tenant__active=True)
+    return _one(qs)
+
+
 def spec_from_input(user, data: dict, lookups: Lookups | None = None) -> JobSpec:
     """Resolve the ids and names in validated API input into a JobSpec (404 for others' objects)."""
     lookups = lookups or Lookups()
     project_id, queue_id = data.pop("project"), data.pop("queue")
-    project = lookups.get(
-        ("project", project_id), lambda: _one(projects_visible_to(user).filter(pk=project_id))
-    )
+    project = lookups.get(("project", project_id), lambda: project_get_visible(user, project_id))
     if project is None:
         raise NotFoundError("Project not found.")
-    queue = lookups.get(
-        ("queue", queue_id), lambda: _one(selectors.queues_visible_to(user).filter(pk=queue_id))
-    )
+    queue = lookups.get(("queue", queue_id), lambda: _queue_to_submit_to(user, queue_id))
     if queue is None:
         raise NotFoundError("Queue not found.")
     name = data.pop("priority_class") or None

@@ -11,7 +11,6 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from portal.audit.services import audit_record
@@ -104,7 +103,8 @@ class Lookups:
 class AdmissionContext:
     """What admitting a job to a pool reads, for one tenant and project: the pool's GPU
     shapes, the tenant's quotas and GPUs in use there, the project's cap in the pool and
-    the classes granted to the project now. One query (:func:`_admission_context`)."""
+    the classes granted to the project now, the pools each workload policy allows. One
+    query (:func:`_admission_context`)."""
 
     #: {model: (most GPUs on one node, memory MiB, total GPUs)}, as ``pool_gpu_shapes``.
     shapes: dict[str, tuple[int, int, int]]
@@ -116,6 +116,8 @@ class AdmissionContext:
     project_cap: int | None
     #: (value, class id) of the highest class granted to the project now, if any.
     grant: tuple[int, int] | None
+    #: {workload type: ids of the pools its policy allows} (absent: every pool).
+    policy_pools: dict[str, set[int]]
 
     def quota(self, gpu_model: str) -> dict:
         """What ``scheduling.selectors.quota_for`` answers (model-specific quota wins over
@@ -144,11 +146,12 @@ def _table(model) -> str:
 
 def _admission_context(*, tenant_id: int, project_id: int, pool_id: int) -> AdmissionContext:
     """The reads of ``scheduling.selectors.pool_gpu_shapes`` and ``quota_for`` (every model),
-    the project's cap (``ProjectQuota``) and ``raises.project_grant_classes``, in one
-    statement: a submission paid five queries for them (issue 21). Kept equal to those by
-    tests/scheduling/test_api_costs.py."""
+    the project's cap (``ProjectQuota``), ``raises.project_grant_classes`` and the workload
+    policies' allowed pools, in one statement: a submission paid six queries for them
+    (issue 21). Kept equal to those by tests/scheduling/test_api_costs.py."""
     now = connection.ops.adapt_datetimefield_value(timezone.now())
     gpu, node, alloc = _table(Gpu), _table(Node), _table(Allocation)
+    through = WorkloadPolicy.allowed_pools.through
     sql = f"""
         SELECT 's', g.model, g.node_id, COUNT(*), MAX(g.memory_mb)
           FROM {gpu} g JOIN {node} n ON n.id = g.node_id
@@ -173,12 +176,16 @@ def _admission_context(*, tenant_id: int, project_id: int, pool_id: int) -> Admi
           FROM {_table(PriorityRaise)} r JOIN {_table(PriorityClass)} c ON c.id = r.to_class_id
          WHERE r.project_id = %s AND r.state = %s AND r.expires_at > %s
            AND (r.window_start IS NULL OR r.window_start <= %s)
+        UNION ALL
+        SELECT 'p', w.workload_type, t.resourcepool_id, 0, 0
+          FROM {_table(through)} t JOIN {_table(WorkloadPolicy)} w ON w.id = t.workloadpolicy_id
     """
     params = [pool_id, GpuHealth.HEALTHY, NodeState.DOWN, tenant_id, pool_id, tenant_id, pool_id]
     params += [project_id, pool_id, project_id, RaiseState.APPROVED, now, now]
     shapes: dict[str, list[int]] = {}
     quotas: dict[str, tuple[int, int, int | None]] = {}
     used: dict[str, list[int]] = {}
+    policy_pools: dict[str, set[int]] = {}
     cap, grant = None, None
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
@@ -193,6 +200,8 @@ def _admission_context(*, tenant_id: int, project_id: int, pool_id: int) -> Admi
             used.setdefault(model, [0, 0])[1 if a else 0] += b
         elif kind == "c":
             cap = a
+        elif kind == "p":
+            policy_pools.setdefault(model, set()).add(a)
         elif grant is None or b > grant[0]:
             grant = (b, a)
     return AdmissionContext(
@@ -201,6 +210,7 @@ def _admission_context(*, tenant_id: int, project_id: int, pool_id: int) -> Admi
         used=used,
         project_cap=cap,
         grant=grant,
+        policy_pools=policy_pools,
     )
 
 
@@ -405,12 +415,11 @@ def _check_placement(
             f"Pool {pool} does not run {wt} jobs; it runs "
             f"{', '.join(pool.allowed_workload_types)}.",
         )
-    if not policy.allows_pool:
-        allowed_pools = [p.name for p in policy.allowed_pools.all()]
-        _fail(
-            "workload_type", f"The {wt} policy allows pools {', '.join(allowed_pools)}, not {pool}."
-        )
     context = _context_for(spec, lookups)
+    allowed_pools = context.policy_pools.get(wt)
+    if allowed_pools and pool.pk not in allowed_pools:
+        names = [p.name for p in policy.allowed_pools.all()]
+        _fail("workload_type", f"The {wt} policy allows pools {', '.join(names)}, not {pool}.")
     shapes = context.shapes  # {model: (max GPUs on one node, memory MiB, total GPUs)}
     if spec.gpus_per_node == 0:
         return Admission(pool.name, [], preemptible, "guaranteed", "Needs no GPU.")
@@ -505,26 +514,11 @@ def _project_cap(spec: JobSpec, lookups: Lookups) -> None:
         )
 
 
-def _policy(workload_type: str, pool_id: int, lookups: Lookups) -> WorkloadPolicy | None:
-    """The workload type's policy, with ``allows_pool``: whether it lets its jobs run in
-    the pool (no allowed pools: every pool). One query; the pool names only for a refusal."""
-    through = WorkloadPolicy.allowed_pools.through
-    mine = through.objects.filter(workloadpolicy_id=OuterRef("pk"))
-
-    def load():
-        policy = (
-            WorkloadPolicy.objects.filter(workload_type=workload_type)
-            .annotate(
-                any_pool=Exists(mine), this_pool=Exists(mine.filter(resourcepool_id=pool_id))
-            )
-            .order_by()
-            .first()
-        )
-        if policy is not None:
-            policy.allows_pool = policy.this_pool or not policy.any_pool
-        return policy
-
-    return lookups.get(("policy", workload_type, pool_id), load)
+def _policy(workload_type: str, lookups: Lookups) -> WorkloadPolicy | None:
+    return lookups.get(
+        ("policy", workload_type),
+        lambda: WorkloadPolicy.objects.filter(workload_type=workload_type).order_by().first(),
+    )
 
 
 def job_validate(*, user, spec: JobSpec, lookups: Lookups | None = None) -> tuple[dict, Admission]:
@@ -534,7 +528,7 @@ def job_validate(*, user, spec: JobSpec, lookups: Lookups | None = None) -> tupl
     _check_access(user, spec, lookups)
     _check_node_paths(spec)
     _check_unix_account(user, spec, lookups)
-    policy = _policy(spec.workload_type, spec.queue.pool_id, lookups)
+    policy = _policy(spec.workload_type, lookups)
     if policy is None:
         _fail(
             "workload_type",

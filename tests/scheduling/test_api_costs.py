@@ -13,9 +13,16 @@ from rest_framework import serializers
 
 from scheduling.api.serializers import FastRepresentationMixin, JobSerializer
 from scheduling.choices import GpuHealth, JobState, NodeState, RaiseState
-from scheduling.models import Job, PoolEstimates, PriorityRaise, ProjectQuota, RuntimeHistory
+from scheduling.models import (
+    Job,
+    PoolEstimates,
+    PriorityRaise,
+    ProjectQuota,
+    RuntimeHistory,
+    WorkloadPolicy,
+)
 from scheduling.selectors import jobs_visible_to, pool_gpu_shapes, quota_for
-from scheduling.services.jobs import Lookups, _admission_context, _policy
+from scheduling.services.jobs import _admission_context
 from scheduling.services.raises import project_grant_classes
 from tests import factories as f
 
@@ -25,9 +32,10 @@ URL = "/api/v1/jobs"
 # the runtime history of the answer's prediction; BEGIN and COMMIT outside tests. Was 22
 # on PostgreSQL before issue 21.
 SUBMIT_QUERIES = 16
-# A page: token and user, count, page, active allocations, runtime histories, positions
-# (queues of waiting jobs, the pools' estimates and their ranks).
-LIST_QUERIES = 8
+# A page: token and user, count, the page (its keys first, then its rows), active
+# allocations, runtime histories, positions (their ranks, queues of waiting jobs, the
+# pools' estimates).
+LIST_QUERIES = 9
 
 
 def spec(world, **overrides) -> dict:
@@ -255,12 +263,16 @@ def test_the_admission_read_finds_the_grants_raises_finds(
     assert context.grant == ((expected.value, expected.pk) if expected else None)
 
 
-def test_the_policy_read_knows_its_pools(world):
+def test_the_admission_read_knows_the_policies_pools(world):
     other = f.PoolFactory(name="other")
-    lookups = Lookups()
-    assert _policy("training", world.pool.pk, lookups).allows_pool  # no pools: every pool
-    f.policy("training").allowed_pools.add(other)
-    lookups = Lookups()
-    assert not _policy("training", world.pool.pk, lookups).allows_pool
-    assert _policy("training", other.pk, lookups).allows_pool
-    assert _policy("no-such-type", other.pk, lookups) is None
+    f.policy("training").allowed_pools.add(other, world.pool)
+    f.policy("inference").allowed_pools.add(other)
+    context = _admission_context(
+        tenant_id=world.tenant.pk, project_id=world.project.pk, pool_id=world.pool.pk
+    )
+    assert context.policy_pools == {
+        policy.workload_type: {pool.pk for pool in policy.allowed_pools.all()}
+        for policy in WorkloadPolicy.objects.all()
+        if policy.allowed_pools.exists()
+    }
+    assert context.policy_pools["inference"] == {other.pk}
