@@ -1,3 +1,5 @@
+from django.core.paginator import Paginator
+from django.db.models import QuerySet
 from rest_framework.exceptions import ValidationError
 from rest_framework.pagination import PageNumberPagination
 
@@ -15,6 +17,31 @@ def _page_param(request, name: str, *, default=None):
     return int(raw)
 
 
+class KeysFirstPaginator(Paginator):
+    """Reads a page of a joined queryset in two steps: the page's primary keys (the
+    filter and order on the base table alone, where an index serves ``ORDER BY ... LIMIT``),
+    then those rows with their joins. In one query PostgreSQL joined every visible row
+    before sorting and cutting the page: 50–110 ms (and as long again planning seven
+    joins) for a jobs list of a few thousand rows, growing with the table."""
+
+    def page(self, number):
+        rows = self.object_list
+        if (
+            not isinstance(rows, QuerySet)
+            or rows.query.distinct
+            or not (rows.query.select_related or rows._prefetch_related_lookups)
+        ):
+            return super().page(number)
+        number = self.validate_number(number)
+        bottom = (number - 1) * self.per_page
+        top = bottom + self.per_page
+        if top + self.orphans >= self.count:
+            top = self.count
+        keys = list(rows.values_list("pk", flat=True)[bottom:top])
+        by_key = {row.pk: row for row in rows.order_by().filter(pk__in=keys)}
+        return self._get_page([by_key[k] for k in keys if k in by_key], number, self)
+
+
 class StandardPagination(PageNumberPagination):
     """Every list is paginated; clients may ask for up to 500 rows a page.
 
@@ -22,6 +49,7 @@ class StandardPagination(PageNumberPagination):
     page past the last one is a 404; a ``page_size`` above 500 gives 500 rows.
     """
 
+    django_paginator_class = KeysFirstPaginator
     page_size = 50
     page_size_query_param = "page_size"
     max_page_size = 500
