@@ -17,6 +17,7 @@ from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
+from portal.api.pagination import KeysFirstPaginator
 from portal.errors import BusinessError, PermissionDeniedError
 from portal.forms import add_business_error
 from tenants.selectors import (
@@ -197,7 +198,7 @@ def _sort_links(request, form) -> dict:
 @login_required
 def job_list(request):
     form = _job_filter_form(request)
-    page = Paginator(_filtered_jobs(request, form), 50).get_page(request.GET.get("page"))
+    page = KeysFirstPaginator(_filtered_jobs(request, form), 50).get_page(request.GET.get("page"))
     positions_attach(page.object_list)
     query = request.GET.copy()
     query.pop("page", None)
@@ -366,7 +367,9 @@ def queue_list(request):
 @login_required
 def queue_detail(request, pk):
     queue = get_object_or_404(selectors.queues_visible_to(request.user), pk=pk)
-    page = Paginator(selectors.queue_pending_jobs(queue), 100).get_page(request.GET.get("page"))
+    page = KeysFirstPaginator(selectors.queue_pending_jobs(queue), 100).get_page(
+        request.GET.get("page")
+    )
     positions_attach(page.object_list)
     running = list(
         selectors.jobs_visible_to(request.user).filter(queue=queue, state__in=ACTIVE_STATES)
