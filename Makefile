@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 export DEBUG ?= 1
 
-.PHONY: run test lint check migrations-check pytest integration browser bench bench-api bench-e2e native demo-reset clean
+.PHONY: run test lint check migrations-check pytest integration browser bench bench-api bench-e2e bench-reports native demo-reset clean
 
 $(VENV)/bin/python:
 	python3 -m venv $(VENV)
@@ -80,6 +80,11 @@ bench-api: $(VENV)/.installed-dev
 ## when both answer, else embedded. ARGS: --backend embedded, --big (10,000 jobs), --skip FIGURE
 bench-e2e: $(VENV)/.installed-dev native
 	$(PY) bench/e2e.py $(ARGS)
+
+## Agent reports (issue 21): CPU and queries per job of started/exited batches of 1, 8 and 50,
+## in process; on PostgreSQL beside DATABASE_URL's when it names one, else SQLite. ARGS: see --help
+bench-reports: $(VENV)/.installed-dev
+	$(PY) bench/reports.py $(ARGS)
 
 demo-reset:
 	rm -rf var/
