@@ -27,6 +27,7 @@ from django.utils import timezone
 
 from ..choices import JobState
 from ..models import Job, RuntimeHistory
+from .sql import rows_update
 
 #: Finished jobs kept per submitter (or project) and workload type, newest first.
 HISTORY_JOBS = 20
@@ -81,28 +82,51 @@ def runtime_history_batch() -> Iterator[None]:
 
 @transaction.atomic
 def _add_entries(entries: list[tuple[tuple, list]]) -> None:
-    """Merge entries into their rows, the rows locked in key order (no deadlock between
-    two workers doing the same)."""
+    """Merge entries into their rows: the existing rows locked in one ``SELECT … FOR
+    UPDATE`` in id order (no deadlock between two workers doing the same), the missing
+    ones created after, in key order; all written in one UPDATE."""
     by_key: dict[tuple, list[list]] = defaultdict(list)
     for key, entry in entries:
         by_key[key].append(entry)
     now = timezone.now()
-    for key in sorted(by_key, key=lambda k: (k[0], k[1], k[2] or 0)):
-        project_id, workload_type, submitter_id = key
-        row, _ = RuntimeHistory.objects.select_for_update().get_or_create(
-            project_id=project_id,
-            workload_type=workload_type,
-            submitted_by_id=submitter_id,
-            defaults={"updated_at": now},
-        )
-        merged = row.entries or []
+    keys = sorted(by_key, key=_key_order)
+    rows = _rows_locked(keys)
+    for key in keys:
+        if key not in rows:  # a first entry (the row is created, or was just now)
+            project_id, workload_type, submitter_id = key
+            rows[key], _ = RuntimeHistory.objects.select_for_update().get_or_create(
+                project_id=project_id,
+                workload_type=workload_type,
+                submitted_by_id=submitter_id,
+                defaults={"updated_at": now},
+            )
+    changes = []
+    for key in keys:
+        merged = rows[key].entries or []
         for entry in by_key[key]:
             merged = merged_entries(merged, entry)
-        row.entries, row.updated_at = merged, now
-        row.save(update_fields=["entries", "updated_at"])
+        changes.append([rows[key].pk, merged, now])
+    rows_update(RuntimeHistory, ["entries", "updated_at"], changes)
 
 
-@transaction.atomic
+def _key_order(key: tuple) -> tuple:
+    return (key[0], key[1], key[2] or 0)
+
+
+def _rows_locked(keys: list[tuple]) -> dict[tuple, RuntimeHistory]:
+    """The existing rows of ``keys``, locked in id order (any one order will do, as long
+    as every worker takes the same)."""
+    match = Q()
+    for project_id, workload_type, submitter_id in keys:
+        match |= Q(
+            project_id=project_id,
+            workload_type=workload_type,
+            submitted_by_id=submitter_id,  # None: isnull
+        )
+    locked = RuntimeHistory.objects.select_for_update().filter(match).order_by("pk")
+    return {(r.project_id, r.workload_type, r.submitted_by_id): r for r in locked}
+
+
 def runtime_history_record(job: Job, *, now: datetime | None = None) -> None:
     """Add a job that has just succeeded or timed out to its submitter's and its project's
     runtime history (the rows are locked: two jobs ending at once both count). Inside
@@ -126,16 +150,17 @@ def runtime_history_record(job: Job, *, now: datetime | None = None) -> None:
         # Only once the end commits: a report rolled back (its savepoint) adds nothing.
         transaction.on_commit(lambda: batch.extend((key, entry) for key in keys))
         return
-    for submitter_id in (job.submitted_by_id, None):
-        row, _ = RuntimeHistory.objects.select_for_update().get_or_create(
-            project_id=job.project_id,
-            workload_type=job.workload_type,
-            submitted_by_id=submitter_id,
-            defaults={"updated_at": now},
-        )
-        row.entries = merged_entries(row.entries or [], entry)
-        row.updated_at = now
-        row.save(update_fields=["entries", "updated_at"])
+    with transaction.atomic():
+        for submitter_id in (job.submitted_by_id, None):
+            row, _ = RuntimeHistory.objects.select_for_update().get_or_create(
+                project_id=job.project_id,
+                workload_type=job.workload_type,
+                submitted_by_id=submitter_id,
+                defaults={"updated_at": now},
+            )
+            row.entries = merged_entries(row.entries or [], entry)
+            row.updated_at = now
+            row.save(update_fields=["entries", "updated_at"])
 
 
 @transaction.atomic
