@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
 from django.db import transaction
 from django.utils import timezone
 
@@ -180,3 +183,63 @@ def jobs_transition_bulk(
         for key, value in fields.items():
             setattr(job, key, value)
     JobEvent.objects.bulk_create(events, batch_size=1000)
+
+
+@dataclass
+class Step:
+    """One state change of :func:`jobs_transition_steps`: ``job`` to ``to_state`` with
+    ``fields`` set, written with a ``JobEvent`` as ``job_transition`` writes it."""
+
+    job: Job
+    to_state: str
+    kind: str
+    message: str = ""
+    data: dict = field(default_factory=dict)
+    fields: dict = field(default_factory=dict)
+
+
+def jobs_transition_steps(steps: Sequence[Step], *, now=None) -> None:
+    """The set-based form of ``job_transition`` for jobs that each change in their own way
+    (the agent reports of a batch): the same legality checks, events and runtime history,
+    applied in order (a job may take several steps: ADMITTED → RUNNING → SUCCEEDED), with
+    one UPDATE per set of changed fields and one INSERT of all the events.
+
+    The caller must hold the jobs' rows locked (``select_for_update``) in this transaction
+    and pass them as read then: the rows are written by primary key, without the
+    conditional update of ``job_transition`` that the lock makes needless. An illegal step
+    raises ``IllegalTransition`` before anything is written.
+    """
+    from .runtime_history import runtime_history_record
+    from .sql import rows_update
+
+    now = now or timezone.now()
+    changed: dict[int, tuple[Job, dict]] = {}
+    events = []
+    for step in steps:
+        job = step.job
+        if not can_transition(job.state, step.to_state):
+            raise IllegalTransition(job, step.to_state)
+        fields = _leaving_the_queue(step.to_state, step.fields)
+        events.append(
+            JobEvent(
+                job_id=job.pk,
+                created_at=now,
+                kind=step.kind,
+                message=step.message,
+                data={"from": job.state, "to": step.to_state, **step.data},
+            )
+        )
+        job.state = step.to_state
+        for key, value in fields.items():
+            setattr(job, key, value)
+        changed.setdefault(job.pk, (job, {}))[1].update({"state": step.to_state, **fields})
+    by_columns: dict[tuple[str, ...], list[list]] = {}
+    for job, fields in changed.values():
+        columns = tuple(sorted(fields))
+        by_columns.setdefault(columns, []).append([job.pk, *(fields[c] for c in columns)])
+    for columns, rows in by_columns.items():
+        rows_update(Job, columns, rows)
+    JobEvent.objects.bulk_create(events, batch_size=1000)
+    for job, _ in changed.values():
+        if job.state in (S.SUCCEEDED, S.TIMED_OUT):  # as job_transition
+            runtime_history_record(job, now=now)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from django.conf import settings
 from django.core.cache import cache
-from django.db import transaction
-from django.db.models import F, Q, Subquery
+from django.db import connection, transaction
+from django.db.models import Case, DateTimeField, F, Q, Subquery, Value, When
 from django.utils import timezone
 
 from portal.audit.services import audit_record
@@ -34,8 +34,10 @@ from .enqueue import dispatch_on_commit, reports_probe_enqueue
 from .lifecycle import (
     ConcurrentChange,
     IllegalTransition,
+    Step,
     job_event,
     job_transition,
+    jobs_transition_steps,
     requeue_fields,
 )
 from .messaging import send_node_message, send_node_messages
@@ -570,6 +572,206 @@ def _requeue_if_allowed(job: Job, now: datetime) -> None:
         gpus=gpus,
         gpu_hours=hours,
     )
+
+
+# --- started and exited reports of a batch, set-based -----------------------------------------
+
+#: What the set-based path reads of a job: its state, what ``_end_state`` and the
+#: runtime history need (a field left out would cost a query per job).
+_REPORTED_JOB_FIELDS = (
+    "state",
+    "requeue_count",
+    "stop_reason",
+    "admitted_at",
+    "started_at",
+    "finished_at",
+    "project_id",
+    "workload_type",
+    "submitted_by_id",
+    "max_runtime_seconds",
+)
+
+
+def _reported_jobs_locked(ids: list[int]) -> tuple[dict[int, Job], dict[int, dict[str, list[int]]]]:
+    """The jobs of ``ids`` locked (in id order: two workers lock in the same order), and
+    their open allocations by node name.
+
+    Two statements, not one with a join: a row locked after waiting for another worker
+    is read again as that worker committed it, but rows joined to it would be read as
+    they were when the statement began (PostgreSQL's READ COMMITTED): the allocations
+    are read once the locks are held."""
+    if not ids:
+        return {}, {}
+    qn = connection.ops.quote_name
+    columns = ", ".join(
+        qn(Job._meta.get_field(name).column) for name in ("id", *_REPORTED_JOB_FIELDS)
+    )
+    lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
+    in_ids = ", ".join(["%s"] * len(ids))
+    jobs = {
+        job.pk: job
+        for job in Job.objects.raw(
+            f"SELECT {columns} FROM {qn(Job._meta.db_table)}"
+            f" WHERE id IN ({in_ids}) ORDER BY id{lock}",
+            ids,
+        )
+    }
+    held: dict[int, dict[str, list[int]]] = {job_id: {} for job_id in jobs}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT a.job_id, a.id, n.name FROM {qn(Allocation._meta.db_table)} a"
+            f" JOIN {qn(Node._meta.db_table)} n ON n.id = a.node_id"
+            f" WHERE a.job_id IN ({in_ids}) AND a.released_at IS NULL ORDER BY a.id",
+            ids,
+        )
+        for job_id, pk, node_name in cursor.fetchall():
+            held.setdefault(job_id, {}).setdefault(node_name, []).append(pk)
+    return jobs, held
+
+
+def job_reports_apply(*, reports: Sequence[dict]) -> list[int]:
+    """Apply ``started`` and ``exited`` reports of one batch together, in their order, as
+    :func:`job_started` and :func:`job_exited` would one after the other; returns the
+    positions in ``reports`` of those left to them, to apply next, in order.
+
+    The common cases are applied here with a few statements for all the jobs: their rows
+    locked in one ``SELECT … FOR UPDATE`` (by id: two workers lock in the same order),
+    their open allocations read at once, the released ones updated at once, the state
+    changes and events written by :func:`~.lifecycle.jobs_transition_steps`. That is a
+    start of an ADMITTED job, an exit that ends an ADMITTED or RUNNING job (the last node
+    of a gang included), and every report that changes nothing (a repeat, an older
+    attempt, a start after the exit) or stops an orphan. The rest (a start on another node
+    of a running gang, a gang member's exit while others still run, the end of a STOPPING
+    job with its requeue) is left to the handlers, with every later report of that job.
+
+    Must run in a transaction; it either applies all it takes on or raises.
+    """
+    jobs, held = _reported_jobs_locked(sorted({int(r["job_id"]) for r in reports}))
+    steps: list[Step] = []
+    states = {job_id: job.state for job_id, job in jobs.items()}  # as the steps leave them
+    releases: dict[datetime, list[int]] = {}
+    started: set[tuple[int, str]] = set()
+    left: list[int] = []
+    left_jobs: set[int] = set()
+    for position, report in enumerate(reports):
+        job_id = int(report["job_id"])
+        if job_id in left_jobs:
+            left.append(position)
+            continue
+        job = jobs.get(job_id)
+        if job is not None and job.attempt != int(report.get("attempt", 0)):
+            job = None  # a report about an older attempt
+        on_nodes = held.get(job_id, {})
+        if report["type"] == "started":
+            step = _batch_started(job, states.get(job_id), report, on_nodes, started)
+        else:
+            step = _batch_exited(job, states.get(job_id), report, on_nodes, releases)
+        if isinstance(step, Step):
+            steps.append(step)
+            states[job_id] = step.to_state
+        elif not step:
+            left_jobs.add(job_id)
+            left.append(position)
+    _allocations_release(releases)
+    jobs_transition_steps(steps)
+    if any(step.to_state != JobState.RUNNING for step in steps):
+        _dispatch_on_commit()
+    return left
+
+
+def _batch_started(
+    job: Job | None,
+    state: str | None,
+    report: dict,
+    held: dict[str, list[int]],
+    started: set[tuple[int, str]],
+) -> Step | bool:
+    """A ``started`` report of a job in ``state`` as :func:`job_started` applies it: its
+    step, True (nothing to change) or False (left to it)."""
+    node_name = report["node"]
+    if job is not None and state not in (*ACTIVE_STATES, *WAITING_STATES):
+        return True  # the attempt ended already
+    if job is None or not held.get(node_name):
+        _stop_orphan(
+            node_name, report["job_id"], report.get("attempt", 0), "started but not placed here"
+        )
+        return True
+    if state == JobState.ADMITTED:
+        started_at = _ts(report.get("started_at"))
+        started.add((job.pk, node_name))
+        return Step(
+            job,
+            JobState.RUNNING,
+            kind="started",
+            message=f"Started on {node_name} (pid {report.get('pid')}).",
+            data=_started_data(report),
+            fields={"started_at": started_at, "last_active_at": started_at},
+        )
+    return (job.pk, node_name) in started  # a repeat of a start this batch applied
+
+
+def _started_data(report: dict) -> dict:
+    data = {"node": report["node"], "pid": report.get("pid")}
+    if report.get("reconciled"):
+        data["reconciled"] = True
+    return data
+
+
+def _batch_exited(
+    job: Job | None,
+    state: str | None,
+    report: dict,
+    held: dict[str, list[int]],
+    releases: dict[datetime, list[int]],
+) -> Step | bool:
+    """An ``exited`` report of a job in ``state`` as :func:`job_exited` applies it: its
+    step, True (nothing to change) or False (left to it)."""
+    if job is None:
+        return True
+    node_name = report["node"]
+    now = _ts(report.get("finished_at"))
+    here = held.get(node_name, [])
+    elsewhere = any(pks for name, pks in held.items() if name != node_name)
+    if not here and (state not in ACTIVE_STATES or elsewhere):
+        return True  # a duplicate report (or one from a node that did not hold the job)
+    if elsewhere or state not in (JobState.ADMITTED, JobState.RUNNING):
+        return False  # a gang member's exit, or the end of a stopping job
+    releases.setdefault(now, []).extend(here)
+    held[node_name] = []
+    # Locked ADMITTED or RUNNING too (nothing here makes a job STOPPING): _end_state's
+    # stopping case does not apply, its outcome is the report's.
+    end, message = _end_state(job, report)
+    fields = {
+        "finished_at": now,
+        "exit_code": report.get("exit_code"),
+        "exit_signal": report.get("signal"),
+    }
+    if end == JobState.FAILED:
+        fields["failure_message"] = message[:2000]
+    data = {"node": node_name, **({"reconciled": True} if report.get("reconciled") else {})}
+    return Step(job, end, kind=end.lower(), message=message, data=data, fields=fields)
+
+
+def _allocations_release(releases: dict[datetime, list[int]]) -> None:
+    """Release the allocations ``{released at: [allocation id]}`` in one UPDATE; raises
+    if any was released meanwhile (the caller's reports are then applied one by one)."""
+    pks = [pk for group in releases.values() for pk in group]
+    if not pks:
+        return
+    if len(releases) == 1:
+        released_at = Value(next(iter(releases)))
+    else:
+        released_at = Case(
+            *(When(pk__in=group, then=Value(at)) for at, group in releases.items()),
+            output_field=DateTimeField(),
+        )
+    updated = Allocation.objects.filter(pk__in=pks, released_at__isnull=True).update(
+        released_at=released_at
+    )
+    if updated != len(pks):
+        raise RuntimeError(
+            f"{len(pks) - updated} of {len(pks)} allocations were released meanwhile"
+        )
 
 
 def job_log_path(job_id: int, attempt: int) -> Path:
