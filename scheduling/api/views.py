@@ -253,6 +253,19 @@ IDEMPOTENCY_KEY_REUSED = OpenApiResponse(
 )
 
 
+#: What the job answer (serializers.JobSerializer) reads of a job and its relations.
+JOB_ANSWER_FIELDS = [
+    *(f.name for f in Job._meta.concrete_fields),
+    "tenant__slug",
+    "project__slug",
+    "queue__name",
+    "queue__pool__name",
+    "submitted_by__username",
+    "priority_class__name",
+    "base_priority_class__name",
+]
+
+
 class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """Jobs: submit (one, bulk or array), list and filter, cancel, hold, release, timeline."""
 
@@ -264,13 +277,22 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
 
     def get_queryset(self):
         active = Allocation.objects.filter(released_at__isnull=True).select_related("node", "gpu")
-        return (
+        jobs = (
             selectors.jobs_visible_to(self.request.user)
             .prefetch_related(
                 Prefetch("allocations", queryset=active, to_attr="active_allocations")
             )
             .alias(queue_position=F("pending_rank"))
         )
+        if self.action == "list":
+            # The names the answers show are read for the whole page at once
+            # (serializers.names_attach), not joined into every row.
+            jobs = jobs.select_related(None)
+        elif self.action == "retrieve":
+            # Only read: of the related objects, the names the answer shows (a user row,
+            # a queue, a project... each had every column loaded and converted).
+            jobs = jobs.only(*JOB_ANSWER_FIELDS)
+        return jobs
 
     def get_object(self):
         try:

@@ -11,7 +11,7 @@ import pytest
 from django.utils import timezone
 from rest_framework import serializers
 
-from scheduling.api.serializers import FastRepresentationMixin, JobSerializer
+from scheduling.api.serializers import FastRepresentationMixin, JobSerializer, names_attach
 from scheduling.choices import GpuHealth, JobState, NodeState, RaiseState
 from scheduling.models import (
     Job,
@@ -33,9 +33,10 @@ URL = "/api/v1/jobs"
 # on PostgreSQL before issue 21.
 SUBMIT_QUERIES = 16
 # A page: token and user, count, the page (its keys first, then its rows), active
-# allocations, runtime histories, positions (their ranks, queues of waiting jobs, the
-# pools' estimates).
-LIST_QUERIES = 9
+# allocations, the names of the jobs' tenants, projects, queues, pools, submitters and
+# classes, runtime histories, positions (their ranks, queues of waiting jobs, the pools'
+# estimates).
+LIST_QUERIES = 10
 
 
 def spec(world, **overrides) -> dict:
@@ -150,6 +151,26 @@ def test_the_api_answers_what_drf_would(world, api):
     assert [a["gpu_index"] for a in running["allocations"]] == [0, 1]
     assert listed[jobs[0].pk]["queue_position"] == 1
     assert listed[jobs[0].pk]["estimated_start"] is not None
+
+
+def test_names_are_attached_once_each_and_the_rest_loads_on_demand(
+    world, django_assert_num_queries
+):
+    jobs_of_every_kind(world)
+    jobs = list(Job.objects.order_by("id"))
+    with django_assert_num_queries(1):
+        names_attach(jobs)
+    with django_assert_num_queries(0):
+        names = {
+            (j.tenant.slug, j.project.slug, str(j.queue.name), j.queue.pool.name) for j in jobs
+        }
+        assert names == {("nlp", "llm", "train", "training")}
+        assert {j.submitted_by.username for j in jobs} == {"nlp-member"}
+        assert {j.priority_class.name for j in jobs} == {"normal"}
+        assert jobs[0].queue is jobs[1].queue  # one object per row read
+    assert jobs[0].submitted_by.email == world.member.email  # read when asked
+    with django_assert_num_queries(0):
+        names_attach(jobs)  # nothing left to read
 
 
 def test_a_serializer_with_context_dependent_fields_keeps_drfs_way():
