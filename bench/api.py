@@ -293,7 +293,9 @@ def _measure(name: str, call, calls: int, profile: bool, show_sql: bool) -> dict
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     if profiler:
         out = io.StringIO()
-        pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(90)
+        pstats.Stats(profiler, stream=out).sort_stats(
+            os.environ.get("BENCH_SORT", "cumulative")
+        ).print_stats(90)
         print(out.getvalue(), file=sys.stderr)
     return {
         "figure": name,
