@@ -12,7 +12,7 @@ from pathlib import Path
 from django.conf import settings
 from django.core.cache import cache
 from django.db import connection, transaction
-from django.db.models import Case, DateTimeField, F, Q, Subquery, Value, When
+from django.db.models import F, Q, Subquery
 from django.utils import timezone
 
 from portal.audit.services import audit_record
@@ -758,16 +758,22 @@ def _allocations_release(releases: dict[datetime, list[int]]) -> None:
     pks = [pk for group in releases.values() for pk in group]
     if not pks:
         return
+    prepare = Allocation._meta.get_field("released_at").get_db_prep_save
+    whens, params = [], []
+    for at, group in releases.items():
+        whens.append(f"WHEN id IN ({', '.join(['%s'] * len(group))}) THEN %s")
+        params += [*group, prepare(at, connection)]
+    value = "%s" if len(releases) == 1 else f"CASE {' '.join(whens)} END"
     if len(releases) == 1:
-        released_at = Value(next(iter(releases)))
-    else:
-        released_at = Case(
-            *(When(pk__in=group, then=Value(at)) for at, group in releases.items()),
-            output_field=DateTimeField(),
+        params = params[-1:]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {connection.ops.quote_name(Allocation._meta.db_table)}"
+            f" SET released_at = {value}"
+            f" WHERE id IN ({', '.join(['%s'] * len(pks))}) AND released_at IS NULL",
+            [*params, *pks],
         )
-    updated = Allocation.objects.filter(pk__in=pks, released_at__isnull=True).update(
-        released_at=released_at
-    )
+        updated = cursor.rowcount
     if updated != len(pks):
         raise RuntimeError(
             f"{len(pks) - updated} of {len(pks)} allocations were released meanwhile"

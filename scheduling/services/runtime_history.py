@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import datetime
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -115,15 +115,21 @@ def _key_order(key: tuple) -> tuple:
 
 def _rows_locked(keys: list[tuple]) -> dict[tuple, RuntimeHistory]:
     """The existing rows of ``keys``, locked in id order (any one order will do, as long
-    as every worker takes the same)."""
-    match = Q()
+    as every worker takes the same). Plain SQL: the ORM took a millisecond to build it,
+    once per batch of reports that ended a job."""
+    qn = connection.ops.quote_name
+    match, params = [], []
     for project_id, workload_type, submitter_id in keys:
-        match |= Q(
-            project_id=project_id,
-            workload_type=workload_type,
-            submitted_by_id=submitter_id,  # None: isnull
-        )
-    locked = RuntimeHistory.objects.select_for_update().filter(match).order_by("pk")
+        submitter = "submitted_by_id IS NULL" if submitter_id is None else "submitted_by_id = %s"
+        match.append(f"(project_id = %s AND workload_type = %s AND {submitter})")
+        params += [project_id, workload_type, *([] if submitter_id is None else [submitter_id])]
+    lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
+    locked = RuntimeHistory.objects.raw(
+        f"SELECT id, project_id, workload_type, submitted_by_id, entries"
+        f" FROM {qn(RuntimeHistory._meta.db_table)} WHERE {' OR '.join(match)}"
+        f" ORDER BY id{lock}",
+        params,
+    )
     return {(r.project_id, r.workload_type, r.submitted_by_id): r for r in locked}
 
 
