@@ -484,13 +484,30 @@ def names_attach(jobs: list[Job]) -> None:
                     field.set_cached_value(job, obj)
 
 
+def active_allocations_attach(jobs: list[Job]) -> None:
+    """Set ``active_allocations`` (the GPUs held now, with their nodes) of the jobs that
+    were loaded without, in one query."""
+    missing = {job.pk: job for job in jobs if not hasattr(job, "active_allocations")}
+    if not missing:
+        return
+    held: dict[int, list[Allocation]] = {pk: [] for pk in missing}
+    for allocation in Allocation.objects.filter(
+        job_id__in=list(missing), released_at__isnull=True
+    ).select_related("node", "gpu"):
+        held[allocation.job_id].append(allocation)
+    for pk, job in missing.items():
+        job.active_allocations = held[pk]
+
+
 class JobListSerializer(serializers.ListSerializer):
     """Predicts the runtimes and counts the positions of a whole page of jobs in one query
-    each, not one per job; names what the jobs were loaded without (``names_attach``)."""
+    each, not one per job; reads the names and the GPUs held of the jobs that were loaded
+    without them (``names_attach``, ``active_allocations_attach``)."""
 
     def to_representation(self, data):
         jobs = list(data.all() if isinstance(data, models.manager.BaseManager) else data)
         names_attach(jobs)
+        active_allocations_attach(jobs)
         self.child.predictions = predict_live_runtimes(jobs)
         positions_attach(jobs)
         return super().to_representation(jobs)

@@ -276,19 +276,16 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     ordering_fields = ["id", "submitted_at", "queue_position", "state"]
 
     def get_queryset(self):
-        active = Allocation.objects.filter(released_at__isnull=True).select_related("node", "gpu")
-        jobs = (
-            selectors.jobs_visible_to(self.request.user)
-            .prefetch_related(
-                Prefetch("allocations", queryset=active, to_attr="active_allocations")
-            )
-            .alias(queue_position=F("pending_rank"))
-        )
+        jobs = selectors.jobs_visible_to(self.request.user).alias(queue_position=F("pending_rank"))
         if self.action == "list":
-            # The names the answers show are read for the whole page at once
-            # (serializers.names_attach), not joined into every row.
-            jobs = jobs.select_related(None)
-        elif self.action == "retrieve":
+            # The names the answers show and the GPUs the jobs hold are read for the
+            # whole page at once (serializers.JobListSerializer), not joined into every row.
+            return jobs.select_related(None)
+        active = Allocation.objects.filter(released_at__isnull=True).select_related("node", "gpu")
+        jobs = jobs.prefetch_related(
+            Prefetch("allocations", queryset=active, to_attr="active_allocations")
+        )
+        if self.action == "retrieve":
             # Only read: of the related objects, the names the answer shows (a user row,
             # a queue, a project... each had every column loaded and converted).
             jobs = jobs.only(*JOB_ANSWER_FIELDS)

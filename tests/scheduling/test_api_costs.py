@@ -32,11 +32,10 @@ URL = "/api/v1/jobs"
 # the runtime history of the answer's prediction; BEGIN and COMMIT outside tests. Was 22
 # on PostgreSQL before issue 21.
 SUBMIT_QUERIES = 16
-# A page: token and user, count, the page (its keys first, then its rows), active
-# allocations, the names of the jobs' tenants, projects, queues, pools, submitters and
-# classes, runtime histories, positions (their ranks, queues of waiting jobs, the pools'
-# estimates).
-LIST_QUERIES = 10
+# A page: token and user, count, the page's jobs (no joins), their names (tenants,
+# projects, queues, pools, submitters, classes), the GPUs they hold, runtime histories,
+# positions (their ranks, queues of waiting jobs, the pools' estimates).
+LIST_QUERIES = 9
 
 
 def spec(world, **overrides) -> dict:
