@@ -838,6 +838,7 @@ class Bench:
         self.wait_idle()
         total = 10 * self.jobs
         specs = [_spec(self.world, "big", ["true"])] * self.jobs
+        cpu = self.cluster.cpu_seconds()
         t0 = time.monotonic()
         for _ in range(10):
             self.api.post("jobs/bulk", {"jobs": specs})
@@ -856,6 +857,7 @@ class Bench:
             submit_seconds=round(posted, 2),
             bulk_requests=10,
             failed=self.failed("big"),
+            **self.cpu_since(cpu, total),
         )
 
     def clients(self) -> None:

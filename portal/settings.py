@@ -305,6 +305,10 @@ CELERY_TIMEZONE = TIME_ZONE
 
 # One beat schedule, in code (Read the Docs' habit); tasks are thin and idempotent.
 SLUICE_DISPATCH_INTERVAL = env_int("SLUICE_DISPATCH_INTERVAL", 5)
+# Under a stream of requests (every submit and every job end asks for a cycle) a cycle
+# starts at least this long after the previous one ended, taking every request made
+# meanwhile: cycles back to back cost the dispatcher a core while each placed a job or two.
+SLUICE_DISPATCH_MIN_GAP_MS = env_int("SLUICE_DISPATCH_MIN_GAP_MS", 100)
 SLUICE_CONTROL_INTERVAL = env_int("SLUICE_CONTROL_INTERVAL", 5)
 SLUICE_AUDIT_VERIFY_INTERVAL = env_int("SLUICE_AUDIT_VERIFY_INTERVAL", 3600)
 CELERY_BEAT_SCHEDULE = {

@@ -19,3 +19,5 @@ CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"
 STORAGES["staticfiles"]["BACKEND"] = "django.contrib.staticfiles.storage.StaticFilesStorage"  # noqa: F405
 EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
 LOGGING["root"]["level"] = "WARNING"  # noqa: F405
+# Eager dispatch tasks run cycle after cycle in one test: unpaced (tests of the pacing set it).
+SLUICE_DISPATCH_MIN_GAP_MS = env_int("SLUICE_DISPATCH_MIN_GAP_MS", 0)  # noqa: F405

@@ -8,10 +8,12 @@ from django.core.cache import cache
 
 @shared_task(name="scheduling.dispatch", ignore_result=True, acks_late=False)
 def dispatch() -> dict:
-    """One dispatch cycle. Clears the coalescing flag first so requests made during it queue another."""
-    from .services.dispatch import dispatch_cycle
+    """One dispatch cycle, paced (``dispatch_pace``). Clears the coalescing flag before the
+    cycle so requests made during it queue another."""
+    from .services.dispatch import dispatch_cycle, dispatch_pace
     from .services.enqueue import DISPATCH_REQUESTED_KEY
 
+    dispatch_pace()
     cache.delete(DISPATCH_REQUESTED_KEY)
     return dispatch_cycle()
 

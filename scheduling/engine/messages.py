@@ -81,10 +81,14 @@ def quota_wait(job: PendingJob, account: Account, idle: int) -> str:
             f"{account.tenant} runs {account.jobs}/{account.max_running} jobs allowed on "
             f"{account.label} in pool {account.pool}"
         )
+    # The pool's idle GPUs are named only where they could matter, for a job that may
+    # borrow: they change with every other tenant's job, and the message is stored on every
+    # waiting job, so a number that cannot help this job would rewrite all of them.
+    borrows = job.preemptible and account.borrow_limit > 0
     text = (
         f"{account.tenant} uses {account.used}/{account.guaranteed} guaranteed "
         f"{account.label} in pool {account.pool}; borrowing allowed "
-        f"{account.borrow_limit}, idle {idle}; job needs {job.gpus}"
+        f"{account.borrow_limit}{f', idle {idle}' if borrows else ''}; job needs {job.gpus}"
     )
     if not job.preemptible and account.used + job.gpus > account.guaranteed:
         if 0 < job.max_preemptions <= job.preemptions:

@@ -594,6 +594,25 @@ def _write_estimates(plan: engine.Plan, loaded: Loaded, now: datetime) -> None:
         )
 
 
+#: When this process's last cycle ended (time.monotonic()); see dispatch_pace.
+_last_cycle_end: float | None = None
+
+
+def dispatch_pace(sleep=time.sleep) -> float:
+    """Wait until ``SLUICE_DISPATCH_MIN_GAP_MS`` after this process's previous cycle
+    ended; returns the seconds waited. The dispatch task waits *before* clearing its
+    coalescing flag, so requests made meanwhile join the coming cycle instead of queueing
+    another; an idle dispatcher (no cycle that recent) starts at once."""
+    gap = settings.SLUICE_DISPATCH_MIN_GAP_MS / 1000
+    if _last_cycle_end is None or gap <= 0:
+        return 0.0
+    wait = _last_cycle_end + gap - time.monotonic()
+    if wait <= 0:
+        return 0.0
+    sleep(wait)
+    return wait
+
+
 def dispatch_cycle(now: datetime | None = None) -> dict:
     """One cycle. Returns figures for logs and benchmarks; ``skipped`` if another leader runs."""
     started = time.perf_counter()
@@ -622,6 +641,8 @@ def dispatch_cycle(now: datetime | None = None) -> dict:
         LEADER_CACHE.clear()
         raise
     finished = time.perf_counter()
+    global _last_cycle_end
+    _last_cycle_end = time.monotonic()
     instrument.dispatch_cycle_observe(finished - started)
     stats = {
         "skipped": False,

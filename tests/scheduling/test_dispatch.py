@@ -372,3 +372,41 @@ def test_a_gpu_released_after_the_cycle_began_is_granted_after_its_release(world
     released = Allocation.objects.filter(job=first).values_list("released_at", flat=True)
     granted = Allocation.objects.filter(job=second).values_list("granted_at", flat=True)
     assert len(granted) == 8 and min(granted) >= max(released)
+
+
+def test_cycles_are_paced_by_the_minimum_gap(settings, monkeypatch):
+    d = dispatch
+    settings.SLUICE_DISPATCH_MIN_GAP_MS = 100
+    slept: list[float] = []
+    clock = [1000.0]
+    monkeypatch.setattr(d.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(d, "_last_cycle_end", None)
+    assert d.dispatch_pace(slept.append) == 0.0  # no cycle yet: at once
+    monkeypatch.setattr(d, "_last_cycle_end", 1000.0)
+    clock[0] = 1000.03
+    assert d.dispatch_pace(slept.append) == pytest.approx(0.07)
+    clock[0] = 1000.5  # the last cycle is long past: at once
+    assert d.dispatch_pace(slept.append) == 0.0
+    settings.SLUICE_DISPATCH_MIN_GAP_MS = 0
+    clock[0] = 1000.01
+    assert d.dispatch_pace(slept.append) == 0.0
+    assert slept == [pytest.approx(0.07)]
+
+
+def test_the_dispatch_task_waits_before_clearing_its_flag(settings, monkeypatch, world):
+    """Requests made while the task waits are taken by its cycle, not queued again."""
+    from scheduling import tasks
+
+    d = dispatch
+    order: list[str] = []
+
+    def pace():
+        order.append(f"pace flag={cache.get(DISPATCH_REQUESTED_KEY)}")
+        return 0.0
+
+    monkeypatch.setattr(d, "dispatch_pace", pace)
+    cache.set(DISPATCH_REQUESTED_KEY, 1)
+    tasks.dispatch.run()
+    assert order == ["pace flag=1"]
+    assert cache.get(DISPATCH_REQUESTED_KEY) is None
+    assert d._last_cycle_end is not None
