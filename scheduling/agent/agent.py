@@ -408,6 +408,12 @@ class Agent:
         self._pass_due = False
         self.gpus = backend.discover()
         self.jobs: dict[tuple[int, int], JobRecord] = {}
+        #: The records the loop still works on (not ended with their exit reported): each
+        #: pass looks at these only, so its work follows the jobs in flight, not the ended
+        #: ones the agent keeps for a day (thousands after a burst).
+        self._active: dict[tuple[int, int], JobRecord] = {}
+        #: The newest attempt of each job seen here (an older attempt's launch is refused).
+        self._newest_attempt: dict[int, int] = {}
         self.jobs_dir = self.config.work_dir / "jobs"
         self._base_env = dict(os.environ) if base_env is None else base_env
         self._kills: list[dict[str, Any]] = []
@@ -530,7 +536,7 @@ class Agent:
             )
         if self.messages is not None:
             self.messages.close()
-        for record in self.jobs.values():
+        for record in self._active_records():
             if record.starting is not None:
                 # Still starting: the wrapper goes on (it removes its environment file once
                 # read); the next agent adopts the job.
@@ -562,7 +568,7 @@ class Agent:
         if self._more_messages or self._pass_due:
             return 0.0
         exits_to_queue = any(
-            r.finished and not r.exit_reported and not r.exit_queued for r in self.jobs.values()
+            r.finished and not r.exit_reported and not r.exit_queued for r in self._active_records()
         )
         if exits_to_queue and len(self.outbox) < self.config.log_backlog_limit:
             return 0.0  # an ended job's output is still being queued: keep going
@@ -669,7 +675,7 @@ class Agent:
         if existing is not None:
             self._answer_duplicate_launch(existing)
             return
-        newest = max((r.attempt for r in self.jobs.values() if r.job_id == job_id), default=None)
+        newest = self._newest_attempt.get(job_id)
         if newest is not None and newest > attempt:
             self._send_exited_now(
                 job_id, attempt, SUPERSEDED, f"attempt {newest} of this job is newer"
@@ -683,7 +689,7 @@ class Agent:
             retention_days=message.get("retention_days"),
             log_cap_bytes=message.get("log_cap_bytes") or self.config.log_cap_bytes,
         )
-        self.jobs[record.key] = record
+        self._track(record)
         ensure_dir(self._paths(record).root, TRAVERSE_ONLY)
         write_json(self._paths(record).launch, message)
         self._save(record)
@@ -707,7 +713,7 @@ class Agent:
         """A job attempt this node ran long ago, from its directory (never run it twice)."""
         record = load_record(JobPaths.for_job(self.config.work_dir, job_id, attempt))
         if record is not None and record.finished:
-            self.jobs[record.key] = record
+            self._track(record)
             return record
         return None
 
@@ -736,7 +742,7 @@ class Agent:
 
     def _supersede_older_attempts(self, record: JobRecord, grace: float) -> None:
         """A newer attempt means the control side gave up on the older ones here."""
-        for older in list(self.jobs.values()):
+        for older in self._active_records():
             if older.job_id != record.job_id or older.attempt >= record.attempt:
                 continue
             if older.waiting:
@@ -752,7 +758,7 @@ class Agent:
         gpus = set(record.gpu_indices)
         return [
             other
-            for other in list(self.jobs.values())
+            for other in self._active_records()
             if other.pid is not None
             and not other.exit_queued
             and not other.exit_reported
@@ -764,7 +770,7 @@ class Agent:
         ]
 
     def _start_waiting(self) -> None:
-        for record in [r for r in self.jobs.values() if r.waiting]:
+        for record in [r for r in self._active_records() if r.waiting]:
             if self._blockers(record):
                 continue
             message = read_json(self._paths(record).launch)
@@ -863,7 +869,7 @@ class Agent:
         command runs, ``launch_failed`` for the others (or those that did not answer within
         ``launch_timeout_seconds``)."""
         now = time.monotonic()
-        for record in [r for r in self.jobs.values() if r.starting is not None]:
+        for record in [r for r in self._active_records() if r.starting is not None]:
             starting = record.starting
             assert starting is not None
             status = starting.read_status()
@@ -1097,7 +1103,7 @@ class Agent:
 
     def _report_finished(self) -> None:
         """Queue the ``exited`` report of each ended job, after all of its output."""
-        for record in list(self.jobs.values()):
+        for record in self._active_records():
             if not record.finished or record.exit_reported or record.exit_queued:
                 continue
             if len(self.outbox) >= self.config.log_backlog_limit:
@@ -1501,7 +1507,7 @@ class Agent:
             record = load_record(JobPaths(root))
             if record is None or self._paths(record).root != root:
                 continue
-            self.jobs[record.key] = record
+            self._track(record)
             if record.running and procfs.is_same_process(record.pid, record.pid_start_ticks):
                 logger.info(
                     "adopted running job %s attempt %s (process group %s)",
@@ -1523,7 +1529,22 @@ class Agent:
                 self._send_started(record)
 
     def _running(self) -> Iterator[JobRecord]:
-        return (r for r in list(self.jobs.values()) if r.running)
+        return (r for r in self._active_records() if r.running)
+
+    def _track(self, record: JobRecord) -> None:
+        """Keep ``record`` (new, loaded from its directory or adopted)."""
+        self.jobs[record.key] = record
+        self._active[record.key] = record
+        if record.attempt > self._newest_attempt.get(record.job_id, -1):
+            self._newest_attempt[record.job_id] = record.attempt
+
+    def _active_records(self) -> list[JobRecord]:
+        """The records still worked on, as a list (callers may change records); those
+        that ended with their exit reported, or were forgotten, leave the set here."""
+        for key, record in list(self._active.items()):
+            if (record.finished and record.exit_reported) or self.jobs.get(key) is not record:
+                del self._active[key]
+        return list(self._active.values())
 
     def _paths(self, record: JobRecord) -> JobPaths:
         return JobPaths.for_job(self.config.work_dir, record.job_id, record.attempt)

@@ -222,3 +222,22 @@ def test_relative_work_dir_is_made_absolute(make_agent, tmp_path, monkeypatch):
     job_dir = tmp_path / "var/agent/node-a/jobs/16-1"
     assert f"CWD={job_dir / 'workspace'}\n" in h.log_text(16)
     assert (job_dir / "exit.json").exists()
+
+
+def test_a_pass_works_only_on_jobs_in_flight(make_agent):
+    """Ended jobs whose exit was reported stay known (duplicates are answered from them) but
+    leave the set each pass looks at: after a burst the loop's work does not grow with it."""
+    h = make_agent()
+    for job_id in range(40, 46):
+        h.send(launch(job_id, ["true"]))
+    h.send(launch(46, ["sleep", "600"]))
+    h.wait_for(lambda: len(h.of_type("exited")) == 6)
+    h.wait_report("started", 46)
+    h.wait_for(lambda: [r.job_id for r in h.agent._active_records()] == [46])
+    assert len(h.agent.jobs) == 7
+    h.send(launch(41, ["true"]))  # a duplicate of an ended job: answered, not run again
+    h.wait_for(lambda: len(h.of_type("exited", 41)) == 2)
+    assert len(h.of_type("started", 41)) == 1
+    h.send(stop(46))
+    h.wait_report("exited", 46)
+    h.wait_for(lambda: h.agent._active_records() == [])
