@@ -56,49 +56,13 @@ def _database_url(given: str | None) -> str | None:
 
 
 def build_world(gpus_per_node: int):
-    """A pool of NODES nodes × ``gpus_per_node`` GPUs, one tenant, project, queue and user."""
-    from django.contrib.auth import get_user_model
-    from django.utils import timezone
+    """A pool of NODES nodes × ``gpus_per_node`` GPUs, one tenant, project, queue and user
+    (bench/dispatch.py's world)."""
+    from bench.dispatch import _world
+    from scheduling.models import Node
 
-    from scheduling.models import (
-        Gpu,
-        Node,
-        PriorityClass,
-        Queue,
-        Quota,
-        ResourcePool,
-        WorkloadPolicy,
-    )
-    from tenants.models import Membership, Project, Tenant
-
-    user = get_user_model().objects.create_user("bench", password="bench-password-123")
-    tenant = Tenant.objects.create(slug="bench", name="Bench")
-    Membership.objects.create(user=user, tenant=tenant, role="admin")
-    project = Project.objects.create(tenant=tenant, slug="p", name="P")
-    pool = ResourcePool.objects.create(name="training")
-    normal = PriorityClass.objects.create(name="normal", value=400)
-    WorkloadPolicy.objects.create(workload_type="training", max_runtime_seconds=86400)
-    Quota.objects.create(
-        tenant=tenant, pool=pool, guaranteed_gpus=NODES * gpus_per_node, borrow_limit_gpus=0
-    )
-    queue = Queue.objects.create(
-        tenant=tenant,
-        name="q",
-        pool=pool,
-        default_priority_class=normal,
-        max_self_service_class=normal,
-    )
-    now = timezone.now()
-    nodes = Node.objects.bulk_create(
-        [Node(name=f"bench-{i:02d}", pool=pool, last_heartbeat=now) for i in range(NODES)]
-    )
-    Gpu.objects.bulk_create(
-        [
-            Gpu(node=node, index=g, uuid=f"GPU-{node.name}-{g}", model="H100-80GB", memory_mb=81559)
-            for node in nodes
-            for g in range(gpus_per_node)
-        ]
-    )
+    user, project, queue = _world(NODES, gpus_per_node)
+    nodes = list(Node.objects.filter(pool=queue.pool).order_by("name"))
     return {"user": user, "project": project, "queue": queue, "nodes": nodes}
 
 

@@ -489,6 +489,21 @@ def _end_state(job: Job, report: dict) -> tuple[str, str]:
     )
 
 
+def _ending(job: Job, report: dict, now: datetime) -> tuple[str, str, dict, dict]:
+    """For an ``exited`` report that ends the job: its end state, the message, the job's
+    fields and the event's data."""
+    state, message = _end_state(job, report)
+    fields = {
+        "finished_at": now,
+        "exit_code": report.get("exit_code"),
+        "exit_signal": report.get("signal"),
+    }
+    if state == JobState.FAILED:
+        fields["failure_message"] = message[:2000]
+    data = {"node": report["node"], **({"reconciled": True} if report.get("reconciled") else {})}
+    return state, message, fields, data
+
+
 @transaction.atomic
 def job_exited(report: dict) -> Job | None:
     """Release the node's GPUs at once; when the job's last node exits, set its end state."""
@@ -522,15 +537,7 @@ def job_exited(report: dict) -> Job | None:
                 message=f"A process of the gang failed on {node_name}.",
             )
         return job
-    state, message = _end_state(job, report)
-    fields = {
-        "finished_at": now,
-        "exit_code": report.get("exit_code"),
-        "exit_signal": report.get("signal"),
-    }
-    if state == JobState.FAILED:
-        fields["failure_message"] = message[:2000]
-    data = {"node": node_name, **({"reconciled": True} if report.get("reconciled") else {})}
+    state, message, fields, data = _ending(job, report, now)
     job_transition(job, state, kind=state.lower(), message=message, data=data, **fields)
     _requeue_if_allowed(job, now)
     _dispatch_on_commit()
@@ -740,15 +747,7 @@ def _batch_exited(
     held[node_name] = []
     # Locked ADMITTED or RUNNING too (nothing here makes a job STOPPING): _end_state's
     # stopping case does not apply, its outcome is the report's.
-    end, message = _end_state(job, report)
-    fields = {
-        "finished_at": now,
-        "exit_code": report.get("exit_code"),
-        "exit_signal": report.get("signal"),
-    }
-    if end == JobState.FAILED:
-        fields["failure_message"] = message[:2000]
-    data = {"node": node_name, **({"reconciled": True} if report.get("reconciled") else {})}
+    end, message, fields, data = _ending(job, report, now)
     return Step(job, end, kind=end.lower(), message=message, data=data, fields=fields)
 
 
