@@ -11,7 +11,7 @@ import pytest
 from django.utils import timezone
 from rest_framework import serializers
 
-from scheduling.api.serializers import FastRepresentationMixin, JobSerializer, names_attach
+from scheduling.api.serializers import FastRepresentationMixin, JobSerializer
 from scheduling.choices import GpuHealth, JobState, NodeState, RaiseState
 from scheduling.models import (
     Job,
@@ -21,7 +21,7 @@ from scheduling.models import (
     RuntimeHistory,
     WorkloadPolicy,
 )
-from scheduling.selectors import jobs_visible_to, pool_gpu_shapes, quota_for
+from scheduling.selectors import jobs_visible_to, names_attach, pool_gpu_shapes, quota_for
 from scheduling.services.jobs import _admission_context
 from scheduling.services.raises import project_grant_classes
 from tests import factories as f
