@@ -39,7 +39,9 @@ def _lock_chain() -> None:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_CHAIN_LOCK_KEY])
 
 
-@transaction.atomic
+# No savepoint of its own: the event belongs to its caller's transaction (a failure here
+# fails the audited change too), and a savepoint cost two statements inside the chain lock.
+@transaction.atomic(savepoint=False)
 def audit_record(
     *,
     action: str,

@@ -1,9 +1,13 @@
 """Messages to node agents go over a broker connection each thread keeps (a dispatch cycle
 sends launches every second: connecting each time cost more than publishing), in order,
-each node's queue declared once per batch; a broken connection is replaced once."""
+straight onto each node's queue (no exchange lookup), on Redis in one pipeline per batch; a
+broken connection is replaced once."""
 
 from __future__ import annotations
 
+import uuid
+
+import pytest
 from kombu import Connection
 
 from scheduling.agent import transport
@@ -94,3 +98,48 @@ def test_a_broker_that_stays_down_is_logged_not_raised(settings, tmp_path, monke
         [("retry-1", stop_message(job_id=8, attempt=1, reason="cancelled"))]
     )
     assert "could not send 1 message(s) to node agents" in caplog.text
+
+
+def test_on_redis_a_batch_is_one_pipeline_without_exchange_lookups(settings, monkeypatch):
+    """The broker of production: messages reach the agent's consumer in order, and a batch
+    costs one round trip (one pipeline of LPUSHes), not a bindings lookup and a push per
+    message. Runs where the settings' broker is Redis (the PostgreSQL stage of .ci/run)."""
+    url = settings.CELERY_BROKER_URL
+    if not url.startswith("redis://"):
+        pytest.skip("needs Redis as CELERY_BROKER_URL (see .ci/run)")
+    import redis
+
+    calls: list[str] = []
+    real_execute = redis.Redis.execute_command
+    real_pipeline_execute = redis.client.Pipeline.execute
+
+    def execute(self, *args, **options):
+        calls.append(str(args[0]).upper())
+        return real_execute(self, *args, **options)
+
+    def pipeline_execute(self, *args, **kwargs):
+        calls.append(f"PIPELINE({len(self.command_stack)})")
+        return real_pipeline_execute(self, *args, **kwargs)
+
+    node = f"redis-{uuid.uuid4().hex[:8]}"
+    with broker_connection(url, None) as connection:
+        connection.ensure_connection()
+        monkeypatch.setattr(redis.Redis, "execute_command", execute)
+        monkeypatch.setattr(redis.client.Pipeline, "execute", pipeline_execute)
+        transport.send_control_messages(
+            connection,
+            [(node, stop_message(job_id=i, attempt=1, reason="cancelled")) for i in (1, 2, 3)],
+        )
+        monkeypatch.undo()
+        assert calls == ["PIPELINE(3)"]
+        queue = connection.SimpleQueue(node_queue(node), accept=["json"])
+        try:
+            received = []
+            for _ in range(3):
+                message = queue.get(timeout=5)
+                received.append(message.payload["job_id"])
+                message.ack()
+        finally:
+            queue.close()
+            redis.Redis.from_url(url).delete(node_queue(node).name)
+    assert received == [1, 2, 3]
