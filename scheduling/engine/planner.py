@@ -37,7 +37,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Final
 
 from . import messages, reasons
@@ -370,7 +370,7 @@ class Planner:
         """A job at its preemption limit, admitted like non-preemptible work: inside its
         tenant's guarantee, where no reclaim stops it again, unless no guarantee of the
         tenant could ever hold it (then it may still borrow; see :mod:`.preemption`)."""
-        inside = replace(job, preemptible=False)
+        inside = job.not_preemptible()
         return inside if self._options_for(inside)[1] else job
 
     def _options_for(self, job: PendingJob) -> tuple[list[SliceIndex], list[Option]]:

@@ -114,13 +114,14 @@ class RunningRecord:
         "end",
         "placement",
         "stopping",
-        "order_key",
         "seasoned",
         "protected",
-        "lost",
         "inference",
         "account",
         "gpus",
+        "_now",
+        "_lost",
+        "_order_key",
     )
 
     def __init__(
@@ -131,24 +132,41 @@ class RunningRecord:
         # [(slice, slot, positions)] of the job's GPUs known to the cluster index.
         self.placement: list[tuple[SliceIndex, NodeSlot, list[int]]] = []
         self.stopping = job.stopping
-        # What stopping it now would throw away (fixed for the cycle).
-        self.lost = lost_work(job, now)
         self.seasoned = now - job.started_at >= job.min_runtime_before_preemption
         # At its preemption limit: not stopped for a higher class (reclaims still are).
         self.protected = now < protected_until(job)
-        # Victim order: borrowed first, then lowest class, unprotected, least work lost
-        # (then most recently started).
-        self.order_key = (
-            not job.borrowed,
-            job.priority,
-            self.protected,
-            self.lost,
-            -job.started_at,
-            job.id,
-        )
         self.inference = job.workload_type == INFERENCE_WORKLOAD
         self.account = account  # the quota the job counts against
         self.gpus = len(job.gpu_ids)
+        # Work lost and victim order are read by the victim search only: worked out on
+        # first use (most running jobs of most cycles are never looked at as victims).
+        self._now = now
+        self._lost = -1.0
+        self._order_key: tuple | None = None
+
+    @property
+    def lost(self) -> float:
+        """What stopping it now would throw away (fixed for the cycle)."""
+        if self._lost < 0:
+            self._lost = lost_work(self.job, self._now)
+        return self._lost
+
+    @property
+    def order_key(self) -> tuple:
+        """Victim order: borrowed first, then lowest class, unprotected, least work lost
+        (then most recently started)."""
+        key = self._order_key
+        if key is None:
+            job = self.job
+            key = self._order_key = (
+                not job.borrowed,
+                job.priority,
+                self.protected,
+                self.lost,
+                -job.started_at,
+                job.id,
+            )
+        return key
 
     def positions_on(self, slot: NodeSlot) -> list[int]:
         """The positions of this job's GPUs on ``slot``."""
