@@ -99,10 +99,15 @@ def protected_until(job: RunningJob) -> float:
 
 def lost_work(job: RunningJob, now: float) -> float:
     """GPU-seconds a running job would lose if stopped ``now``: its GPUs x the time since
-    its last checkpoint in this run (its start when it has none, or none is known)."""
+    its last checkpoint in this run (its start when it has none, or none is known; with
+    a ``checkpoint_interval``, the last multiple of it since its start)."""
     saved = job.started_at
-    if job.checkpointed_at is not None and job.checkpointed_at > saved:
-        saved = job.checkpointed_at
+    interval = job.checkpoint_interval
+    checkpointed = job.checkpointed_at
+    if interval > 0:
+        checkpointed = saved + (now - saved) // interval * interval
+    if checkpointed is not None and checkpointed > saved:
+        saved = checkpointed
     return len(job.gpu_ids) * max(now - saved, 0.0)
 
 

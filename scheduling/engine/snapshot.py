@@ -210,6 +210,10 @@ class RunningJob:
     checkpointed_at: float | None = None
     max_preemptions: int = 0
     preemption_protection_seconds: int = 0
+    # > 0: the job saves a checkpoint every so many seconds of this run, its last one
+    # worked out from the cycle's ``now`` (``checkpointed_at`` is then not read): the
+    # simulator's jobs, which would otherwise need it set on every record every cycle.
+    checkpoint_interval: float = 0.0
     # (gpu_ids, their grouping by node): remembered by the planner (Locator)
     layout: tuple | None = field(default=None, init=False, repr=False, compare=False)
 

@@ -450,8 +450,15 @@ class Replay:
             run.first_start = now
         run.epoch += 1
         run.stopping = False
+        # The engine works out its last checkpoint at each cycle (every
+        # checkpoint_interval seconds of this run; a stopping job's record has none).
         run.running_record = self.builder.running_job(
-            job, placement.gpu_ids, run.borrowed, now, preemptions=run.preemptions
+            job,
+            placement.gpu_ids,
+            run.borrowed,
+            now,
+            preemptions=run.preemptions,
+            checkpoint_interval=max(self.config.checkpoint_interval, 0.0),
         )
         self.running[job.pool][job.id] = run
         self._hold(job, placement.gpu_ids, -1)
@@ -547,8 +554,6 @@ class Replay:
         self, pool: str, now: float, selected: Iterable[JobRun], decisions_only: bool
     ) -> Snapshot:
         """The pool's snapshot with the waiting jobs ``selected``."""
-        if self.policy.preemption:
-            self._checkpoint(pool, now)
         return self.builder.snapshot(
             now,
             [pool],
@@ -558,19 +563,6 @@ class Replay:
             self.policy,
             decisions_only=decisions_only,
         )
-
-    def _checkpoint(self, pool: str, now: float) -> None:
-        """Tell the engine when each running job of ``pool`` last saved a checkpoint:
-        every ``checkpoint_interval`` seconds of its run (its start if none yet; with an
-        interval of 0 it never saves, and the engine counts from its start)."""
-        interval = self.config.checkpoint_interval
-        if interval <= 0:
-            return
-        for run in self.running[pool].values():
-            record = run.running_record
-            if record is not None and not run.stopping:
-                start = run.attempt_start
-                record.checkpointed_at = start + (now - start) // interval * interval
 
     def _cycle(self, pool: str, now: float, selected: Iterable[JobRun]) -> Plan:
         """Build the pool's snapshot and let the engine plan it."""

@@ -124,11 +124,13 @@ class SnapshotBuilder:
         preempted_by: int | None = None,
         preemptions: int = 0,
         checkpointed_at: float | None = None,
+        checkpoint_interval: float = 0.0,
     ) -> RunningJob:
         """The engine's record of ``job`` holding ``gpu_ids`` since ``started_at``
         (``preempted_by``: the job a stopping job makes room for), preempted
         ``preemptions`` times before, its last checkpoint in this run at
-        ``checkpointed_at`` (None: none yet)."""
+        ``checkpointed_at`` (None: none yet), or every ``checkpoint_interval`` seconds
+        of the run (> 0: worked out by the engine at each cycle)."""
         cls = self._class(job)
         workload = self.scenario.workload(job.workload_type)
         return RunningJob(
@@ -150,6 +152,7 @@ class SnapshotBuilder:
             preempted_by=preempted_by,
             preemptions=preemptions,
             checkpointed_at=checkpointed_at,
+            checkpoint_interval=checkpoint_interval,
             max_preemptions=workload.max_preemptions,
             preemption_protection_seconds=workload.preemption_protection_seconds,
         )
