@@ -9,12 +9,14 @@ from .native import guard
 guard()  # before any compiled module is imported: never a stale build (see .native)
 
 from . import reasons  # noqa: E402
+from .cluster import KeptCluster  # noqa: E402
 from .plan import PendingInfo, Placement, Plan, Preemption, plan  # noqa: E402
 from .snapshot import GpuInfo, NodeInfo, PendingJob, QueueInfo, QuotaInfo, RunningJob, Snapshot  # noqa: E402
 from .usage import decay_usage  # noqa: E402
 
 __all__ = [
     "GpuInfo",
+    "KeptCluster",
     "NodeInfo",
     "PendingInfo",
     "PendingJob",

@@ -72,6 +72,22 @@ class NodeSlot:
         # that version: SliceIndex._state, worked out once per change
         self.state: tuple[int, list[float], int, list[float]] | None = None
 
+    def reset(self, now: float) -> None:
+        """Back to the state :meth:`__init__` gives (every GPU idle at ``now``), for a
+        cluster index kept between cycles (:class:`KeptCluster`)."""
+        count = len(self.gpu_ids)
+        self.af = [now] * count
+        self.hole = [0.0] * count
+        self.hole_owner = [0] * count
+        self.reserved = [False] * count
+        self.releasing = [False] * count
+        self.version = 0
+        self.free_total = 0
+        self.running = []
+        self.victim_view = None
+        self.lent = [0.0] * count
+        self.state = None
+
     def idle_unreserved(self, now: float) -> int:
         """GPUs idle now and promised to nobody."""
         count = 0
@@ -129,6 +145,20 @@ class SliceIndex:
         self.grown: list[int] = []
 
     # -- building -------------------------------------------------------------------
+
+    def reset(self, now: float) -> None:
+        """Back to the state of a new index holding the same node slots, every GPU idle
+        at ``now`` (see :class:`KeptCluster`); :meth:`build` follows as for a new one."""
+        self.now = now
+        self.heaps = {}
+        self.idle = 0
+        self.hole_owners = []
+        self.victim_stats = None
+        self._no_fit = {}
+        self.epoch = 0
+        self.grown = []
+        for slot in self.slots:
+            slot.reset(now)
 
     def add_slot(self, node_id: int, node_name: str, gpu_ids: list[int]) -> NodeSlot:
         """Add a node's GPUs of this slice (all idle until running jobs are applied)."""
@@ -485,3 +515,47 @@ class Locator:
         if sum(len(positions) for _, _, positions in grouped) == len(gpu_ids):
             record.layout = (gpu_ids, [(slot.gpu_ids, positions) for _, slot, positions in grouped])
         return grouped
+
+
+class KeptCluster:
+    """A cluster index kept from one cycle to the next by a caller that plans the same
+    nodes again and again (the simulator hands one per pool in every snapshot,
+    ``Snapshot.kept_cluster``): the slices, their node slots and the locator are built
+    for the first cycle and, in each later cycle with the very same nodes (the same
+    objects in the same order; nodes are not changed once made), reset to every GPU idle
+    instead of built anew. A reset index is what a new one would be: the planner then
+    marks running jobs, claims and reservations on it as on a new one. Only the objects
+    are kept, none of a cycle's state. With other nodes it is built anew and kept."""
+
+    __slots__ = ("nodes", "slices", "pool_slices", "locator")
+
+    def __init__(self) -> None:
+        self.nodes: list | None = None
+        self.slices: dict[tuple[str, str, int], SliceIndex] = {}
+        self.pool_slices: dict[str, list[SliceIndex]] = {}
+        self.locator = Locator()
+
+    def reuse(self, nodes: list, now: float) -> bool:
+        """Reset the kept index for a cycle at ``now`` if it was built for ``nodes``."""
+        kept = self.nodes
+        if kept is None or len(kept) != len(nodes):
+            return False
+        for mine, theirs in zip(kept, nodes, strict=True):
+            if mine is not theirs:
+                return False
+        for slice_ in self.slices.values():
+            slice_.reset(now)
+        return True
+
+    def keep(
+        self,
+        nodes: list,
+        slices: dict[tuple[str, str, int], SliceIndex],
+        pool_slices: dict[str, list[SliceIndex]],
+        locator: Locator,
+    ) -> None:
+        """Keep the index just built for ``nodes``."""
+        self.nodes = list(nodes)
+        self.slices = slices
+        self.pool_slices = pool_slices
+        self.locator = locator

@@ -138,8 +138,15 @@ class Planner:
     # -- building the cycle's state ---------------------------------------------------------
 
     def _build_cluster(self) -> None:
-        """Group every node's GPUs into slices (pool, model, memory)."""
+        """Group every node's GPUs into slices (pool, model, memory), or reset the index
+        the caller keeps between cycles (see :class:`.cluster.KeptCluster`)."""
         now = self.now
+        kept = self.snapshot.kept_cluster
+        if kept is not None and kept.reuse(self.snapshot.nodes, now):
+            self.slices = kept.slices
+            self.pool_slices = kept.pool_slices
+            self._locator = kept.locator
+            return
         for node in self.snapshot.nodes:
             for model, memory, gpu_ids in node.kinds():
                 key = (node.pool, model, memory)
@@ -148,6 +155,8 @@ class Planner:
                     slice_ = self.slices[key] = SliceIndex(node.pool, model, memory, now)
                     self.pool_slices[node.pool].append(slice_)
                 self._locator.add(slice_, slice_.add_slot(node.id, node.name, gpu_ids))
+        if kept is not None:
+            kept.keep(self.snapshot.nodes, self.slices, self.pool_slices, self._locator)
 
     def _end_of(self, job: RunningJob) -> float:
         """When a running job's GPUs are free at the latest (always after now)."""

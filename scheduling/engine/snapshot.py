@@ -7,6 +7,10 @@ The dispatch loop builds a :class:`Snapshot` from the database and hands it to
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .cluster import KeptCluster
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,3 +253,7 @@ class Snapshot:
     size_halving_seconds: float = 6 * 3600.0
     max_wait_seconds: float = 12 * 3600.0
     fair_share_band: float = 0.25
+    # A caller that plans the same nodes cycle after cycle (the simulator) may hand the
+    # same :class:`~.cluster.KeptCluster` to each: the cluster index is then reset
+    # instead of built anew (same plan; the dispatch loop builds it every cycle).
+    kept_cluster: KeptCluster | None = field(default=None, repr=False, compare=False)

@@ -35,6 +35,7 @@ from heapq import heappop, heappush
 from itertools import count, islice
 
 from scheduling.engine import (
+    KeptCluster,
     PendingInfo,
     PendingJob,
     Placement,
@@ -221,6 +222,8 @@ class Replay:
             self.pool_nodes[pool] = [node.id for node in nodes]
             for node in nodes:
                 self.node_free[node.id] = len(node.gpus)
+        # Each pool's cluster index, reset for each cycle instead of built anew.
+        self.kept_clusters = {pool: KeptCluster() for pool in self.pools}
         self.pending: dict[str, dict[int, JobRun]] = defaultdict(dict)
         # Waiting jobs per pool counted by what decides whether they might preempt
         # (training-like, class may preempt, class, tenant, GPUs): see _preemptors.
@@ -562,6 +565,7 @@ class Replay:
             self._usage_for(pool),
             self.policy,
             decisions_only=decisions_only,
+            kept_cluster=self.kept_clusters[pool],
         )
 
     def _cycle(self, pool: str, now: float, selected: Iterable[JobRun]) -> Plan:

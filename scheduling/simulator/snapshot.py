@@ -17,6 +17,7 @@ from collections import defaultdict
 
 from scheduling.engine import (
     GpuInfo,
+    KeptCluster,
     NodeInfo,
     PendingJob,
     QueueInfo,
@@ -166,9 +167,10 @@ class SnapshotBuilder:
         usage: dict[str, float],
         policy: Policy,
         decisions_only: bool = False,
+        kept_cluster: KeptCluster | None = None,
     ) -> Snapshot:
-        """A snapshot of ``pools`` (None: all) with the policy's knobs (``decisions_only``:
-        see :class:`~scheduling.engine.Snapshot`)."""
+        """A snapshot of ``pools`` (None: all) with the policy's knobs (``decisions_only``
+        and ``kept_cluster``: see :class:`~scheduling.engine.Snapshot`)."""
         if pools is None:
             pools = list(self.nodes_by_pool)
         nodes = [node for pool in pools for node in self.nodes_by_pool.get(pool, ())]
@@ -186,4 +188,5 @@ class SnapshotBuilder:
             global_fifo=policy.global_fifo,
             **policy.order_knobs(),
             decisions_only=decisions_only,
+            kept_cluster=kept_cluster,
         )

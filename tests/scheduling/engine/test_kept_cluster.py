@@ -1,0 +1,64 @@
+"""A cluster index kept between cycles (``Snapshot.kept_cluster``, the simulator's) gives
+the plans a new index gives, cycle after cycle."""
+
+import dataclasses
+
+from engine_builders import gpu_ids, job, node, quota, running, snapshot
+from hypothesis import given
+from hypothesis import strategies as st
+from test_properties import FAST, Requeueing, crowded_tenants, snapshots
+
+from scheduling.engine import KeptCluster, plan
+
+
+def _same(kept, fresh) -> None:
+    assert kept.placements == fresh.placements
+    assert kept.preemptions == fresh.preemptions
+    assert kept.pending == fresh.pending
+    assert kept.skipped == fresh.skipped
+
+
+@FAST
+@given(st.one_of(snapshots(), crowded_tenants()))
+def test_cycles_on_a_kept_index_plan_as_on_a_new_one(snap):
+    """Through starts, preemptions, stops, requeues and handed-back reservations, each
+    cycle planned on the kept (reset) index decides and explains as one on a new index,
+    in full and decisions-only cycles alike."""
+    keep = KeptCluster()
+    sim = Requeueing(snap)
+    slices = None
+    for pause in (1, 60, 60, 600):
+        for decisions_only in (False, True):
+            fresh = plan(dataclasses.replace(sim.snap, decisions_only=decisions_only))
+            kept = plan(
+                dataclasses.replace(sim.snap, kept_cluster=keep, decisions_only=decisions_only)
+            )
+            _same(kept, fresh)
+            if slices is None:
+                slices = dict(keep.slices)
+            # the same index objects, reset, in every later cycle
+            assert keep.slices.keys() == slices.keys()
+            assert all(keep.slices[key] is slice_ for key, slice_ in slices.items())
+        sim.step()
+        sim.next_event()
+        sim.advance(sim.snap.now + pause)
+
+
+def test_other_nodes_get_a_new_index():
+    keep = KeptCluster()
+    quotas = [quota("a", 16)]
+    first = snapshot([node(1)], quotas, [job(1, gpus=8)], kept_cluster=keep)
+    plan(first)
+    built = keep.slices[("training", "H100", 81920)]
+    # Same nodes: reset and reused; the running job's GPUs are busy again, not the
+    # placement of the cycle before.
+    again = dataclasses.replace(
+        first, pending=[job(2, gpus=8)], running=[running(1, "a", gpu_ids(1, *range(8)))]
+    )
+    assert plan(again).placements == []
+    assert keep.slices[("training", "H100", 81920)] is built
+    # Other nodes: built anew (and kept for them).
+    other = snapshot([node(1), node(2)], quotas, [job(2, gpus=8)], kept_cluster=keep)
+    assert [p.job_id for p in plan(other).placements] == [2]
+    assert keep.slices[("training", "H100", 81920)] is not built
+    assert len(keep.nodes) == 2
