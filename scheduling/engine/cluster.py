@@ -456,15 +456,20 @@ class Locator:
     job's kept reservation) carry the same GPU ids each time, and nodes are the same
     objects with the same lists of GPU ids (:meth:`NodeInfo.kinds`): the grouping of
     a record's ids by those lists is remembered on the record (``layout``), so that
-    later cycles map each list to its slot instead of every GPU id to its location.
+    later cycles map each list to its slot instead of every GPU id to its location. On
+    an index kept between cycles (:class:`KeptCluster`) the slots are the same objects
+    from cycle to cycle, so the placement found is remembered too.
     The GPU id map itself is built on first use only.
     """
 
-    __slots__ = ("_slots", "_location")
+    __slots__ = ("_slots", "_location", "kept")
 
     def __init__(self) -> None:
         self._slots: dict[int, tuple[SliceIndex, NodeSlot]] = {}  # id(slot.gpu_ids) ->
         self._location: dict[int, tuple[SliceIndex, NodeSlot, int]] | None = None
+        # Kept between cycles with its slices (KeptCluster): a record's placement, found
+        # once, is remembered on the record with it (the slots are the same objects).
+        self.kept = False
 
     def add(self, slice_: SliceIndex, slot: NodeSlot) -> None:
         self._slots[id(slot.gpu_ids)] = (slice_, slot)
@@ -502,6 +507,8 @@ class Locator:
         ``layout`` attribute, where the grouping is remembered for later cycles)."""
         layout = record.layout
         if layout is not None and (layout[0] is gpu_ids or layout[0] == gpu_ids):
+            if layout[2] is self:
+                return layout[3]  # found on this kept index in an earlier cycle
             slots = self._slots
             found = []
             for kind, positions in layout[1]:
@@ -510,10 +517,15 @@ class Locator:
                     break  # a node not in this cycle's index: group afresh
                 found.append((entry[0], entry[1], positions))
             else:
+                if self.kept:
+                    record.layout = (layout[0], layout[1], self, found)
                 return found
         grouped = self.group(gpu_ids)
         if sum(len(positions) for _, _, positions in grouped) == len(gpu_ids):
-            record.layout = (gpu_ids, [(slot.gpu_ids, positions) for _, slot, positions in grouped])
+            kinds = [(slot.gpu_ids, positions) for _, slot, positions in grouped]
+            record.layout = (
+                (gpu_ids, kinds, self, grouped) if self.kept else (gpu_ids, kinds, None, None)
+            )
         return grouped
 
 
@@ -559,3 +571,4 @@ class KeptCluster:
         self.slices = slices
         self.pool_slices = pool_slices
         self.locator = locator
+        locator.kept = True

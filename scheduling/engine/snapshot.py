@@ -138,7 +138,8 @@ class PendingJob:
     # and its policy's limit (0: none); at the limit it is admitted inside its guarantee.
     preemptions: int = 0
     max_preemptions: int = 0
-    # (reserved_gpu_ids, their grouping by node): remembered by the planner (Locator)
+    # (reserved_gpu_ids, their grouping by node, and on a kept cluster index the
+    # locator and the placement found there): remembered by the planner (Locator)
     layout: tuple | None = field(default=None, init=False, repr=False, compare=False)
     # Total GPUs of the job (``gpus_per_node * nodes``), worked out once: read millions
     # of times per replay.
@@ -218,7 +219,8 @@ class RunningJob:
     # worked out from the cycle's ``now`` (``checkpointed_at`` is then not read): the
     # simulator's jobs, which would otherwise need it set on every record every cycle.
     checkpoint_interval: float = 0.0
-    # (gpu_ids, their grouping by node): remembered by the planner (Locator)
+    # (gpu_ids, their grouping by node, and on a kept cluster index the locator and the
+    # placement found there): remembered by the planner (Locator)
     layout: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
 
