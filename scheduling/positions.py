@@ -28,36 +28,35 @@ WAITING = (JobState.PENDING, JobState.HELD)
 def positions_attach(jobs: Iterable[Job]) -> None:
     """Set ``queue_position``, ``pool_position`` and ``estimated_start`` of every job, two
     queries whatever their number (none when no job waits)."""
-    from .models import PoolEstimates, Queue
+    from .models import PoolEstimates
 
     jobs = list(jobs)
     ranked = [j for j in jobs if j.pending_rank is not None and j.state in WAITING]
-    found: dict[int, tuple[int, int]] = {}
+    found: dict[int, tuple[int, int, int]] = {}
     ids = [j.pk for j in ranked]
     for start in range(0, len(ids), 900):  # SQLite allows ~1000 variables a statement
         found.update(_positions(ids[start : start + 900]))
-    waiting = [j for j in ranked if j.state == JobState.PENDING]
-    waiting_ids = {j.pk for j in waiting}
-    pools: dict[int, int] = {}
+    # A job has an estimate once a cycle planned it, and that cycle ranked it too: the
+    # pools to read estimates from are those of the ranked jobs found waiting.
+    waiting = {j.pk for j in ranked if j.state == JobState.PENDING and j.pk in found}
     starts: dict[int, dict] = {}
     if waiting:
-        queue_ids = {j.queue_id for j in waiting}
-        pools = dict(Queue.objects.filter(pk__in=queue_ids).values_list("pk", "pool_id"))
+        pools = {found[pk][2] for pk in waiting}
         starts = dict(
-            PoolEstimates.objects.filter(pool_id__in=set(pools.values())).values_list(
-                "pool_id", "starts"
-            )
+            PoolEstimates.objects.filter(pool_id__in=pools).values_list("pool_id", "starts")
         )
     for job in jobs:
-        queue_position, pool_position = found.get(job.pk, (None, None))
+        queue_position, pool_position, pool_id = found.get(job.pk, (None, None, None))
         estimate = None
-        if job.pk in waiting_ids:
-            value = starts.get(pools[job.queue_id], {}).get(str(job.pk))
+        if job.pk in waiting:
+            value = starts.get(pool_id, {}).get(str(job.pk))
             estimate = datetime.fromtimestamp(value, tz=UTC) if value is not None else None
         job.__dict__["_standing_cache"] = (queue_position, pool_position, estimate)
 
 
-def _positions(job_ids: list[int]) -> dict[int, tuple[int, int]]:
+def _positions(job_ids: list[int]) -> dict[int, tuple[int, int, int]]:
+    """{job id: (position in its queue, position in its pool, pool id)} of the waiting
+    jobs among ``job_ids`` that have a rank."""
     from .models import Job, Queue
 
     job_table = connection.ops.quote_name(Job._meta.db_table)
@@ -66,8 +65,8 @@ def _positions(job_ids: list[int]) -> dict[int, tuple[int, int]]:
     # Window functions over the waiting jobs only (the partial index on pending_rank);
     # SQLite has them since 3.25, PostgreSQL always.
     sql = f"""
-        SELECT id, queue_position, pool_position FROM (
-            SELECT j.id AS id,
+        SELECT id, queue_position, pool_position, pool_id FROM (
+            SELECT j.id AS id, q.pool_id AS pool_id,
                    ROW_NUMBER() OVER (PARTITION BY j.queue_id ORDER BY j.pending_rank, j.id)
                        AS queue_position,
                    ROW_NUMBER() OVER (PARTITION BY q.pool_id ORDER BY j.pending_rank, j.id)
@@ -78,4 +77,4 @@ def _positions(job_ids: list[int]) -> dict[int, tuple[int, int]]:
     """
     with connection.cursor() as cursor:
         cursor.execute(sql, [*WAITING, *job_ids])
-        return {row[0]: (row[1], row[2]) for row in cursor.fetchall()}
+        return {row[0]: (row[1], row[2], row[3]) for row in cursor.fetchall()}

@@ -540,14 +540,15 @@ def names_attach(jobs: list[Job]) -> None:
 
 def active_allocations_attach(jobs: list[Job]) -> None:
     """Set ``active_allocations`` (the GPUs held now, with their nodes) of the jobs that
-    were loaded without, in one query."""
-    missing = {job.pk: job for job in jobs if not hasattr(job, "active_allocations")}
-    if not missing:
+    were loaded without, in one query; none for a page where no job is admitted, running
+    or stopping (a job leaving those states releases its GPUs in the same transaction)."""
+    missing = [job for job in jobs if not hasattr(job, "active_allocations")]
+    for job in missing:
+        job.active_allocations = []
+    placed = {job.pk: job for job in missing if job.state in ACTIVE_STATES}
+    if not placed:
         return
-    held: dict[int, list[Allocation]] = {pk: [] for pk in missing}
     for allocation in Allocation.objects.filter(
-        job_id__in=list(missing), released_at__isnull=True
+        job_id__in=list(placed), released_at__isnull=True
     ).select_related("node", "gpu"):
-        held[allocation.job_id].append(allocation)
-    for pk, job in missing.items():
-        job.active_allocations = held[pk]
+        placed[allocation.job_id].active_allocations.append(allocation)

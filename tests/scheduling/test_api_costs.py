@@ -34,8 +34,8 @@ URL = "/api/v1/jobs"
 SUBMIT_QUERIES = 14
 # A page: token and user, count, the page's jobs (no joins), their names (tenants,
 # projects, queues, pools, submitters, classes), the GPUs they hold, runtime histories,
-# positions (their ranks, queues of waiting jobs, the pools' estimates).
-LIST_QUERIES = 9
+# positions (their ranks and pools, the pools' estimates).
+LIST_QUERIES = 8
 
 
 def spec(world, **overrides) -> dict:
@@ -117,6 +117,27 @@ def test_a_list_page_costs_a_fixed_number_of_queries(
         response = member_client.get(URL)
     assert response.status_code == 200
     assert response.json()["count"] == 4
+
+
+def test_a_page_of_ended_jobs_reads_no_gpus_positions_or_predictions(
+    world, member_client, django_assert_num_queries
+):
+    """Token and user, count, the page, the names: a history page reads nothing that only
+    jobs waiting or running have (a job leaving those states gives its GPUs back)."""
+    now = timezone.now()
+    for state in (JobState.SUCCEEDED, JobState.CANCELLED):
+        f.JobFactory(
+            state=state,
+            queue=world.queue,
+            project=world.project,
+            submitted_by=world.member,
+            started_at=now - timedelta(minutes=5),
+            finished_at=now,
+        )
+    with django_assert_num_queries(4):
+        response = member_client.get(URL)
+    assert response.status_code == 200
+    assert [job["allocations"] for job in response.json()["results"]] == [[], []]
 
 
 # --- the fast representation answers what DRF's does -------------------------------------------
