@@ -295,19 +295,35 @@ def _room_to_start(planner: Planner, remaining: Remaining) -> bool:
 
     The node that had room last time is asked first (its count worked out afresh)."""
     now = planner.now
-    held = _idle_held(planner) if planner._previous.idle_held else None
-    if not held and not any(slice_.idle for slice_ in planner.slices.values()):
+    holding = planner._previous.idle_held > 0
+    if not holding and not any(slice_.idle for slice_ in planner.slices.values()):
         return False  # nothing idle now, promised or not
     need = max(remaining.fewest_per_node_any(), 1)
     latest_end = now + remaining.shortest_runtime()
     blocked = planner._pool_floor
     last = remaining.start_witness
-    if (
-        last is not None
-        and last[0].pool not in blocked
-        and _usable(last[1], now, latest_end, held) >= need
-    ):
+    witness = last[1] if last is not None and last[0].pool not in blocked else None
+    # Counted first without the held GPUs (fewer, so enough is enough: they need not be
+    # looked up), then with them.
+    if witness is not None and _usable(witness, now, latest_end, None) >= need:
         return True
+    held = _idle_held(planner) if holding else None
+    if witness is not None and held and _usable(witness, now, latest_end, held) >= need:
+        return True
+    return _scan(planner, remaining, need, latest_end, held)
+
+
+def _scan(
+    planner: Planner,
+    remaining: Remaining,
+    need: int,
+    latest_end: float,
+    held: dict[int, set[int]] | None,
+) -> bool:
+    """Whether a node of a pool not blocked has ``need`` usable GPUs (see
+    :func:`_room_to_start`; ``held``: counting the idle held ones), remembered if so."""
+    now = planner.now
+    blocked = planner._pool_floor
     for pool, slices in planner.pool_slices.items():
         if pool in blocked:
             continue  # without backfill nothing starts behind the pool's blocked job
