@@ -11,14 +11,12 @@ the cycle has reached: if it holds, considering the remaining jobs in order woul
 none of them and stop nothing, so the plan's decisions are exactly those of a full cycle.
 The argument, for the jobs not considered yet (``Remaining``):
 
-- no GPU kept for a remaining job by an earlier preemption is idle already (the others
-  are busy until their victims stop), and no node has, for the fewest GPUs per node a
-  remaining job needs, GPUs that are idle and unpromised now, idle GPUs promised from
-  later ("holes") that stay idle long enough for the shortest remaining job, or idle
-  GPUs held for an old reservation of a remaining job (given back at its turn, they
-  could be idle again): a job starts now only on such GPUs of one node (a pool blocked
-  without backfill starts nothing at all). Before 2026-12-05 a single such GPU anywhere
-  kept the cycle going, even when every remaining job needed more of them on one node;
+- no GPU is idle and unpromised now, none is promised only by an old reservation held
+  for a remaining job (given back at its turn, it could be idle again), no GPU kept for
+  a remaining job by an earlier preemption is idle already (the others are busy until
+  their victims stop), and no idle GPU promised from later
+  ("a hole") stays idle long enough for the shortest remaining job: a job starts now
+  only on such GPUs (a pool blocked without backfill starts nothing at all);
 - no node can make room for a remaining job by preemption: on each node, the GPUs idle
   and unpromised plus those of its possible victims there fall short of the fewest GPUs
   per node any remaining job of the tenant needs. A possible victim of a tenant's job is
@@ -48,7 +46,7 @@ from .preemption import INFERENCE_WORKLOAD, TRAINING_WORKLOADS
 from .snapshot import PendingJob
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .cluster import NodeSlot, SliceIndex
+    from .cluster import NodeSlot
     from .planner import Planner
     from .quota import Account
 
@@ -77,8 +75,6 @@ class Remaining:
         "_non_training",
         "witness",
         "_witness_kept",
-        "_per_node",
-        "start_witness",
     )
 
     def __init__(self, pending: list[PendingJob]) -> None:
@@ -99,10 +95,6 @@ class Remaining:
         # preemption, and whether the jobs considered since could not have changed that
         self.witness: tuple[str, NodeSlot, int, tuple] | None = None
         self._witness_kept = False
-        # (GPUs per node, id) of every job not considered (built on first use)
-        self._per_node: list[tuple[int, int]] | None = None
-        # the node where the last check found room for a job to start (asked first)
-        self.start_witness: tuple[SliceIndex, NodeSlot] | None = None
 
     def remove(self, job: PendingJob) -> None:
         """``job`` has been considered."""
@@ -168,18 +160,6 @@ class Remaining:
         """The remaining jobs per tenant."""
         self._summarize()
         return self._tenants
-
-    def fewest_per_node_any(self) -> int:
-        """The fewest GPUs per node any remaining job needs (0: none left)."""
-        heap, done = self._per_node, self._done
-        if heap is None:
-            heap = self._per_node = [
-                (job.gpus_per_node, job.id) for job in self._pending if job.id not in done
-            ]
-            heapify(heap)
-        while heap and heap[0][1] in done:
-            heappop(heap)
-        return heap[0][0] if heap else 0
 
     def fewest_gpus(self, tenant: str) -> int:
         """The fewest GPUs a remaining job of ``tenant`` needs (it has one left)."""
@@ -274,97 +254,29 @@ def nothing_more_can_happen(planner: Planner, remaining: Remaining) -> bool:
         for _, _, _, free_from, _ in claims:
             if free_from <= now:
                 return False
-    if _room_to_start(planner, remaining):
+    # GPUs held for old reservations of remaining jobs are given back at their turn.
+    if planner._previous.idle_held:
         return False
-    if not planner.snapshot.preemption:
-        return True
-    return not _victims_left(planner, remaining)
-
-
-def _room_to_start(planner: Planner, remaining: Remaining) -> bool:
-    """Whether some node may still start a remaining job now.
-
-    A job starts now only on GPUs of one node that are idle and unpromised, idle until a
-    promise late enough for it (a hole: it must end before, so the hole lasts at least
-    the shortest remaining runtime), or that come back idle at a turn before its start:
-    held for an old reservation of a remaining job (given back at the owner's turn, or
-    kept by the owner, who may start on them). So if no node has as many of those GPUs
-    as the fewest GPUs per node a remaining job needs, none starts (no GPU comes back
-    otherwise while nothing is decided). A pool blocked without backfill starts nothing
-    at all.
-
-    The node that had room last time is asked first (its count worked out afresh)."""
-    now = planner.now
-    holding = planner._previous.idle_held > 0
-    if not holding and not any(slice_.idle for slice_ in planner.slices.values()):
-        return False  # nothing idle now, promised or not
-    need = max(remaining.fewest_per_node_any(), 1)
-    latest_end = now + remaining.shortest_runtime()
     blocked = planner._pool_floor
-    last = remaining.start_witness
-    witness = last[1] if last is not None and last[0].pool not in blocked else None
-    # Counted first without the held GPUs (fewer, so enough is enough: they need not be
-    # looked up), then with them.
-    if witness is not None and _usable(witness, now, latest_end, None) >= need:
-        return True
-    held = _idle_held(planner) if holding else None
-    if witness is not None and held and _usable(witness, now, latest_end, held) >= need:
-        return True
-    return _scan(planner, remaining, need, latest_end, held)
-
-
-def _scan(
-    planner: Planner,
-    remaining: Remaining,
-    need: int,
-    latest_end: float,
-    held: dict[int, set[int]] | None,
-) -> bool:
-    """Whether a node of a pool not blocked has ``need`` usable GPUs (see
-    :func:`_room_to_start`; ``held``: counting the idle held ones), remembered if so."""
-    now = planner.now
-    blocked = planner._pool_floor
+    latest_end = None
     for pool, slices in planner.pool_slices.items():
         if pool in blocked:
             continue  # without backfill nothing starts behind the pool's blocked job
         for slice_ in slices:
-            if slice_.largest < need or (not slice_.idle and not held):
-                continue
+            if not slice_.idle:
+                continue  # no GPU idle now, promised or not
+            if latest_end is None:
+                latest_end = now + remaining.shortest_runtime()
+            # A GPU idle and unpromised, or idle long enough for the shortest job.
             for slot in slice_.slots:
-                if (slot.free_total or (held and id(slot) in held)) and _usable(
-                    slot, now, latest_end, held
-                ) >= need:
-                    remaining.start_witness = (slice_, slot)
-                    return True
-    return False
-
-
-def _idle_held(planner: Planner) -> dict[int, set[int]]:
-    """id(slot) -> positions idle before they were held for a remaining job."""
-    now = planner.now
-    found: dict[int, set[int]] = {}
-    for previous in planner._previous._waiting.values():
-        for (number, pos), ready in previous.held.items():
-            if ready <= now:
-                slot = previous.slots[number]
-                positions = found.get(id(slot))
-                if positions is None:
-                    found[id(slot)] = {pos}
-                else:
-                    positions.add(pos)
-    return found
-
-
-def _usable(slot: NodeSlot, now: float, latest_end: float, held: dict[int, set[int]] | None) -> int:
-    """GPUs of ``slot`` idle and unpromised, in a hole lasting until ``latest_end``, or
-    idle and held for a remaining job (see :func:`_room_to_start`)."""
-    mine = held.get(id(slot)) if held else None
-    hole = slot.hole
-    count = 0
-    for pos, free_from in enumerate(slot.af):
-        if free_from <= now or hole[pos] >= latest_end or (mine is not None and pos in mine):
-            count += 1
-    return count
+                if slot.free_total:
+                    hole = slot.hole
+                    for pos, free_from in enumerate(slot.af):
+                        if free_from <= now or hole[pos] >= latest_end:
+                            return False
+    if not planner.snapshot.preemption:
+        return True
+    return not _victims_left(planner, remaining)
 
 
 def _victims_left(planner: Planner, remaining: Remaining) -> bool:
