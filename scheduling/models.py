@@ -391,6 +391,19 @@ class Job(models.Model):
     idle_exempt_until = models.DateTimeField(null=True, blank=True)
     log_size = models.PositiveBigIntegerField(default=0)
 
+    # --- serving (issue 18): a job that is an HTTP replica, scraped by its node's agent ---
+    serve = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='Empty: not a serving job; else {"health_path": ..., "metrics_path": ...}.',
+    )
+    serve_port = models.PositiveIntegerField(
+        null=True, blank=True, help_text="The port the agent gave the replica (latest sample)."
+    )
+    serve_ready = models.BooleanField(
+        default=False, help_text="Whether the replica's health path answered 2xx (latest sample)."
+    )
+
     class Meta:
         ordering = ["-id"]
         indexes = [
@@ -781,6 +794,34 @@ class ReclaimRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} job {self.job_id}: {self.gpu_hours_freed:.2f} GPU-h"
+
+
+class ServeSample(models.Model):
+    """One scrape of a serving job's health and metrics endpoints by its node's agent,
+    normalised from the vLLM / TGI / Triton / Sluice conventions (null: not exposed).
+    ``latency_buckets`` is a cumulative histogram: [[le seconds, count], ...]; counters
+    are cumulative as the replica exposes them. Kept ``SLUICE_SERVE_SAMPLE_RETENTION_HOURS``."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="serve_samples")
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="+")
+    at = models.DateTimeField()
+    port = models.PositiveIntegerField(null=True, blank=True)
+    ready = models.BooleanField(default=False)
+    running = models.FloatField(null=True, blank=True)
+    waiting = models.FloatField(null=True, blank=True)
+    requests_total = models.FloatField(null=True, blank=True)
+    errors_total = models.FloatField(null=True, blank=True)
+    latency_buckets = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+        # The unique (job, at) is the index the selector reads by, and what makes a
+        # replayed report insert nothing twice; ``at`` alone is for the retention sweep.
+        indexes = [models.Index(fields=["at"], name="serve_sample_at")]
+        constraints = [models.UniqueConstraint(fields=["job", "at"], name="serve_sample_job_at")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} at {self.at:%H:%M:%S}"
 
 
 class ZombieProcess(models.Model):

@@ -506,6 +506,9 @@ class JobSerializer(FastRepresentationMixin, serializers.ModelSerializer):
             "idle_warning_sent_at",
             "idle_exempt_until",
             "allocations",
+            "serve",
+            "serve_port",
+            "serve_ready",
         ]
         read_only_fields = fields
         list_serializer_class = JobListSerializer
@@ -636,6 +639,13 @@ class JobSubmitSerializer(serializers.Serializer):
     )
     array = serializers.IntegerField(
         min_value=1, max_value=10000, required=False, allow_null=True, default=None
+    )
+    serve = serializers.JSONField(
+        required=False,
+        default=dict,
+        help_text="Makes the job an HTTP replica (inference, batch_inference, interactive): "
+        '{"health_path": "/health", "metrics_path": "/metrics"}; its node\'s agent gives it a '
+        "port (env PORT) and scrapes both paths. Empty: not a serving job.",
     )
 
     def get_fields(self):

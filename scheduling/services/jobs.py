@@ -21,7 +21,15 @@ from tenants.choices import Role
 from tenants.models import Project
 from tenants.selectors import can_submit_to_project, has_role, job_unix_account
 
-from ..choices import GpuHealth, JobState, NodeState, QueueState, RaiseState, StopReason
+from ..choices import (
+    GpuHealth,
+    JobState,
+    NodeState,
+    QueueState,
+    RaiseState,
+    StopReason,
+    WorkloadType,
+)
 from ..models import (
     Allocation,
     Gpu,
@@ -73,6 +81,8 @@ class JobSpec:
     parameters: dict = field(default_factory=dict)
     seed: int | None = None
     array: int | None = None
+    #: Empty: not a serving job; else {"health_path": "/health", "metrics_path": "/metrics"}.
+    serve: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -284,6 +294,59 @@ def _validate_shapes(spec: JobSpec) -> None:
         _fail("nodes", "A multi-node job needs at least one GPU per node.")
     if spec.array is not None and not (1 <= spec.array <= MAX_ARRAY):
         _fail("array", f"array must be between 1 and {MAX_ARRAY}.")
+
+
+#: Workload types whose jobs may be HTTP replicas (``JobSpec.serve``).
+SERVING_WORKLOAD_TYPES = (
+    WorkloadType.INFERENCE,
+    WorkloadType.BATCH_INFERENCE,
+    WorkloadType.INTERACTIVE,
+)
+SERVE_PATH_DEFAULTS = {"health_path": "/health", "metrics_path": "/metrics"}
+MAX_SERVE_PATH = 200
+
+
+def _check_serve(spec: JobSpec) -> None:
+    """A serving job: the paths its node's agent scrapes, filled with the defaults."""
+    serve = spec.serve
+    if serve is None:
+        serve = {}
+    if not isinstance(serve, dict):
+        _fail("serve", 'serve must be an object, e.g. {"health_path": "/health"}.')
+    if not serve:
+        spec.serve = {}
+        return
+    if spec.workload_type not in SERVING_WORKLOAD_TYPES:
+        _fail(
+            "serve",
+            f"Only {', '.join(SERVING_WORKLOAD_TYPES)} jobs can serve; "
+            f"this is a {spec.workload_type} job.",
+            code="serve_not_allowed",
+        )
+    unknown = sorted(str(k) for k in serve if k not in SERVE_PATH_DEFAULTS)
+    if unknown:
+        _fail(
+            "serve",
+            f"Unknown serve key {', '.join(unknown)}; serve takes "
+            f"{', '.join(SERVE_PATH_DEFAULTS)}.",
+        )
+    checked = {}
+    for key, default in SERVE_PATH_DEFAULTS.items():
+        value = serve.get(key, default)
+        if (
+            not isinstance(value, str)
+            or not value.startswith("/")
+            or len(value) > MAX_SERVE_PATH
+            or holds_bad_text(value)
+            or any(c.isspace() or not c.isprintable() for c in value)
+        ):
+            _fail(
+                "serve",
+                f"serve.{key} must be a URL path starting with '/', without spaces, "
+                f"of at most {MAX_SERVE_PATH} characters.",
+            )
+        checked[key] = value
+    spec.serve = checked
 
 
 def _check_access(user, spec: JobSpec, lookups: Lookups) -> None:
@@ -525,6 +588,7 @@ def job_validate(*, user, spec: JobSpec, lookups: Lookups | None = None) -> tupl
     """Every check of DESIGN §4 step 1; returns the Job field values and the admission outlook."""
     lookups = lookups or Lookups()
     _validate_shapes(spec)
+    _check_serve(spec)
     _check_access(user, spec, lookups)
     _check_node_paths(spec)
     _check_unix_account(user, spec, lookups)
@@ -566,6 +630,7 @@ def job_validate(*, user, spec: JobSpec, lookups: Lookups | None = None) -> tupl
         "code_ref": spec.code_ref,
         "parameters": spec.parameters,
         "seed": spec.seed,
+        "serve": spec.serve,
     }
     return values, admission
 
