@@ -34,6 +34,13 @@ serializer ``json``); see :func:`node_queue_name` and
     null), ``log_cap_bytes`` int | null (output shipped at most; null = the agent's
     ``--log-cap-mb``, 100 MiB by default).
 
+    Serving, optional: ``serve`` {``health_path`` str, ``metrics_path`` str} (both start
+    with "/"; absent or empty: not a serving job). The agent gives a serving job a free TCP
+    port of its ``--serve-ports`` range, in the environment as ``PORT`` and
+    ``SLUICE_SERVE_PORT`` (over a ``PORT`` of the job's ``env``), and while it runs scrapes
+    ``http://127.0.0.1:<port><health_path>`` and ``<metrics_path>`` every
+    ``--serve-scrape`` seconds (``serve_metrics`` reports).
+
     The job runs in its own process group as ``run_as`` (when the agent runs as root; a
     non-root agent runs jobs as itself and says so in ``register``'s ``isolation``). Its
     directory ``<work>/jobs/<job_id>-<attempt>/`` (mode 0711, the agent's) holds the agent's
@@ -97,14 +104,15 @@ accepts those. Every report is a dict with ``type``, ``node``, ``sent_at`` (unix
     handled yet; agents before this field left them out), ``zombies`` [{gpu_index, pid,
     memory_mb, name}],
     ``kills`` [{pid, gpu_index, killed: bool, message}] (``kill_process`` outcomes since the
-    previous heartbeat).
+    previous heartbeat). A serving job's entry also has ``port`` int (its port).
 ``started``
     ``job_id``, ``attempt``, ``pid`` (the job's process-group leader), ``started_at`` (when
     the wrapper said the command runs; a heartbeat may list the job, running, a moment
     before);
     optional ``isolation``: {``run_as`` str (the account), ``uid`` int, ``gid`` int,
     ``cgroup`` str | null (its cgroup's path), ``limits`` {name: value} (the limits its
-    cgroup enforces; empty without one)}.
+    cgroup enforces; empty without one)}; ``port`` int (a serving job: the port it was
+    given, also in its environment as ``PORT``).
 ``exited``
     ``job_id``, ``attempt``, ``exit_code`` int | None, ``signal`` int | None,
     ``stop_reason`` None | a stop reason | ``"launch_failed"`` | ``"superseded"``,
@@ -117,6 +125,18 @@ accepts those. Every report is a dict with ``type``, ``node``, ``sent_at`` (unix
     and all remaining output before the ``exited`` report. A job's output is shipped up to
     its log cap (``log_cap_bytes``): the bytes ``[0, cap)``, then one chunk at offset
     ``cap`` holding :func:`log_truncated_marker`, then nothing more (the job goes on).
+``serve_metrics`` (at most one per scrape round, every ``--serve-scrape`` seconds while
+serving jobs run)
+    ``samples`` [one per serving job scraped in the round: {``job_id`` int, ``attempt``
+    int, ``port`` int, ``ready`` bool (the health path answered 2xx in time),
+    ``running`` number | null, ``waiting`` number | null (requests in flight and queued),
+    ``requests_total`` number | null, ``errors_total`` number | null (cumulative counters,
+    as the server exposes them), ``latency_buckets`` [[le seconds, cumulative count],
+    ...] in increasing ``le``, the last one's ``le`` null for +Inf (JSON has no infinity;
+    the end-to-end request latency histogram; [] when none), ``scraped_at`` number (unix time)}]. The metrics of vLLM (``vllm:*``), TGI
+    (``tgi_*``), Triton (``nv_inference_*``) and Sluice's own names (``sluice_*``, see
+    :mod:`scheduling.agent.serving`) are normalised into these fields; null: the server
+    does not expose it (or its metrics path did not answer).
 
 Delivery is at least once: after an agent restart or a broker outage a report may come
 twice, so the control side must treat every report idempotently (``log`` by offset,
@@ -134,6 +154,7 @@ answered with ``started`` (running) or ``exited`` (ended), a repeated ``stop`` w
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections.abc import Mapping
@@ -164,7 +185,8 @@ HEARTBEAT = "heartbeat"
 STARTED = "started"
 EXITED = "exited"
 LOG = "log"
-REPORT_TYPES = (REGISTER, HEARTBEAT, STARTED, EXITED, LOG)
+SERVE_METRICS = "serve_metrics"
+REPORT_TYPES = (REGISTER, HEARTBEAT, STARTED, EXITED, LOG, SERVE_METRICS)
 
 # Why a job was stopped (the ``reason`` of a stop message).
 STOP_CANCELLED = "cancelled"
@@ -313,6 +335,7 @@ _OPTIONAL_CONTROL_FIELDS: dict[str, dict[str, str]] = {
         "run_as": "str",
         "limits": "dict",
         "log_cap_bytes": "int?",
+        "serve": "dict",
     },
 }
 
@@ -339,12 +362,30 @@ _REPORT_FIELDS: dict[str, dict[str, str]] = {
         "finished_at": "number",
     },
     LOG: {"job_id": "int", "attempt": "int", "offset": "int", "data": "str"},
+    SERVE_METRICS: {"samples": "list"},
 }
 
 # Report fields an older agent leaves out; checked when present.
 _OPTIONAL_REPORT_FIELDS: dict[str, dict[str, str]] = {
     REGISTER: {"isolation": "dict"},
-    STARTED: {"isolation": "dict"},
+    STARTED: {"isolation": "dict", "port": "int"},
+}
+
+#: The paths a serving job's ``serve`` names (launch), with their defaults.
+SERVE_PATHS = {"health_path": "/health", "metrics_path": "/metrics"}
+MAX_SERVE_PATH = 200
+#: Fields of one ``serve_metrics`` sample.
+_SERVE_SAMPLE_FIELDS = {
+    "job_id": "int",
+    "attempt": "int",
+    "port": "int",
+    "ready": "bool",
+    "running": "number?",
+    "waiting": "number?",
+    "requests_total": "number?",
+    "errors_total": "number?",
+    "latency_buckets": "list",
+    "scraped_at": "number",
 }
 
 _NODE_ISOLATION_FIELDS = {
@@ -395,6 +436,7 @@ def validate_control_message(message: Any) -> dict[str, Any]:
             raise ProtocolError("launch: a shell command must not be blank")
         if message["gpu_uuids"] and len(message["gpu_uuids"]) != len(message["gpu_indices"]):
             raise ProtocolError("launch: 'gpu_uuids' must match 'gpu_indices' one to one")
+        _check_serve(message.get("serve") or {})
     if kind == STOP and message["reason"] not in STOP_REASONS:
         raise ProtocolError(f"stop: unknown reason {message['reason']!r}")
     return message
@@ -423,6 +465,36 @@ def _check_isolation_fields(message: Mapping[str, Any]) -> None:
         raise ProtocolError("launch: 'log_cap_bytes' must be positive or null")
 
 
+def _check_serve(serve: Mapping[str, Any]) -> None:
+    for key, value in serve.items():
+        if key not in SERVE_PATHS:
+            raise ProtocolError(f"launch: unknown serve field {key!r}")
+        if not isinstance(value, str) or not value.startswith("/") or len(value) > MAX_SERVE_PATH:
+            raise ProtocolError(f"launch: 'serve.{key}' must be a path starting with '/'")
+
+
+def _check_serve_sample(sample: Any) -> None:
+    if not isinstance(sample, dict):
+        raise ProtocolError("serve_metrics: each sample must be an object")
+    _check_fields(sample, _SERVE_SAMPLE_FIELDS, "serve_metrics sample")
+    for name in ("running", "waiting", "requests_total", "errors_total", "scraped_at"):
+        if sample[name] is not None and not math.isfinite(sample[name]):
+            raise ProtocolError(f"serve_metrics: {name!r} must be finite (JSON has no NaN)")
+    buckets = sample["latency_buckets"]
+    for i, bucket in enumerate(buckets):
+        if not (
+            isinstance(bucket, list | tuple)
+            and len(bucket) == 2
+            and (_is_number(bucket[0]) or (bucket[0] is None and i == len(buckets) - 1))
+            and _is_number(bucket[1])
+            and all(v is None or math.isfinite(v) for v in bucket)
+        ):
+            raise ProtocolError(
+                "serve_metrics: 'latency_buckets' must be [[le, count], ...] "
+                "(le null only for the last, +Inf)"
+            )
+
+
 def validate_report(report: Any) -> dict[str, Any]:
     """Check an agent → control report and return it; raise ProtocolError if invalid."""
     if not isinstance(report, dict):
@@ -439,6 +511,9 @@ def validate_report(report: Any) -> dict[str, Any]:
         _check_fields(report["isolation"], fields, f"{kind} isolation")
     if kind == EXITED and report["stop_reason"] not in (None, *EXIT_STOP_REASONS):
         raise ProtocolError(f"exited: unknown stop_reason {report['stop_reason']!r}")
+    if kind == SERVE_METRICS:
+        for sample in report["samples"]:
+            _check_serve_sample(sample)
     return report
 
 
@@ -464,11 +539,15 @@ def launch_message(
     run_as: str = "",
     limits: Mapping[str, float | int | None] | None = None,
     log_cap_bytes: int | None = None,
+    serve: Mapping[str, str] | None = None,
     sent_at: float | None = None,
 ) -> dict[str, Any]:
-    """Build and validate a ``launch`` message (``retention_days`` only when given; the
-    isolation fields always, ``limits`` with every name of :data:`LIMIT_NAMES`)."""
-    optional = {} if retention_days is None else {"retention_days": retention_days}
+    """Build and validate a ``launch`` message (``retention_days`` only when given, and
+    ``serve`` only for a serving job, with both paths; the isolation fields always,
+    ``limits`` with every name of :data:`LIMIT_NAMES`)."""
+    optional: dict[str, Any] = {} if retention_days is None else {"retention_days": retention_days}
+    if serve:
+        optional["serve"] = {key: serve.get(key, default) for key, default in SERVE_PATHS.items()}
     limits = dict(limits or {})
     unknown = set(limits) - set(LIMIT_NAMES)
     if unknown:
@@ -537,9 +616,13 @@ def started_report(
     pid: int,
     started_at: float,
     isolation: dict[str, Any] | None = None,
+    port: int | None = None,
 ) -> dict:
-    """Build a ``started`` report (``isolation`` only when given)."""
-    optional = {} if isolation is None else {"isolation": isolation}
+    """Build a ``started`` report (``isolation`` and a serving job's ``port`` only when
+    given)."""
+    optional: dict[str, Any] = {} if isolation is None else {"isolation": isolation}
+    if port is not None:
+        optional["port"] = port
     return report(
         STARTED, node, job_id=job_id, attempt=attempt, pid=pid, started_at=started_at, **optional
     )
@@ -568,6 +651,11 @@ def exited_report(
         message=message,
         finished_at=finished_at,
     )
+
+
+def serve_metrics_report(*, node: str, samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Build and validate a ``serve_metrics`` report (one scrape round's samples)."""
+    return validate_report(report(SERVE_METRICS, node, samples=list(samples)))
 
 
 def log_truncated_marker(cap: int) -> str:

@@ -355,7 +355,8 @@ def launch_messages(
 ) -> list[tuple[str, dict]]:
     """One ``launch`` per node of the job, with that node's GPU indices and UUIDs, the
     Unix account it runs as, the limits its policy sets (cgroup on the node, scaled by the
-    GPUs it holds there), its log cap and how long the node keeps its directory."""
+    GPUs it holds there), its log cap, how long the node keeps its directory and, for a
+    serving job, the paths its agent scrapes (``serve``)."""
     messages = []
     for node_name, gpus in sorted(gpus_by_node.items()):
         gpus = sorted(gpus)
@@ -377,6 +378,7 @@ def launch_messages(
             run_as=run_as,
             limits=node_limits(policy, max(1, len(gpus))),
             log_cap_bytes=policy.log_cap_mb * MIB if policy else None,
+            serve=job.serve or None,
         )
         messages.append((node_name, message))
     return messages
