@@ -74,6 +74,7 @@ from scheduling.agent.protocol import (
     log_report,
     log_truncated_marker,
     report,
+    serve_metrics_report,
     started_report,
     validate_control_message,
     validate_node_name,
@@ -101,6 +102,14 @@ from scheduling.agent.runner import (
     spawn_finish,
     spawn_start,
     write_json,
+)
+from scheduling.agent.serving import (
+    DEFAULT_SCRAPE_SECONDS,
+    DEFAULT_SCRAPE_TIMEOUT,
+    DEFAULT_SERVE_PORTS,
+    PortPicker,
+    ServeScraper,
+    ServeTarget,
 )
 from scheduling.agent.wakeups import LoopWaiter, Wakeup
 
@@ -175,6 +184,12 @@ class AgentConfig:
     #: SYSTEM_JOB_PATH (the agent's install, a virtual environment under /root say, is
     #: neither the jobs' software nor theirs to reach).
     job_path: str | None = None
+    #: Ports serving jobs are given (``PORT``), low and high included.
+    serve_ports: tuple[int, int] = DEFAULT_SERVE_PORTS
+    #: Seconds between scrapes of the serving jobs' health and metrics (while any runs).
+    serve_scrape_seconds: float = DEFAULT_SCRAPE_SECONDS
+    #: Seconds each GET of a scrape may take.
+    serve_scrape_timeout: float = DEFAULT_SCRAPE_TIMEOUT
 
 
 class AgentStartError(RuntimeError):
@@ -422,6 +437,13 @@ class Agent:
         self._stop_requested = False
         #: What this node enforces; decided by :meth:`start`.
         self.isolation: Isolation | None = None
+        #: Serving jobs: their ports, and the scrapes of their endpoints (in threads that
+        #: wake the loop when a round is done).
+        self._ports = PortPicker(*self.config.serve_ports)
+        self._scraper = ServeScraper(
+            timeout=self.config.serve_scrape_timeout, on_done=self.waiter.wakeup.set
+        )
+        self._next_scrape = 0.0
 
     def _make_outbox(self, send_report: SendReport | BatchReportSender) -> Outbox:
         """A sender with ``send_batch`` (the broker's) gets batches; a plain callable gets
@@ -536,6 +558,7 @@ class Agent:
             )
         if self.messages is not None:
             self.messages.close()
+        self._scraper.close()
         for record in self._active_records():
             if record.starting is not None:
                 # Still starting: the wrapper goes on (it removes its environment file once
@@ -557,6 +580,7 @@ class Agent:
         self._ship_logs()
         self._report_finished()
         self._start_waiting()
+        self._serve_scrape()
         if time.monotonic() >= self._next_heartbeat:
             self._heartbeat()
         self.outbox.flush()
@@ -574,6 +598,11 @@ class Agent:
             return 0.0  # an ended job's output is still being queued: keep going
         now, monotonic = time.time(), time.monotonic()
         waits = [self._next_heartbeat - monotonic, self.outbox.retry_in]
+        if self._scraper.in_flight:
+            # Its end wakes the loop; this only bounds the wait should that be missed.
+            waits.append(2 * self.config.serve_scrape_timeout + 0.1)
+        elif self._serve_targets():
+            waits.append(self._next_scrape - monotonic)
         for record in self._running():
             if record.kill_deadline and not record.killed:
                 waits.append(record.kill_deadline - now)
@@ -688,6 +717,7 @@ class Agent:
             gpu_indices=list(message["gpu_indices"]),
             retention_days=message.get("retention_days"),
             log_cap_bytes=message.get("log_cap_bytes") or self.config.log_cap_bytes,
+            serve=dict(message["serve"]) if message.get("serve") else None,
         )
         self._track(record)
         ensure_dir(self._paths(record).root, TRAVERSE_ONLY)
@@ -817,6 +847,8 @@ class Agent:
                     ", ".join(dropped),
                 )
             checkpoints = places["checkpoint_dir"].path
+            if record.serve is not None:
+                record.port = self._serve_port(record)
             env = job_environment(
                 message,
                 node=self.config.node,
@@ -824,6 +856,7 @@ class Agent:
                 home=paths.workspace,
                 user=account.name,
                 base=self._job_base_env(account.switched),
+                port=record.port,
             )
             cgroup, limits = self._make_cgroup(record, message)
             starting = spawn_start(
@@ -919,6 +952,51 @@ class Agent:
         self._send_started(record)
         if record.stop_reason is not None:
             self._signal(record, signal.SIGTERM)
+
+    def _serve_port(self, record: JobRecord) -> int:
+        """A free port of ``serve_ports`` for a serving job, none of another's here."""
+        taken = {r.port for r in self._running() if r.port and r is not record}
+        port = self._ports.pick(taken)
+        if port is None:
+            low, high = self.config.serve_ports
+            raise LaunchError(f"no free port for the serving job in --serve-ports {low}-{high}")
+        return port
+
+    # --- serving jobs ---
+
+    def _serve_targets(self) -> list[ServeTarget]:
+        """The serving jobs whose command runs (not those still starting, or ended)."""
+        return [
+            ServeTarget(
+                job_id=r.job_id,
+                attempt=r.attempt,
+                port=r.port,
+                health_path=r.serve.get("health_path", "/health"),
+                metrics_path=r.serve.get("metrics_path", "/metrics"),
+            )
+            for r in self._running()
+            if r.serve is not None and r.port is not None and r.starting is None
+        ]
+
+    def _serve_scrape(self) -> None:
+        """Queue the samples of a finished scrape round (one ``serve_metrics`` report), and
+        start the next round when it is due and a serving job runs. The scrapes run in the
+        scraper's threads: nothing here waits on a replica."""
+        samples = self._scraper.take_results()
+        if samples:
+            running = {r.key for r in self._running()}
+            samples = [s for s in samples if (s["job_id"], s["attempt"]) in running]
+        if samples:
+            try:
+                self.outbox.put(serve_metrics_report(node=self.config.node, samples=samples))
+            except ProtocolError as exc:  # a value the protocol refuses: drop the round
+                logger.warning("dropping a round of serving metrics: %s", exc)
+        now = time.monotonic()
+        if self._scraper.in_flight or now < self._next_scrape:
+            return
+        targets = self._serve_targets()
+        if targets and self._scraper.start_round(targets):
+            self._next_scrape = now + self.config.serve_scrape_seconds
 
     def _job_base_env(self, switched: bool) -> dict[str, str]:
         path = self.config.job_path
@@ -1445,6 +1523,8 @@ class Agent:
                 "running": r.running,
                 "stop_reason": r.stop_reason,
             }
+            if r.port is not None:
+                summary["port"] = r.port
             if r.finished:
                 summary.update(
                     exit_code=r.exit_code,
@@ -1464,6 +1544,7 @@ class Agent:
                 pid=record.pid or 0,
                 started_at=record.started_at or time.time(),
                 isolation=record.isolation,
+                port=record.port,
             )
         )
 

@@ -37,6 +37,7 @@ from scheduling.agent.protocol import (
     validate_node_name,
 )
 from scheduling.agent.runner import SYSTEM_JOB_PATH
+from scheduling.agent.serving import DEFAULT_SCRAPE_SECONDS, DEFAULT_SERVE_PORTS, parse_port_range
 
 logger = logging.getLogger("scheduling.agent")
 
@@ -121,6 +122,20 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: the cgroup2 mount, /sys/fs/cgroup)",
     )
     parser.add_argument(
+        "--serve-ports",
+        default=f"{DEFAULT_SERVE_PORTS[0]}-{DEFAULT_SERVE_PORTS[1]}",
+        metavar="LOW-HIGH",
+        help="ports serving jobs are given, as PORT (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--serve-scrape",
+        type=float,
+        default=DEFAULT_SCRAPE_SECONDS,
+        metavar="SECONDS",
+        help="seconds between scrapes of the serving jobs' health and metrics paths "
+        "(default: %(default)g)",
+    )
+    parser.add_argument(
         "--once", action="store_true", help="register, send one heartbeat, then exit"
     )
     parser.add_argument(
@@ -141,6 +156,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--retention-days must not be negative")
     if args.log_cap_mb <= 0:
         parser.error("--log-cap-mb must be positive")
+    if args.serve_scrape <= 0:
+        parser.error("--serve-scrape must be positive")
+    try:
+        args.serve_ports = parse_port_range(args.serve_ports)
+    except ValueError as exc:
+        parser.error(f"--serve-ports {exc}")
     for root in args.allowed_root:
         if not root.startswith("/") or ".." in root.split("/") or root.rstrip("/") == "":
             parser.error(f"--allowed-root {root!r}: give an absolute directory, not / (no '..')")
@@ -199,6 +220,8 @@ def _run(args: argparse.Namespace) -> int:
         log_cap_bytes=max(1, round(args.log_cap_mb * 2**20)),
         cgroup_root=Path(args.cgroup_root) if args.cgroup_root else None,
         job_path=args.job_path,
+        serve_ports=args.serve_ports,
+        serve_scrape_seconds=args.serve_scrape,
     )
     backend = select_backend(node=args.node, simulate=args.simulate)
     sender = CeleryReportSender(args.broker, args.broker_dir, reports_queue=args.reports_queue)

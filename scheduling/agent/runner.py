@@ -131,6 +131,10 @@ class JobRecord:
     isolation: dict[str, Any] | None = None
     #: The job's cgroup, until it is removed after the job ended.
     cgroup_path: str | None = None
+    #: A serving job's paths (the launch's ``serve``; None: not a serving job) and the
+    #: port it was given (``PORT``), scraped while it runs.
+    serve: dict[str, str] | None = None
+    port: int | None = None
 
     # Runtime only (not persisted): the wrapper if this agent started it, the wrapper while
     # its answer is awaited, the log read position (sent or queued), when to ship the log
@@ -327,8 +331,10 @@ def job_environment(
     home: Path,
     user: str,
     base: dict[str, str],
+    port: int | None = None,
 ) -> dict[str, str]:
     """The job's environment: a few variables of the node, the user's, then Sluice's own.
+    A serving job's ``port`` is ``PORT`` (over the user's) and ``SLUICE_SERVE_PORT``.
 
     The user's reserved names are dropped (the portal refuses them already; this is the
     second line) and Sluice's variables come last, so that a user can neither widen
@@ -361,6 +367,8 @@ def job_environment(
         env["SLUICE_GPU_UUIDS"] = ",".join(message["gpu_uuids"])
     if message["array_index"] is not None:
         env["SLUICE_ARRAY_INDEX"] = str(message["array_index"])
+    if port is not None:
+        env["PORT"] = env["SLUICE_SERVE_PORT"] = str(port)
     return env
 
 

@@ -58,6 +58,15 @@ def test_defaults(captured):
     config = captured["config"]
     assert (config.create_accounts, config.allowed_roots, config.cgroup_root) == (False, (), None)
     assert config.log_cap_bytes == 100 * 1024 * 1024
+    assert (config.serve_ports, config.serve_scrape_seconds) == ((20000, 29999), 2.0)
+    assert config.serve_scrape_timeout <= 0.5
+
+
+def test_serving_options_reach_the_agent(captured):
+    argv = ["--node", "n1", "--simulate", "1xL4", "--once"]
+    assert cli.main([*argv, "--serve-ports", "21000-21099", "--serve-scrape", "0.5"]) == 0
+    config = captured["config"]
+    assert (config.serve_ports, config.serve_scrape_seconds) == ((21000, 21099), 0.5)
 
 
 @pytest.mark.parametrize(
@@ -67,6 +76,9 @@ def test_defaults(captured):
         (["--allowed-root", "data/{tenant}"], "give an absolute directory"),
         (["--allowed-root", "/data/../etc"], "no '..'"),
         (["--log-cap-mb", "0"], "--log-cap-mb must be positive"),
+        (["--serve-ports", "100-200"], "--serve-ports"),
+        (["--serve-ports", "x"], "--serve-ports"),
+        (["--serve-scrape", "0"], "--serve-scrape must be positive"),
     ],
 )
 def test_bad_options_are_refused(args, error, capsys):
