@@ -69,6 +69,7 @@ INSTALLED_APPS = [
     "portal.accounts",
     "tenants",
     "scheduling",
+    "inference",
     "insights",
 ]
 
@@ -429,6 +430,26 @@ CELERY_BEAT_SCHEDULE.update(
         "insights-policy-review": {
             "task": "insights.policy_review",
             "schedule": crontab(hour="*/6", minute=20),
+        },
+    }
+)
+
+# --- Inference services (issue 18) ---
+# The services' control loop (autoscale + reconcile, one leader) runs every this many
+# seconds; a service's timeline gets a line when something changes and at least every
+# SLUICE_SERVICE_DECISION_EVERY_S (the chart's points); lines are kept this many days.
+SLUICE_SERVICE_INTERVAL = env_int("SLUICE_SERVICE_INTERVAL", 3)
+SLUICE_SERVICE_DECISION_EVERY_S = env_int("SLUICE_SERVICE_DECISION_EVERY_S", 15)
+SLUICE_SERVICE_DECISION_DAYS = env_int("SLUICE_SERVICE_DECISION_DAYS", 7)
+CELERY_BEAT_SCHEDULE.update(
+    {
+        "inference-services-tick": {
+            "task": "inference.services_tick",
+            "schedule": schedule(timedelta(seconds=SLUICE_SERVICE_INTERVAL)),
+        },
+        "inference-decisions-prune": {
+            "task": "inference.decisions_prune",
+            "schedule": schedule(timedelta(seconds=3600)),
         },
     }
 )

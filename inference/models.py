@@ -1,0 +1,196 @@
+"""Inference services: a spec, scaling bounds and targets, its replicas (inference jobs) and
+the autoscaler's decisions (the service's timeline)."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.db.models import Q
+
+from scheduling.models import Job, PriorityClass, Queue
+from tenants.models import Project, Tenant, slug_validator
+
+from .choices import ServiceState
+
+#: A replica whose job is in one of these states is alive (it holds or waits for GPUs).
+LIVE_JOB_STATES = ("PENDING", "HELD", "ADMITTED", "RUNNING", "STOPPING")
+
+
+class Service(models.Model):
+    """An online inference service: replicas of one spec, as many as its load asks for,
+    between ``min_replicas`` and ``max_replicas`` and within its tenant's quota.
+
+    Each replica is an inference job placed by the engine like any other (queue, pool,
+    quota, priority, reasons). Changing the spec (command, env, GPUs...) bumps
+    ``spec_version``: replicas of the new version replace the old ones (rolling update).
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="services")
+    project = models.ForeignKey(Project, on_delete=models.PROTECT, related_name="services")
+    queue = models.ForeignKey(
+        Queue,
+        on_delete=models.PROTECT,
+        related_name="services",
+        help_text="An inference queue of the tenant: its pool runs the replicas.",
+    )
+    name = models.CharField(max_length=50, validators=[slug_validator])
+    description = models.TextField(blank=True, max_length=2000)
+
+    # --- the replica's spec (as a job's) ---
+    command = models.JSONField(help_text="Argument list of the model server.")
+    env = models.JSONField(default=dict, blank=True)
+    working_dir = models.CharField(max_length=500, blank=True)
+    gpus_per_node = models.PositiveSmallIntegerField(
+        default=1, validators=[MaxValueValidator(64)], help_text="GPUs of each replica."
+    )
+    gpu_models = models.JSONField(
+        default=list, blank=True, help_text="Acceptable GPU models; empty = any."
+    )
+    priority_class = models.ForeignKey(
+        PriorityClass,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="Empty: the queue's default class.",
+    )
+    health_path = models.CharField(max_length=200, default="/health")
+    metrics_path = models.CharField(max_length=200, default="/metrics")
+
+    # --- scaling bounds and targets ---
+    min_replicas = models.PositiveIntegerField(default=1, validators=[MaxValueValidator(1000)])
+    max_replicas = models.PositiveIntegerField(
+        default=4, validators=[MinValueValidator(1), MaxValueValidator(1000)]
+    )
+    target_running_per_replica = models.FloatField(
+        default=4.0,
+        validators=[MinValueValidator(0.01)],
+        help_text="Ongoing requests (running + waiting) one replica should carry.",
+    )
+    latency_slo_ms = models.PositiveIntegerField(
+        null=True, blank=True, help_text="p95 request latency to keep under (empty: none)."
+    )
+    error_rate_max = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0.0), MaxValueValidator(1.0)],
+        help_text="Share of failing requests (0-1) above which a replica is added.",
+    )
+    gpu_util_max = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1.0), MaxValueValidator(100.0)],
+        help_text="Mean GPU utilization (%) above which a replica is added.",
+    )
+    stable_window_s = models.PositiveIntegerField(
+        default=60, validators=[MinValueValidator(6), MaxValueValidator(3600)]
+    )
+    panic_window_s = models.PositiveIntegerField(
+        default=6, validators=[MinValueValidator(1), MaxValueValidator(3600)]
+    )
+    panic_threshold = models.FloatField(
+        default=2.0, validators=[MinValueValidator(1.1), MaxValueValidator(100.0)]
+    )
+    scale_up_max_step = models.PositiveIntegerField(
+        default=4,
+        validators=[MaxValueValidator(1000)],
+        help_text="Replicas added at most per decision (0: no limit).",
+    )
+    scale_down_delay_s = models.PositiveIntegerField(
+        default=60,
+        validators=[MaxValueValidator(86400)],
+        help_text="A scale-down waits until fewer replicas were wanted this long.",
+    )
+    scale_to_zero = models.BooleanField(default=False)
+    scale_to_zero_grace_s = models.PositiveIntegerField(
+        default=300, validators=[MaxValueValidator(7 * 86400)]
+    )
+
+    # --- where it stands ---
+    spec_version = models.PositiveIntegerField(default=1)
+    state = models.CharField(
+        max_length=10, choices=ServiceState.choices, default=ServiceState.ACTIVE, db_index=True
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="services"
+    )
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    # Written by the autoscale task (derived: losing it only restarts the windows).
+    autoscaler_state = models.JSONField(default=dict, blank=True)
+    desired_replicas = models.PositiveIntegerField(default=0)
+    decided_at = models.DateTimeField(null=True, blank=True)
+    last_reason_code = models.CharField(max_length=40, blank=True)
+    blocked_reason_code = models.CharField(max_length=40, blank=True)
+    blocked_reason_message = models.TextField(blank=True)
+    near_capacity = models.BooleanField(
+        default=False,
+        help_text="At max_replicas or the quota while the load is above target.",
+    )
+
+    class Meta:
+        ordering = ["tenant__slug", "project__slug", "name"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["project", "name"],
+                condition=~Q(state=ServiceState.DELETED),
+                name="service_unique_name_per_project",
+            ),
+            models.CheckConstraint(
+                condition=Q(min_replicas__lte=models.F("max_replicas")),
+                name="service_min_le_max",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.project.slug}/{self.name}"
+
+    @property
+    def serve(self) -> dict:
+        """What a replica job carries in ``Job.serve``."""
+        return {"health_path": self.health_path, "metrics_path": self.metrics_path}
+
+
+class ServiceReplica(models.Model):
+    """One replica of a service: the inference job that runs it. Retired when its job
+    ended (replaced) or when the service cancelled it (scale-down, rolling update)."""
+
+    service = models.ForeignKey(Service, on_delete=models.CASCADE, related_name="replicas")
+    job = models.OneToOneField(Job, on_delete=models.CASCADE, related_name="service_replica")
+    spec_version = models.PositiveIntegerField()
+    created_at = models.DateTimeField()
+    retired_at = models.DateTimeField(null=True, blank=True)
+    retire_reason = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["service", "retired_at"], name="replica_service_live")]
+
+    def __str__(self) -> str:
+        return f"{self.service_id}: job {self.job_id} (v{self.spec_version})"
+
+
+class ScaleDecision(models.Model):
+    """A line of the service's timeline: what the autoscaler decided and from what.
+
+    Written when the desired count, the reason or the blocked reason changes, and at
+    least every ``SLUICE_SERVICE_DECISION_EVERY_S`` (the charts' points)."""
+
+    service = models.ForeignKey(Service, on_delete=models.CASCADE, related_name="decisions")
+    at = models.DateTimeField()
+    current = models.PositiveIntegerField()
+    ready = models.PositiveIntegerField(default=0)
+    desired = models.PositiveIntegerField()
+    reason_code = models.CharField(max_length=40)
+    reason = models.TextField()
+    inputs = models.JSONField(default=dict, blank=True)
+    blocked_reason_code = models.CharField(max_length=40, blank=True)
+    blocked_reason_message = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["service", "-at"], name="scale_decision_service_at")]
+
+    def __str__(self) -> str:
+        return f"{self.service_id} at {self.at:%H:%M:%S}: {self.current} → {self.desired}"
