@@ -25,6 +25,7 @@ from .models import (
     Queue,
     Quota,
     ResourcePool,
+    ServeSample,
     TenantRaiseCeiling,
     WorkloadPolicy,
 )
@@ -110,6 +111,20 @@ def jobs_visible_to(user) -> QuerySet[Job]:
     if not _authenticated(user):
         return qs.none()
     return qs.filter(tenant_id__in=_member_tenant_ids(user))
+
+
+def serve_samples(job_ids, since=None, *, user=None) -> QuerySet[ServeSample]:
+    """The scraped samples of serving jobs (issue 18), oldest first, from ``since`` on
+    (all kept when None). With ``user``, only those of jobs the user may see; without, for
+    the control side (the services' autoscaler and reconciler)."""
+    samples = ServeSample.objects.filter(job_id__in=list(job_ids))
+    if since is not None:
+        samples = samples.filter(at__gte=since)
+    if user is not None and not is_platform_admin(user):
+        if not _authenticated(user):
+            return samples.none()
+        samples = samples.filter(job__tenant_id__in=_member_tenant_ids(user))
+    return samples.order_by("at", "id")
 
 
 def job_events_of(job: Job) -> QuerySet[JobEvent]:

@@ -261,6 +261,7 @@ def _started_report(node: Node, item: dict, sent_at: datetime) -> dict:
         "pid": item.get("pid"),
         "started_at": started_at if started_at else sent_at.timestamp(),
         "reconciled": True,
+        **({"port": item["port"]} if item.get("port") is not None else {}),
     }
 
 
@@ -455,9 +456,7 @@ def job_started(report: dict) -> Job | None:
         )
         return None
     started_at = _ts(report.get("started_at"))
-    data = {"node": node_name, "pid": report.get("pid")}
-    if report.get("reconciled"):
-        data["reconciled"] = True
+    data = _started_data(report)
     if job.state == JobState.ADMITTED:
         job_transition(
             job,
@@ -467,6 +466,7 @@ def job_started(report: dict) -> Job | None:
             data=data,
             started_at=started_at,
             last_active_at=started_at,
+            **_serve_port(report),
         )
     elif not _started_on(job.pk, node_name, job.admitted_at):
         job_event(job, "started", f"Started on {node_name} (pid {report.get('pid')}).", data=data)
@@ -712,7 +712,7 @@ def _batch_started(
             kind="started",
             message=f"Started on {node_name} (pid {report.get('pid')}).",
             data=_started_data(report),
-            fields={"started_at": started_at, "last_active_at": started_at},
+            fields={"started_at": started_at, "last_active_at": started_at, **_serve_port(report)},
         )
     return (job.pk, node_name) in started  # a repeat of a start this batch applied
 
@@ -721,7 +721,15 @@ def _started_data(report: dict) -> dict:
     data = {"node": report["node"], "pid": report.get("pid")}
     if report.get("reconciled"):
         data["reconciled"] = True
+    if report.get("port") is not None:
+        data["port"] = report["port"]
     return data
+
+
+def _serve_port(report: dict) -> dict:
+    """A serving job's port (issue 18), from its ``started`` report: its endpoint."""
+    port = report.get("port")
+    return {"serve_port": port} if isinstance(port, int) and 0 < port < 65536 else {}
 
 
 def _batch_exited(

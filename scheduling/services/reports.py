@@ -51,7 +51,7 @@ from scheduling.agent.protocol import (
     validate_report,
 )
 
-from . import nodes
+from . import nodes, serving
 from .runtime_history import runtime_history_batch
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,7 @@ HANDLERS: dict[str, Callable[..., Any]] = {
     "started": nodes.job_started,
     "exited": nodes.job_exited,
     "log": nodes.job_log_append,
+    "serve_metrics": serving.serve_metrics_record,
 }
 
 

@@ -6,7 +6,7 @@ import logging
 
 from django.utils import timezone
 
-from . import limits, reclaim, recovery
+from . import limits, reclaim, recovery, serving
 from .idempotency import idempotency_keys_expire
 from .nodes import nodes_sweep_lost
 from .raises import priority_raises_expire
@@ -24,6 +24,7 @@ CHECKS += [
     ("zombie_kills", recovery.zombies_sweep),
     ("retention_cleanup", recovery.retention_cleanup),
     ("idempotency_keys", idempotency_keys_expire),
+    ("serve_samples", serving.serve_samples_expire),
 ]
 
 
