@@ -380,6 +380,8 @@ SLUICE_JOB_ACCOUNT = env_str("SLUICE_JOB_ACCOUNT", "sluice-{tenant}")
 SLUICE_JOB_PATH_ROOTS = env_list("SLUICE_JOB_PATH_ROOTS", [])
 SLUICE_RUNTIME_WARNINGS = [float(x) for x in env_list("SLUICE_RUNTIME_WARNINGS", ["0.8", "0.95"])]
 SLUICE_RETENTION_CLEANUP_SECONDS = env_int("SLUICE_RETENTION_CLEANUP_SECONDS", 3600)
+# Serving jobs' scraped samples (scheduling.ServeSample, issue 18) are kept this long.
+SLUICE_SERVE_SAMPLE_RETENTION_HOURS = env_float("SLUICE_SERVE_SAMPLE_RETENTION_HOURS", 24.0)
 # "broker" sends node messages through the broker; "memory" keeps them in a list (tests).
 SLUICE_NODE_TRANSPORT = env_str("SLUICE_NODE_TRANSPORT", "broker")
 
