@@ -727,9 +727,12 @@ def _started_data(report: dict) -> dict:
 
 
 def _serve_port(report: dict) -> dict:
-    """A serving job's port (issue 18), from its ``started`` report: its endpoint."""
+    """A serving job's port (issue 18), from its ``started`` report: its endpoint, not
+    ready until a scrape says so (a requeued replica's last attempt may have been)."""
     port = report.get("port")
-    return {"serve_port": port} if isinstance(port, int) and 0 < port < 65536 else {}
+    if not (isinstance(port, int) and 0 < port < 65536):
+        return {}
+    return {"serve_port": port, "serve_ready": False}
 
 
 def _batch_exited(

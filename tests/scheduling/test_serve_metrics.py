@@ -141,6 +141,28 @@ def test_the_started_report_gives_the_endpoint_port(world):
     assert job.events.get(kind="started").data["port"] == 20123
 
 
+def test_a_requeued_replica_is_not_ready_until_scraped_again(world):
+    job = f.JobFactory(
+        queue=world.queue,
+        project=world.project,
+        submitted_by=world.member,
+        workload_type=WorkloadType.INFERENCE,
+        serve={"health_path": "/health", "metrics_path": "/metrics"},
+        serve_port=20001,
+        serve_ready=True,  # as its previous attempt left it
+        requeue_count=1,
+    )
+    dispatch_cycle()
+    job.refresh_from_db()
+    node = job.allocations.first().node
+    report = started_report(
+        node=node.name, job_id=job.pk, attempt=job.attempt, pid=99, started_at=T0, port=20200
+    )
+    agent_reports_process(reports=[report])
+    job.refresh_from_db()
+    assert (job.state, job.serve_port, job.serve_ready) == (JobState.RUNNING, 20200, False)
+
+
 def test_the_started_report_alone_gives_the_port_too(world):
     from scheduling.tasks import agent_report
 
