@@ -346,3 +346,26 @@ def test_scraper_rounds_do_not_overlap_and_wake_the_caller():
         assert scraper.take_results() is None and not scraper.in_flight
     finally:
         scraper.close()
+
+
+def test_a_restarted_agent_scrapes_the_serving_job_it_adopts(make_agent, model_server, tmp_path):
+    low, high = _free_range(2)
+    work = tmp_path / "work"
+    first = make_agent(work_dir=work, serve_ports=(low, high), serve_scrape_seconds=0.1)
+    command = [PYTHON, str(model_server), "--warmup", "0"]
+    first.send(launch(1, command, serve={"health_path": "/health"}))
+    port = first.wait_report("started", 1)["port"]
+    first.agent.close()  # the agent stops; the replica does not
+
+    second = make_agent(work_dir=work, serve_ports=(low, high), serve_scrape_seconds=0.1)
+    assert second.of_type("register")[0]["jobs"][0]["port"] == port
+    sample = second.wait_for(
+        lambda: next(
+            (s for r in second.of_type("serve_metrics") for s in r["samples"] if s["ready"]),
+            None,
+        )
+    )
+    assert (sample["job_id"], sample["port"], sample["requests_total"]) == (1, port, 0)
+    # The adopted replica's port is not given to a new serving job.
+    second.send(launch(2, python_job(SHOW_PORT), gpu_indices=[1], serve={"health_path": "/"}))
+    assert second.wait_report("started", 2)["port"] == ({low, high} - {port}).pop()
