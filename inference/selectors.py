@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from django.db.models import Prefetch, QuerySet
+from django.db.models import Count, Prefetch, Q, QuerySet
 
 from portal.errors import NotFoundError
 from scheduling.models import Allocation
@@ -94,3 +94,13 @@ def service_decisions(service: Service, since: datetime | None = None) -> QueryS
 def services_near_capacity(user) -> QuerySet[Service]:
     """The user's services at their max replicas or quota while above target (insights)."""
     return services_visible_to(user).filter(state=ServiceState.ACTIVE, near_capacity=True)
+
+
+def with_replica_counts(qs: QuerySet[Service]) -> QuerySet[Service]:
+    """Each service with ``live_replicas`` and ``ready_replicas`` (one query for a page)."""
+    live = Q(replicas__retired_at__isnull=True, replicas__job__state__in=LIVE_JOB_STATES)
+    ready = live & Q(replicas__job__state="RUNNING", replicas__job__serve_ready=True)
+    return qs.annotate(
+        live_replicas=Count("replicas", filter=live),
+        ready_replicas=Count("replicas", filter=ready),
+    )

@@ -448,7 +448,10 @@ def service_autoscale(*, service: Service, now: datetime | None = None) -> autos
     ready = sum(1 for r in replicas if _is_ready(r.job))
     job_ids = [r.job_id for r in replicas]
     since = now - timedelta(seconds=service.stable_window_s)
-    rows = _serve_samples(job_ids, since) if job_ids else []
+    # Replicas retired during the window carried load then: their samples count up to
+    # their last one (autoscaler ``live``), or a scale-down would look like less load.
+    left = list(service.replicas.filter(retired_at__gte=since).values_list("job_id", flat=True))
+    rows = _serve_samples(job_ids + left, since) if job_ids or left else []
     samples = _to_samples(rows, _gpu_utilization(job_ids) if job_ids else {})
     if service.state != ServiceState.ACTIVE:
         decision = autoscaler.Decision(
@@ -467,6 +470,7 @@ def service_autoscale(*, service: Service, now: datetime | None = None) -> autos
             samples=samples,
             policy=_policy_of(service),
             state=autoscaler.State.from_json(service.autoscaler_state),
+            live=job_ids,
         )
     service.desired_replicas = decision.desired
     service.autoscaler_state = decision.state.to_json()

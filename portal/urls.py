@@ -12,6 +12,7 @@ api_v1 = [
     path("", include("tenants.api.urls")),
     path("", include("scheduling.limits.api")),
     path("", include("scheduling.api.urls")),
+    path("", include("inference.api.urls")),
     path("", include("portal.audit.api.urls")),
     path("", include("insights.api.urls")),
 ]
@@ -42,6 +43,7 @@ urlpatterns = [
     path("", include("tenants.urls")),
     path("", include("scheduling.limits.urls")),
     path("", include("scheduling.urls")),
+    path("", include("inference.urls")),
     path("", include("portal.audit.urls")),
     path("", include("portal.accounts.urls")),
     path("", include("insights.urls")),

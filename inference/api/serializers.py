@@ -1,0 +1,191 @@
+"""Serializers of the services' API: input (create, change) and output kept apart."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from portal.api.filters import MAX_ID
+
+from ..choices import ServiceState
+from ..models import ScaleDecision, Service
+
+SLUG = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$"
+
+
+class ServiceInputSerializer(serializers.Serializer):
+    """What a user gives to create a service (all of it) or change one (any part)."""
+
+    project = serializers.IntegerField(min_value=1, max_value=MAX_ID)
+    queue = serializers.IntegerField(
+        min_value=1, max_value=MAX_ID, help_text="An inference queue of the project's tenant."
+    )
+    name = serializers.RegexField(SLUG, max_length=50)
+    description = serializers.CharField(max_length=2000, required=False, allow_blank=True)
+    command = serializers.ListField(
+        child=serializers.CharField(allow_blank=True, trim_whitespace=False),
+        allow_empty=False,
+        help_text='The model server, as an argument list, e.g. ["python", "server.py"]; it '
+        "listens on $PORT.",
+    )
+    env = serializers.DictField(child=serializers.CharField(allow_blank=True), required=False)
+    working_dir = serializers.CharField(max_length=500, required=False, allow_blank=True)
+    gpus_per_node = serializers.IntegerField(min_value=0, max_value=64, required=False)
+    gpu_models = serializers.ListField(
+        child=serializers.CharField(max_length=40), required=False, max_length=16
+    )
+    priority_class = serializers.CharField(
+        max_length=50, required=False, allow_blank=True, allow_null=True
+    )
+    health_path = serializers.CharField(max_length=200, required=False)
+    metrics_path = serializers.CharField(max_length=200, required=False)
+    min_replicas = serializers.IntegerField(min_value=0, max_value=1000, required=False)
+    max_replicas = serializers.IntegerField(min_value=1, max_value=1000, required=False)
+    target_running_per_replica = serializers.FloatField(
+        min_value=0.01, max_value=100000, required=False
+    )
+    latency_slo_ms = serializers.IntegerField(
+        min_value=1, max_value=3_600_000, required=False, allow_null=True
+    )
+    error_rate_max = serializers.FloatField(
+        min_value=0.0, max_value=1.0, required=False, allow_null=True
+    )
+    gpu_util_max = serializers.FloatField(
+        min_value=1.0, max_value=100.0, required=False, allow_null=True
+    )
+    stable_window_s = serializers.IntegerField(min_value=6, max_value=3600, required=False)
+    panic_window_s = serializers.IntegerField(min_value=1, max_value=3600, required=False)
+    panic_threshold = serializers.FloatField(min_value=1.1, max_value=100.0, required=False)
+    scale_up_max_step = serializers.IntegerField(min_value=0, max_value=1000, required=False)
+    scale_down_delay_s = serializers.IntegerField(min_value=0, max_value=86400, required=False)
+    scale_to_zero = serializers.BooleanField(required=False)
+    scale_to_zero_grace_s = serializers.IntegerField(
+        min_value=0, max_value=7 * 86400, required=False
+    )
+
+    def validate(self, attrs):
+        """The checks that need two fields, where both are given (the service checks them
+        again against the stored values)."""
+        errors = {}
+        lo, hi = attrs.get("min_replicas"), attrs.get("max_replicas")
+        if lo is not None and hi is not None and lo > hi:
+            errors["min_replicas"] = [f"min_replicas ({lo}) must not be above max_replicas ({hi})."]
+        panic, stable = attrs.get("panic_window_s"), attrs.get("stable_window_s")
+        if panic is not None and stable is not None and panic >= stable:
+            errors["panic_window_s"] = ["The panic window must be shorter than the stable window."]
+        if errors:
+            raise serializers.ValidationError(errors)
+        return attrs
+
+
+class ServiceChangeSerializer(ServiceInputSerializer):
+    """A change: every field optional; the project and name stay."""
+
+    project = None
+    name = None
+    queue = serializers.IntegerField(min_value=1, max_value=MAX_ID, required=False)
+    command = serializers.ListField(
+        child=serializers.CharField(allow_blank=True, trim_whitespace=False),
+        allow_empty=False,
+        required=False,
+    )
+
+
+class ServiceSerializer(serializers.ModelSerializer):
+    tenant = serializers.CharField(source="tenant.slug")
+    project_slug = serializers.CharField(source="project.slug")
+    queue_name = serializers.CharField(source="queue.name")
+    pool = serializers.CharField(source="queue.pool.name")
+    priority_class = serializers.CharField(source="priority_class.name", allow_null=True)
+    created_by = serializers.CharField(source="created_by.username")
+    replicas = serializers.IntegerField(
+        source="live_replicas", read_only=True, help_text="Replicas alive (any spec version)."
+    )
+    ready_replicas = serializers.IntegerField(
+        read_only=True, help_text="Replicas running and answering their health path."
+    )
+    state = serializers.ChoiceField(choices=ServiceState.choices, read_only=True)
+
+    class Meta:
+        model = Service
+        fields = [
+            "id",
+            "tenant",
+            "project",
+            "project_slug",
+            "queue",
+            "queue_name",
+            "pool",
+            "name",
+            "description",
+            "command",
+            "env",
+            "working_dir",
+            "gpus_per_node",
+            "gpu_models",
+            "priority_class",
+            "health_path",
+            "metrics_path",
+            "min_replicas",
+            "max_replicas",
+            "target_running_per_replica",
+            "latency_slo_ms",
+            "error_rate_max",
+            "gpu_util_max",
+            "stable_window_s",
+            "panic_window_s",
+            "panic_threshold",
+            "scale_up_max_step",
+            "scale_down_delay_s",
+            "scale_to_zero",
+            "scale_to_zero_grace_s",
+            "spec_version",
+            "state",
+            "created_by",
+            "created_at",
+            "updated_at",
+            "desired_replicas",
+            "replicas",
+            "ready_replicas",
+            "decided_at",
+            "last_reason_code",
+            "blocked_reason_code",
+            "blocked_reason_message",
+            "near_capacity",
+        ]
+        read_only_fields = fields
+
+
+class EndpointSerializer(serializers.Serializer):
+    replica = serializers.IntegerField()
+    job = serializers.IntegerField()
+    spec_version = serializers.IntegerField()
+    state = serializers.CharField(help_text="The replica job's state.")
+    node = serializers.CharField(allow_null=True, help_text="Node name; null while waiting.")
+    host = serializers.CharField(
+        allow_null=True, help_text="The node's hostname (its name when it reported none)."
+    )
+    port = serializers.IntegerField(allow_null=True, help_text="The port the agent gave it.")
+    ready = serializers.BooleanField(help_text="Running and answering its health path.")
+    pending_reason_code = serializers.CharField(allow_blank=True)
+
+
+class ScaleDecisionSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ScaleDecision
+        fields = [
+            "id",
+            "at",
+            "current",
+            "ready",
+            "desired",
+            "reason_code",
+            "reason",
+            "inputs",
+            "blocked_reason_code",
+            "blocked_reason_message",
+        ]
+        read_only_fields = fields
+
+
+class ServiceActionSerializer(serializers.Serializer):
+    reason = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")

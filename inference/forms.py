@@ -1,0 +1,128 @@
+"""The service form (create and edit): the command typed as a shell line, env as lines."""
+
+from __future__ import annotations
+
+import shlex
+
+from django import forms
+
+from .services import EDITABLE_FIELDS
+
+
+class ServiceForm(forms.Form):
+    """Create a service (every field) or edit one (project and name fixed)."""
+
+    project = forms.ModelChoiceField(queryset=None)
+    queue = forms.ModelChoiceField(
+        queryset=None, help_text="An inference queue: its pool runs the replicas."
+    )
+    name = forms.SlugField(max_length=50, help_text="Unique in the project, e.g. chat-7b.")
+    description = forms.CharField(
+        required=False, max_length=2000, widget=forms.Textarea(attrs={"rows": 2})
+    )
+    command = forms.CharField(
+        max_length=65536,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="The model server; it listens on $PORT. e.g. python -m vllm.entrypoints."
+        "openai.api_server --port $PORT is passed as written (no shell).",
+    )
+    env = forms.CharField(
+        required=False, widget=forms.Textarea(attrs={"rows": 2}), help_text="NAME=value lines."
+    )
+    working_dir = forms.CharField(required=False, max_length=500)
+    gpus_per_node = forms.IntegerField(
+        min_value=0, max_value=64, initial=1, label="GPUs per replica"
+    )
+    gpu_models = forms.CharField(
+        required=False, max_length=200, label="GPU models", help_text="Comma list; empty: any."
+    )
+    priority_class = forms.ModelChoiceField(
+        queryset=None, required=False, empty_label="queue default"
+    )
+    health_path = forms.CharField(max_length=200, initial="/health")
+    metrics_path = forms.CharField(max_length=200, initial="/metrics")
+    min_replicas = forms.IntegerField(min_value=0, max_value=1000, initial=1)
+    max_replicas = forms.IntegerField(min_value=1, max_value=1000, initial=4)
+    target_running_per_replica = forms.FloatField(
+        min_value=0.01,
+        initial=4.0,
+        label="Target ongoing requests per replica",
+    )
+    latency_slo_ms = forms.IntegerField(
+        required=False, min_value=1, label="p95 latency SLO (ms)", help_text="Empty: none."
+    )
+    error_rate_max = forms.FloatField(
+        required=False, min_value=0, max_value=1, label="Error rate ceiling (0-1)"
+    )
+    gpu_util_max = forms.FloatField(
+        required=False, min_value=1, max_value=100, label="GPU utilization ceiling (%)"
+    )
+    stable_window_s = forms.IntegerField(min_value=6, max_value=3600, initial=60)
+    panic_window_s = forms.IntegerField(min_value=1, max_value=3600, initial=6)
+    panic_threshold = forms.FloatField(min_value=1.1, max_value=100, initial=2.0)
+    scale_up_max_step = forms.IntegerField(
+        min_value=0, max_value=1000, initial=4, help_text="Replicas added at most at once (0: any)."
+    )
+    scale_down_delay_s = forms.IntegerField(min_value=0, max_value=86400, initial=60)
+    scale_to_zero = forms.BooleanField(required=False, help_text="Needs min replicas 0.")
+    scale_to_zero_grace_s = forms.IntegerField(min_value=0, max_value=7 * 86400, initial=300)
+
+    def __init__(self, *args, projects, queues, priority_classes, editing=False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["project"].queryset = projects
+        self.fields["queue"].queryset = queues
+        self.fields["priority_class"].queryset = priority_classes
+        self.editing = editing
+        if editing:
+            for name in ("project", "name"):
+                self.fields[name].disabled = True
+                self.fields[name].required = False
+
+    def clean_command(self):
+        try:
+            args = shlex.split(self.cleaned_data["command"].strip())
+        except ValueError as exc:
+            raise forms.ValidationError(f"The command cannot be split: {exc}.") from None
+        if not args:
+            raise forms.ValidationError("The command is empty.")
+        return args
+
+    def clean_env(self):
+        env = {}
+        for number, line in enumerate(self.cleaned_data["env"].splitlines(), start=1):
+            if not line.strip():
+                continue
+            if "=" not in line:
+                raise forms.ValidationError(f"Line {number} is not NAME=value.")
+            key, value = line.split("=", 1)
+            env[key.strip()] = value
+        return env
+
+    def clean_gpu_models(self):
+        return [m.strip() for m in self.cleaned_data["gpu_models"].split(",") if m.strip()]
+
+    def clean(self):
+        data = super().clean()
+        lo, hi = data.get("min_replicas"), data.get("max_replicas")
+        if lo is not None and hi is not None and lo > hi:
+            self.add_error("min_replicas", "Must not be above max replicas.")
+        return data
+
+    def changes(self) -> dict:
+        """The editable fields, as the services take them."""
+        return {k: self.cleaned_data[k] for k in EDITABLE_FIELDS if k in self.cleaned_data}
+
+
+def initial_from(service) -> dict:
+    """The edit form filled from a service."""
+    values = {name: getattr(service, name) for name in EDITABLE_FIELDS}
+    values.update(
+        project=service.project_id,
+        name=service.name,
+        queue=service.queue_id,
+        priority_class=service.priority_class_id,
+        command=shlex.join(service.command),
+        env="\n".join(f"{k}={v}" for k, v in service.env.items()),
+        gpu_models=", ".join(service.gpu_models),
+    )
+    return values
