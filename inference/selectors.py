@@ -103,4 +103,4 @@ def with_replica_counts(qs: QuerySet[Service]) -> QuerySet[Service]:
     return qs.annotate(
         live_replicas=Count("replicas", filter=live),
         ready_replicas=Count("replicas", filter=ready),
-    )
+    ).order_by("tenant__slug", "project__slug", "name", "id")  # aggregates drop Meta.ordering

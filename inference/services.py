@@ -181,6 +181,8 @@ def _check_replica(user, values: dict) -> None:
         _fail("queue", f"Queue {queue} belongs to another tenant than project {project}.")
     if not queue.allows(WorkloadType.INFERENCE) or not queue.pool.allows(WorkloadType.INFERENCE):
         _fail("queue", f"Queue {queue} does not take online inference jobs.", code="not_inference")
+    if isinstance(values["env"], dict) and "PORT" in values["env"]:
+        _fail("env", "PORT is set by the node agent: the replica listens on the port it gives.")
     spec = _replica_spec(values, name=values["name"], version=1, runtime=_runtime())
     try:
         job_validate(user=user, spec=spec)
