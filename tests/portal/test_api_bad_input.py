@@ -496,6 +496,10 @@ def _fill_path(path: str, world, job) -> str:
                 updated_at=now,
             ).pk
         }
+    if "/services/" in path:
+        from tests.inference.factories import ServiceFactory, serving
+
+        ids = {"/": ServiceFactory(queue=serving(world).queue, project=world.project).pk}
     if "{id}" in path:
         path = path.replace("{id}", str(next(pk for part, pk in ids.items() if part in path)))
     return path
