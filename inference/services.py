@@ -395,8 +395,7 @@ def _gpu_utilization(job_ids: list[int]) -> dict[int, float]:
     sums: dict[int, list[float]] = {}
     for job_id, util in rows:
         sums.setdefault(job_id, []).append(util)
-    # Agents report utilization 0-1 or 0-100 depending on the backend; percent here.
-    return {j: (sum(v) / len(v)) * (100.0 if max(v) <= 1.0 else 1.0) for j, v in sums.items() if v}
+    return {j: sum(v) / len(v) for j, v in sums.items() if v}  # percent, as agents send it
 
 
 def _to_samples(rows: list, utils: dict[int, float]) -> list[autoscaler.Sample]:

@@ -225,3 +225,38 @@ def test_the_beat_task_runs_the_tick(service):
     result = task.apply().get()
     assert result["leader"] is True and result["services"] == 1
     assert ServiceReplica.objects.filter(service=service).count() == 1
+
+
+def test_rolling_update_at_quota_replaces_one_replica_at_a_time(world, serving, service):
+    """4 guaranteed GPUs, 2 replicas of 2 GPUs running: no room to start a new replica
+    beside the old ones, so one old replica leaves (only once every new one is ready)."""
+    from tests import factories as f
+
+    Service.objects.filter(pk=service.pk).update(gpus_per_node=2)
+    service.refresh_from_db()
+    gpus = list(serving.node.gpus.order_by("index"))
+    old = []
+    for pair in (gpus[:2], gpus[2:]):
+        r = replica(service, state=JobState.RUNNING, ready=True)
+        for gpu in pair:
+            f.AllocationFactory(job=r.job, gpu=gpu)
+        old.append(r)
+    _desire(service, 2)
+    service_update(user=world.member, service=service, changes={"env": {"MODEL": "v2"}})
+    service.refresh_from_db()
+    first = service_reconcile(service=service)
+    assert first.submitted == [] and first.at_quota
+    assert len(first.cancelled) == 1  # makes room for one new replica
+    left = next(r for r in old if r.job_id == first.cancelled[0])
+    Job.objects.filter(pk=left.job_id).update(state=JobState.CANCELLED)
+    from scheduling.models import Allocation
+
+    Allocation.objects.filter(job_id=left.job_id).update(released_at=timezone.now())
+    second = service_reconcile(service=service)
+    assert len(second.submitted) == 1 and second.cancelled == []  # the other old one serves
+    new = set_job(Job.objects.get(pk=second.submitted[0]), state=JobState.RUNNING, serve_ready=True)
+    for gpu in gpus[:2] if left is old[0] else gpus[2:]:
+        f.AllocationFactory(job=new, gpu=gpu)
+    third = service_reconcile(service=service)
+    assert third.at_quota and third.submitted == []
+    assert third.cancelled == [r.job_id for r in old if r is not left]
