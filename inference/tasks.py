@@ -41,7 +41,13 @@ def _leader_lock():
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-@shared_task(name="inference.services_tick", ignore_result=True, acks_late=False, time_limit=60)
+@shared_task(
+    name="inference.services_tick",
+    ignore_result=True,
+    acks_late=False,
+    soft_time_limit=50,
+    time_limit=60,
+)
 def services_tick() -> dict:
     """Autoscale and reconcile every service (beat, every SLUICE_SERVICE_INTERVAL s)."""
     from .services import services_tick as run

@@ -260,3 +260,11 @@ def test_rolling_update_at_quota_replaces_one_replica_at_a_time(world, serving, 
     third = service_reconcile(service=service)
     assert third.at_quota and third.submitted == []
     assert third.cancelled == [r.job_id for r in old if r is not left]
+
+
+def test_the_tick_tasks_time_limits_are_consistent():
+    """Celery refuses to apply a task whose soft limit is above its hard limit (found by
+    the integration test: beat could not send the tick with the default soft limit)."""
+    from inference.tasks import services_tick as task
+
+    assert task.soft_time_limit < task.time_limit
