@@ -691,8 +691,14 @@ def _record(
         )
     )
     every = timedelta(seconds=settings.SLUICE_SERVICE_DECISION_EVERY_S)
+    # A service held short of replicas (quota, no GPUs) decides the same every tick: one
+    # line when it starts, then one per interval, not one per tick.
+    last = service.decisions.order_by("-at", "-id").values_list("current", "ready", "desired")
+    last = last.first()
+    numbers = (inputs.get("current"), inputs.get("ready"), decision.desired)
     changed = (
-        decision.desired != inputs.get("current")
+        last is None
+        or tuple(last) != numbers
         or decision.reason_code != service.last_reason_code
         or result.blocked_code != service.blocked_reason_code
         or near != service.near_capacity

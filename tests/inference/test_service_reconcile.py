@@ -268,3 +268,13 @@ def test_the_tick_tasks_time_limits_are_consistent():
     from inference.tasks import services_tick as task
 
     assert task.soft_time_limit < task.time_limit
+
+
+def test_a_service_held_at_quota_writes_one_line_per_interval(service, serving, settings):
+    settings.SLUICE_SERVICE_DECISION_EVERY_S = 3600
+    Service.objects.filter(pk=service.pk).update(gpus_per_node=4, min_replicas=2, max_replicas=3)
+    assert service_tick(service_id=service.pk) is not None  # submits one, at quota for two
+    assert service_tick(service_id=service.pk) is not None  # the replica count changed
+    for _ in range(3):
+        assert service_tick(service_id=service.pk) is None  # same numbers, same reason
+    assert ScaleDecision.objects.filter(service=service).count() == 2
