@@ -1,0 +1,539 @@
+"""Inference services bench: a traffic ramp through real agents and replicas (issue 18).
+
+    .venv/bin/python bench/inference.py [--backend auto|postgres|embedded]
+        [--low 5] [--high 60] [--warm 20] [--up 40] [--hold 40] [--down 40] [--tail 60]
+        [--service-ms 100] [--concurrency 2] [--slo-ms 400] [--max-replicas 8]
+        [--png bench-inference.png] [--keep]
+
+Starts its own cluster as bench/e2e.py does (a temporary folder, its own database: gunicorn,
+the dispatcher, the worker with beat, and 2 node agents × 4 simulated A100 GPUs in pool
+``inference``), creates a service through ``POST /api/v1/services/`` whose replicas are
+``scheduling/agent/sample_model_server.py`` (``--service-ms`` of simulated GPU time per
+request, ``--concurrency`` at once, the rest wait), one GPU each, ``min_replicas`` 1,
+``max_replicas``, a target of ``--concurrency`` ongoing requests per replica and a p95 SLO.
+
+Then it offers an open-loop load (requests sent on a schedule whatever the answers, so a
+slow service sees its queue grow, as real users do): ``--low`` requests/s for ``--warm`` s,
+a linear ramp to ``--high`` over ``--up`` s, ``--hold`` s at the peak, down to ``--low``
+over ``--down`` s and ``--tail`` s there (to see the scale-down). Requests go round robin to
+the ready endpoints of ``GET /api/v1/services/{id}/endpoints`` (read every second), as a
+load balancer fed by ``manage.py service_upstreams`` would.
+
+Prints, per second: offered load, answered requests, errors, replicas (live and ready),
+the client's p95 latency; at the end (one JSON line): share of seconds with p95 within the
+SLO after the first scale-up, GPU-hours used against a static deployment at
+``max_replicas``, the scale-up decision's delay after the ramp began (and after the first
+second the offered load exceeded the replicas' target), and flapping (a scale-up within
+the scale-down delay after a scale-down). ``--png`` draws the run (matplotlib).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import secrets
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.e2e import Api, BenchError, Cluster, choose_backend  # noqa: E402
+
+POOL = "inference"
+NODES = 2
+GPUS_PER_NODE = 4
+SERVICE_NAME = "chat"
+
+
+def log(message: str) -> None:
+    print(f"[inference {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+class InferenceCluster(Cluster):
+    """bench/e2e.py's cluster with inference nodes (and the services' tick every second)."""
+
+    def __init__(self, backend, tmp: Path) -> None:
+        super().__init__(backend, tmp)
+        self.env["SLUICE_SERVICE_INTERVAL"] = "1"
+        self.env["SLUICE_SERVICE_DECISION_EVERY_S"] = "5"
+
+    def seed(self, args) -> dict:
+        out = self.run(
+            "seed",
+            [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "--seed-only",
+                "--server",
+                str(self.server_path()),
+                *_service_args(args),
+            ],
+        )
+        return json.loads(out.strip().splitlines()[-1])
+
+    def server_path(self) -> Path:
+        return self.var / "agent" / "sample_model_server.py"
+
+    def start(self) -> None:
+        py = sys.executable
+        self._spawn(
+            "web",
+            [py, "-m", "gunicorn", "portal.wsgi", "--bind", f"127.0.0.1:{self.port}",
+             "--workers", "2", "--threads", "4"],
+        )  # fmt: skip
+        celery = [py, "-m", "celery", "-A", "portal", "worker", "--loglevel", "INFO"]
+        self._spawn(
+            "dispatcher",
+            [*celery, "--queues", "dispatch", "--concurrency", "1", "--hostname", "dispatcher@%h"],
+        )
+        self._spawn(
+            "worker",
+            [*celery, "--queues", "reports,control", "--concurrency", "2", "--beat",
+             "--schedule", str(self.var / "celerybeat-schedule"), "--hostname", "worker@%h"],
+        )  # fmt: skip
+        agent_dir = self.var / "agent"
+        for i in range(1, NODES + 1):
+            node = f"infer-{i}"
+            args = [py, "-m", "scheduling.agent", "--node", node, "--pool", POOL, "--simulate",
+                    f"{GPUS_PER_NODE}xA100-40GB", "--broker", self.env["CELERY_BROKER_URL"],
+                    "--work-dir", str(agent_dir / node)]  # fmt: skip
+            if self.backend.name == "embedded":
+                args += ["--broker-dir", self.env["SLUICE_BROKER_DIR"]]
+            self._spawn(f"agent-{node}", args)
+
+
+def _service_args(args) -> list[str]:
+    return [
+        "--service-ms", str(args.service_ms), "--concurrency", str(args.concurrency),
+        "--slo-ms", str(args.slo_ms), "--max-replicas", str(args.max_replicas),
+    ]  # fmt: skip
+
+
+# --- seeding (a subprocess with the cluster's environment) -----------------------------------
+
+
+def seed(args) -> dict:
+    """A tenant with 8 GPUs guaranteed in pool ``inference``, a member's API token."""
+    import django
+
+    django.setup()
+    from django.contrib.auth import get_user_model
+
+    import scheduling.tasks  # noqa: F401 - registers the dispatch task the services request
+    from portal.accounts.services import api_token_create
+    from scheduling.choices import WorkloadType
+    from scheduling.services import config
+    from tenants import services as tenants
+
+    User = get_user_model()
+    admin = User.objects.create_superuser("inf-admin", password=secrets.token_urlsafe(16))
+    user = tenants.user_create(actor=admin, username="inf-user", password=secrets.token_urlsafe(16))
+    pool = config.pool_save(
+        actor=admin, name=POOL, purpose="inference", description="Inference bench pool"
+    )
+    normal = config.priority_class_save(actor=admin, name="normal", value=400)
+    config.workload_policy_save(
+        actor=admin,
+        workload_type=WorkloadType.INFERENCE,
+        preemptible=False,
+        default_runtime_seconds=3600,
+        max_runtime_seconds=86400,
+        stop_grace_seconds=2,
+    )
+    tenant = tenants.tenant_create(actor=admin, slug="serve", name="Serving")
+    if os.geteuid() == 0:  # as root, jobs run as an existing unprivileged account
+        tenants.tenant_update(actor=admin, tenant=tenant, unix_account="nobody")
+    tenants.membership_add(actor=admin, tenant=tenant, user=user, role="member")
+    config.quota_save(
+        actor=admin,
+        tenant=tenant,
+        pool=pool,
+        guaranteed_gpus=NODES * GPUS_PER_NODE,
+        borrow_limit_gpus=0,
+    )
+    queue = config.queue_save(
+        actor=admin,
+        tenant=tenant,
+        name="serve",
+        pool=pool,
+        default_priority_class=normal,
+        max_self_service_class=normal,
+        allowed_workload_types=[WorkloadType.INFERENCE],
+    )
+    project = tenants.project_create(actor=admin, tenant=tenant, slug="llm", name="LLM")
+    _, token = api_token_create(user=user, name="inference bench", expires_in_days=1)
+    return {"token": token, "queue": queue.pk, "project": project.pk}
+
+
+# --- the load ---------------------------------------------------------------------------------
+
+
+class Profile:
+    """Offered requests/s at second ``t``: low, ramp up, hold, ramp down, low."""
+
+    def __init__(self, args) -> None:
+        self.low, self.high = args.low, args.high
+        self.edges = [args.warm, args.warm + args.up, args.warm + args.up + args.hold]
+        self.edges.append(self.edges[-1] + args.down)
+        self.length = self.edges[-1] + args.tail
+
+    def rate(self, t: float) -> float:
+        w, u, h, d = self.edges
+        if t < w:
+            return self.low
+        if t < u:
+            return self.low + (self.high - self.low) * (t - w) / (u - w)
+        if t < h:
+            return self.high
+        if t < d:
+            return self.high - (self.high - self.low) * (t - h) / (d - h)
+        return self.low
+
+
+class Run:
+    """Sends the profile's requests and records what happened each second."""
+
+    def __init__(self, api: Api, service_id: int, profile: Profile) -> None:
+        self.api, self.service_id, self.profile = api, service_id, profile
+        self.targets: list[int] = []
+        self.replicas: dict[int, tuple[int, int]] = {}  # second -> (live, ready)
+        self.latencies: dict[int, list[float]] = {}
+        self.errors: dict[int, int] = {}
+        self.offered: dict[int, int] = {}
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.t0 = 0.0
+
+    def _watch(self) -> None:
+        while not self.stop.is_set():
+            second = int(time.monotonic() - self.t0)
+            try:
+                rows = self.api.get(f"services/{self.service_id}/endpoints")
+            except Exception:
+                rows = None
+            if rows is not None:
+                live = [e for e in rows if e["state"] in ("PENDING", "ADMITTED", "RUNNING")]
+                ready = [e for e in rows if e["ready"] and e["port"]]
+                self.targets = [e["port"] for e in ready]
+                self.replicas[second] = (len(live), len(ready))
+            time.sleep(1.0)
+
+    def _one(self, second: int, index: int) -> None:
+        import http.client
+
+        targets = self.targets
+        started = time.monotonic()
+        ok = False
+        if targets:
+            port = targets[index % len(targets)]
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+                conn.request("GET", "/infer")
+                response = conn.getresponse()
+                response.read()
+                conn.close()
+                ok = response.status == 200
+            except OSError:
+                ok = False
+        elapsed = time.monotonic() - started
+        with self.lock:
+            if ok:
+                self.latencies.setdefault(second, []).append(elapsed)
+            else:
+                self.errors[second] = self.errors.get(second, 0) + 1
+
+    def run(self) -> None:
+        self.t0 = time.monotonic()
+        watcher = threading.Thread(target=self._watch, daemon=True)
+        watcher.start()
+        sent = 0
+        budget = 0.0
+        with ThreadPoolExecutor(max_workers=256) as pool:
+            tick = 0.02
+            t = 0.0
+            while t < self.profile.length:
+                budget += self.profile.rate(t) * tick
+                second = int(t)
+                while budget >= 1:
+                    budget -= 1
+                    pool.submit(self._one, second, sent)
+                    sent += 1
+                    self.offered[second] = self.offered.get(second, 0) + 1
+                t += tick
+                delay = self.t0 + t - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+            self.stop.set()
+        watcher.join(timeout=5)
+
+
+def _p95(values: list[float]) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
+
+
+def summarize(run: Run, decisions: list[dict], args, started_at: datetime) -> dict:
+    seconds = range(int(run.profile.length))
+    replicas = {}
+    last = (0, 0)
+    for s in seconds:  # carry the last reading over seconds the watcher missed
+        last = run.replicas.get(s, last)
+        replicas[s] = last
+    p95 = {s: _p95(run.latencies.get(s, [])) for s in seconds}
+    decisions = sorted(decisions, key=lambda d: d["at"])
+
+    def second_of(d):
+        return (datetime.fromisoformat(d["at"]) - started_at).total_seconds()
+
+    ups = [d for d in decisions if d["desired"] > d["current"]]
+    downs = [d for d in decisions if d["desired"] < d["current"]]
+    first_up = next((second_of(d) for d in ups if second_of(d) >= 0), None)
+    ramp_start = args.warm
+    # The first second the offered load exceeded what the replicas carry at their target
+    # (replicas × concurrency / service time).
+    capacity = args.concurrency / (args.service_ms / 1000.0)
+    over = next(
+        (s for s in seconds if s >= 1 and run.offered.get(s, 0) > replicas[s][1] * capacity),
+        None,
+    )
+    up_after_ramp = [second_of(d) for d in ups if second_of(d) >= ramp_start]
+    after_first_up = [s for s in seconds if first_up is not None and s >= first_up]
+    judged = [s for s in after_first_up if p95[s] is not None]
+    within = [s for s in judged if p95[s] * 1000 <= args.slo_ms]
+    flaps = 0
+    for d in downs:
+        t = second_of(d)
+        if any(0 < second_of(u) - t < args.scale_down_delay for u in ups):
+            flaps += 1
+    gpu_seconds = sum(live for live, _ in replicas.values())
+    static = args.max_replicas * len(seconds)
+    return {
+        "seconds": len(seconds),
+        "requests": sum(run.offered.values()),
+        "answered": sum(len(v) for v in run.latencies.values()),
+        "errors": sum(run.errors.values()),
+        "first_scale_up_s": first_up,
+        "scale_up_after_ramp_start_s": (up_after_ramp[0] - ramp_start) if up_after_ramp else None,
+        "scale_up_after_overload_s": (
+            next((u - over for u in (second_of(d) for d in ups) if u >= over), None)
+            if over is not None
+            else None
+        ),
+        "p95_within_slo_share": (len(within) / len(judged)) if judged else None,
+        "gpu_hours": gpu_seconds / 3600,
+        "gpu_hours_static_max": static / 3600,
+        "gpu_hours_share_of_static": gpu_seconds / static if static else None,
+        "max_replicas_seen": max((live for live, _ in replicas.values()), default=0),
+        "flaps": flaps,
+        "decisions": len(decisions),
+    }
+
+
+def draw(path: Path, run: Run, args, summary: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    seconds = list(range(int(run.profile.length)))
+    last = (0, 0)
+    live, ready = [], []
+    for s in seconds:
+        last = run.replicas.get(s, last)
+        live.append(last[0])
+        ready.append(last[1])
+    p95 = [(_p95(run.latencies.get(s, [])) or float("nan")) * 1000 for s in seconds]
+    fig, (a, b, c) = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
+    a.plot(seconds, [run.offered.get(s, 0) for s in seconds], label="offered req/s")
+    a.plot(seconds, [len(run.latencies.get(s, [])) for s in seconds], label="answered req/s")
+    a.set_ylabel("requests/s")
+    a.legend(loc="upper right")
+    b.step(seconds, live, where="post", label="replicas")
+    b.step(seconds, ready, where="post", label="ready")
+    b.axhline(args.max_replicas, linestyle=":", color="grey", label="max replicas")
+    b.set_ylabel("replicas")
+    b.legend(loc="upper right")
+    c.plot(seconds, p95, label="p95 latency (ms)")
+    c.axhline(args.slo_ms, linestyle="--", color="red", label="SLO")
+    c.set_ylabel("ms")
+    c.set_xlabel("seconds")
+    c.legend(loc="upper right")
+    share = summary.get("p95_within_slo_share")
+    fig.suptitle(
+        f"Sluice inference bench: p95 within SLO {share:.0%} of seconds, "
+        f"GPU-hours {summary['gpu_hours_share_of_static']:.0%} of static max"
+        if share is not None and summary.get("gpu_hours_share_of_static") is not None
+        else "Sluice inference bench"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--backend", choices=("auto", "postgres", "embedded"), default="auto")
+    parser.add_argument("--low", type=float, default=5.0)
+    parser.add_argument("--high", type=float, default=60.0)
+    parser.add_argument("--warm", type=float, default=20.0)
+    parser.add_argument("--up", type=float, default=40.0)
+    parser.add_argument("--hold", type=float, default=40.0)
+    parser.add_argument("--down", type=float, default=40.0)
+    parser.add_argument("--tail", type=float, default=60.0)
+    parser.add_argument("--service-ms", type=int, default=100)
+    parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--slo-ms", type=int, default=400)
+    parser.add_argument("--max-replicas", type=int, default=8)
+    parser.add_argument("--scale-down-delay", type=int, default=30)
+    parser.add_argument("--png", default="", help="write a chart of the run here")
+    parser.add_argument("--keep", action="store_true", help="keep the temp folder (logs)")
+    parser.add_argument("--postgres", default="postgres://postgres@127.0.0.1:5432")
+    parser.add_argument("--redis", default="redis://127.0.0.1:6379")
+    parser.add_argument("--seed-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--server", default="", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.seed_only:
+        print(json.dumps(seed(args)))
+        return 0
+
+    def interrupted(signum, frame):
+        raise KeyboardInterrupt
+
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, interrupted)
+    backend = choose_backend(args.backend, args.postgres.rstrip("/"), args.redis.rstrip("/"))
+    tmp = Path(tempfile.mkdtemp(prefix="sluice-inference-", dir="/var/tmp"))
+    tmp.chmod(0o711)
+    cluster = InferenceCluster(backend, tmp)
+    status = 1
+    try:
+        log(f"backend {backend.name}; temp folder {tmp}")
+        cluster.prepare_database()
+        agent_dir = cluster.var / "agent"
+        agent_dir.mkdir(mode=0o711, exist_ok=True)
+        agent_dir.chmod(0o711)
+        from scheduling.agent import sample_model_server
+
+        shutil.copy(sample_model_server.__file__, cluster.server_path())
+        cluster.server_path().chmod(0o644)
+        world = cluster.seed(args)
+        cluster.start()
+        api = Api(cluster.url, world["token"])
+        deadline = time.monotonic() + 120
+        while True:  # the web answers and the agents have registered their GPUs
+            try:
+                gpus = api.get("gpus/", page_size=1)["count"]
+            except Exception:
+                gpus = 0
+            if gpus >= NODES * GPUS_PER_NODE:
+                break
+            cluster.check_alive()
+            if time.monotonic() > deadline:
+                raise BenchError("the nodes did not register within 120 s")
+            time.sleep(0.5)
+        service = api.post(
+            "services/",
+            {
+                "project": world["project"],
+                "queue": world["queue"],
+                "name": SERVICE_NAME,
+                "command": ["python3", str(cluster.server_path()), "--service-ms",
+                            str(args.service_ms), "--concurrency", str(args.concurrency),
+                            "--warmup", "2"],
+                "min_replicas": 1,
+                "max_replicas": args.max_replicas,
+                "target_running_per_replica": args.concurrency,
+                "latency_slo_ms": args.slo_ms,
+                "stable_window_s": 30,
+                "panic_window_s": 6,
+                "scale_up_max_step": 4,
+                "scale_down_delay_s": args.scale_down_delay,
+            },
+        )  # fmt: skip
+        log(f"service {service['id']} created; waiting for its first replica")
+        deadline = time.monotonic() + 180
+        while not any(e["ready"] for e in api.get(f"services/{service['id']}/endpoints")):
+            cluster.check_alive()
+            if time.monotonic() > deadline:
+                raise BenchError("no replica ready after 180 s")
+            time.sleep(1)
+        profile = Profile(args)
+        run = Run(api, service["id"], profile)
+        started_at = datetime.now().astimezone()
+        log(f"load: {args.low} → {args.high} → {args.low} requests/s over {profile.length:.0f} s")
+        printer_stop = threading.Event()
+
+        def printer():
+            shown = 0
+            live, ready = 0, 0
+            while not printer_stop.is_set():
+                now = int(time.monotonic() - run.t0) if run.t0 else 0
+                while shown < now - 1:
+                    s = shown
+                    p = _p95(run.latencies.get(s, []))
+                    live, ready = run.replicas.get(s, (live, ready))  # the watcher may miss one
+                    print(
+                        f"t={s:4d}s offered={run.offered.get(s, 0):4d} "
+                        f"answered={len(run.latencies.get(s, [])):4d} "
+                        f"errors={run.errors.get(s, 0):3d} replicas={live} ready={ready} "
+                        f"p95={'-' if p is None else f'{p * 1000:.0f}ms'}",
+                        flush=True,
+                    )
+                    shown += 1
+                time.sleep(0.5)
+
+        printing = threading.Thread(target=printer, daemon=True)
+        printing.start()
+        run.run()
+        time.sleep(2)
+        printer_stop.set()
+        decisions = []
+        page = api.get(f"services/{service['id']}/decisions", page_size=500)
+        decisions.extend(page["results"])
+        summary = summarize(run, decisions, args, started_at)
+        summary.update(
+            {
+                "backend": backend.name,
+                "service_ms": args.service_ms,
+                "concurrency": args.concurrency,
+                "slo_ms": args.slo_ms,
+                "max_replicas": args.max_replicas,
+                "profile": [args.low, args.high, args.warm, args.up, args.hold, args.down,
+                            args.tail],
+            }
+        )  # fmt: skip
+        print(json.dumps(summary), flush=True)
+        if args.png:
+            draw(Path(args.png), run, args, summary)
+            log(f"chart: {args.png}")
+        status = 0
+    except KeyboardInterrupt:
+        log("interrupted")
+    except BenchError as exc:
+        log(f"failed: {exc}\n{cluster.log_tails()}")
+    finally:
+        cluster.stop()
+        cluster.drop()
+        if args.keep or status != 0:
+            log(f"logs kept in {tmp}")
+        else:
+            with contextlib.suppress(OSError):
+                shutil.rmtree(tmp)
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
