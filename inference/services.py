@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from portal.audit.services import audit_record
@@ -763,9 +764,12 @@ def service_tick(*, service_id: int, now: datetime | None = None) -> ScaleDecisi
 def services_tick(now: datetime | None = None) -> dict:
     """Every active or paused service with replicas left, one transaction each (a failing
     service is logged, the others go on). Run by beat under a leader lock."""
+    # A paused service is ticked only while it still has replicas to cancel.
+    paused_with_replicas = Q(state=ServiceState.PAUSED, replicas__retired_at__isnull=True)
     ids = list(
-        Service.objects.filter(state__in=[ServiceState.ACTIVE, ServiceState.PAUSED])
+        Service.objects.filter(Q(state=ServiceState.ACTIVE) | paused_with_replicas)
         .values_list("id", flat=True)
+        .distinct()
         .order_by("id")
     )
     done, failed = 0, 0

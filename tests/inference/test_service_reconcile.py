@@ -201,6 +201,7 @@ def test_paused_and_deleted_services_have_no_replicas(service, world):
     assert services_tick() == {"services": 1, "failed": 0}
     assert set_job(a).state == JobState.STOPPING
     assert _live(service) == []
+    assert services_tick() == {"services": 0, "failed": 0}  # nothing left to cancel
 
 
 def test_one_failing_service_does_not_stop_the_others(service, monkeypatch, world, serving):
