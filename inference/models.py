@@ -162,10 +162,23 @@ class ServiceReplica(models.Model):
     created_at = models.DateTimeField()
     retired_at = models.DateTimeField(null=True, blank=True)
     retire_reason = models.CharField(max_length=200, blank=True)
+    drain_until = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="A ready replica leaving: out of the endpoints at once, its job cancelled "
+        "at this time (once the load balancers have read the endpoints again).",
+    )
 
     class Meta:
         ordering = ["id"]
-        indexes = [models.Index(fields=["service", "retired_at"], name="replica_service_live")]
+        indexes = [
+            models.Index(fields=["service", "retired_at"], name="replica_service_live"),
+            models.Index(
+                fields=["drain_until"],
+                condition=Q(drain_until__isnull=False),
+                name="replica_draining",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.service_id}: job {self.job_id} (v{self.spec_version})"

@@ -349,7 +349,7 @@ def service_delete(*, user, service: Service, reason: str = "") -> Service:
         action="service.delete",
         reason=reason,
     )
-    service_reconcile(service=service)
+    service_reconcile(service=service, drain=False)
     return service
 
 
@@ -534,20 +534,43 @@ def _newest_not_ready_first(replicas: list[ServiceReplica]) -> list[ServiceRepli
     return sorted(replicas, key=lambda r: (_is_ready(r.job), -r.pk))
 
 
-def _cancel(replica: ServiceReplica, reason: str, now: datetime) -> None:
-    job = replica.job
+def _cancel(replica: ServiceReplica, reason: str, now: datetime, *, drain: bool = True) -> None:
+    """Retire a replica: out of the endpoints now; its job cancelled now, or, for a ready
+    replica, after ``SLUICE_SERVICE_DRAIN_S`` (the balancers stop sending it requests
+    first: requests in flight to a replica stopped at once would fail)."""
+    replica.retired_at = now
+    replica.retire_reason = reason[:200]
+    drain_s = settings.SLUICE_SERVICE_DRAIN_S
+    if drain and drain_s > 0 and _is_ready(replica.job):
+        replica.drain_until = now + timedelta(seconds=drain_s)
+        replica.save(update_fields=["retired_at", "retire_reason", "drain_until"])
+        return
+    replica.save(update_fields=["retired_at", "retire_reason"])
+    _stop_job(replica.job, reason)
+
+
+def _stop_job(job: Job, reason: str) -> None:
     if job.state in LIVE_JOB_STATES and job.state != JobState.STOPPING:
         try:
             job_cancel(user=job.submitted_by, job=job, reason=reason)
         except BusinessError as exc:
             # The replica's submitter lost the right: the service's control loop still
             # must take its replica back (it is a stop on the service's behalf). A 400 is
-            # a job that ended meanwhile: retiring it is all that is left to do.
+            # a job that ended meanwhile: nothing is left to do.
             if exc.status_code != 400:
                 _system_cancel(job, reason)
-    replica.retired_at = now
-    replica.retire_reason = reason[:200]
-    replica.save(update_fields=["retired_at", "retire_reason"])
+
+
+def replicas_drained(now: datetime | None = None) -> list[int]:
+    """Cancel the jobs of the replicas whose drain is over (any service, any state)."""
+    now = now or timezone.now()
+    done = []
+    for replica in ServiceReplica.objects.filter(drain_until__lte=now).select_related("job"):
+        with transaction.atomic():
+            _stop_job(replica.job, replica.retire_reason or "drained")
+            ServiceReplica.objects.filter(pk=replica.pk).update(drain_until=None)
+        done.append(replica.job_id)
+    return done
 
 
 def _system_cancel(job: Job, reason: str) -> None:
@@ -591,7 +614,9 @@ def _submit(service: Service, count: int, now: datetime) -> tuple[list[int], Bus
 
 
 @transaction.atomic
-def service_reconcile(*, service: Service, now: datetime | None = None) -> Reconciled:
+def service_reconcile(
+    *, service: Service, now: datetime | None = None, drain: bool = True
+) -> Reconciled:
     """Bring the service's replicas to ``desired_replicas`` (0 unless active):
 
     * a replica whose job ended is retired (and so replaced);
@@ -601,7 +626,8 @@ def service_reconcile(*, service: Service, now: datetime | None = None) -> Recon
     * surplus replicas of the current version are cancelled, not-ready and newest first;
     * replicas of an older version are cancelled as replicas of the new one become ready
       (rolling update); with no quota left to start a new one beside them, one old
-      replica at a time is cancelled once every new one is ready.
+      replica at a time is cancelled once every new one is ready;
+    * a ready replica that leaves is drained first (``drain``; see ``_cancel``).
 
     Idempotent: a second call with nothing changed does nothing.
     """
@@ -630,7 +656,7 @@ def service_reconcile(*, service: Service, now: datetime | None = None) -> Recon
     surplus = len(new) - desired
     if surplus > 0:
         for replica in _newest_not_ready_first(new)[:surplus]:
-            _cancel(replica, f"scale down to {desired}", now)
+            _cancel(replica, f"scale down to {desired}", now, drain=drain)
             out.cancelled.append(replica.job_id)
         new = [r for r in new if r.retired_at is None]
 
@@ -663,7 +689,7 @@ def service_reconcile(*, service: Service, now: datetime | None = None) -> Recon
     if out.at_quota and old and ready_new == len(new) and keep_old > 0:
         keep_old -= 1  # no room to surge: make room for one more new replica
     for replica in _newest_not_ready_first(old)[: max(0, len(old) - keep_old)]:
-        _cancel(replica, f"rolling update to spec version {service.spec_version}", now)
+        _cancel(replica, f"rolling update to spec version {service.spec_version}", now, drain=drain)
         out.cancelled.append(replica.job_id)
 
     final = [r for r in _live(service) if r.job.state in LIVE_JOB_STATES]
@@ -772,6 +798,10 @@ def services_tick(now: datetime | None = None) -> dict:
         .distinct()
         .order_by("id")
     )
+    try:
+        replicas_drained(now)
+    except Exception:  # the scaling below must go on
+        log.exception("draining replicas failed")
     done, failed = 0, 0
     for service_id in ids:
         try:

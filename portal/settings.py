@@ -443,6 +443,10 @@ CELERY_BEAT_SCHEDULE.update(
 SLUICE_SERVICE_INTERVAL = env_int("SLUICE_SERVICE_INTERVAL", 3)
 SLUICE_SERVICE_DECISION_EVERY_S = env_int("SLUICE_SERVICE_DECISION_EVERY_S", 15)
 SLUICE_SERVICE_DECISION_DAYS = env_int("SLUICE_SERVICE_DECISION_DAYS", 7)
+# A ready replica that leaves (scale-down, rolling update, pause) is out of the endpoints at
+# once and its job is cancelled this many seconds later: balancers re-read the endpoints
+# first, so requests in flight are not cut. 0: cancelled at once.
+SLUICE_SERVICE_DRAIN_S = env_int("SLUICE_SERVICE_DRAIN_S", 5)
 CELERY_BEAT_SCHEDULE.update(
     {
         "inference-services-tick": {

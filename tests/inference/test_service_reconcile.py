@@ -8,7 +8,14 @@ from django.utils import timezone
 
 from inference.choices import ServiceState
 from inference.models import ScaleDecision, Service, ServiceReplica
-from inference.services import service_reconcile, service_tick, service_update, services_tick
+from inference.selectors import service_endpoints
+from inference.services import (
+    replicas_drained,
+    service_reconcile,
+    service_tick,
+    service_update,
+    services_tick,
+)
 from scheduling.choices import JobState, WorkloadType
 from scheduling.models import Job, ServeSample
 from tests.inference.factories import replica, set_job
@@ -63,14 +70,34 @@ def test_scale_down_cancels_not_ready_and_newest_first(service):
     assert newer_waiting.retired_at is not None and "scale down" in newer_waiting.retire_reason
 
 
-def test_a_running_replica_cancelled_is_stopped(service):
+def test_a_ready_replica_leaving_is_drained_then_stopped(service, settings):
+    settings.SLUICE_SERVICE_DRAIN_S = 5
     a = replica(service, state=JobState.RUNNING, ready=True)
-    b = replica(service, state=JobState.RUNNING, ready=True)
+    b = replica(service, state=JobState.RUNNING, ready=True, port=31000)
     _desire(service, 1)
     result = service_reconcile(service=service)
     assert result.cancelled == [b.job_id]
+    b.refresh_from_db()
+    assert b.retired_at is not None and b.drain_until is not None
+    # out of the endpoints at once, still serving what the balancer sent it
+    assert [e["job"] for e in service_endpoints(service)] == [a.job_id]
+    assert set_job(b).state == JobState.RUNNING
+    assert replicas_drained(now=b.retired_at + timedelta(seconds=4)) == []
+    assert replicas_drained(now=b.retired_at + timedelta(seconds=5)) == [b.job_id]
     assert set_job(b).state == JobState.STOPPING
     assert set_job(a).state == JobState.RUNNING
+    b.refresh_from_db()
+    assert b.drain_until is None
+    assert replicas_drained(now=b.retired_at + timedelta(seconds=60)) == []
+
+
+def test_without_drain_a_leaving_replica_stops_at_once(service, settings):
+    settings.SLUICE_SERVICE_DRAIN_S = 0
+    replica(service, state=JobState.RUNNING, ready=True)
+    b = replica(service, state=JobState.RUNNING, ready=True)
+    _desire(service, 1)
+    assert service_reconcile(service=service).cancelled == [b.job_id]
+    assert set_job(b).state == JobState.STOPPING
 
 
 def test_a_dead_replica_is_retired_and_replaced(service):
@@ -199,8 +226,10 @@ def test_paused_and_deleted_services_have_no_replicas(service, world):
     a = replica(service, state=JobState.RUNNING, ready=True)
     Service.objects.filter(pk=service.pk).update(state=ServiceState.PAUSED)
     assert services_tick() == {"services": 1, "failed": 0}
-    assert set_job(a).state == JobState.STOPPING
     assert _live(service) == []
+    assert set_job(a).state == JobState.RUNNING  # draining
+    services_tick(now=timezone.now() + timedelta(seconds=60))
+    assert set_job(a).state == JobState.STOPPING
     assert services_tick() == {"services": 0, "failed": 0}  # nothing left to cancel
 
 
