@@ -135,6 +135,8 @@ class Loaded:
     node_names: dict[int, str] = field(default_factory=dict)
     pool_ids: set[int] = field(default_factory=set)
     policies: dict[str, WorkloadPolicy] = field(default_factory=dict)
+    #: The reservations the last cycle handed over, by job id (see _remember_reservations).
+    held_reservations: dict[int, tuple] = field(default_factory=dict)
 
 
 #: Each tenant's decayed usage is stored at most this often. Between two writes a cycle
@@ -191,17 +193,51 @@ def _preemptors_of_stopping(jobs) -> dict[int, int]:
     return preemptors
 
 
-def _remember_positions(plan: engine.Plan) -> None:
-    LEADER_CACHE.positions = {job_id: info.pool_position for job_id, info in plan.pending.items()}
+def _remember_positions(plan: engine.Plan, loaded: Loaded) -> None:
+    """Hand this cycle's pool positions to the next one; after a short cycle (see
+    ``_explain_now``) the jobs it did not reach keep the positions they had."""
+    positions = {job_id: info.pool_position for job_id, info in plan.pending.items()}
+    if loaded.snapshot.decisions_only:
+        positions = {**LEADER_CACHE.positions, **positions}
+    LEADER_CACHE.positions = positions
 
 
-def _remember_reservations(plan: engine.Plan) -> None:
+def _remember_reservations(plan: engine.Plan, loaded: Loaded) -> None:
+    """Hand this cycle's reservations to the next one; after a short cycle the waiting
+    jobs it did not reach keep the reservations they held (as the simulator's records
+    do: scheduling/simulator)."""
     reservations = {
         job_id: (list(info.reserved_gpu_ids), info.estimated_start, list(info.claimed_gpu_ids))
         for job_id, info in plan.pending.items()
         if info.reserved_gpu_ids
     }
+    if loaded.snapshot.decisions_only:
+        placed = {p.job_id for p in plan.placements}
+        for job_id, held in loaded.held_reservations.items():
+            if job_id in loaded.pending and job_id not in plan.pending and job_id not in placed:
+                reservations[job_id] = held
     cache.set(RESERVATIONS_KEY, reservations, timeout=3600)
+
+
+def _explain_now(loaded: Loaded, monotonic: float) -> bool:
+    """Whether this cycle explains every waiting job (a full cycle) or is a short one.
+
+    In a deep backlog (``SLUICE_DISPATCH_DEEP_BACKLOG`` waiting jobs or more), explaining
+    every waiting job is most of a cycle: its order, reason, estimate and reservation, the
+    sort keys compared, a JSON of 10,000 estimates written. A short cycle
+    (``Snapshot.decisions_only``, as the simulator runs every cycle) stops once no waiting
+    job left could start or preempt: it places and preempts exactly what a full cycle from
+    the same state would (engine/settled.py), writes the reasons of the jobs it reached
+    that changed, and leaves the others as the last full cycle explained them (their
+    reasons, sort keys and estimates; their positions and held reservations are handed on
+    unchanged). A full cycle runs whenever a waiting job is new or changed (it is
+    explained at once) and otherwise at least every ``SLUICE_DISPATCH_EXPLAIN_SECONDS``:
+    what a page shows of a job deep in the backlog is at most that old."""
+    deep = settings.SLUICE_DISPATCH_DEEP_BACKLOG
+    if deep <= 0 or len(loaded.pending) < deep or LEADER_CACHE.whole_reads:
+        return True
+    explained = LEADER_CACHE.explained_at
+    return explained is None or monotonic - explained >= settings.SLUICE_DISPATCH_EXPLAIN_SECONDS
 
 
 def _previous_reservation(entry) -> tuple[tuple[int, ...], float | None, tuple[int, ...]]:
@@ -338,6 +374,7 @@ def load_snapshot(
     )
     return Loaded(
         snapshot=snapshot,
+        held_reservations=reservations,
         pending=pending_rows,
         pool_ids=set(ResourcePool.objects.values_list("id", flat=True)),
         running=running_jobs,
@@ -546,14 +583,24 @@ def _apply_preemptions(plan: engine.Plan, loaded: Loaded) -> None:
 
 
 def _apply_pending(
-    plan: engine.Plan, loaded: Loaded, now: datetime, pending_cache: PendingCache | None = None
+    plan: engine.Plan,
+    loaded: Loaded,
+    now: datetime,
+    pending_cache: PendingCache | None = None,
+    *,
+    explain: bool = True,
 ) -> int:
-    """Write what changed of the waiting jobs' standing: the sort keys whose relative order
-    changed (scheduling.services.pending_ranks), the reasons that changed, and each pool's
-    estimates in one row (scheduling.positions); returns the number of job rows written.
-    A cycle in which nothing changed writes nothing."""
+    """Write what changed of the waiting jobs' standing: the reasons that changed, and
+    in a full cycle (``explain``, see ``_explain_now``) the sort keys whose relative order
+    changed (scheduling.services.pending_ranks) and each pool's estimates in one row
+    (scheduling.positions); returns the number of job rows written. A cycle in which
+    nothing changed writes nothing."""
     order = [job_id for job_id in plan.pending if job_id in loaded.pending]
-    ranks = ranks_after(order, {job_id: loaded.pending[job_id].rank for job_id in order})
+    ranks = (
+        ranks_after(order, {job_id: loaded.pending[job_id].rank for job_id in order})
+        if explain
+        else {}
+    )
     retold = []
     for job_id in order:
         info = plan.pending[job_id]
@@ -565,7 +612,8 @@ def _apply_pending(
     if pending_cache is not None:
         for job_id, code, message in retold:
             pending_cache.retold(job_id, code, message)
-    _write_estimates(plan, loaded, now)
+    if explain:
+        _write_estimates(plan, loaded, now)
     return len(ranks.keys() | {row[0] for row in retold})
 
 
@@ -618,6 +666,7 @@ def dispatch_pace(sleep=time.sleep) -> float:
 def dispatch_cycle(now: datetime | None = None) -> dict:
     """One cycle. Returns figures for logs and benchmarks; ``skipped`` if another leader runs."""
     started = time.perf_counter()
+    started_monotonic = time.monotonic()
     clock = now is None
     now = now or timezone.now()
     messages: list[tuple[str, dict]] = []
@@ -626,6 +675,8 @@ def dispatch_cycle(now: datetime | None = None) -> dict:
             if not leader:
                 return {"skipped": True}
             loaded = load_snapshot(now, pending_cache=LEADER_CACHE)
+            explain = _explain_now(loaded, started_monotonic)
+            loaded.snapshot.decisions_only = not explain
             t_loaded = time.perf_counter()
             # A GPU read as free was released before the snapshot, possibly after the cycle
             # began: its grant is stamped after the snapshot, so it never precedes that release.
@@ -634,10 +685,12 @@ def dispatch_cycle(now: datetime | None = None) -> dict:
             t_planned = time.perf_counter()
             messages = _apply_placements(plan, loaded, granted)
             _apply_preemptions(plan, loaded)
-            updated = _apply_pending(plan, loaded, now, LEADER_CACHE)
+            updated = _apply_pending(plan, loaded, now, LEADER_CACHE, explain=explain)
+            if explain:
+                transaction.on_commit(lambda: LEADER_CACHE.explained(started_monotonic))
             transaction.on_commit(lambda: send_node_messages(messages))
-            transaction.on_commit(lambda: _remember_reservations(plan))
-            transaction.on_commit(lambda: _remember_positions(plan))
+            transaction.on_commit(lambda: _remember_reservations(plan, loaded))
+            transaction.on_commit(lambda: _remember_positions(plan, loaded))
     except Exception:
         # The leader's copy follows this cycle's writes, which were rolled back.
         LEADER_CACHE.clear()
@@ -651,6 +704,8 @@ def dispatch_cycle(now: datetime | None = None) -> dict:
         "pending": len(loaded.pending),
         "running": len(loaded.running),
         "placed": len(plan.placements),
+        "explained": explain,
+        "reached": len(plan.pending),
         "preempted": len(plan.preemptions),
         "pending_updated": updated,
         "pending_read_whole": LEADER_CACHE.whole_reads,

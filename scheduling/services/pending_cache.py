@@ -98,12 +98,22 @@ class PendingCache:
         self.positions: dict[int, int] = {}
         #: The estimates last written, by pool id: an unchanged pool is not rewritten.
         self.estimates: dict[int, dict[str, int | None]] = {}
+        #: When the last cycle that wrote every waiting job's sort key and estimate began
+        #: (time.monotonic(); see dispatch._explain_now); None: none since the copy was
+        #: cleared.
+        self.explained_at: float | None = None
 
     def clear(self) -> None:
         self._entries.clear()
         self._fingerprint = ()
         self.positions = {}
         self.estimates = {}
+        self.explained_at = None
+
+    def explained(self, monotonic: float) -> None:
+        """A cycle that began at ``monotonic`` and wrote every waiting job's sort key and
+        estimate committed."""
+        self.explained_at = monotonic
 
     def load(
         self, policies: dict[str, WorkloadPolicy]
