@@ -23,7 +23,7 @@ Prints, per second: offered load, answered requests, errors, replicas (live and 
 the client's p95 latency; at the end (one JSON line): share of seconds with p95 within the
 SLO after the first scale-up, GPU-hours used against a static deployment at
 ``max_replicas``, the scale-up decision's delay after the ramp began (and after the first
-second the offered load exceeded the replicas' target), and flapping (a scale-up within
+onset of an overload: more offered than the ready replicas serve), and flapping (a scale-up within
 the scale-down delay after a scale-down). ``--png`` draws the run (matplotlib).
 """
 
@@ -301,13 +301,19 @@ def summarize(run: Run, decisions: list[dict], args, started_at: datetime) -> di
     downs = [d for d in decisions if d["desired"] < d["current"]]
     first_up = next((second_of(d) for d in ups if second_of(d) >= 0), None)
     ramp_start = args.warm
-    # The first second the offered load exceeded what the replicas carry at their target
-    # (replicas × concurrency / service time).
+    # Overload onsets: seconds the offered load went above what the ready replicas can
+    # serve (replicas × concurrency / service time). The reaction to one is the delay of
+    # the first scale-up decided from one panic window before it on (0 when earlier).
     capacity = args.concurrency / (args.service_ms / 1000.0)
-    over = next(
-        (s for s in seconds if s >= 1 and run.offered.get(s, 0) > replicas[s][1] * capacity),
-        None,
-    )
+
+    def overloaded(s):
+        return run.offered.get(s, 0) > replicas[s][1] * capacity
+
+    onsets = [s for s in seconds if s >= 1 and overloaded(s) and not overloaded(s - 1)]
+    reactions = []
+    for s in onsets:
+        later = [second_of(d) for d in ups if second_of(d) >= s - args.panic_window]
+        reactions.append(max(0.0, min(later) - s) if later else None)
     up_after_ramp = [second_of(d) for d in ups if second_of(d) >= ramp_start]
     after_first_up = [s for s in seconds if first_up is not None and s >= first_up]
     judged = [s for s in after_first_up if p95[s] is not None]
@@ -326,10 +332,9 @@ def summarize(run: Run, decisions: list[dict], args, started_at: datetime) -> di
         "errors": sum(run.errors.values()),
         "first_scale_up_s": first_up,
         "scale_up_after_ramp_start_s": (up_after_ramp[0] - ramp_start) if up_after_ramp else None,
-        "scale_up_after_overload_s": (
-            next((u - over for u in (second_of(d) for d in ups) if u >= over), None)
-            if over is not None
-            else None
+        "overload_onsets": len(onsets),
+        "scale_up_after_overload_max_s": (
+            None if None in reactions else max(reactions, default=None)
         ),
         "p95_within_slo_share": (len(within) / len(judged)) if judged else None,
         "gpu_hours": gpu_seconds / 3600,
@@ -398,6 +403,14 @@ def main() -> int:
     parser.add_argument("--slo-ms", type=int, default=400)
     parser.add_argument("--max-replicas", type=int, default=8)
     parser.add_argument("--scale-down-delay", type=int, default=30)
+    parser.add_argument("--panic-window", type=int, default=6)
+    parser.add_argument(
+        "--target",
+        type=float,
+        default=0.0,
+        help="ongoing requests per replica the service aims at (default 0.7 × --concurrency: "
+        "headroom, as Knative's 70 %% target utilization)",
+    )
     parser.add_argument("--png", default="", help="write a chart of the run here")
     parser.add_argument("--keep", action="store_true", help="keep the temp folder (logs)")
     parser.add_argument("--postgres", default="postgres://postgres@127.0.0.1:5432")
@@ -455,10 +468,10 @@ def main() -> int:
                             "--warmup", "2"],
                 "min_replicas": 1,
                 "max_replicas": args.max_replicas,
-                "target_running_per_replica": args.concurrency,
+                "target_running_per_replica": args.target or round(0.7 * args.concurrency, 2),
                 "latency_slo_ms": args.slo_ms,
                 "stable_window_s": 30,
-                "panic_window_s": 6,
+                "panic_window_s": args.panic_window,
                 "scale_up_max_step": 4,
                 "scale_down_delay_s": args.scale_down_delay,
             },
