@@ -255,15 +255,61 @@ class ServeTarget:
 def http_get(
     port: int, path: str, timeout: float, limit: int = MAX_METRICS_BYTES
 ) -> tuple[int, bytes]:
-    """GET ``http://127.0.0.1:<port><path>``: (status, body up to ``limit`` bytes). Not
-    urllib: it would go through the node's HTTP proxy settings."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    """GET ``http://127.0.0.1:<port><path>`` as HTTP/1.0 (no chunked answer, the server
+    closes when done): (status, body up to ``limit`` bytes). Connecting may take
+    ``timeout``, the whole answer ``4 × timeout``: a replica trickling its answer byte by
+    byte is cut off (TimeoutError), whatever part it is in. Not urllib: it would go
+    through the node's HTTP proxy settings."""
+    deadline = time.monotonic() + 4 * timeout
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as conn:
+        conn.sendall(
+            f"GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n"
+            "Accept: text/plain\r\nConnection: close\r\n\r\n".encode("latin-1")
+        )
+        data = bytearray()
+        head_end = -1
+        body_limit = limit
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"port {port}{path}: the answer takes too long")
+            conn.settimeout(min(timeout, left))
+            chunk = conn.recv(64 * 1024)
+            if not chunk:
+                break
+            data += chunk
+            if head_end < 0:
+                head_end = data.find(b"\r\n\r\n")
+                if head_end < 0 and len(data) > 64 * 1024:
+                    raise http.client.HTTPException(f"port {port}{path}: headers too long")
+                if head_end >= 0:
+                    body_limit = head_end + 4 + limit
+                    length = _content_length(bytes(data[:head_end]))
+                    if length is not None:
+                        body_limit = head_end + 4 + min(limit, length)
+            if head_end >= 0 and len(data) >= body_limit:
+                break
+    if head_end < 0:
+        raise http.client.HTTPException(f"port {port}{path}: no complete answer")
+    status_line = bytes(data[: data.find(b"\r\n")]).decode("latin-1").split()
+    if len(status_line) < 2 or not status_line[0].startswith("HTTP/"):
+        raise http.client.HTTPException(f"port {port}{path}: not an HTTP answer")
     try:
-        connection.request("GET", path, headers={"Accept": "text/plain", "Connection": "close"})
-        response = connection.getresponse()
-        return response.status, response.read(limit)
-    finally:
-        connection.close()
+        status = int(status_line[1])
+    except ValueError:
+        raise http.client.HTTPException(f"port {port}{path}: bad status") from None
+    return status, bytes(data[head_end + 4 : body_limit])
+
+
+def _content_length(head: bytes) -> int | None:
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            try:
+                return max(0, int(value.strip()))
+            except ValueError:
+                return None
+    return None
 
 
 def scrape(target: ServeTarget, timeout: float = DEFAULT_SCRAPE_TIMEOUT) -> dict[str, Any]:

@@ -369,3 +369,53 @@ def test_a_restarted_agent_scrapes_the_serving_job_it_adopts(make_agent, model_s
     # The adopted replica's port is not given to a new serving job.
     second.send(launch(2, python_job(SHOW_PORT), gpu_indices=[1], serve={"health_path": "/"}))
     assert second.wait_report("started", 2)["port"] == ({low, high} - {port}).pop()
+
+
+@pytest.mark.parametrize(
+    "head",
+    [b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n", b"HTTP/1.1 200 OK\r\nX-Slow: "],
+    ids=["body", "headers"],
+)
+def test_a_replica_trickling_its_answer_is_cut_off(head):
+    """Each read has the timeout, the whole answer four times it: a replica sending a byte
+    every 0.1 s does not hold a scrape round (and every replica's samples) for long."""
+    import socket
+    import time
+
+    from scheduling.agent.serving import scrape
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    done = threading.Event()
+
+    def trickle():
+        while not done.is_set():
+            try:
+                server.settimeout(0.2)
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.recv(4096)
+                conn.sendall(head)
+                while not done.is_set():
+                    try:
+                        conn.sendall(b"#")
+                    except OSError:
+                        break
+                    time.sleep(0.1)
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    try:
+        began = time.monotonic()
+        sample = scrape(ServeTarget(1, 0, port), timeout=0.3)
+        took = time.monotonic() - began
+    finally:
+        done.set()
+        thread.join(5)
+        server.close()
+    assert sample["ready"] is False and sample["requests_total"] is None
+    assert took < 10  # two GETs of at most 4 × 0.3 s each, not 100,000 × 0.1 s
