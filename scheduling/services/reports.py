@@ -46,6 +46,7 @@ from scheduling.agent.protocol import (
     EXITED,
     HEARTBEAT,
     LOG,
+    SERVE_METRICS,
     STARTED,
     ProtocolError,
     validate_report,
@@ -162,8 +163,10 @@ def _apply_group(group: list[Item]) -> int:
 #: Reports applied together, set-based (see nodes.job_reports_apply).
 TOGETHER = (STARTED, EXITED)
 #: Reports that may come between them: they change no job state, so their order against
-#: the reports applied together does not matter (a log chunk is written by offset).
-ALONGSIDE = (LOG,)
+#: the reports applied together does not matter (a log chunk is written by offset; a
+#: serving job's sample, applied after the run's starts and exits, is kept only for a job
+#: still active, and its newest sample sets its endpoint).
+ALONGSIDE = (LOG, SERVE_METRICS)
 
 
 def _segments(group: list[Item]) -> list[tuple[bool, list[Item]]]:

@@ -230,3 +230,47 @@ def test_retention_sweep_deletes_in_chunks(world, monkeypatch):
     )
     assert serving.serve_samples_delete_old() == {"serve_samples_deleted": 5}
     assert not ServeSample.objects.exists()
+
+
+def test_samples_in_a_batch_do_not_split_the_job_reports_applied_together(world, monkeypatch):
+    """A ``serve_metrics`` report between ``started`` and ``exited`` reports is applied
+    after them: one set-based pass for the starts and exits, the sample on the started job."""
+    from scheduling.agent.protocol import exited_report
+    from scheduling.services import nodes
+
+    serving_job = f.JobFactory(
+        queue=world.queue,
+        project=world.project,
+        submitted_by=world.member,
+        workload_type=WorkloadType.INFERENCE,
+        serve={"health_path": "/health", "metrics_path": "/metrics"},
+    )
+    plain = f.JobFactory(queue=world.queue, project=world.project, submitted_by=world.member)
+    dispatch_cycle()
+    serving_job.refresh_from_db()
+    plain.refresh_from_db()
+    node = serving_job.allocations.first().node
+    assert plain.allocations.first().node == node
+    passes = []
+    real = nodes.job_reports_apply
+    monkeypatch.setattr(nodes, "job_reports_apply", lambda **kw: passes.append(1) or real(**kw))
+    reports = [
+        started_report(node=node.name, job_id=serving_job.pk, attempt=0, pid=5, started_at=T0),
+        serve_metrics_report(node=node.name, samples=[_sample(serving_job, at=T0 + 1)]),
+        started_report(node=node.name, job_id=plain.pk, attempt=0, pid=6, started_at=T0),
+        exited_report(
+            node=node.name, job_id=plain.pk, attempt=0, exit_code=0, signal=None,
+            stop_reason=None, message="", finished_at=T0 + 2,
+        ),
+    ]  # fmt: skip
+    reports[0]["port"] = 20001
+    assert agent_reports_process(reports=reports)["failed"] == 0
+    assert passes == [1]
+    serving_job.refresh_from_db()
+    plain.refresh_from_db()
+    assert (serving_job.state, serving_job.serve_port, serving_job.serve_ready) == (
+        JobState.RUNNING,
+        20001,
+        True,
+    )
+    assert plain.state == JobState.SUCCEEDED
