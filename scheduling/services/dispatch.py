@@ -40,7 +40,7 @@ from ..models import (
     TenantUsage,
     WorkloadPolicy,
 )
-from .enqueue import dispatch_on_commit
+from .enqueue import WAITING_VERSION_KEY, dispatch_on_commit
 from .lifecycle import jobs_transition_bulk
 from .messaging import send_node_messages
 from .pending_cache import PendingCache, PendingRow, epoch
@@ -240,6 +240,32 @@ def _explain_now(loaded: Loaded, monotonic: float) -> bool:
     return explained is None or monotonic - explained >= settings.SLUICE_DISPATCH_EXPLAIN_SECONDS
 
 
+def _waiting_to_read(monotonic: float) -> bool:
+    """Whether this cycle reads the waiting jobs, or may take them from the leader's copy.
+
+    A cycle that would be a short one (a deep backlog, the last full cycle recent: see
+    ``_explain_now``) takes them from the copy when no waiting job changed since they were
+    last read but by this leader's own cycles (``enqueue.WAITING_VERSION_KEY``, bumped by
+    submissions, state changes to and from waiting, raises and limit changes): at 10,000
+    waiting, reading them is a third of such a cycle, and the database's work besides. The
+    counter is read before the jobs are, so a change that commits meanwhile is read by the
+    next cycle. A placement the copy does not know to be stale (a job cancelled in the
+    meantime) is dropped when the cycle reads the placed jobs (``_placed_jobs``)."""
+    version = cache.get(WAITING_VERSION_KEY)
+    copy = LEADER_CACHE
+    deep = settings.SLUICE_DISPATCH_DEEP_BACKLOG
+    explained = copy.explained_at
+    skip = (
+        deep > 0
+        and copy.size >= deep
+        and explained is not None
+        and monotonic - explained < settings.SLUICE_DISPATCH_EXPLAIN_SECONDS
+        and copy.waiting_unchanged(version)
+    )
+    copy.waiting_version = version
+    return not skip
+
+
 def _previous_reservation(entry) -> tuple[tuple[int, ...], float | None, tuple[int, ...]]:
     """``PendingJob``'s reserved GPUs, reserved start and claimed GPUs from a remembered
     reservation (also one from before claims were remembered: two fields)."""
@@ -261,11 +287,16 @@ def order_settings() -> dict:
 
 
 def load_snapshot(
-    now: datetime, *, update_usage: bool = True, pending_cache: PendingCache | None = None
+    now: datetime,
+    *,
+    update_usage: bool = True,
+    pending_cache: PendingCache | None = None,
+    read_waiting: bool = True,
 ) -> Loaded:
     """Read everything the engine needs in a handful of queries. The dispatch loop passes
-    its ``PendingCache`` (waiting jobs read whole only when new or changed); other callers
-    read them afresh."""
+    its ``PendingCache`` (waiting jobs read whole only when new or changed, and not read at
+    all with ``read_waiting=False``: see ``_waiting_to_read``); other callers read them
+    afresh."""
     policies = {
         p.workload_type: p for p in WorkloadPolicy.objects.prefetch_related("allowed_pools")
     }
@@ -350,7 +381,7 @@ def load_snapshot(
         )
 
     pending_cache = pending_cache or PendingCache()
-    pending_rows, pending = pending_cache.load(policies)
+    pending_rows, pending = pending_cache.load(policies, read_waiting=read_waiting)
     previous = pending_cache.previous_positions(pending_rows)
     reservations = cache.get(RESERVATIONS_KEY) or {}
     for job in pending:
@@ -534,6 +565,7 @@ def _apply_placements(plan: engine.Plan, loaded: Loaded, now: datetime) -> list[
         jobs,
         JobState.ADMITTED,
         now=now,
+        by_dispatch_leader=True,
         kind="admitted",
         message_for=lambda j: f"Admitted as {kinds[j.id]} on {len(allocations[j.id])} GPU(s).",
         admitted_at=now,
@@ -674,7 +706,8 @@ def dispatch_cycle(now: datetime | None = None) -> dict:
         with transaction.atomic(), _leader_lock() as leader:
             if not leader:
                 return {"skipped": True}
-            loaded = load_snapshot(now, pending_cache=LEADER_CACHE)
+            read_waiting = _waiting_to_read(started_monotonic)
+            loaded = load_snapshot(now, pending_cache=LEADER_CACHE, read_waiting=read_waiting)
             explain = _explain_now(loaded, started_monotonic)
             loaded.snapshot.decisions_only = not explain
             t_loaded = time.perf_counter()
@@ -691,6 +724,8 @@ def dispatch_cycle(now: datetime | None = None) -> dict:
             transaction.on_commit(lambda: send_node_messages(messages))
             transaction.on_commit(lambda: _remember_reservations(plan, loaded))
             transaction.on_commit(lambda: _remember_positions(plan, loaded))
+            placed_ids = [p.job_id for p in plan.placements]
+            transaction.on_commit(lambda: LEADER_CACHE.forget(placed_ids))
     except Exception:
         # The leader's copy follows this cycle's writes, which were rolled back.
         LEADER_CACHE.clear()
@@ -705,6 +740,7 @@ def dispatch_cycle(now: datetime | None = None) -> dict:
         "running": len(loaded.running),
         "placed": len(plan.placements),
         "explained": explain,
+        "read_waiting": read_waiting,
         "reached": len(plan.pending),
         "preempted": len(plan.preemptions),
         "pending_updated": updated,

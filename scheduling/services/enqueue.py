@@ -26,16 +26,26 @@ __all__ = [
     "DISPATCH_QUEUE",
     "DISPATCH_REQUESTED_KEY",
     "REPORTS_QUEUE",
+    "WAITING_VERSION_KEY",
     "dispatch_on_commit",
     "reports_probe_enqueue",
     "request_dispatch",
     "simulation_run_enqueue",
+    "waiting_changed_on_commit",
 ]
 
 #: Set while a dispatch cycle is queued and not yet started: requests made meanwhile are
 #: merged into it (the task deletes the key when it starts, so a request made during a
 #: cycle queues exactly one more).
 DISPATCH_REQUESTED_KEY = "sluice:dispatch:requested"
+
+
+#: A counter bumped (once the change has committed) whenever a waiting job is added, leaves
+#: the waiting jobs or changes what the dispatch loop reads of it, by anything but the
+#: dispatch leader itself: while it stays the same, the leader's copy of the waiting jobs
+#: (scheduling.services.pending_cache) is still right, and a short cycle need not read
+#: them again (scheduling.services.dispatch).
+WAITING_VERSION_KEY = "sluice:dispatch:waiting-version"
 
 
 def _task(name: str):
@@ -59,6 +69,21 @@ def dispatch_on_commit() -> None:
     request is logged, not turned into an error for the caller; the periodic cycle
     (``SLUICE_DISPATCH_INTERVAL``) picks the change up."""
     transaction.on_commit(lambda: request_dispatch(), robust=True)
+
+
+def waiting_changed_on_commit() -> None:
+    """Bump ``WAITING_VERSION_KEY`` once the current transaction commits (robust, as
+    ``dispatch_on_commit``: a change the dispatcher misses is read by its next full cycle,
+    at most ``SLUICE_DISPATCH_EXPLAIN_SECONDS`` later)."""
+    transaction.on_commit(_bump_waiting_version, robust=True)
+
+
+def _bump_waiting_version() -> None:
+    try:
+        cache.incr(WAITING_VERSION_KEY)
+    except ValueError:  # not there yet (or evicted): any new value is a change
+        if not cache.add(WAITING_VERSION_KEY, 1, timeout=None):
+            cache.incr(WAITING_VERSION_KEY)
 
 
 def reports_probe_enqueue(sent_at: float) -> None:

@@ -43,7 +43,7 @@ from ..models import (
     Quota,
     WorkloadPolicy,
 )
-from .enqueue import dispatch_on_commit
+from .enqueue import dispatch_on_commit, waiting_changed_on_commit
 from .lifecycle import job_event, job_transition
 from .raises import higher_class, project_grant_classes
 
@@ -667,6 +667,7 @@ def job_submit(*, user, spec: JobSpec) -> Job:
         },
     )
     dispatch_on_commit()
+    waiting_changed_on_commit()
     return job
 
 
@@ -743,6 +744,7 @@ def job_submit_bulk(*, user, specs: list[JobSpec]) -> list[Job]:
             after={"count": len(ids), "first_id": ids[0], "last_id": ids[-1]},
         )
     dispatch_on_commit()
+    waiting_changed_on_commit()
     return jobs
 
 

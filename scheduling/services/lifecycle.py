@@ -12,6 +12,10 @@ from portal.errors import BusinessError
 
 from ..choices import JobState as S
 from ..models import Job, JobEvent
+from .enqueue import waiting_changed_on_commit
+
+#: The states of a waiting job (what the dispatch leader keeps a copy of).
+WAITING = (S.PENDING, S.HELD)
 
 # DESIGN §5. A preempted or lost job whose policy allows requeue goes back to PENDING.
 TRANSITIONS: dict[str, frozenset[str]] = {
@@ -79,6 +83,8 @@ def job_transition(
     if updated != 1:
         raise ConcurrentChange(job)
     from_state = job.state
+    if from_state in WAITING or to_state in WAITING:
+        waiting_changed_on_commit()
     job.state = to_state
     for key, value in fields.items():
         setattr(job, key, value)
@@ -144,12 +150,21 @@ def job_event(
 
 @transaction.atomic
 def jobs_transition_bulk(
-    jobs: list[Job], to_state: str, *, kind: str, message_for, now=None, **fields
+    jobs: list[Job],
+    to_state: str,
+    *,
+    kind: str,
+    message_for,
+    now=None,
+    by_dispatch_leader: bool = False,
+    **fields,
 ) -> None:
     """The bulk form of ``job_transition`` for the dispatch loop: same checks, one UPDATE per state.
 
     Every job must be in a state that may go to ``to_state``; if any changed meanwhile the
     whole batch fails (the caller's transaction rolls back) instead of half-applying.
+    ``by_dispatch_leader``: the leader's own placements, which its copy of the waiting
+    jobs follows by itself (no ``waiting_changed_on_commit``).
     """
     now = now or timezone.now()
     fields = _leaving_the_queue(to_state, fields)
@@ -168,6 +183,8 @@ def jobs_transition_bulk(
             )
         if updated != len(ids):
             raise ConcurrentChange(group[0])
+    if not by_dispatch_leader and (to_state in WAITING or any(s in WAITING for s in by_state)):
+        waiting_changed_on_commit()
     events = []
     for job in jobs:
         events.append(
@@ -215,10 +232,12 @@ def jobs_transition_steps(steps: Sequence[Step], *, now=None) -> None:
     now = now or timezone.now()
     changed: dict[int, tuple[Job, dict]] = {}
     events = []
+    touches_waiting = False
     for step in steps:
         job = step.job
         if not can_transition(job.state, step.to_state):
             raise IllegalTransition(job, step.to_state)
+        touches_waiting = touches_waiting or job.state in WAITING or step.to_state in WAITING
         fields = _leaving_the_queue(step.to_state, step.fields)
         events.append(
             JobEvent(
@@ -239,6 +258,8 @@ def jobs_transition_steps(steps: Sequence[Step], *, now=None) -> None:
         by_columns.setdefault(columns, []).append([job.pk, *(fields[c] for c in columns)])
     for columns, rows in by_columns.items():
         rows_update(Job, columns, rows)
+    if touches_waiting:
+        waiting_changed_on_commit()
     JobEvent.objects.bulk_create(events, batch_size=1000)
     for job, _ in changed.values():
         if job.state in (S.SUCCEEDED, S.TIMED_OUT):  # as job_transition

@@ -38,6 +38,7 @@ from ..choices import (
 from ..limits.selectors import extension_approvers, extension_refusal, granted_extension_seconds
 from ..models import Job, RuntimeExtension, WorkloadPolicy
 from ..selectors import can_manage_job
+from .enqueue import waiting_changed_on_commit
 from .lifecycle import job_event
 from .notifications import notification_send
 from .stopping import job_stop
@@ -267,6 +268,7 @@ def _apply(job: Job, seconds: int, now: datetime) -> tuple[int, int]:
         if elapsed is not None and warning_reached(elapsed, f, new)
     ]
     Job.objects.filter(pk=job.pk).update(max_runtime_seconds=new, runtime_warnings_sent=still)
+    waiting_changed_on_commit()  # a waiting job's limit is part of what the dispatcher reads
     job.max_runtime_seconds, job.runtime_warnings_sent = new, still
     return old, new
 

@@ -104,6 +104,9 @@ class PendingCache:
         #: (time.monotonic(); see dispatch._explain_now); None: none since the copy was
         #: cleared.
         self.explained_at: float | None = None
+        #: ``enqueue.WAITING_VERSION_KEY`` as it was before the waiting jobs were last
+        #: read (see ``waiting_unchanged``).
+        self.waiting_version = None
 
     def clear(self) -> None:
         self._entries.clear()
@@ -111,6 +114,25 @@ class PendingCache:
         self.positions = {}
         self.estimates = {}
         self.explained_at = None
+        self.waiting_version = None
+
+    @property
+    def size(self) -> int:
+        """The number of waiting jobs in the copy (as last read)."""
+        return len(self._entries)
+
+    def waiting_unchanged(self, version) -> bool:
+        """Whether no waiting job changed since they were last read, but by this leader's
+        own writes, which the copy follows: ``version`` (the counter now) is the one seen
+        then, and there is a copy."""
+        return bool(self._entries) and version is not None and version == self.waiting_version
+
+    def forget(self, job_ids) -> None:
+        """These jobs left the waiting ones by this leader's cycle (placed), which
+        committed."""
+        for job_id in job_ids:
+            self._entries.pop(job_id, None)
+            self.positions.pop(job_id, None)
 
     def explained(self, monotonic: float) -> None:
         """A cycle that began at ``monotonic`` and wrote every waiting job's sort key and
@@ -118,8 +140,10 @@ class PendingCache:
         self.explained_at = monotonic
 
     def load(
-        self, policies: dict[str, WorkloadPolicy]
+        self, policies: dict[str, WorkloadPolicy], *, read_waiting: bool = True
     ) -> tuple[dict[int, PendingRow], list[engine.PendingJob]]:
+        """The waiting jobs' rows and engine records. ``read_waiting=False`` (the caller
+        checked ``waiting_unchanged``) takes them from the copy without reading them."""
         from tenants.models import Project, Tenant
 
         tenants = dict(Tenant.objects.values_list("id", "slug"))
@@ -143,9 +167,16 @@ class PendingCache:
         )
         stale = time.monotonic() - self._loaded_at > self._full_reload_seconds
         if fingerprint != self._fingerprint or stale:
+            version = self.waiting_version
             self.clear()
+            self.waiting_version = version
             self._fingerprint = fingerprint
             self._loaded_at = time.monotonic()
+        if not read_waiting and self._entries:
+            self.whole_reads = 0
+            rows = {job_id: entry.row for job_id, entry in self._entries.items()}
+            self._refresh_expected_when_due(rows, set())
+            return rows, [entry.job for entry in self._entries.values()]
         narrow = _narrow_rows()
         entries = self._entries
         get = entries.get
@@ -172,12 +203,15 @@ class PendingCache:
             entry.row.rank = row[-1]
             rows[row[0]] = entry.row
             pending.append(entry.job)
+        self._refresh_expected_when_due(rows, fresh)
+        return rows, pending
+
+    def _refresh_expected_when_due(self, rows: dict[int, PendingRow], fresh: set[int]) -> None:
         if time.monotonic() - self._expected_at > EXPECTED_REFRESH_SECONDS:
             self._expected_at = time.monotonic()
             self._refresh_expected(rows)
         elif fresh:
             self._refresh_expected({job_id: rows[job_id] for job_id in fresh if job_id in rows})
-        return rows, pending
 
     def retold(self, job_id: int, code: str, message: str) -> None:
         """The cycle wrote this reason: the copy follows, so that the next cycle does not

@@ -27,7 +27,7 @@ from tenants.selectors import has_role, is_platform_admin
 from ..choices import FINAL_STATES, LIVE_STATES, RAISABLE_STATES, NotificationKind, RaiseState
 from ..models import Job, JobEvent, PriorityClass, PriorityRaise, TenantRaiseCeiling
 from ..selectors import can_manage_job, raise_approvers, raise_refusal
-from .enqueue import dispatch_on_commit
+from .enqueue import dispatch_on_commit, waiting_changed_on_commit
 from .notifications import notification_send
 
 log = logging.getLogger(__name__)
@@ -177,6 +177,8 @@ def _sync_classes(
             Job.objects.filter(pk__in=ids[start : start + _SQLITE_CHUNK]).update(
                 priority_class_id=class_id
             )
+    if by_class:
+        waiting_changed_on_commit()
     if raise_.job_id and not changes:
         events.append(
             JobEvent(

@@ -8,7 +8,8 @@ from datetime import timedelta
 
 import pytest
 from django.core.cache import cache
-from django.db import transaction
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from freezegun import freeze_time
 
@@ -16,6 +17,7 @@ from scheduling.choices import JobState
 from scheduling.models import Allocation, Job, PoolEstimates, Quota
 from scheduling.services import dispatch
 from scheduling.services.dispatch import RESERVATIONS_KEY, dispatch_cycle
+from scheduling.services.enqueue import WAITING_VERSION_KEY, waiting_changed_on_commit
 from scheduling.services.nodes import job_exited, job_started
 from scheduling.services.pending_cache import PendingCache
 from tests import factories as f
@@ -245,9 +247,7 @@ def test_explanations_are_written_once_the_last_write_is_too_old(
     assert not _cycle(django_capture_on_commit_callbacks)["explained"]
 
 
-def test_a_shallow_backlog_gets_full_cycles_only(
-    world, deep, django_capture_on_commit_callbacks
-):
+def test_a_shallow_backlog_gets_full_cycles_only(world, deep, django_capture_on_commit_callbacks):
     _backlog(world, 5)
     assert _cycle(django_capture_on_commit_callbacks)["placed"] == 2
     for _ in range(3):
@@ -265,3 +265,133 @@ def test_a_failed_cycle_forgets_when_it_last_explained(world, deep, monkeypatch)
     with pytest.raises(RuntimeError):
         dispatch_cycle()
     assert dispatch.LEADER_CACHE.explained_at is None
+
+
+# --- the waiting jobs taken from the leader's copy (dispatch._waiting_to_read) ---------------
+
+
+def _narrow_reads(queries) -> int:
+    """Statements that read the waiting jobs' narrow rows (pending_cache._NARROW)."""
+    return sum(
+        1
+        for q in queries
+        if '"pending_rank" AS "pending_rank" FROM "scheduling_job" WHERE' in q["sql"]
+    )
+
+
+def _counted_cycle(capture):
+    with CaptureQueriesContext(connection) as ctx:
+        stats = _cycle(capture)
+    return stats, _narrow_reads(ctx.captured_queries)
+
+
+@pytest.fixture
+def versioned(deep, django_capture_on_commit_callbacks):
+    """A deep backlog whose waiting jobs were counted in by the version (as job_submit
+    does), read by a full cycle."""
+    cache.delete(WAITING_VERSION_KEY)
+    with django_capture_on_commit_callbacks(execute=True):
+        waiting_changed_on_commit()
+    return deep
+
+
+def test_a_short_cycle_takes_the_waiting_jobs_from_the_copy_while_none_changed(
+    world, versioned, django_capture_on_commit_callbacks
+):
+    _backlog(world, 12)
+    stats, reads = _counted_cycle(django_capture_on_commit_callbacks)
+    assert stats["read_waiting"] and reads == 1 and stats["placed"] == 2
+    first = set(Job.objects.filter(state=JobState.ADMITTED).values_list("pk", flat=True))
+    _finish([min(first)])  # a job ends: the waiting ones are as they were
+    stats, reads = _counted_cycle(django_capture_on_commit_callbacks)
+    assert not stats["read_waiting"] and reads == 0
+    assert not stats["explained"] and stats["placed"] == 1 and stats["pending"] == 12
+    # The placed job left the copy: the next cycle, again without reading, has 11.
+    stats, reads = _counted_cycle(django_capture_on_commit_callbacks)
+    assert not stats["read_waiting"] and reads == 0
+    assert stats["pending"] == 11 and stats["placed"] == 0
+
+
+def _submit(world, capture, gpus=8):
+    from scheduling.services.jobs import JobSpec, job_submit
+
+    with capture(execute=True):
+        return job_submit(
+            user=world.member,
+            spec=JobSpec(
+                queue=world.queue,
+                project=world.project,
+                name="",
+                workload_type="training",
+                command=["python", "train.py"],
+                gpus_per_node=gpus,
+            ),
+        )
+
+
+def test_a_submission_makes_the_next_cycle_read_and_explain_the_waiting_jobs(
+    world, versioned, django_capture_on_commit_callbacks
+):
+    _backlog(world, 12)
+    _cycle(django_capture_on_commit_callbacks)
+    assert not _counted_cycle(django_capture_on_commit_callbacks)[0]["read_waiting"]
+    late = _submit(world, django_capture_on_commit_callbacks, gpus=1)
+    stats, reads = _counted_cycle(django_capture_on_commit_callbacks)
+    assert stats["read_waiting"] and reads == 1 and stats["explained"]
+    late.refresh_from_db()
+    assert late.pending_reason_code and late.pool_position is not None
+
+
+def test_cancelling_a_waiting_job_counts_as_a_change(
+    world, versioned, django_capture_on_commit_callbacks
+):
+    from scheduling.services.jobs import job_cancel
+
+    _backlog(world, 12)
+    _cycle(django_capture_on_commit_callbacks)
+    assert not _counted_cycle(django_capture_on_commit_callbacks)[0]["read_waiting"]
+    waiting = Job.objects.filter(state=JobState.PENDING, tenant=world.tenant).last()
+    before = cache.get(WAITING_VERSION_KEY)
+    with django_capture_on_commit_callbacks(execute=True):
+        job_cancel(user=world.tenant_admin, job=waiting)
+        assert cache.get(WAITING_VERSION_KEY) == before  # not before the commit
+    assert cache.get(WAITING_VERSION_KEY) == before + 1
+    # (the cancel's dispatch request runs a cycle here: Celery is eager in the tests)
+    stats = _cycle(django_capture_on_commit_callbacks)
+    assert stats["pending"] == 11
+
+
+def test_the_leaders_own_placements_do_not_count_as_a_change(
+    world, versioned, django_capture_on_commit_callbacks
+):
+    _backlog(world, 12)
+    before = cache.get(WAITING_VERSION_KEY)
+    stats = _cycle(django_capture_on_commit_callbacks)
+    assert stats["placed"] == 2 and cache.get(WAITING_VERSION_KEY) == before
+
+
+def test_a_requeue_from_a_report_counts_as_a_change(
+    world, versioned, django_capture_on_commit_callbacks
+):
+    from scheduling.services.lifecycle import Step, jobs_transition_steps
+
+    _backlog(world, 12)
+    _cycle(django_capture_on_commit_callbacks)
+    before = cache.get(WAITING_VERSION_KEY)
+    job = Job.objects.filter(state=JobState.ADMITTED).first()
+    with django_capture_on_commit_callbacks(execute=True):
+        jobs_transition_steps([Step(job=job, to_state=JobState.LOST, kind="lost")])
+    assert cache.get(WAITING_VERSION_KEY) == before  # leaving a node is not waiting
+    job.refresh_from_db()
+    with django_capture_on_commit_callbacks(execute=True):
+        jobs_transition_steps([Step(job=job, to_state=JobState.PENDING, kind="requeued")])
+    assert cache.get(WAITING_VERSION_KEY) == before + 1
+
+
+def test_a_lost_version_makes_the_next_cycle_read(
+    world, versioned, django_capture_on_commit_callbacks
+):
+    _backlog(world, 12)
+    _cycle(django_capture_on_commit_callbacks)
+    cache.delete(WAITING_VERSION_KEY)  # a cache flush
+    assert _counted_cycle(django_capture_on_commit_callbacks)[0]["read_waiting"]
