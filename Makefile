@@ -25,6 +25,7 @@ $(VENV)/.installed-dev: requirements.txt requirements-dev.txt pyproject.toml | $
 run: $(VENV)/.installed
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py seed_demo
+	$(PY) manage.py seed_service_demo
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/honcho start -f Procfile
 
 ## Lint, Django checks, migrations check and the test suite (SQLite, eager tasks)
