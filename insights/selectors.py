@@ -15,10 +15,28 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from django.db.models import Avg, Count, F, FloatField, Func, Max, Q, QuerySet, Sum, Value
-from django.db.models.functions import Coalesce, Floor, TruncDate, TruncHour
+from django.db.models import (
+    Avg,
+    Count,
+    DateTimeField,
+    F,
+    FloatField,
+    Func,
+    Max,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Sum,
+    Value,
+)
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast, Coalesce, Floor, TruncDate, TruncHour
 from django.utils import timezone
 
+from inference.choices import BlockedReason
+from inference.models import ScaleDecision, Service
+from inference.selectors import services_near_capacity, with_replica_counts
 from scheduling.choices import FINAL_STATES, JobState, PoolPurpose, WorkloadType
 from scheduling.models import (
     Allocation,
@@ -665,6 +683,52 @@ def inference_capacity(totals: list[dict], buckets: int, guarantees: dict) -> li
         )
     rows.sort(key=lambda r: (r["share"] or 0.0, r["peak"]), reverse=True)
     return rows[:TABLE_ROWS]
+
+
+#: What made a service near capacity (``Service.near_capacity``), as the page names it.
+NEAR_CAPACITY_WHY = {"max_replicas": "max replicas", "quota": "quota"}
+#: Before any timeline line: the "since" of a service near capacity on every line it kept.
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def services_near_capacity_for(user, scope: Scope) -> list[Service]:
+    """The inference services near capacity now (at their max replicas or their tenant's
+    quota while the load asks for more; the flag the service tick keeps), of the tenants of
+    the insights' scope, each with ``live_replicas``, ``ready_replicas``, ``why`` (what holds
+    it: values of ``NEAR_CAPACITY_WHY``) and ``near_since``: the first line of its timeline in the last
+    run of near-capacity lines (``None`` when no line says so: pruned or not yet written).
+    One query whatever the number of services."""
+    timeline = ScaleDecision.objects.filter(service=OuterRef("pk"))
+    last_clear = timeline.exclude(inputs__near_capacity=True).order_by("-at", "-id")
+    first_near = timeline.filter(inputs__near_capacity=True, at__gt=OuterRef("clear_at"))
+    latest = timeline.order_by("-at", "-id")
+    services = (
+        with_replica_counts(scope.filter(services_near_capacity(user)))
+        .annotate(
+            clear_at=Coalesce(
+                Subquery(last_clear.values("at")[:1]), Value(_EPOCH, DateTimeField())
+            ),
+            near_since=Subquery(first_near.order_by("at", "id").values("at")[:1]),
+            recommended=Subquery(
+                latest.annotate(
+                    n=Cast(KeyTextTransform("recommended", "inputs"), FloatField())
+                ).values("n")[:1]
+            ),
+        )
+        .order_by("tenant__slug", "project__slug", "name", "id")
+    )
+    out = list(services)
+    for service in out:
+        why = []
+        if service.recommended is not None:
+            if service.recommended > service.max_replicas:
+                why.append("max_replicas")
+        elif service.desired_replicas >= service.max_replicas:
+            why.append("max_replicas")
+        if service.blocked_reason_code == BlockedReason.AT_QUOTA:
+            why.append("quota")
+        service.why = [NEAR_CAPACITY_WHY[w] for w in why]
+    return out
 
 
 # --- the page -------------------------------------------------------------------------------

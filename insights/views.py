@@ -1,7 +1,7 @@
 """The insights page: charts of the history and the five questions of the platform team
 (which queues wait long, which teams use GPUs abnormally, which jobs fail often, which GPUs
-sit idle long, which inference capacity is near its limit), each a ranked table with links
-to where one acts."""
+sit idle long, which inference capacity is near its limit, inference services included),
+each a ranked table with links to where one acts."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from .selectors import (
     insights_for,
     insights_scope,
     period_from,
+    services_near_capacity_for,
 )
 
 PALETTE = ["#2458d6", "#c0392b", "#1f8a4c", "#b7791f", "#8e6bd6", "#17a2b8", "#6b7385"]
@@ -299,6 +300,7 @@ def insights(request):
         "scope_tenants": [] if scope.platform else Tenant.objects.filter(pk__in=scope.tenant_ids),
         "idle_flag": round(IDLE_SHARE_FLAG * 100),
         "near_capacity": NEAR_CAPACITY,
+        "services_near_capacity": services_near_capacity_for(request.user, scope),
         "since_choice": {"24h": "1d", "7d": "7d", "30d": "30d"}[period.key],
     }
     return render(request, "insights/insights.html", context)
