@@ -2,9 +2,9 @@
 
     .venv/bin/python bench/inference.py [--backend auto|postgres|embedded]
         [--low 5] [--high 60] [--warm 20] [--up 40] [--hold 40] [--down 40] [--tail 60]
-        [--step-rate HIGH] [--step-hold 30] [--step-tail 30]
-        [--training-jobs 2] [--training-gpus 2] [--training-class urgent]
-        [--training-guarantee 4]
+        [--step-rate HIGH] [--step-rest DELAY] [--step-hold 30] [--step-tail 30]
+        [--training-jobs 2] [--training-gpus 4] [--training-class urgent]
+        [--training-guarantee 8]
         [--service-ms 100] [--concurrency 2] [--slo-ms 400] [--max-replicas 8]
         [--png bench-inference.png] [--keep]
 
@@ -19,15 +19,18 @@ request, ``--concurrency`` at once, the rest wait), one GPU each, ``min_replicas
 Then it offers an open-loop load (requests sent on a schedule whatever the answers, so a
 slow service sees its queue grow, as real users do): ``--low`` requests/s for ``--warm`` s,
 a linear ramp to ``--high`` over ``--up`` s, ``--hold`` s at the peak, down to ``--low``
-over ``--down`` s and ``--tail`` s there (to see the scale-down): the *ramp*. Then a *step*:
-the load jumps from ``--low`` to ``--step-rate`` (default ``--high``; negative: no step) at
-once, holds ``--step-hold`` s and drops back to ``--low`` for ``--step-tail`` s. Requests go
-round robin to the ready endpoints of ``GET /api/v1/services/{id}/endpoints`` (read every
+over ``--down`` s and ``--tail`` s there (to see the scale-down): the *ramp*. Then, after
+``--step-rest`` s more at ``--low`` (default the scale-down delay, for the scale-down to
+settle), a *step*: the load jumps from ``--low`` to ``--step-rate`` (default ``--high``;
+negative: no step) at once, holds ``--step-hold`` s and drops back to ``--low`` for
+``--step-tail`` s. Requests go round robin to the ready endpoints of ``GET /api/v1/services/{id}/endpoints`` (read every
 second), as a load balancer fed by ``manage.py service_upstreams`` would.
 
 During the ramp up, ``--training-jobs`` training jobs of another tenant (``research``,
 ``--training-guarantee`` GPUs guaranteed in the same pool, so they are admitted within
-quota) arrive through the API, ``--training-gpus`` GPUs on one node each, at class
+quota, and wait for GPUs only) arrive through the API, ``--training-gpus`` GPUs on one
+node each (default a whole node: the second finds none free while the first holds one
+and replicas the other), at class
 ``--training-class`` (``urgent``: ``can_preempt``); the i-th of n at warm + up × i / n, each
 sleeping until the end of the hold. The replicas' class and the inference policy are
 preemptible in this world, so only the engine's rule "training never preempts inference"
@@ -244,13 +247,13 @@ class Profile:
         self.edges.append(self.edges[-1] + args.down)
         self.ramp_length = self.edges[-1] + args.tail
         self.step_rate = args.step_rate
-        self.step_at = self.ramp_length
+        self.step_at = self.ramp_length + (args.step_rest if self.step_rate > 0 else 0)
         self.step_end = self.step_at + (args.step_hold if self.step_rate > 0 else 0)
         self.length = self.step_end + (args.step_tail if self.step_rate > 0 else 0)
 
     def rate(self, t: float) -> float:
         if t >= self.ramp_length:
-            return self.step_rate if t < self.step_end else self.low
+            return self.step_rate if self.step_at <= t < self.step_end else self.low
         w, u, h, d = self.edges
         if t < w:
             return self.low
@@ -533,11 +536,12 @@ def summarize(run: Run, decisions: list[dict], args, started_at: datetime) -> di
     after_first_up = [s for s in ramp if first_up is not None and s >= first_up]
     judged = [s for s in after_first_up if p95[s] is not None]
     within = [s for s in judged if p95[s] * 1000 <= args.slo_ms]
-    flaps = 0
+    flaps = ramp_flaps = 0
     for d in downs:
         t = second_of(d)
         if any(0 < second_of(u) - t < args.scale_down_delay for u in ups):
             flaps += 1
+            ramp_flaps += t < run.profile.ramp_length
     gpu_seconds = sum(replicas[s][0] for s in ramp)
     static = args.max_replicas * len(ramp)
     step: dict = {}
@@ -584,6 +588,7 @@ def summarize(run: Run, decisions: list[dict], args, started_at: datetime) -> di
         "gpu_hours_share_of_static": gpu_seconds / static if static else None,
         "max_replicas_seen": max((replicas[s][0] for s in ramp), default=0),
         "flaps": flaps,
+        "ramp_flaps": ramp_flaps,
         "decisions": len(decisions),
         "blocked_decisions": sum(1 for d in decisions if d.get("blocked_reason_code")),
         "blocked_codes": sorted(
@@ -716,6 +721,13 @@ def main() -> int:
         help="after the ramp, the load jumps from --low to this at once (default --high; "
         "a negative value: no step)",
     )
+    parser.add_argument(
+        "--step-rest",
+        type=float,
+        default=-1.0,
+        help="seconds at --low between the ramp and the step, for the scale-down to settle "
+        "(default the scale-down delay: the step's scale-up is then no flap)",
+    )
     parser.add_argument("--step-hold", type=float, default=30.0, help="seconds at the step")
     parser.add_argument(
         "--step-tail", type=float, default=30.0, help="seconds at --low after the step"
@@ -726,7 +738,13 @@ def main() -> int:
         default=2,
         help="training jobs of another tenant arriving during the ramp up (0: none)",
     )
-    parser.add_argument("--training-gpus", type=int, default=2, help="GPUs of each, one node")
+    parser.add_argument(
+        "--training-gpus",
+        type=int,
+        default=GPUS_PER_NODE,
+        help="GPUs of each, on one node (default a whole node: the second finds none whole "
+        "while replicas run on both)",
+    )
     parser.add_argument(
         "--training-class",
         default="urgent",
@@ -735,9 +753,9 @@ def main() -> int:
     parser.add_argument(
         "--training-guarantee",
         type=int,
-        default=GPUS_PER_NODE,
+        default=NODES * GPUS_PER_NODE,
         help="GPUs guaranteed to the training tenant in the same pool (the service's tenant "
-        "has all 8): its jobs are admitted within quota and want GPUs",
+        "has all 8 too): its jobs are admitted within quota and wait for GPUs only",
     )
     parser.add_argument("--png", default="", help="write a chart of the run here")
     parser.add_argument("--keep", action="store_true", help="keep the temp folder (logs)")
@@ -755,6 +773,8 @@ def main() -> int:
         return 0
     if args.step_rate == 0:
         args.step_rate = args.high
+    if args.step_rest < 0:
+        args.step_rest = float(args.scale_down_delay)
 
     def interrupted(signum, frame):
         raise KeyboardInterrupt
