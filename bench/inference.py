@@ -23,16 +23,16 @@ over ``--down`` s and ``--tail`` s there (to see the scale-down): the *ramp*. Th
 ``--step-rest`` s more at ``--low`` (default the scale-down delay, for the scale-down to
 settle), a *step*: the load jumps from ``--low`` to ``--step-rate`` (default ``--high``;
 negative: no step) at once, holds ``--step-hold`` s and drops back to ``--low`` for
-``--step-tail`` s. Requests go round robin to the ready endpoints of ``GET /api/v1/services/{id}/endpoints`` (read every
-second), as a load balancer fed by ``manage.py service_upstreams`` would.
+``--step-tail`` s. Requests go round robin to the ready endpoints of
+``GET /api/v1/services/{id}/endpoints`` (read every second), as a load balancer fed by
+``manage.py service_upstreams`` would.
 
 During the ramp up, ``--training-jobs`` training jobs of another tenant (``research``,
 ``--training-guarantee`` GPUs guaranteed in the same pool, so they are admitted within
 quota, and wait for GPUs only) arrive through the API, ``--training-gpus`` GPUs on one
 node each (default a whole node: the second finds none free while the first holds one
-and replicas the other), at class
-``--training-class`` (``urgent``: ``can_preempt``); the i-th of n at warm + up × i / n, each
-sleeping until the end of the hold. The replicas' class and the inference policy are
+and replicas the other), at class ``--training-class`` (``urgent``: ``can_preempt``); the
+i-th of n at warm + up × i / n, each sleeping until the end of the hold. The replicas' class and the inference policy are
 preemptible in this world, so only the engine's rule "training never preempts inference"
 (DESIGN.md §6) keeps the replicas running when the training jobs find no idle GPU.
 
