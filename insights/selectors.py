@@ -719,14 +719,12 @@ def services_near_capacity_for(user, scope: Scope) -> list[Service]:
     )
     out = list(services)
     for service in out:
-        why = []
+        at_quota = service.blocked_reason_code == BlockedReason.AT_QUOTA
         if service.recommended is not None:
-            if service.recommended > service.max_replicas:
-                why.append("max_replicas")
-        elif service.desired_replicas >= service.max_replicas:
-            why.append("max_replicas")
-        if service.blocked_reason_code == BlockedReason.AT_QUOTA:
-            why.append("quota")
+            at_max = service.recommended > service.max_replicas
+        else:  # no line to read the load's wish from: at max unless the quota holds it
+            at_max = not at_quota and service.desired_replicas >= service.max_replicas
+        why = [w for w, yes in (("max_replicas", at_max), ("quota", at_quota)) if yes]
         service.why = [NEAR_CAPACITY_WHY[w] for w in why]
     return out
 

@@ -160,3 +160,23 @@ def test_the_services_cost_one_query_whatever_their_number(world, client, servic
         body = client.get("/insights/").content.decode()
     assert count(body) == 8
     assert len(large) == len(small), [q["sql"][:120] for q in large.captured_queries]
+
+
+@freeze_time(NOW)
+def test_what_holds_a_service(world, client):
+    """The quota alone when the quota holds it (even at a desired count equal to max); both
+    when the load also asks for more than max."""
+    s = serving(world)
+    quota = {"near_capacity": True, "blocked_reason_code": BlockedReason.AT_QUOTA}
+    ServiceFactory(queue=s.queue, project=world.project, name="a", max_replicas=6,
+                   desired_replicas=6, **quota)  # fmt: skip
+    both = ServiceFactory(queue=s.queue, project=world.project, name="b", max_replicas=2, **quota)
+    near(both, timezone.now(), recommended=5, current=1)
+
+    _, body = get(client, world.tenant_admin)
+
+    table = rows(body, "table-services-near-capacity")
+    assert [r.split(" / ")[1] for r in table] == [
+        "6 quota not recorded",
+        "2 max replicas and quota 2026-11-20 12:00 UTC (0 minutes)",
+    ]
