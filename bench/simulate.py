@@ -12,7 +12,10 @@ that thousands of jobs wait in one pool at once under FIFO (peak about 2,700, me
 Sluice's backfill keeps its own queue to hundreds: peak about 500, mean 80); target 120 s
 per policy. Each line also gives the peak and the time-weighted mean number of jobs
 waiting. ``--one-pool`` merges the pools of any trace; ``--max-jobs N`` replays only the
-first N jobs by submit time (for profiling).
+first N jobs by submit time (for profiling). ``--knob NAME=VALUE`` sets an engine setting
+of every policy but FIFO (e.g. ``preemption_min_gain_seconds=3600``) and ``--workload
+FIELD=VALUE`` a field of the scenario's workload policy (e.g.
+``min_runtime_before_preemption=1800``), to measure a setting before making it a policy.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import asdict, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -30,7 +34,9 @@ from scheduling.engine import native  # noqa: E402
 from scheduling.simulator import DEFAULT_POLICIES, SimConfig, parse_policies  # noqa: E402
 from scheduling.simulator.cli import default_traces_dir  # noqa: E402
 from scheduling.simulator.metrics import summarize  # noqa: E402
+from scheduling.simulator.model import WorkloadSpec  # noqa: E402
 from scheduling.simulator.parallel import replay_split  # noqa: E402
+from scheduling.simulator.policies import KNOBS  # noqa: E402
 from scheduling.simulator.readers import load_trace  # noqa: E402
 from scheduling.simulator.scenario import (  # noqa: E402
     DEFAULT_TARGET_LOAD,
@@ -56,6 +62,29 @@ def waiting_figures(series: tuple[list[float], list[int], list[int]]) -> tuple[i
     return max(waiting), (area / span if span > 0 else float(waiting[0]))
 
 
+def parse_knobs(items: list[str]) -> dict[str, float]:
+    """``NAME=VALUE`` settings of :data:`KNOBS` as a dict (SystemExit on a bad one)."""
+    knobs: dict[str, float] = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        if name not in KNOBS or not value:
+            raise SystemExit(f"--knob {item!r}: expected NAME=VALUE with NAME one of {KNOBS}")
+        knobs[name] = float(value)
+    return knobs
+
+
+def parse_workload(items: list[str]) -> dict[str, int]:
+    """``FIELD=VALUE`` overrides of :class:`WorkloadSpec`'s integer fields."""
+    known = {name for name, value in asdict(WorkloadSpec()).items() if type(value) is int}
+    fields = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        if name not in known or not value:
+            raise SystemExit(f"--workload {item!r}: expected FIELD=VALUE with FIELD in {known}")
+        fields[name] = int(value)
+    return fields
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--trace", default="itp-2021")
@@ -69,7 +98,23 @@ def main() -> None:
     parser.add_argument("--deep", action="store_true", help="deep backlog: one pool, 95 %% load")
     parser.add_argument("--one-pool", action="store_true", help="merge the trace's pools")
     parser.add_argument("--max-jobs", type=int, help="the first N jobs by submit time only")
+    parser.add_argument(
+        "--knob",
+        action="append",
+        default=[],
+        metavar="NAME=SECONDS",
+        help=f"override an engine setting of every policy ({', '.join(KNOBS)})",
+    )
+    parser.add_argument(
+        "--workload",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a field of every workload policy of the scenario (WorkloadSpec: "
+        "min_runtime_before_preemption, max_preemptions, ...)",
+    )
     args = parser.parse_args()
+    knobs = parse_knobs(args.knob)
     cluster = "cluster01" if args.quick else args.cluster
     one_pool = args.one_pool or args.deep
     load = args.load if args.load is not None else DEEP_LOAD if args.deep else DEFAULT_TARGET_LOAD
@@ -78,11 +123,18 @@ def main() -> None:
     trace = load_trace(args.trace, default_traces_dir(), cluster=cluster)
     options = ScenarioOptions(target_load=load, one_pool=one_pool, max_jobs=args.max_jobs)
     scenario = build_scenario(trace, options)
+    if args.workload:
+        fields = parse_workload(args.workload)
+        scenario.workloads = {
+            name: replace(spec, **fields) for name, spec in scenario.workloads.items()
+        }
     setup = time.perf_counter() - loaded
     config = SimConfig(
         max_waiting_per_tenant=args.max_waiting_per_tenant, full_cycles=args.full_cycles
     )
     for policy in parse_policies(args.policy):
+        if knobs and not policy.global_fifo:
+            policy = replace(policy, **knobs)
         line = {
             "trace": scenario.name,
             "policy": policy.name,
@@ -93,6 +145,8 @@ def main() -> None:
             "max_waiting_per_tenant": args.max_waiting_per_tenant,
             "load": load,
             "full_cycles": args.full_cycles,
+            "knobs": {name: getattr(policy, name) for name in KNOBS},
+            "workload": asdict(scenario.workload("")),
             "read_and_setup_s": round(setup, 2),
             "target_s": target,
         }

@@ -906,8 +906,9 @@ class Planner:
         runtime: float,
         slot: Slot | None,
     ) -> tuple[str, float] | None:
-        """Stop victims for the job if that gets it running sooner than waiting (``slot``:
-        its earliest start without preempting, None if never).
+        """Stop victims for the job if that gets it running at least the snapshot's
+        ``preemption_min_gain_seconds`` sooner than waiting (``slot``: its earliest start
+        without preempting, None if never; see :mod:`.preemption`).
 
         Without backfill a job behind the pool's first blocked job starts after it (the
         pool's floor): stopping victims before then would cost their work for nothing,
@@ -915,6 +916,7 @@ class Planner:
         floor = self._pool_floor.get(job.pool) if self._pool_floor else None
         if floor == INF:
             return None
+        gain = self.snapshot.preemption_min_gain_seconds
         if not job.can_preempt:
             # Its victims can only be reclaimed (borrowed, of other tenants): it starts no
             # sooner than a victim's stop and its guaranteed quota allow, whoever stops.
@@ -922,8 +924,8 @@ class Planner:
                 option.account.earliest(job.gpus, job.preemptible, within_guarantee=True)
                 for option, _ in preemptors
             ]
-            if slot is not None and slot.start <= max(self.now + 1, min(due)):
-                return None  # waiting is as fast as any preemption: no search
+            if slot is not None and slot.start <= max(self.now + 1, min(due)) + gain:
+                return None  # waiting is (nearly) as fast as any preemption: no search
             victims_gone = self.now + self.longest_grace
             preemptors = [
                 item
@@ -978,8 +980,8 @@ class Planner:
             # are gone (and its own stopping jobs): their GPUs would sit idle until then.
             # It stops nobody now, and preempts once its quota is due.
             return None
-        if slot is not None and slot.start <= start:
-            return None  # waiting is as fast as preempting
+        if slot is not None and slot.start <= start + gain:
+            return None  # waiting is (nearly) as fast as preempting
         claimed = self._claimed_ids.setdefault(job.id, set())
         for record in choice.victims:
             self._stop(record, job, release[record.job.id], preemptor, account)

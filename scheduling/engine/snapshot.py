@@ -255,6 +255,12 @@ class Snapshot:
     size_halving_seconds: float = 6 * 3600.0
     max_wait_seconds: float = 12 * 3600.0
     fair_share_band: float = 0.25
+    # Preemption pays only for a real gain (see :mod:`.preemption`): a job stops others
+    # only when that gets it running at least this much sooner than waiting for GPUs
+    # being freed as running jobs end by their limits (an upper bound). A victim pays for
+    # it with its work since its last checkpoint and a second wait in the queue.
+    # 0 (the default): any gain; the simulator's ``sluice-min-gain`` policy measures 2 h.
+    preemption_min_gain_seconds: float = 0.0
     # A caller that plans the same nodes cycle after cycle (the simulator) may hand the
     # same :class:`~.cluster.KeptCluster` to each: the cluster index is then reset
     # instead of built anew (same plan; the dispatch loop builds it every cycle).

@@ -25,16 +25,28 @@ class Policy:
     size_halving_seconds: float | None = None
     max_wait_seconds: float | None = None
     fair_share_band: float | None = None
+    # Preemption settings (see scheduling.engine.preemption); None: the engine's default.
+    preemption_min_gain_seconds: float | None = None
 
     def order_knobs(self) -> dict:
-        """The order settings to pass to a Snapshot (only those this policy sets)."""
+        """The order and preemption settings to pass to a Snapshot (only those this
+        policy sets)."""
         knobs: dict = {"size_order": self.size_order}
-        for name in ("size_halving_seconds", "max_wait_seconds", "fair_share_band"):
+        for name in KNOBS:
             value = getattr(self, name)
             if value is not None:
                 knobs[name] = value
         return knobs
 
+
+# The Snapshot settings a policy may set (None: the engine's default); ``bench/simulate.py
+# --knob NAME=VALUE`` overrides them for a measurement.
+KNOBS = (
+    "size_halving_seconds",
+    "max_wait_seconds",
+    "fair_share_band",
+    "preemption_min_gain_seconds",
+)
 
 POLICIES: dict[str, Policy] = {
     policy.name: policy
@@ -54,6 +66,16 @@ POLICIES: dict[str, Policy] = {
             backfill=True,
             preemption=True,
             fair_share=True,
+        ),
+        Policy(
+            "sluice-min-gain",
+            "Sluice's default, but a job preempts only when that gets it running at least "
+            "2 h sooner than waiting (Snapshot.preemption_min_gain_seconds; the dispatch "
+            "loop preempts for any gain)",
+            backfill=True,
+            preemption=True,
+            fair_share=True,
+            preemption_min_gain_seconds=2 * 3600.0,
         ),
         Policy(
             "sluice-submit-order",

@@ -96,6 +96,34 @@ def test_no_preemption_when_gpus_free_up_within_the_grace_period():
     assert result.pending[1].estimated_start == NOW + 10
 
 
+def test_no_preemption_for_less_than_the_minimum_gain():
+    # Job 10 ends by its limit in 20 minutes: preempting it gains job 1 under 20 minutes.
+    quotas = [quota("a", 8), quota("b", 8)]
+    run = [running(10, "b", gpu_ids(1, *range(8)), "low", age=2400, runtime=3600)]
+    pending = [job(1, "a", gpus=8, cls="high")]
+    result = run_plan(snapshot([node(1)], quotas, pending, run))
+    assert _victims(result) == [10]  # the default: any gain
+    gained = run_plan(snapshot([node(1)], quotas, pending, run, preemption_min_gain_seconds=1800))
+    assert gained.preemptions == []
+    assert gained.pending[1].code == reasons.WAITING_FOR_GPUS
+    assert gained.pending[1].estimated_start == NOW + 1200
+    enough = run_plan(snapshot([node(1)], quotas, pending, run, preemption_min_gain_seconds=600))
+    assert _victims(enough) == [10]
+    # 2 h: it waits for 20 minutes, and preempts to save a day.
+    two_hours = {"preemption_min_gain_seconds": 7200}
+    assert run_plan(snapshot([node(1)], quotas, pending, run, **two_hours)).preemptions == []
+    day = [dataclasses.replace(run[0], max_runtime_seconds=86400)]
+    assert _victims(run_plan(snapshot([node(1)], quotas, pending, day, **two_hours))) == [10]
+    # A reclaim (borrowed victim, job inside its guarantee) is held back the same way.
+    quotas = [quota("a", 8), quota("b", 0, 8)]
+    run = [dataclasses.replace(run[0], borrowed=True)]
+    pending = [job(1, "a", gpus=8)]
+    result = run_plan(snapshot([node(1)], quotas, pending, run))
+    assert _victims(result) == [10]
+    gained = run_plan(snapshot([node(1)], quotas, pending, run, preemption_min_gain_seconds=1800))
+    assert gained.preemptions == []
+
+
 def test_stopping_victims_are_not_preempted_again_and_wait_for_their_preemptor():
     quotas = [quota("a", 16), quota("b", 16)]
     nodes = [node(1), node(2)]

@@ -165,3 +165,19 @@ def test_churn_figures_count_jobs_by_preemptions():
     assert summary["max_preemptions"] == low.preemptions
     assert summary["rewait_preempted_avg_s"] == pytest.approx(low.rewait)
     assert low.rewait == pytest.approx(sum(end - start for start, end in low.waits[1:]))
+
+
+def test_sluice_min_gain_waits_for_a_job_ending_soon_instead_of_preempting():
+    # The low job (10,000 s, its limit) runs from 0; the high job arriving at 400 would
+    # wait for it until 10,000: both policies preempt. With a low job of 1,000 s the high
+    # job gains 600 s by preempting: Sluice preempts, sluice-min-gain (2 h) waits and the
+    # low job runs to its end.
+    long_ = replay(_stream(500, 1, max_preemptions=0), POLICIES["sluice-min-gain"], EXACT)
+    assert long_.runs[0].preemptions == 1
+    short = _stream(500, 1, max_preemptions=0)
+    short.jobs[0] = sim_job(1, 0, 1000, 4, cls="low")
+    assert replay(short, POLICIES["sluice"], EXACT).runs[0].preemptions == 1
+    patient = replay(short, POLICIES["sluice-min-gain"], EXACT)
+    assert patient.runs[0].preemptions == 0
+    assert patient.runs[1].first_start == 1000
+    assert POLICIES["sluice"].preemption_min_gain_seconds is None  # the engine's: 0
