@@ -691,11 +691,12 @@ NEAR_CAPACITY_WHY = {"max_replicas": "max replicas", "quota": "quota"}
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def services_near_capacity_for(user, scope: Scope) -> list[Service]:
+def services_near_capacity_for(user, scope: Scope | None = None) -> list[Service]:
     """The inference services near capacity now (at their max replicas or their tenant's
-    quota while the load asks for more; the flag the service tick keeps), of the tenants of
-    the insights' scope, each with ``live_replicas``, ``ready_replicas``, ``why`` (what holds
-    it: values of ``NEAR_CAPACITY_WHY``) and ``near_since``: the first line of its timeline in the last
+    quota while the load asks for more; the flag the service tick keeps) the user sees, of
+    the tenants of ``scope`` when given, each with ``live_replicas``, ``ready_replicas``,
+    ``why_codes`` (what holds it: keys of ``NEAR_CAPACITY_WHY``), ``why`` (their words) and
+    ``near_since``: the first line of its timeline in the last
     run of near-capacity lines (``None`` when no line says so: pruned or not yet written).
     One query whatever the number of services."""
     timeline = ScaleDecision.objects.filter(service=OuterRef("pk"))
@@ -703,7 +704,11 @@ def services_near_capacity_for(user, scope: Scope) -> list[Service]:
     first_near = timeline.filter(inputs__near_capacity=True, at__gt=OuterRef("clear_at"))
     latest = timeline.order_by("-at", "-id")
     services = (
-        with_replica_counts(scope.filter(services_near_capacity(user)))
+        with_replica_counts(
+            services_near_capacity(user)
+            if scope is None
+            else scope.filter(services_near_capacity(user))
+        )
         .annotate(
             clear_at=Coalesce(
                 Subquery(last_clear.values("at")[:1]), Value(_EPOCH, DateTimeField())
@@ -724,8 +729,8 @@ def services_near_capacity_for(user, scope: Scope) -> list[Service]:
             at_max = service.recommended > service.max_replicas
         else:  # no line to read the load's wish from: at max unless the quota holds it
             at_max = not at_quota and service.desired_replicas >= service.max_replicas
-        why = [w for w, yes in (("max_replicas", at_max), ("quota", at_quota)) if yes]
-        service.why = [NEAR_CAPACITY_WHY[w] for w in why]
+        service.why_codes = [w for w, yes in (("max_replicas", at_max), ("quota", at_quota)) if yes]
+        service.why = [NEAR_CAPACITY_WHY[w] for w in service.why_codes]
     return out
 
 

@@ -1,7 +1,8 @@
 """``GET /api/v1/metrics/summary``: the cluster now, in numbers, for dashboards and scripts.
 
-Pools' totals are the same for everybody (capacity is no tenant's secret); queues are
-those the user may see (a platform admin: all; others: their tenants')."""
+Pools' totals are the same for everybody (capacity is no tenant's secret); queues and the
+inference services near capacity are those the user may see (a platform admin: all; others:
+their tenants')."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from scheduling.selectors import queues_visible_to
 from tenants.selectors import is_platform_admin
 
 from ..metrics import metrics_summary
+from ..selectors import NEAR_CAPACITY_WHY, services_near_capacity_for
 
 
 class GpuFiguresSerializer(serializers.Serializer):
@@ -70,10 +72,36 @@ class QueueSummarySerializer(serializers.Serializer):
     )
 
 
+class ServiceNearCapacitySerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    project = serializers.CharField(source="project.slug")
+    tenant = serializers.CharField(source="tenant.slug")
+    replicas = serializers.IntegerField(source="live_replicas", help_text="Live replicas.")
+    ready_replicas = serializers.IntegerField()
+    max_replicas = serializers.IntegerField()
+    why = serializers.ListField(
+        source="why_codes",
+        child=serializers.ChoiceField(choices=list(NEAR_CAPACITY_WHY)),
+        help_text="What holds it: max_replicas (the load asks for more), quota (the tenant's "
+        "quota in the pool stops more replicas), or both.",
+    )
+    near_since = serializers.DateTimeField(
+        allow_null=True,
+        help_text="First line of its timeline in the current stretch near capacity (null: "
+        "not recorded).",
+    )
+
+
 class MetricsSummarySerializer(serializers.Serializer):
     generated_at = serializers.DateTimeField()
     pools = PoolSummarySerializer(many=True)
     queues = QueueSummarySerializer(many=True)
+    services_near_capacity = ServiceNearCapacitySerializer(
+        many=True,
+        help_text="Inference services at their max replicas or their tenant's quota while "
+        "the load asks for more, now (the insights page's count).",
+    )
 
 
 class MetricsSummaryView(APIView):
@@ -86,7 +114,8 @@ class MetricsSummaryView(APIView):
         description="Per pool: GPUs total / allocated / used / idle / free / unavailable (also "
         "per GPU model) and pending / held / running jobs, for every signed-in user. Per "
         "queue (platform admins: all; others: their tenants' queues): depth, held jobs, GPUs "
-        "asked for, running jobs, the longest current wait and the pending jobs by reason.",
+        "asked for, running jobs, the longest current wait and the pending jobs by reason. "
+        "The inference services near capacity now (of the same tenants).",
     )
     def get(self, request):
         user = request.user
@@ -95,4 +124,6 @@ class MetricsSummaryView(APIView):
             if is_platform_admin(user)
             else set(queues_visible_to(user).values_list("id", flat=True))
         )
-        return Response(MetricsSummarySerializer(metrics_summary(queue_ids=queue_ids)).data)
+        summary = metrics_summary(queue_ids=queue_ids)
+        summary["services_near_capacity"] = services_near_capacity_for(user)
+        return Response(MetricsSummarySerializer(summary).data)

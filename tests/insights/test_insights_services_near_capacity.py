@@ -180,3 +180,59 @@ def test_what_holds_a_service(world, client):
         "6 quota not recorded",
         "2 max replicas and quota 2026-11-20 12:00 UTC (0 minutes)",
     ]
+
+
+# --- the same now in GET /api/v1/metrics/summary ----------------------------------------------
+
+
+def api_services(api, user) -> list[dict]:
+    response = api(user).get("/api/v1/metrics/summary")
+    assert response.status_code == 200
+    return response.json()["services_near_capacity"]
+
+
+@freeze_time(NOW)
+def test_the_summary_lists_the_services_near_capacity_the_user_sees(api, world, services):
+    got = api_services(api, world.member)
+    assert [(s["tenant"], s["project"], s["name"]) for s in got] == [
+        ("nlp", "llm", "chat"),
+        ("nlp", "llm", "embed"),
+    ]
+    chat, embed = got
+    assert chat == {
+        "id": services["chat"].pk,
+        "name": "chat",
+        "project": "llm",
+        "tenant": "nlp",
+        "replicas": 4,
+        "ready_replicas": 4,
+        "max_replicas": 4,
+        "why": ["max_replicas"],
+        "near_since": "2026-11-20T11:40:00Z",
+    }
+    assert (embed["why"], embed["near_since"]) == (["quota"], None)
+    assert [s["name"] for s in api_services(api, world.viewer)] == ["chat", "embed"]
+    assert [s["name"] for s in api_services(api, world.outsider)] == ["detect"]
+    assert [s["name"] for s in api_services(api, world.platform_admin)] == [
+        "chat",
+        "embed",
+        "detect",
+    ]
+    assert api_services(api, f.UserFactory(username="loner")) == []
+
+
+def test_the_summarys_services_cost_the_same_queries_whatever_their_number(api, world, services):
+    client = api(world.member)
+    with CaptureQueriesContext(connection) as small:
+        assert client.get("/api/v1/metrics/summary").status_code == 200
+    chat = services["chat"]
+    for i in range(5):
+        other = ServiceFactory(
+            queue=chat.queue, project=world.project, name=f"more{i}", near_capacity=True
+        )
+        replica(other, state=JobState.RUNNING, ready=True)
+        near(other, timezone.now())
+    with CaptureQueriesContext(connection) as large:
+        body = client.get("/api/v1/metrics/summary").json()
+    assert len(body["services_near_capacity"]) == 7
+    assert len(large) == len(small), [q["sql"][:120] for q in large.captured_queries]
