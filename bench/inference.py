@@ -30,10 +30,12 @@ negative: no step) at once, holds ``--step-hold`` s and drops back to ``--low`` 
 During the ramp up, ``--training-jobs`` training jobs of another tenant (``research``,
 ``--training-guarantee`` GPUs guaranteed in the same pool, so they are admitted within
 quota, and wait for GPUs only) arrive through the API, ``--training-gpus`` GPUs on one
-node each (default a whole node: the second finds none free while the first holds one
-and replicas the other), at class ``--training-class`` (``urgent``: ``can_preempt``); the
-i-th of n at warm + up × i / n, each sleeping until the end of the hold. The replicas' class and the inference policy are
-preemptible in this world, so only the engine's rule "training never preempts inference"
+node each (default a whole node: none is free while replicas run on both nodes), at class
+``--training-class`` (``urgent``: ``can_preempt``); the i-th of n at warm + up × i / n,
+each sleeping until the end of the hold (at least 20 s); those still waiting or running
+when the ramp ends are cancelled, so the step starts on a pool without training. The
+replicas' class and the inference policy are preemptible in this world, so only the
+engine's rule "training never preempts inference"
 (DESIGN.md §6) keeps the replicas running when the training jobs find no idle GPU.
 
 Prints, per second: offered load, answered requests, errors, replicas (live and ready),
@@ -78,6 +80,7 @@ POOL = "inference"
 NODES = 2
 GPUS_PER_NODE = 4
 SERVICE_NAME = "chat"
+LIVE = ("PENDING", "HELD", "ADMITTED", "RUNNING")
 
 
 def log(message: str) -> None:
@@ -367,6 +370,7 @@ class TrainingArrivals:
         self.jobs: list[dict] = []  # {"id", "at", "seconds"}
         self.errors: list[str] = []
         self.reasons: dict[int, set[str]] = {}  # job -> pending reason codes seen
+        self.cancelled: list[int] = []  # still waiting or running at the ramp's end
 
     def watch(self, stop: threading.Event) -> None:
         """The training jobs' pending reasons, every 2 s (what they were waiting for)."""
@@ -412,6 +416,14 @@ class TrainingArrivals:
                 continue
             self.jobs.append({"id": job["id"], "at": at, "seconds": seconds})
             log(f"t={at:.0f}s training job {job['id']} submitted ({self.args.training_gpus} GPUs)")
+        if stop.wait(max(0.0, t0 + self.profile.ramp_length - time.monotonic())):
+            return
+        for arrival in self.jobs:  # the step starts on a pool without training
+            with contextlib.suppress(Exception):
+                if self.api.get(f"jobs/{arrival['id']}")["state"] in LIVE:
+                    self.api.post(f"jobs/{arrival['id']}/cancel", {"reason": "ramp ended"})
+                    self.cancelled.append(arrival["id"])
+                    log(f"training job {arrival['id']} cancelled at the ramp's end")
 
 
 def outcome(info: dict) -> dict:
@@ -893,6 +905,7 @@ def main() -> int:
                 {
                     "training_jobs": len(arrivals.jobs),
                     "training_refused": arrivals.errors,
+                    "training_cancelled_at_ramp_end": arrivals.cancelled,
                     "training_class": args.training_class,
                     "training_gpus_each": args.training_gpus,
                     **found,
