@@ -3,7 +3,8 @@
 nlp's ``chat`` at its max replicas (near capacity, p95 over its SLO at the peak) and
 ``summarize`` held at the tenant's quota. List, detail (charts, endpoints, decisions), the
 create and edit forms with an error, and the insights' services near capacity. Every page
-is checked for console errors; the PNGs go to $SLUICE_SCREENSHOTS, else a temporary folder.
+is checked for console errors; the PNGs go to $SLUICE_SCREENSHOTS, else a temporary folder
+(``services``, ``service-detail`` and ``service-form`` are the README's).
 """
 
 import io
@@ -153,9 +154,9 @@ def test_service_pages_by_role(browser, live_server, transactional_db, settings,
         ("admin", detail, "service-detail-admin", "#chart-replicas-canvas"),
         ("nlp-admin", "/insights/", "insights-services-near-capacity", "#q-inference"),
         ("nlp-admin", "/services/", "services-nlp-admin", "#service-table"),
-        ("nlp-member", "/services/", "services-member", "#service-table"),
-        ("nlp-member", detail, "service-detail-member", "#chart-latency-canvas"),
-        ("nlp-member", "/services/new/", "service-new-error", "#service-form"),
+        ("nlp-member", "/services/", "services", "#service-table"),
+        ("nlp-member", detail, "service-detail", "#chart-latency-canvas"),
+        ("nlp-member", "/services/new/", "service-form", "#service-form"),
         ("nlp-member", f"/services/{chat.pk}/edit/", "service-edit-error", "#service-form"),
         ("nlp-viewer", "/services/", "services-viewer", "#service-table"),
         ("nlp-viewer", detail, "service-detail-viewer", "#service-decisions"),
@@ -183,7 +184,7 @@ def test_service_pages_by_role(browser, live_server, transactional_db, settings,
         _, page = contexts[user]
         page.goto(url)
         expect(page.locator(ready).first).to_be_visible()
-        if name == "service-new-error":
+        if name == "service-form":
             page.select_option("#id_project", str(chat.project_id))
             page.select_option("#id_queue", str(chat.queue_id))
             page.fill("#id_name", "chat-7b")
@@ -199,7 +200,7 @@ def test_service_pages_by_role(browser, live_server, transactional_db, settings,
             expect(page.locator("#field-env .errors")).to_be_visible()
         page.wait_for_load_state("networkidle")
         page.screenshot(path=str(out / f"{name}.png"), full_page=True)
-        if name == "service-new-error":
+        if name == "service-form":
             for field in ServiceForm.base_fields:  # every field has its place in the form
                 assert page.locator(f"#field-{field} #id_{field}").count() == 1, field
         if name == "service-detail-viewer":
@@ -210,4 +211,4 @@ def test_service_pages_by_role(browser, live_server, transactional_db, settings,
         context.close()
 
     assert errors == []
-    assert sorted(p.stem for p in out.glob("*.png")) == sorted(s[2] for s in shots)
+    assert all((out / f"{s[2]}.png").stat().st_size > 0 for s in shots)
