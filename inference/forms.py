@@ -23,8 +23,9 @@ class ServiceForm(forms.Form):
     command = forms.CharField(
         max_length=65536,
         widget=forms.Textarea(attrs={"rows": 2}),
-        help_text="The model server; it listens on $PORT. e.g. python -m vllm.entrypoints."
-        "openai.api_server --port $PORT is passed as written (no shell).",
+        help_text="The model server, run without a shell: it must read its port from the "
+        "environment variable PORT (e.g. sh -c 'exec python -m vllm.entrypoints.openai."
+        'api_server --port "$PORT"\'); a $PORT written in the command stays as written.',
     )
     env = forms.CharField(
         required=False, widget=forms.Textarea(attrs={"rows": 2}), help_text="NAME=value lines."

@@ -142,10 +142,22 @@ def service_charts(service, decisions) -> dict:
                     ],
                     "borderDash": [4, 4],
                 },
-                {"label": "requests/s", "data": [_round(i.get("request_rate")) for i in inputs]},
+                {
+                    "label": "requests/s (right axis)",
+                    "data": [_round(i.get("request_rate")) for i in inputs],
+                    "yAxisID": "rate",
+                },
             ],
-            y_title="load",
+            y_title="ongoing requests",
         ),
+    }
+    # Requests per second run an order of magnitude above ongoing requests: on one axis
+    # they flatten the load against its target.
+    charts["load"]["options"]["scales"]["rate"] = {
+        "position": "right",
+        "beginAtZero": True,
+        "grid": {"drawOnChartArea": False},
+        "title": {"display": True, "text": "requests/s"},
     }
     latency = [{"label": "p95 latency (ms)", "data": [_round(i.get("p95_ms"), 0) for i in inputs]}]
     if service.latency_slo_ms:

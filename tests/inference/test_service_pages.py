@@ -77,6 +77,23 @@ def test_detail_shows_charts_endpoints_and_decisions(login, world, service):
     assert 'id="service-edit"' in member_html and 'id="service-pause"' in member_html
 
 
+def test_requests_per_second_have_their_own_axis(world, service):
+    from inference.views import service_charts
+
+    decision = ScaleDecisionFactory(
+        service=service,
+        current=2,
+        desired=2,
+        inputs={"stable_concurrency": 3.0, "request_rate": 60.0},
+    )
+    load = service_charts(service, [decision])["load"]
+    by_label = {ds["label"]: ds for ds in load["data"]["datasets"]}
+    assert by_label["requests/s (right axis)"]["yAxisID"] == "rate"
+    assert by_label["requests/s (right axis)"]["data"] == [60.0]
+    assert "yAxisID" not in by_label["ongoing requests (stable window)"]
+    assert load["options"]["scales"]["rate"]["position"] == "right"
+
+
 def test_create_form_shows_field_errors_then_creates(login, world, serving):
     client = login(world.member)
     assert client.get("/services/new/").status_code == 200
