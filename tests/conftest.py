@@ -133,11 +133,13 @@ def _fresh_dispatch_cache():
 
     from scheduling.raise_impact import _PREVIEW_CACHE
     from scheduling.services.dispatch import LEADER_CACHE
+    from scheduling.services.enqueue import WAITING_VERSION_KEY
     from scheduling.services.nodes import REPORTS_PROBE_KEY
 
     LEADER_CACHE.clear()
     _PREVIEW_CACHE.clear()
     cache.delete(REPORTS_PROBE_KEY)
+    cache.delete(WAITING_VERSION_KEY)
     yield
     LEADER_CACHE.clear()
     _PREVIEW_CACHE.clear()
