@@ -6,6 +6,8 @@ import shlex
 
 from django import forms
 
+from scheduling.forms import command_arguments, env_from_lines
+
 from .services import EDITABLE_FIELDS
 
 
@@ -80,24 +82,10 @@ class ServiceForm(forms.Form):
                 self.fields[name].required = False
 
     def clean_command(self):
-        try:
-            args = shlex.split(self.cleaned_data["command"].strip())
-        except ValueError as exc:
-            raise forms.ValidationError(f"The command cannot be split: {exc}.") from None
-        if not args:
-            raise forms.ValidationError("The command is empty.")
-        return args
+        return command_arguments(self.cleaned_data["command"])
 
     def clean_env(self):
-        env = {}
-        for number, line in enumerate(self.cleaned_data["env"].splitlines(), start=1):
-            if not line.strip():
-                continue
-            if "=" not in line:
-                raise forms.ValidationError(f"Line {number} is not NAME=value.")
-            key, value = line.split("=", 1)
-            env[key.strip()] = value
-        return env
+        return env_from_lines(self.cleaned_data["env"])
 
     def clean_gpu_models(self):
         return [m.strip() for m in self.cleaned_data["gpu_models"].split(",") if m.strip()]

@@ -45,6 +45,32 @@ def format_duration(seconds) -> str:
     return "".join(parts)
 
 
+def command_arguments(raw: str) -> list[str]:
+    """A command line split into arguments as a shell would, without running a shell
+    (a form field's clean step: the job and service forms)."""
+    try:
+        args = shlex.split(raw.strip())
+    except ValueError as exc:
+        raise forms.ValidationError(f"The command cannot be split into arguments: {exc}.") from None
+    if not args:
+        raise forms.ValidationError("The command is empty.")
+    return args
+
+
+def env_from_lines(text: str) -> dict[str, str]:
+    """``NAME=value`` lines (blank lines skipped) as a dict, or a field error naming the
+    line that is not one."""
+    env = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        if "=" not in line:
+            raise forms.ValidationError(f"Line {number} is not NAME=value.")
+        key, value = line.split("=", 1)
+        env[key.strip()] = value
+    return env
+
+
 class DurationInput(forms.TextInput):
     """Shows seconds as ``2h30m``."""
 
@@ -186,26 +212,10 @@ class JobSubmitForm(forms.Form):
         raw = self.cleaned_data["command"].strip()
         if self.data.get("shell") in ("on", "true", "1"):
             return [raw]
-        try:
-            args = shlex.split(raw)
-        except ValueError as exc:
-            raise forms.ValidationError(
-                f"The command cannot be split into arguments: {exc}."
-            ) from None
-        if not args:
-            raise forms.ValidationError("The command is empty.")
-        return args
+        return command_arguments(raw)
 
     def clean_env(self):
-        env = {}
-        for number, line in enumerate(self.cleaned_data["env"].splitlines(), start=1):
-            if not line.strip():
-                continue
-            if "=" not in line:
-                raise forms.ValidationError(f"Line {number} is not NAME=value.")
-            key, value = line.split("=", 1)
-            env[key.strip()] = value
-        return env
+        return env_from_lines(self.cleaned_data["env"])
 
     def clean_gpu_model(self):
         value = self.cleaned_data["gpu_model"].strip()
