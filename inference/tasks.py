@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 
 from celery import shared_task
-from django.conf import settings
 from django.db import connection
+
+from scheduling.services.leader import file_leader_lock
 
 # Any constant works; it only has to differ from the dispatch loop's.
 _LEADER_LOCK_KEY = 0x51_1CE_5E7
@@ -28,17 +28,8 @@ def _leader_lock():
                 with connection.cursor() as cursor:
                     cursor.execute("SELECT pg_advisory_unlock(%s)", [_LEADER_LOCK_KEY])
         return
-    path = settings.VAR_DIR / "services.lock"
-    with open(path, "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with file_leader_lock("services") as leader:
+        yield leader
 
 
 @shared_task(

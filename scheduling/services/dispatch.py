@@ -7,7 +7,6 @@ Requests are coalesced through the cache: a burst of submits queues one cycle, n
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import time
 from collections import defaultdict
@@ -41,6 +40,7 @@ from ..models import (
     WorkloadPolicy,
 )
 from .enqueue import WAITING_VERSION_KEY, dispatch_on_commit
+from .leader import file_leader_lock
 from .lifecycle import jobs_transition_bulk
 from .messaging import send_node_messages
 from .pending_cache import PendingCache, PendingRow, epoch
@@ -69,17 +69,8 @@ def _leader_lock():
             cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [_LEADER_LOCK_KEY])
             yield bool(cursor.fetchone()[0])
         return
-    path = settings.VAR_DIR / "dispatch.lock"
-    with open(path, "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with file_leader_lock("dispatch") as leader:
+        yield leader
 
 
 @dataclass(slots=True)
@@ -233,11 +224,18 @@ def _explain_now(loaded: Loaded, monotonic: float) -> bool:
     unchanged). A full cycle runs whenever a waiting job is new or changed (it is
     explained at once) and otherwise at least every ``SLUICE_DISPATCH_EXPLAIN_SECONDS``:
     what a page shows of a job deep in the backlog is at most that old."""
+    return LEADER_CACHE.whole_reads > 0 or not _short_allowed(len(loaded.pending), monotonic)
+
+
+def _short_allowed(waiting: int, monotonic: float) -> bool:
+    """A deep backlog whose last full cycle is recent (``_explain_now``)."""
     deep = settings.SLUICE_DISPATCH_DEEP_BACKLOG
-    if deep <= 0 or len(loaded.pending) < deep or LEADER_CACHE.whole_reads:
-        return True
     explained = LEADER_CACHE.explained_at
-    return explained is None or monotonic - explained >= settings.SLUICE_DISPATCH_EXPLAIN_SECONDS
+    return (
+        0 < deep <= waiting
+        and explained is not None
+        and monotonic - explained < settings.SLUICE_DISPATCH_EXPLAIN_SECONDS
+    )
 
 
 def _waiting_to_read(monotonic: float) -> bool:
@@ -252,17 +250,8 @@ def _waiting_to_read(monotonic: float) -> bool:
     next cycle. A placement the copy does not know to be stale (a job cancelled in the
     meantime) is dropped when the cycle reads the placed jobs (``_placed_jobs``)."""
     version = cache.get(WAITING_VERSION_KEY)
-    copy = LEADER_CACHE
-    deep = settings.SLUICE_DISPATCH_DEEP_BACKLOG
-    explained = copy.explained_at
-    skip = (
-        deep > 0
-        and copy.size >= deep
-        and explained is not None
-        and monotonic - explained < settings.SLUICE_DISPATCH_EXPLAIN_SECONDS
-        and copy.waiting_unchanged(version)
-    )
-    copy.waiting_version = version
+    skip = _short_allowed(LEADER_CACHE.size, monotonic) and LEADER_CACHE.waiting_unchanged(version)
+    LEADER_CACHE.waiting_version = version
     return not skip
 
 
