@@ -16,9 +16,6 @@ from portal.api.filters import IdFilter, path_id
 from portal.api.views import validated
 from portal.errors import BusinessError, NotFoundError
 from tenants.selectors import (
-    is_platform_admin,
-    member_tenant_ids,
-    project_get_visible,
     projects_visible_to,
     tenant_get,
     tenants_visible_to,
@@ -26,7 +23,7 @@ from tenants.selectors import (
 
 from .. import selectors
 from ..choices import RaiseState
-from ..models import Allocation, Job, PriorityClass, PriorityRaise, Queue
+from ..models import Allocation, Job, PriorityClass, PriorityRaise
 from ..services import config, idempotency, jobs, notifications, raises
 from ..services.jobs import JobSpec, Lookups
 from . import serializers as s
@@ -195,33 +192,23 @@ def _one(queryset):
     return rows[0] if rows else None
 
 
-def _queue_to_submit_to(user, queue_id: int) -> Queue | None:
-    """``selectors.queues_visible_to(user).filter(pk=queue_id)`` with what a submission
-    reads of the queue (its tenant, pool and classes), the user's tenants taken from the
-    roles cached on the user: a subquery and two joins fewer (issue 21)."""
-    qs = Queue.objects.select_related(
-        "tenant", "pool", "default_priority_class", "max_self_service_class"
-    ).filter(pk=queue_id)
-    if not is_platform_admin(user):
-        if not (user and user.is_authenticated and user.is_active):
-            return None
-        tenant_ids = member_tenant_ids(user)
-        if not tenant_ids:
-            return None
-        qs = qs.filter(tenant_id__in=tenant_ids, tenant__active=True)
-    return _one(qs)
-
-
 def spec_from_input(user, data: dict, lookups: Lookups | None = None) -> JobSpec:
     """Resolve the ids and names in validated API input into a JobSpec (404 for others' objects)."""
     lookups = lookups or Lookups()
     project_id, queue_id = data.pop("project"), data.pop("queue")
-    project = lookups.get(("project", project_id), lambda: project_get_visible(user, project_id))
+    workload_type = data.get("workload_type")
+    project, queue, policy = lookups.get(
+        ("targets", project_id, queue_id, workload_type),
+        lambda: selectors.submission_targets(
+            user, project_id=project_id, queue_id=queue_id, workload_type=workload_type
+        ),
+    )
     if project is None:
         raise NotFoundError("Project not found.")
-    queue = lookups.get(("queue", queue_id), lambda: _queue_to_submit_to(user, queue_id))
     if queue is None:
         raise NotFoundError("Queue not found.")
+    # The policy came with them: job_validate reads it from the lookups (jobs._policy).
+    lookups.get(("policy", workload_type), lambda: policy)
     name = data.pop("priority_class") or None
     priority = None
     if name:
@@ -331,9 +318,10 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
 
     def _create(self, request) -> idempotency.Answer:
         data = dict(validated(s.JobSubmitSerializer, request.data))
-        spec = spec_from_input(request.user, data)
+        lookups = Lookups()
+        spec = spec_from_input(request.user, data, lookups)
         if spec.array:
-            created = jobs.job_submit_bulk(user=request.user, specs=[spec])
+            created = jobs.job_submit_bulk(user=request.user, specs=[spec], lookups=lookups)
             return idempotency.Answer(
                 status.HTTP_201_CREATED,
                 {
@@ -342,7 +330,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
                     "array_id": created[0].array_id,
                 },
             )
-        job = jobs.job_submit(user=request.user, spec=spec)
+        job = jobs.job_submit(user=request.user, spec=spec, lookups=lookups)
         # The job as stored, with the objects it was made from: no second read. A job
         # just submitted holds no GPU.
         job.active_allocations = []
@@ -373,7 +361,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
                     f"jobs[{i}]: {exc.message}",
                     errors={f"jobs[{i}].{k}": v for k, v in exc.errors.items()},
                 ) from None
-        created = jobs.job_submit_bulk(user=request.user, specs=specs)
+        created = jobs.job_submit_bulk(user=request.user, specs=specs, lookups=lookups)
         return idempotency.Answer(
             status.HTTP_201_CREATED, {"count": len(created), "ids": [j.pk for j in created]}
         )

@@ -636,11 +636,13 @@ def job_validate(*, user, spec: JobSpec, lookups: Lookups | None = None) -> tupl
 
 
 @transaction.atomic
-def job_submit(*, user, spec: JobSpec) -> Job:
-    """Validate and store one job as PENDING (or an array, see ``job_submit_bulk``)."""
+def job_submit(*, user, spec: JobSpec, lookups: Lookups | None = None) -> Job:
+    """Validate and store one job as PENDING (or an array, see ``job_submit_bulk``).
+    ``lookups``: the reads the caller made for this request (the API's
+    ``spec_from_input`` reads the workload policy with the project and queue)."""
     if spec.array:
-        return job_submit_bulk(user=user, specs=[spec])[0]
-    lookups = Lookups()
+        return job_submit_bulk(user=user, specs=[spec], lookups=lookups)[0]
+    lookups = lookups or Lookups()
     values, _ = job_validate(user=user, spec=spec, lookups=lookups)
     now = timezone.now()
     # A project raise active now (a release push) applies to new jobs from the start.
@@ -672,13 +674,13 @@ def job_submit(*, user, spec: JobSpec) -> Job:
 
 
 @transaction.atomic
-def job_submit_bulk(*, user, specs: list[JobSpec]) -> list[Job]:
+def job_submit_bulk(*, user, specs: list[JobSpec], lookups: Lookups | None = None) -> list[Job]:
     """Validate every spec first, then store all (or none). ``array: N`` expands to N jobs."""
     if not specs:
         _fail("jobs", "Give at least one job.")
     prepared: list[tuple[dict, JobSpec]] = []
     errors: dict[str, list[str]] = {}
-    lookups = Lookups()
+    lookups = lookups or Lookups()
     for i, spec in enumerate(specs):
         try:
             values, _ = job_validate(user=user, spec=spec, lookups=lookups)

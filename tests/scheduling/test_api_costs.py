@@ -27,11 +27,11 @@ from scheduling.services.raises import project_grant_classes
 from tests import factories as f
 
 URL = "/api/v1/jobs"
-# A submission: token and user, the user's roles, project, queue, policy, the admission
-# read, job, job event, the audit row (chain lock, last hash, insert; no savepoint),
-# the runtime history of the answer's prediction; BEGIN and COMMIT outside tests. Was 22
-# on PostgreSQL before issue 21.
-SUBMIT_QUERIES = 14
+# A submission: token and user, the user's roles with the project, queue and policy
+# (scheduling.selectors.submission_targets), the admission read, job, job event, the audit
+# row (chain lock, last hash, insert; no savepoint), the runtime history of the answer's
+# prediction; BEGIN and COMMIT outside tests. Was 22 on PostgreSQL before issue 21, then 14.
+SUBMIT_QUERIES = 11
 # A page: token and user, count, the page's jobs (no joins), their names (tenants,
 # projects, queues, pools, submitters, classes), the GPUs they hold, runtime histories,
 # positions (their ranks and pools, the pools' estimates).
