@@ -11,8 +11,10 @@ ITP's ten clusters merged into one pool (tenants shared) sized for 95 % offered 
 that thousands of jobs wait in one pool at once under FIFO (peak about 2,700, mean 800;
 Sluice's backfill keeps its own queue to hundreds: peak about 500, mean 80); target 120 s
 per policy. Each line also gives the peak and the time-weighted mean number of jobs
-waiting. ``--one-pool`` merges the pools of any trace; ``--max-jobs N`` replays only the
-first N jobs by submit time (for profiling). ``--knob NAME=VALUE`` sets an engine setting
+waiting, and ``digest``, a hash of every decision (each job's runs and preemptions): an
+optimisation of the engine or the replay must leave it unchanged. ``--one-pool`` merges
+the pools of any trace; ``--max-jobs N`` replays only the first N jobs by submit time
+(for profiling). ``--knob NAME=VALUE`` sets an engine setting
 of every policy but FIFO (e.g. ``preemption_min_gain_seconds=3600``) and ``--workload
 FIELD=VALUE`` a field of the scenario's workload policy (e.g.
 ``min_runtime_before_preemption=1800``), to measure a setting before making it a policy.
@@ -21,6 +23,7 @@ FIELD=VALUE`` a field of the scenario's workload policy (e.g.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -60,6 +63,15 @@ def waiting_figures(series: tuple[list[float], list[int], list[int]]) -> tuple[i
     )
     span = times[-1] - times[0]
     return max(waiting), (area / span if span > 0 else float(waiting[0]))
+
+
+def decisions_digest(runs) -> str:
+    """A short hash of every decision of a replay: each job's outcome and runs (start,
+    end, GPUs) and preemptions. Two replays with the same digest decided the same."""
+    digest = hashlib.sha256()
+    for run in sorted(runs, key=lambda run: run.job.id):
+        digest.update(repr((run.job.id, run.outcome, run.preemptions, run.attempts)).encode())
+    return digest.hexdigest()[:16]
 
 
 def parse_knobs(items: list[str]) -> dict[str, float]:
@@ -177,6 +189,7 @@ def main() -> None:
                 "lost_gpu_hours": round(summary["lost_gpu_hours"], 1),
                 "waiting_peak": peak,
                 "waiting_mean": round(mean, 1),
+                "digest": decisions_digest(result.runs),
                 "ok": result.wall_seconds <= target,
             }
         )

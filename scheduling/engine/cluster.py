@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 from heapq import heapify, heappop, heappush
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:  # pragma: no cover
     from .preemption import RunningRecord, SliceStats
@@ -49,6 +49,8 @@ class NodeSlot:
         "victim_view",
         "lent",
         "state",
+        "base_af",
+        "base_running",
     )
 
     def __init__(self, idx: int, node_id: int, node_name: str, gpu_ids: list[int], now: float):
@@ -71,19 +73,27 @@ class NodeSlot:
         # (version, sorted free-from times, GPUs idle and unreserved, hole ends) as of
         # that version: SliceIndex._state, worked out once per change
         self.state: tuple[int, list[float], int, list[float]] | None = None
+        # On an index kept between cycles (KeptCluster): the end of the running job
+        # holding each GPU (-inf: none), and those jobs' records, kept from one cycle
+        # to the next for the running jobs that stay the same (see
+        # scheduling.engine.planner.KeptRunning); a reset starts from them.
+        self.base_af: list[float] = [-INF] * count
+        self.base_running: list = []
 
     def reset(self, now: float) -> None:
         """Back to the state :meth:`__init__` gives (every GPU idle at ``now``), for a
-        cluster index kept between cycles (:class:`KeptCluster`)."""
+        cluster index kept between cycles (:class:`KeptCluster`), except that the GPUs
+        of the running jobs kept from the cycle before (``base_af``, ``base_running``)
+        are busy until their end again, as the planner would mark them."""
         count = len(self.gpu_ids)
-        self.af = [now] * count
+        self.af = [now if end == -INF else end for end in self.base_af]
         self.hole = [0.0] * count
         self.hole_owner = [0] * count
         self.reserved = [False] * count
         self.releasing = [False] * count
         self.version = 0
         self.free_total = 0
-        self.running = []
+        self.running = list(self.base_running)
         self.victim_view = None
         self.lent = [0.0] * count
         self.state = None
@@ -535,17 +545,22 @@ class KeptCluster:
     ``Snapshot.kept_cluster``): the slices, their node slots and the locator are built
     for the first cycle and, in each later cycle with the very same nodes (the same
     objects in the same order; nodes are not changed once made), reset to every GPU idle
-    instead of built anew. A reset index is what a new one would be: the planner then
-    marks running jobs, claims and reservations on it as on a new one. Only the objects
-    are kept, none of a cycle's state. With other nodes it is built anew and kept."""
+    instead of built anew. A reset index is what a new one would be with the running
+    jobs that stayed the same since the cycle before marked (``running``: the planner's
+    KeptRunning, which brings them in line with the snapshot): the planner then marks
+    the other running jobs, claims and reservations on it as on a new one. None of a
+    cycle's own state is kept. With other nodes it is built anew and kept."""
 
-    __slots__ = ("nodes", "slices", "pool_slices", "locator")
+    __slots__ = ("nodes", "slices", "pool_slices", "locator", "running")
 
     def __init__(self) -> None:
         self.nodes: list | None = None
         self.slices: dict[tuple[str, str, int], SliceIndex] = {}
         self.pool_slices: dict[str, list[SliceIndex]] = {}
         self.locator = Locator()
+        # The running jobs kept from one cycle to the next with this index (the
+        # planner's KeptRunning; None: none yet), their GPUs in the slots' base_af.
+        self.running: Any = None
 
     def reuse(self, nodes: list, now: float) -> bool:
         """Reset the kept index for a cycle at ``now`` if it was built for ``nodes``."""
@@ -572,3 +587,4 @@ class KeptCluster:
         self.pool_slices = pool_slices
         self.locator = locator
         locator.kept = True
+        self.running = None  # kept for the slots of the index before

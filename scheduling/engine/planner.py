@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import gc
 import math
+from bisect import bisect_left, bisect_right, insort
 from collections import defaultdict
 from collections.abc import Iterable
 from contextlib import contextmanager
@@ -79,6 +80,154 @@ class Slot:
     preheld: bool = False  # partly promised in the timeline already (a kept reservation)
 
 
+class _KeptGroup:
+    """The kept running jobs of one (tenant, pool, GPU model): what they count against
+    its quota account in every cycle."""
+
+    __slots__ = ("gpus", "gpu_ends", "job_ends", "records")
+
+    def __init__(self) -> None:
+        self.gpus = 0
+        self.gpu_ends: list[float] = []  # sorted, one per GPU
+        self.job_ends: list[float] = []  # sorted, one per job
+        self.records: dict[int, RunningRecord] = {}  # id(job) -> record
+
+
+class KeptRunning:
+    """The running jobs kept marked on a cluster index kept between cycles
+    (``KeptCluster.running``), so that a cycle's cost follows the running jobs that
+    changed since the cycle before, not how many run.
+
+    A running job is kept while each snapshot hands the very same record (the same
+    ``RunningJob`` object: a caller that keeps an index hands a new record when a job
+    changes, as the simulator does, and never changes one it handed), it is not stopping,
+    and its end by its limit (or none) is after ``now``: its GPUs stay busy until that
+    end in the slots' ``base_af`` (the state a reset gives back), its
+    :class:`RunningRecord` is kept and renewed for each cycle, and what it counts against
+    its quota is summed per (tenant, pool, model). Stopping jobs and jobs past their limit
+    depend on ``now``: they are marked in each cycle as on a new index, after the kept
+    ones. The cycle's state is then what marking every running job would give (the order
+    in which jobs are marked is not part of it: the victim search and the settled check
+    order or sum the records of a node slot, the quota timelines sort their ends)."""
+
+    __slots__ = ("records", "groups", "tenants", "graces", "cycle")
+
+    def __init__(self) -> None:
+        self.records: dict[int, RunningRecord] = {}  # id(job) -> record
+        self.groups: dict[tuple[str, str, str], _KeptGroup] = {}
+        self.tenants: dict[str, int] = {}  # GPUs held by the tenant's kept jobs
+        self.graces: dict[int, int] = {}  # grace period (at least 1 s) -> kept jobs
+        self.cycle = 0
+
+    def longest_grace(self) -> int:
+        """The longest grace period of the kept jobs (1 without any)."""
+        return max(self.graces, default=1)
+
+    def update(self, planner: Planner) -> list[RunningJob]:
+        """Bring the kept jobs in line with the snapshot's running jobs (the index was
+        just reset to them) and count them in the planner's quota accounts and GPUs per
+        tenant; returns the running jobs that are not kept, to be marked."""
+        self.cycle += 1
+        cycle = self.cycle
+        now = planner.now
+        records = self.records
+        others: list[RunningJob] = []
+        added: list[tuple[RunningJob, float]] = []
+        seen = 0
+        for job in planner.snapshot.running:
+            if job.stopping:
+                others.append(job)
+                continue
+            limit = job.max_runtime_seconds
+            end = job.started_at + limit if limit > 0 else INF
+            if end <= now:
+                others.append(job)  # past its limit: stopped with its grace from now
+                continue
+            record = records.get(id(job))
+            if record is None or record.job is not job:
+                added.append((job, end))
+            elif record.mark == cycle:
+                others.append(job)  # handed twice: marked as on a new index
+            else:
+                record.mark = cycle
+                seen += 1
+        if seen < len(records):
+            gone = [record for record in records.values() if record.mark != cycle]
+            for record in gone:
+                self._drop(record, now)
+        placement_of = planner._locator.placement
+        for job, end in added:
+            self._add(job, end, now, placement_of)
+        account_of = planner.quotas.account
+        for key, group in self.groups.items():
+            account = account_of(key[0], key[1], key[2])
+            account.add_kept(group.gpus, len(group.records), group.gpu_ends, group.job_ends)
+            for record in group.records.values():
+                record.renew(now, account)
+        running_gpus = planner.running_gpus
+        for tenant, gpus in self.tenants.items():
+            running_gpus[tenant] += gpus
+        return others
+
+    def _add(self, job: RunningJob, end: float, now: float, placement_of) -> None:
+        record = RunningRecord(job, end, now)
+        record.mark = self.cycle
+        record.placement = placement = placement_of(job, job.gpu_ids)
+        for _, slot, positions in placement:
+            base_af, af = slot.base_af, slot.af
+            for pos in positions:
+                base_af[pos] = end
+                af[pos] = end
+            slot.base_running.append(record)
+            slot.running.append(record)
+        key = (job.tenant, job.pool, job.gpu_model)
+        group = self.groups.get(key)
+        if group is None:
+            group = self.groups[key] = _KeptGroup()
+        gpus = record.gpus
+        group.gpus += gpus
+        at = bisect_right(group.gpu_ends, end)
+        group.gpu_ends[at:at] = [end] * gpus
+        insort(group.job_ends, end)
+        group.records[id(job)] = record
+        self.records[id(job)] = record
+        self.tenants[job.tenant] = self.tenants.get(job.tenant, 0) + gpus
+        grace = max(job.grace_seconds, 1)
+        self.graces[grace] = self.graces.get(grace, 0) + 1
+
+    def _drop(self, record: RunningRecord, now: float) -> None:
+        job = record.job
+        for _, slot, positions in record.placement:
+            base_af, af = slot.base_af, slot.af
+            for pos in positions:
+                base_af[pos] = -INF
+                af[pos] = now
+            slot.base_running.remove(record)
+            slot.running.remove(record)
+        key = (job.tenant, job.pool, job.gpu_model)
+        group = self.groups[key]
+        end, gpus = record.base_end, record.gpus
+        group.gpus -= gpus
+        at = bisect_left(group.gpu_ends, end)
+        del group.gpu_ends[at : at + gpus]
+        del group.job_ends[bisect_left(group.job_ends, end)]
+        del group.records[id(job)]
+        if not group.records:
+            del self.groups[key]
+        del self.records[id(job)]
+        left = self.tenants[job.tenant] - gpus
+        if left:
+            self.tenants[job.tenant] = left
+        else:
+            del self.tenants[job.tenant]
+        grace = max(job.grace_seconds, 1)
+        count = self.graces[grace] - 1
+        if count:
+            self.graces[grace] = count
+        else:
+            del self.graces[grace]
+
+
 class Planner:
     """Plans one cycle for a snapshot; use :func:`scheduling.engine.plan`."""
 
@@ -92,6 +241,7 @@ class Planner:
         self.slices: dict[tuple[str, str, int], SliceIndex] = {}
         self.pool_slices: dict[str, list[SliceIndex]] = defaultdict(list)
         self._locator = Locator()
+        self._kept_running: KeptRunning | None = None  # see _build_cluster
         # Stopping jobs preempted for a pending job: their GPUs and their quota wait for
         # that job (every such job has an entry in _claims, if only an empty one).
         # Each claim: (slice, slot, positions, free from, "releasing" mark once released).
@@ -110,11 +260,9 @@ class Planner:
         self._victims = VictimFinder(self.now)
         self._hopeless: set[tuple] = set()  # preemption searches known to fail
         # Victims stopped now are gone by now + their grace: this is the latest they can
-        # be gone, and a preemptor whose quota is not due by then stops nobody.
-        self.longest_grace = max(
-            (max(job.grace_seconds, 1) for job in snapshot.running if not job.stopping),
-            default=1,
-        )
+        # be gone, and a preemptor whose quota is not due by then stops nobody (set by
+        # _build_running).
+        self.longest_grace = 1
         self._queue_heads: dict[int, tuple[int, str, float]] = {}
         self._fifo_head: tuple[int, str, float] | None = None
         self._heads_known = False  # any strict-FIFO head recorded yet
@@ -146,6 +294,7 @@ class Planner:
             self.slices = kept.slices
             self.pool_slices = kept.pool_slices
             self._locator = kept.locator
+            self._kept_running = kept.running
             return
         for node in self.snapshot.nodes:
             for model, memory, gpu_ids in node.kinds():
@@ -157,6 +306,7 @@ class Planner:
                 self._locator.add(slice_, slice_.add_slot(node.id, node.name, gpu_ids))
         if kept is not None:
             kept.keep(self.snapshot.nodes, self.slices, self.pool_slices, self._locator)
+            kept.running = self._kept_running = KeptRunning()
 
     def _end_of(self, job: RunningJob) -> float:
         """When a running job's GPUs are free at the latest (always after now)."""
@@ -172,13 +322,29 @@ class Planner:
     def _build_running(self) -> None:
         """Mark the GPUs of running jobs busy until their end, count them against their
         tenant's quota, and keep the GPUs and the quota of jobs stopped for a pending job
-        for it."""
+        for it. On a kept cluster index the running jobs that stay the same from one
+        cycle to the next are kept marked (see :class:`KeptRunning`): only the others
+        are marked here."""
+        kept = self._kept_running
+        if kept is None:
+            running: list[RunningJob] = self.snapshot.running
+            self.longest_grace = max(
+                (max(job.grace_seconds, 1) for job in running if not job.stopping), default=1
+            )
+        else:
+            running = kept.update(self)
+            self.longest_grace = max(
+                [kept.longest_grace(), *(max(job.grace_seconds, 1) for job in running)]
+            )
+        self._mark_running(running)
+
+    def _mark_running(self, running: list[RunningJob]) -> None:
         pending_ids: set[int] | None = None  # worked out for the first stopping job only
         now = self.now
         account_of = self.quotas.account
         placement_of = self._locator.placement
         running_gpus = self.running_gpus
-        for job in self.snapshot.running:
+        for job in running:
             if job.stopping or job.max_runtime_seconds <= 0:
                 end = self._end_of(job)
             else:  # the common case of _end_of, inline

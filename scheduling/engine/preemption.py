@@ -142,6 +142,9 @@ class RunningRecord:
         "_now",
         "_lost",
         "_order_key",
+        "until",
+        "base_end",
+        "mark",
     )
 
     def __init__(
@@ -154,7 +157,8 @@ class RunningRecord:
         self.stopping = job.stopping
         self.seasoned = now - job.started_at >= job.min_runtime_before_preemption
         # At its preemption limit: not stopped for a higher class (reclaims still are).
-        self.protected = now < protected_until(job)
+        self.until = protected_until(job)
+        self.protected = now < self.until
         self.inference = job.workload_type == INFERENCE_WORKLOAD
         self.account = account  # the quota the job counts against
         self.gpus = len(job.gpu_ids)
@@ -163,6 +167,23 @@ class RunningRecord:
         self._now = now
         self._lost = -1.0
         self._order_key: tuple | None = None
+        # Kept from one cycle to the next (planner.KeptRunning): its end as a running
+        # job, and the last cycle that found it unchanged.
+        self.base_end = end
+        self.mark = 0
+
+    def renew(self, now: float, account: Account) -> None:
+        """Back to what a new record of the same running job at ``now`` would be (a
+        record kept from one cycle to the next, see planner.KeptRunning)."""
+        job = self.job
+        self.end = self.base_end
+        self.stopping = job.stopping
+        self.seasoned = now - job.started_at >= job.min_runtime_before_preemption
+        self.protected = now < self.until
+        self.account = account
+        self._now = now
+        self._lost = -1.0
+        self._order_key = None
 
     @property
     def lost(self) -> float:

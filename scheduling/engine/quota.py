@@ -90,6 +90,15 @@ class Account:
         self._gpu_releases.extend([end] * gpus)
         self._job_releases.append(end)
 
+    def add_kept(self, gpus: int, jobs: int, gpu_ends: list[float], job_ends: list[float]) -> None:
+        """Count at once ``jobs`` running jobs of ``gpus`` GPUs in all, none stopping, that
+        free their GPUs at ``gpu_ends`` (one per GPU) and their slots at ``job_ends``
+        (one per job): what :meth:`add_running` of each would count."""
+        self.used += gpus
+        self.jobs += jobs
+        self._gpu_releases.extend(gpu_ends)
+        self._job_releases.extend(job_ends)
+
     def release_claim(self, gpus: int, end: float) -> None:
         """A stopping job of ``gpus`` GPUs, counted until now as held without end
         because its quota was kept for the job it was stopped for, ends at ``end``."""

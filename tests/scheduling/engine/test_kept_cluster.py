@@ -62,3 +62,51 @@ def test_other_nodes_get_a_new_index():
     assert [p.job_id for p in plan(other).placements] == [2]
     assert keep.slices[("training", "H100", 81920)] is not built
     assert len(keep.nodes) == 2
+
+
+def _kept_state(keep: KeptCluster) -> tuple:
+    """What the running jobs kept on ``keep`` amount to, comparable across indexes."""
+    kept = keep.running
+    groups = {
+        key: (
+            group.gpus,
+            group.gpu_ends,
+            group.job_ends,
+            sorted(r.job.id for r in group.records.values()),
+        )
+        for key, group in kept.groups.items()
+    }
+    slots = {
+        (key, slot.node_id): (
+            slot.base_af,
+            sorted(record.job.id for record in slot.base_running),
+        )
+        for key, slice_ in keep.slices.items()
+        for slot in slice_.slots
+    }
+    ids = sorted(record.job.id for record in kept.records.values())
+    return groups, dict(kept.tenants), dict(kept.graces), slots, ids
+
+
+@FAST
+@given(st.one_of(snapshots(), crowded_tenants()), st.data())
+def test_running_jobs_kept_between_cycles_are_those_a_new_index_keeps(snap, data):
+    """Through starts, stops, requeues, jobs passing their limit and records handed anew
+    (a changed job), what a kept index keeps of the running jobs (GPUs busy until their
+    end, quota counted, records) is what an index built for that cycle alone keeps, and
+    the plans are those of a new index."""
+    keep = KeptCluster()
+    sim = Requeueing(snap)
+    for pause in (1, 60, 600, 3600, 86400):
+        running = sim.snap.running
+        sim.snap.running = [
+            dataclasses.replace(job) if data.draw(st.booleans()) else job for job in running
+        ]
+        kept = plan(dataclasses.replace(sim.snap, kept_cluster=keep))
+        alone = KeptCluster()
+        plan(dataclasses.replace(sim.snap, kept_cluster=alone))
+        assert _kept_state(keep) == _kept_state(alone)
+        _same(kept, plan(sim.snap))
+        sim.step()
+        sim.next_event()
+        sim.advance(sim.snap.now + pause)
