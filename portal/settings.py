@@ -313,10 +313,15 @@ SLUICE_DISPATCH_MIN_GAP_MS = env_int("SLUICE_DISPATCH_MIN_GAP_MS", 100)
 # In a deep backlog (this many jobs waiting or more) a cycle is a short one (it stops once
 # no waiting job left could start or preempt; same placements and preemptions as a full
 # cycle from the same state) unless a waiting job is new or changed or the last full cycle
-# (every waiting job's reason, position and estimate) is SLUICE_DISPATCH_EXPLAIN_SECONDS
-# old (scheduling.services.dispatch._explain_now). 0: every cycle is a full one.
+# (every waiting job's reason, position and estimate) is old enough: at least
+# SLUICE_DISPATCH_EXPLAIN_SECONDS, and long enough that full cycles take at most
+# SLUICE_DISPATCH_EXPLAIN_SHARE of the loop's time, but never more than
+# SLUICE_DISPATCH_EXPLAIN_MAX_SECONDS (scheduling.services.dispatch._explain_interval).
+# DEEP_BACKLOG 0: every cycle is a full one.
 SLUICE_DISPATCH_DEEP_BACKLOG = env_int("SLUICE_DISPATCH_DEEP_BACKLOG", 500)
 SLUICE_DISPATCH_EXPLAIN_SECONDS = env_float("SLUICE_DISPATCH_EXPLAIN_SECONDS", 1.0)
+SLUICE_DISPATCH_EXPLAIN_SHARE = env_float("SLUICE_DISPATCH_EXPLAIN_SHARE", 0.1)
+SLUICE_DISPATCH_EXPLAIN_MAX_SECONDS = env_float("SLUICE_DISPATCH_EXPLAIN_MAX_SECONDS", 10.0)
 SLUICE_CONTROL_INTERVAL = env_int("SLUICE_CONTROL_INTERVAL", 5)
 SLUICE_AUDIT_VERIFY_INTERVAL = env_int("SLUICE_AUDIT_VERIFY_INTERVAL", 3600)
 CELERY_BEAT_SCHEDULE = {

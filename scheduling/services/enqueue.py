@@ -74,7 +74,7 @@ def dispatch_on_commit() -> None:
 def waiting_changed_on_commit() -> None:
     """Bump ``WAITING_VERSION_KEY`` once the current transaction commits (robust, as
     ``dispatch_on_commit``: a change the dispatcher misses is read by its next full cycle,
-    at most ``SLUICE_DISPATCH_EXPLAIN_SECONDS`` later)."""
+    at most ``dispatch._explain_interval()`` later)."""
     transaction.on_commit(_bump_waiting_version, robust=True)
 
 

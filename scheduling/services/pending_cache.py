@@ -104,6 +104,8 @@ class PendingCache:
         #: (time.monotonic(); see dispatch._explain_now); None: none since the copy was
         #: cleared.
         self.explained_at: float | None = None
+        #: How long that cycle took (seconds; see dispatch._explain_interval).
+        self.explained_seconds = 0.0
         #: ``enqueue.WAITING_VERSION_KEY`` as it was before the waiting jobs were last
         #: read (see ``waiting_unchanged``).
         self.waiting_version = None
@@ -114,6 +116,7 @@ class PendingCache:
         self.positions = {}
         self.estimates = {}
         self.explained_at = None
+        self.explained_seconds = 0.0
         self.waiting_version = None
 
     @property
@@ -134,10 +137,11 @@ class PendingCache:
             self._entries.pop(job_id, None)
             self.positions.pop(job_id, None)
 
-    def explained(self, monotonic: float) -> None:
-        """A cycle that began at ``monotonic`` and wrote every waiting job's sort key and
-        estimate committed."""
+    def explained(self, monotonic: float, seconds: float = 0.0) -> None:
+        """A cycle that began at ``monotonic``, took ``seconds`` and wrote every waiting
+        job's sort key and estimate committed."""
         self.explained_at = monotonic
+        self.explained_seconds = seconds
 
     def load(
         self, policies: dict[str, WorkloadPolicy], *, read_waiting: bool = True

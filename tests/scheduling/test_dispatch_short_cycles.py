@@ -405,3 +405,50 @@ def test_a_lost_version_makes_the_next_cycle_read(
     _cycle(django_capture_on_commit_callbacks)
     cache.delete(WAITING_VERSION_KEY)  # a cache flush
     assert _counted_cycle(django_capture_on_commit_callbacks)[0]["read_waiting"]
+
+
+# --- how often a deep backlog is explained (dispatch._explain_interval) -----------------------
+
+
+@pytest.mark.parametrize(
+    "took, expected",
+    [
+        (0.0, 1.0),  # never below SLUICE_DISPATCH_EXPLAIN_SECONDS
+        (0.05, 1.0),
+        (0.3, 3.0),  # full cycles take a tenth of the loop's time
+        (0.8, 8.0),
+        (5.0, 10.0),  # never above SLUICE_DISPATCH_EXPLAIN_MAX_SECONDS
+    ],
+)
+def test_full_cycles_take_a_bounded_share_of_the_loop(settings, took, expected):
+    settings.SLUICE_DISPATCH_EXPLAIN_SECONDS = 1.0
+    settings.SLUICE_DISPATCH_EXPLAIN_SHARE = 0.1
+    settings.SLUICE_DISPATCH_EXPLAIN_MAX_SECONDS = 10.0
+    dispatch.LEADER_CACHE.explained(100.0, took)
+    assert dispatch._explain_interval() == pytest.approx(expected)
+
+
+def test_a_share_of_zero_keeps_the_fixed_interval(settings):
+    settings.SLUICE_DISPATCH_EXPLAIN_SECONDS = 2.0
+    settings.SLUICE_DISPATCH_EXPLAIN_SHARE = 0.0
+    dispatch.LEADER_CACHE.explained(100.0, 30.0)
+    assert dispatch._explain_interval() == 2.0
+
+
+def test_the_next_full_cycle_waits_for_the_interval_of_the_last_ones_cost(
+    world, deep, django_capture_on_commit_callbacks
+):
+    """A full cycle that took 0.4 s at a share of a tenth: cycles are short until the last
+    full one is 4 s old, then one explains again (its own cost sets the next wait)."""
+    deep.SLUICE_DISPATCH_EXPLAIN_SECONDS = 1.0
+    deep.SLUICE_DISPATCH_EXPLAIN_SHARE = 0.1
+    deep.SLUICE_DISPATCH_EXPLAIN_MAX_SECONDS = 10.0
+    _backlog(world, 12)
+    assert _cycle(django_capture_on_commit_callbacks)["explained"]
+    cache_ = dispatch.LEADER_CACHE
+    assert cache_.explained_seconds > 0
+    cache_.explained_seconds = 0.4
+    cache_.explained_at -= 3.5  # older than SLUICE_DISPATCH_EXPLAIN_SECONDS, younger than 4 s
+    assert not _cycle(django_capture_on_commit_callbacks)["explained"]
+    cache_.explained_at -= 1.0
+    assert _cycle(django_capture_on_commit_callbacks)["explained"]
