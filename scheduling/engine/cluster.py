@@ -86,7 +86,17 @@ class NodeSlot:
         of the running jobs kept from the cycle before (``base_af``, ``base_running``)
         are busy until their end again, as the planner would mark them."""
         count = len(self.gpu_ids)
-        self.af = [now if end == -INF else end for end in self.base_af]
+        if self.base_running:
+            # A copy, idle GPUs patched (not a comprehension: every float would be
+            # unboxed and boxed again in the compiled engine).
+            af = self.base_af.copy()
+            if -INF in af:
+                for pos in range(count):
+                    if af[pos] == -INF:
+                        af[pos] = now
+            self.af = af
+        else:
+            self.af = [now] * count
         self.hole = [0.0] * count
         self.hole_owner = [0] * count
         self.reserved = [False] * count
