@@ -76,3 +76,57 @@ def row_instances(
         out.append(reader.instance(row[start:end], connection))
         start = end
     return out
+
+
+class ModelInsert:
+    """``Model.objects.create`` for one hot model without the ORM compiling the statement
+    each time: the INSERT's text is built once per database, the values prepared as the
+    ORM prepares them (``pre_save`` with ``add=True``, then ``get_db_prep_save``), the
+    primary key read back. For models without signal receivers on save (none is sent)
+    whose primary key is an auto field; the instance ends as one ``save()`` left."""
+
+    def __init__(self, model: type[models.Model]) -> None:
+        meta = model._meta
+        if meta.auto_field is None:
+            raise ValueError(f"{model.__name__} has no auto primary key")
+        self.model = model
+        self.fields = [
+            f for f in meta.local_concrete_fields if f is not meta.auto_field and not f.generated
+        ]
+        custom = [f.name for f in self.fields if hasattr(f, "get_placeholder")]
+        if custom:
+            raise ValueError(f"{model.__name__}: fields with their own placeholder: {custom}")
+        self._sql: dict[str, tuple[str, bool]] = {}
+
+    def _statement(self, connection) -> tuple[str, bool]:
+        found = self._sql.get(connection.alias)
+        if found is None:
+            meta = self.model._meta
+            quote = connection.ops.quote_name
+            columns = ", ".join(quote(f.column) for f in self.fields)
+            marks = ", ".join(["%s"] * len(self.fields))
+            sql = f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES ({marks})"
+            returning = bool(connection.features.can_return_columns_from_insert)
+            if returning:
+                clause, _ = connection.ops.return_insert_columns([meta.pk])
+                sql = f"{sql} {clause}"
+            found = self._sql[connection.alias] = (sql, returning)
+        return found
+
+    def create(self, using: str = "default", **values) -> models.Model:
+        """A new instance from ``values``, inserted; as ``Model.objects.create(**values)``."""
+        connection = connections[using]
+        obj = self.model(**values)
+        prepared = [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in self.fields]
+        sql, returning = self._statement(connection)
+        meta = self.model._meta
+        with connection.cursor() as cursor:
+            cursor.execute(sql, prepared)
+            if returning:
+                pk = cursor.fetchone()[0]
+            else:
+                pk = connection.ops.last_insert_id(cursor, meta.db_table, meta.pk.column)
+        obj.pk = pk
+        obj._state.adding = False
+        obj._state.db = using
+        return obj
