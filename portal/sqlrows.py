@@ -115,8 +115,13 @@ class ModelInsert:
 
     def create(self, using: str = "default", **values) -> models.Model:
         """A new instance from ``values``, inserted; as ``Model.objects.create(**values)``."""
+        return self.insert(self.model(**values), using)
+
+    def insert(self, obj: models.Model, using: str = "default") -> models.Model:
+        """Insert ``obj``, a new instance (no primary key yet), as ``obj.save()`` would."""
+        if obj.pk is not None or not obj._state.adding:
+            raise ValueError("only a new instance is inserted")
         connection = connections[using]
-        obj = self.model(**values)
         prepared = [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in self.fields]
         sql, returning = self._statement(connection)
         meta = self.model._meta

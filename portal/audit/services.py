@@ -13,6 +13,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from portal.middleware import current_request_context
+from portal.sqlrows import ModelInsert
 
 from . import chain
 from .anchor import Anchor, AnchorError, anchor_path, anchor_read, anchor_write
@@ -62,7 +63,7 @@ def audit_record(
         target_label = target_label or str(target)
     context = current_request_context()
     _lock_chain()
-    last = AuditEvent.objects.order_by("-id").values_list("hash", flat=True).first()
+    last = _chain_head_hash()
     actor_obj = actor if actor is not None and getattr(actor, "is_authenticated", False) else None
     event = AuditEvent(
         created_at=timezone.now(),
@@ -82,8 +83,27 @@ def audit_record(
         hash_version=chain.KEYED,
     )
     event.hash = event.compute_hash()
-    event.save()
+    _INSERT.insert(event)
     return event
+
+
+#: The event's insert, its statement built once (an audited submission is on the API's
+#: hottest path; issue 21). ``AuditEvent.save`` only refuses updates, which this is not.
+_INSERT = ModelInsert(AuditEvent)
+
+
+def _chain_head_hash() -> str | None:
+    """The newest event's hash (read under the chain's lock)."""
+    quote = connection.ops.quote_name
+    table, id_, hash_ = (
+        quote(AuditEvent._meta.db_table),
+        quote(AuditEvent._meta.pk.column),
+        quote(AuditEvent._meta.get_field("hash").column),
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {hash_} FROM {table} ORDER BY {id_} DESC LIMIT 1")
+        row = cursor.fetchone()
+    return row[0] if row else None
 
 
 @dataclass
