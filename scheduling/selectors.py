@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 
 from django.contrib.auth import get_user_model
@@ -110,17 +111,15 @@ _TARGET_READERS = (
 )
 
 
-def _submission_targets_sql() -> str:
+@functools.cache
+def _submission_targets_sql(vendor: str) -> str:
+    """The statement of :func:`submission_targets` for a database vendor (built once)."""
     table = {
         m: connection.ops.quote_name(m._meta.db_table)
         for m in (Project, Tenant, Queue, ResourcePool, PriorityClass, WorkloadPolicy, Membership)
     }
     pair = "CAST(m.tenant_id AS text) || ':' || m.role"
-    roles = (
-        f"string_agg({pair}, ',')"
-        if connection.vendor == "postgresql"
-        else f"group_concat({pair}, ',')"
-    )
+    roles = f"string_agg({pair}, ',')" if vendor == "postgresql" else f"group_concat({pair}, ',')"
     columns = ", ".join(reader.select(connection) for reader in _TARGET_READERS)
     return f"""
         SELECT {columns},
@@ -151,7 +150,10 @@ def submission_targets(
     if not (user and user.is_authenticated):
         return None, None, None
     with connection.cursor() as cursor:
-        cursor.execute(_submission_targets_sql(), [user.pk, queue_id, workload_type, project_id])
+        cursor.execute(
+            _submission_targets_sql(connection.vendor),
+            [user.pk, queue_id, workload_type, project_id],
+        )
         row = cursor.fetchone()
     if row is None:
         return None, None, None
