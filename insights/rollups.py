@@ -43,7 +43,6 @@ does nothing.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import math
 from collections import defaultdict
@@ -67,6 +66,7 @@ from django.utils import timezone
 
 from scheduling.choices import JobState, NodeState
 from scheduling.models import Allocation, Gpu, Job, Queue, Quota, WorkloadPolicy
+from scheduling.services.leader import file_leader_lock
 
 from .choices import Resolution
 from .models import GpuActivity, JobGpuSeries, QueueRollup, UsageDay, UsageRollup
@@ -268,17 +268,12 @@ def _writer_lock():
             yield acquired
         return
     settings.VAR_DIR.mkdir(parents=True, exist_ok=True)
-    with open(settings.VAR_DIR / "rollups.lock", "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+    with file_leader_lock("rollups") as held:
+        if not held:
             yield False
             return
-        try:
-            with transaction.atomic():
-                yield True
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+        with transaction.atomic():
+            yield True
 
 
 def rollup_write(*, now: datetime | None = None) -> RollupRun | None:
