@@ -5,6 +5,7 @@ import os
 import signal
 
 from scheduling.agent import procfs
+from scheduling.agent.agent import LocalMessage
 from tests.scheduling.agent.helpers import (
     IGNORES_SIGTERM,
     launch,
@@ -136,3 +137,55 @@ def test_long_finished_jobs_are_forgotten_but_never_run_twice(make_agent):
     assert {r["exit_code"] for r in h.of_type("exited", 6)} == {0}
     assert len(h.of_type("started", 6)) == 1
     assert h.paths(6).log.read_text() == "once\n"
+
+
+def _count_state_writes(monkeypatch) -> dict[tuple[int, int], list[dict]]:
+    """What each job's state file was written with, in order."""
+    from scheduling.agent import agent as agent_module
+
+    writes: dict[tuple[int, int], list[dict]] = {}
+    real = agent_module.save_record
+
+    def counting(record, paths):
+        writes.setdefault(record.key, []).append(record.to_json())
+        real(record, paths)
+
+    monkeypatch.setattr(agent_module, "save_record", counting)
+    return writes
+
+
+def test_a_job_writes_its_state_once_per_step_that_must_survive_a_crash(make_agent, monkeypatch):
+    """Launch and start are one write (with the pid), the end and the reported exit one
+    more: three writes for a job's life instead of five."""
+    writes = _count_state_writes(monkeypatch)
+    h = make_agent()
+    h.send(launch(1, python_job("pass")))
+    h.wait_report("exited", 1)
+    h.wait_for(lambda: json.loads(h.paths(1).state.read_text())["exit_reported"])
+    states = writes[(1, 1)]
+    assert len(states) == 3, [sorted(k for k, v in s.items() if v) for s in states]
+    assert states[0]["pid"] and not states[0]["started_at"]  # the pid before anything else
+    assert states[1]["started_at"] and not states[1]["finished"]
+    assert states[2]["finished"] and states[2]["exit_reported"]
+
+
+def test_a_waiting_launch_is_on_disk_before_its_message_is_acknowledged(make_agent, monkeypatch):
+    """A launch that waits (its GPU is still held by a job in its stop grace period) is
+    written down before the broker forgets the message: a restarted agent starts it."""
+    h = make_agent()
+    h.send(launch(1, python_job(IGNORES_SIGTERM), grace_seconds=30))
+    h.wait_for(lambda: h.log_text(1))
+    h.send(stop(1, grace_seconds=30))
+    h.wait_for(lambda: h.agent.jobs[(1, 1)].stop_reason)
+    on_disk_at_ack: list = []
+
+    def ack(message):
+        state = h.paths(2).state
+        on_disk_at_ack.append(state.exists() and json.loads(state.read_text()))
+
+    monkeypatch.setattr(LocalMessage, "ack", ack)
+    h.send(launch(2, python_job("pass")))
+    h.wait_for(lambda: on_disk_at_ack)
+    state = on_disk_at_ack[0]
+    assert state and state["pid"] is None and not state["finished"]
+    assert h.agent.jobs[(2, 1)].waiting
