@@ -727,7 +727,6 @@ class Agent:
         )
         self._track(record)
         ensure_dir(self._paths(record).root, TRAVERSE_ONLY)
-        write_json(self._paths(record).launch, message)
         self._save_soon(record)  # mostly written with its pid by _start, just below
         problem = self._gpu_problem(message)
         if problem:
@@ -736,6 +735,9 @@ class Agent:
         self._supersede_older_attempts(record, message["grace_seconds"])
         blockers = self._blockers(record)
         if blockers:
+            # Kept for _start_waiting, across a restart too: only a deferred launch needs
+            # its message (the user's environment) on disk.
+            write_json(self._paths(record).launch, message)
             logger.info(
                 "job %s attempt %s waits for %s to release its GPUs",
                 job_id,

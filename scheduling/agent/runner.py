@@ -3,7 +3,8 @@
 Every job attempt has a directory ``<work>/jobs/<job_id>-<attempt>/`` (the agent's, mode
 0711: the job may pass through to its workspace but not list it) holding:
 
-``launch.json``  the launch message (so a launch deferred while GPUs drain survives a restart)
+``launch.json``  the launch message, only for a launch deferred while GPUs drain (so that it
+                 survives a restart)
 ``state.json``   the agent's record of the job (:class:`JobRecord`), rewritten on each change
 ``exit.json``    written by the wrapper when the command ends (see ``wrapper.py``)
 ``output.log``   the command's stdout and stderr

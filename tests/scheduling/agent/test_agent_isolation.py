@@ -231,8 +231,9 @@ def test_modes_and_owners_of_the_job_directory(make_agent, tmp_path, job_account
     work = h.agent.config.work_dir
     paths = h.paths(6)
     assert {_mode(work), _mode(work / "jobs"), _mode(paths.root)} == {0o711}
-    for path in (paths.state, paths.launch, paths.exit, paths.log):
+    for path in (paths.state, paths.exit, paths.log):
         assert (_mode(path), _owner(path)) == (0o600, "root"), path
+    assert not paths.launch.exists()  # kept for a deferred launch only (the user's env)
     assert not paths.env.exists()  # the job's environment was handed over and removed
     for path in (paths.workspace, paths.workspace / "run", paths.workspace / "run/ckpt"):
         assert (_mode(path), _owner(path)) == (0o700, ACCOUNT_A), path
@@ -247,7 +248,7 @@ def test_modes_without_root(make_agent, tmp_path, monkeypatch):
     assert h.wait_report("exited", 7)["exit_code"] == 0
     paths = h.paths(7)
     assert _mode(paths.root) == 0o711
-    assert _mode(paths.log) == _mode(paths.state) == _mode(paths.launch) == 0o600
+    assert _mode(paths.log) == _mode(paths.state) == 0o600
     assert _mode(paths.workspace) == 0o700
 
 

@@ -189,3 +189,6 @@ def test_a_waiting_launch_is_on_disk_before_its_message_is_acknowledged(make_age
     state = on_disk_at_ack[0]
     assert state and state["pid"] is None and not state["finished"]
     assert h.agent.jobs[(2, 1)].waiting
+    # Its message too (it is started from it), private: it carries the user's environment.
+    assert json.loads(h.paths(2).launch.read_text())["job_id"] == 2
+    assert h.paths(2).launch.stat().st_mode & 0o777 == 0o600
