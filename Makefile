@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 export DEBUG ?= 1
 
-.PHONY: run test lint check migrations-check pytest integration browser bench bench-api bench-e2e bench-reports native demo-reset clean
+.PHONY: run test lint check migrations-check pytest integration browser bench bench-api bench-e2e bench-reports bench-agent native demo-reset clean
 
 $(VENV)/bin/python:
 	python3 -m venv $(VENV)
@@ -86,6 +86,11 @@ bench-e2e: $(VENV)/.installed-dev native
 ## in process; on PostgreSQL beside DATABASE_URL's when it names one, else SQLite. ARGS: see --help
 bench-reports: $(VENV)/.installed-dev
 	$(PY) bench/reports.py $(ARGS)
+
+## The node agent (issue 21): its own CPU and its jobs' processes per job running `true` on
+## 8 simulated GPUs, in process (no broker, no Django), and state files written per job
+bench-agent: $(VENV)/.installed-dev native
+	$(PY) bench/agent.py $(ARGS)
 
 demo-reset:
 	rm -rf var/

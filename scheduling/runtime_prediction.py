@@ -199,9 +199,17 @@ def _histories(keys: set[tuple]) -> dict[tuple, list[float]]:
             .values_list("project_id", "workload_type", "submitted_by_id", "entries")
         )
     return {
-        (project, wtype, submitter): [ratio for _, ratio in entries[:HISTORY_JOBS]]
+        (project, wtype, submitter): history_ratios(entries)
         for project, wtype, submitter, entries in found
     }
+
+
+def history_ratios(entries: list | str | bytes) -> list[float]:
+    """The runtime/limit ratios of a ``RuntimeHistory.entries`` value, newest first (the
+    JSON as text, as SQLite and a cast answer it, or decoded)."""
+    if isinstance(entries, str | bytes):
+        entries = json.loads(entries)
+    return [ratio for _, ratio in entries[:HISTORY_JOBS]]
 
 
 def _rows_by_index(keys: set[tuple]) -> list[tuple]:
@@ -224,8 +232,7 @@ def _rows_by_index(keys: set[tuple]) -> list[tuple]:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
-    # SQLite answers the JSON as text, PostgreSQL (psycopg) as text or decoded.
-    return [(p, t, u, json.loads(e) if isinstance(e, str | bytes) else e) for p, t, u, e in rows]
+    return rows
 
 
 def _statistic(ratios: list[float] | None) -> tuple[float, int] | None:
@@ -234,8 +241,12 @@ def _statistic(ratios: list[float] | None) -> tuple[float, int] | None:
     return percentile(ratios), len(ratios)
 
 
-def predict_runtimes(jobs: Iterable[Job]) -> dict[int, RuntimePrediction]:
-    """The prediction of each job, by id, in one query (none when ``jobs`` is empty).
+def predict_runtimes(
+    jobs: Iterable[Job], histories: dict[tuple, list[float]] | None = None
+) -> dict[int, RuntimePrediction]:
+    """The prediction of each job, by id, in one query (none when ``jobs`` is empty, or
+    with ``histories``: the ratios of every key the jobs need, read already, a key absent
+    having no history).
 
     Reads ``submitted_by.username`` and ``project.slug`` for the messages: select them
     with the jobs (``select_related``) to keep the caller's query count flat.
@@ -243,7 +254,9 @@ def predict_runtimes(jobs: Iterable[Job]) -> dict[int, RuntimePrediction]:
     jobs = list(jobs)
     if not jobs:
         return {}
-    histories = _histories(_keys((j.project_id, j.workload_type, j.submitted_by_id) for j in jobs))
+    if histories is None:
+        keys = _keys((j.project_id, j.workload_type, j.submitted_by_id) for j in jobs)
+        histories = _histories(keys)
     statistics_of: dict[tuple, tuple[float, int] | None] = {}
     predictions = {}
     for job in jobs:
@@ -301,6 +314,7 @@ __all__ = [
     "PERCENTILE",
     "RuntimePrediction",
     "expected_runtimes",
+    "history_ratios",
     "percentile",
     "predict_live_runtimes",
     "predict_runtime",

@@ -149,6 +149,13 @@ def submission_targets(
     submission stops there."""
     if not (user and user.is_authenticated):
         return None, None, None
+    # An id no key column can hold names nothing (as the ORM answers such a lookup): the
+    # database would refuse it as a parameter.
+    low, high = connection.ops.integer_field_range("BigIntegerField")
+    if not low <= project_id <= high:
+        return None, None, None
+    if not low <= queue_id <= high:
+        queue_id = 0  # no queue has it: the project is answered, the queue not
     with connection.cursor() as cursor:
         cursor.execute(
             _submission_targets_sql(connection.vendor),

@@ -332,9 +332,13 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             )
         job = jobs.job_submit(user=request.user, spec=spec, lookups=lookups)
         # The job as stored, with the objects it was made from: no second read. A job
-        # just submitted holds no GPU.
+        # just submitted holds no GPU, and its runtime is predicted from what its
+        # admission read.
         job.active_allocations = []
-        return idempotency.Answer(status.HTTP_201_CREATED, self.get_serializer(job).data)
+        serializer = self.get_serializer(job)
+        prediction = jobs.submitted_prediction(job, spec, lookups, request.user)
+        serializer.predictions = {job.pk: prediction}
+        return idempotency.Answer(status.HTTP_201_CREATED, serializer.data)
 
     @extend_schema(
         request=s.JobBulkSerializer,

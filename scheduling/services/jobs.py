@@ -42,8 +42,10 @@ from ..models import (
     ProjectQuota,
     Queue,
     Quota,
+    RuntimeHistory,
     WorkloadPolicy,
 )
+from ..runtime_prediction import RuntimePrediction, history_ratios, predict_runtimes
 from .enqueue import dispatch_on_commit, waiting_changed_on_commit
 from .lifecycle import job_event, job_transition
 from .raises import higher_class, project_grant_classes
@@ -129,6 +131,10 @@ class AdmissionContext:
     grant: tuple[int, int] | None
     #: {workload type: ids of the pools its policy allows} (absent: every pool).
     policy_pools: dict[str, set[int]]
+    #: The runtime histories of the project and of the submitter in it, every workload
+    #: type, as ``runtime_prediction`` reads them: {(project, type, submitter or None):
+    #: ratios}. A submission's answer predicts the new job's runtime from these.
+    histories: dict[tuple[int, str, int | None], list[float]] = field(default_factory=dict)
 
     def quota(self, gpu_model: str) -> dict:
         """What ``scheduling.selectors.quota_for`` answers (model-specific quota wins over
@@ -155,11 +161,14 @@ def _table(model) -> str:
     return connection.ops.quote_name(model._meta.db_table)
 
 
-def _admission_context(*, tenant_id: int, project_id: int, pool_id: int) -> AdmissionContext:
+def _admission_context(
+    *, tenant_id: int, project_id: int, pool_id: int, submitter_id: int | None = None
+) -> AdmissionContext:
     """The reads of ``scheduling.selectors.pool_gpu_shapes`` and ``quota_for`` (every model),
-    the project's cap (``ProjectQuota``), ``raises.project_grant_classes`` and the workload
-    policies' allowed pools, in one statement: a submission paid six queries for them
-    (issue 21). Kept equal to those by tests/scheduling/test_api_costs.py."""
+    the project's cap (``ProjectQuota``), ``raises.project_grant_classes``, the workload
+    policies' allowed pools and the runtime histories a prediction for the submitter's job
+    reads, in one statement: a submission paid seven queries for them (issue 21). Kept
+    equal to those by tests/scheduling/test_api_costs.py."""
     now = connection.ops.adapt_datetimefield_value(timezone.now())
     gpu, node, alloc = _table(Gpu), _table(Node), _table(Allocation)
     through = WorkloadPolicy.allowed_pools.through
@@ -190,13 +199,19 @@ def _admission_context(*, tenant_id: int, project_id: int, pool_id: int) -> Admi
         UNION ALL
         SELECT 'p', w.workload_type, t.resourcepool_id, 0, 0
           FROM {_table(through)} t JOIN {_table(WorkloadPolicy)} w ON w.id = t.workloadpolicy_id
+        UNION ALL
+        SELECT 'h' || h.workload_type, CAST(h.entries AS TEXT), h.submitted_by_id, 0, 0
+          FROM {_table(RuntimeHistory)} h
+         WHERE h.project_id = %s AND (h.submitted_by_id IS NULL OR h.submitted_by_id = %s)
     """
     params = [pool_id, GpuHealth.HEALTHY, NodeState.DOWN, tenant_id, pool_id, tenant_id, pool_id]
     params += [project_id, pool_id, project_id, RaiseState.APPROVED, now, now]
+    params += [project_id, submitter_id]
     shapes: dict[str, list[int]] = {}
     quotas: dict[str, tuple[int, int, int | None]] = {}
     used: dict[str, list[int]] = {}
     policy_pools: dict[str, set[int]] = {}
+    histories: dict[tuple[int, str, int | None], list[float]] = {}
     cap, grant = None, None
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
@@ -213,6 +228,8 @@ def _admission_context(*, tenant_id: int, project_id: int, pool_id: int) -> Admi
             cap = a
         elif kind == "p":
             policy_pools.setdefault(model, set()).add(a)
+        elif kind[0] == "h":  # "h" and the workload type; the entries as text
+            histories[(project_id, kind[1:], a)] = history_ratios(model)
         elif grant is None or b > grant[0]:
             grant = (b, a)
     return AdmissionContext(
@@ -222,6 +239,7 @@ def _admission_context(*, tenant_id: int, project_id: int, pool_id: int) -> Admi
         project_cap=cap,
         grant=grant,
         policy_pools=policy_pools,
+        histories=histories,
     )
 
 
@@ -453,16 +471,25 @@ def _check_runtime(spec: JobSpec, policy: WorkloadPolicy) -> int:
     return runtime
 
 
-def _context_for(spec: JobSpec, lookups: Lookups) -> AdmissionContext:
+def _context_for(spec: JobSpec, lookups: Lookups, user) -> AdmissionContext:
     tenant_id, project_id, pool_id = spec.project.tenant_id, spec.project.pk, spec.queue.pool_id
     return lookups.get(
-        ("admission", tenant_id, project_id, pool_id),
-        lambda: _admission_context(tenant_id=tenant_id, project_id=project_id, pool_id=pool_id),
+        ("admission", tenant_id, project_id, pool_id, user.pk),
+        lambda: _admission_context(
+            tenant_id=tenant_id, project_id=project_id, pool_id=pool_id, submitter_id=user.pk
+        ),
     )
 
 
+def submitted_prediction(job: Job, spec: JobSpec, lookups: Lookups, user) -> RuntimePrediction:
+    """The runtime prediction of a job just submitted, from the histories its admission
+    read (no query); what ``runtime_prediction.predict_runtime`` answers."""
+    histories = _context_for(spec, lookups, user).histories
+    return predict_runtimes([job], histories=histories)[job.pk]
+
+
 def _check_placement(
-    spec: JobSpec, policy: WorkloadPolicy, preemptible: bool, lookups: Lookups
+    spec: JobSpec, policy: WorkloadPolicy, preemptible: bool, lookups: Lookups, user
 ) -> Admission:
     """Pool, model, size and quota: can this job ever run, and how would it run now?"""
     queue, pool = spec.queue, spec.queue.pool
@@ -479,7 +506,7 @@ def _check_placement(
             f"Pool {pool} does not run {wt} jobs; it runs "
             f"{', '.join(pool.allowed_workload_types)}.",
         )
-    context = _context_for(spec, lookups)
+    context = _context_for(spec, lookups, user)
     allowed_pools = context.policy_pools.get(wt)
     if allowed_pools and pool.pk not in allowed_pools:
         names = [p.name for p in policy.allowed_pools.all()]
@@ -566,8 +593,8 @@ def _check_placement(
     return Admission(pool.name, quotas, preemptible, outlook, msg)
 
 
-def _project_cap(spec: JobSpec, lookups: Lookups) -> None:
-    cap = _context_for(spec, lookups).project_cap
+def _project_cap(spec: JobSpec, lookups: Lookups, user) -> None:
+    cap = _context_for(spec, lookups, user).project_cap
     total = spec.gpus_per_node * spec.nodes
     if cap is not None and total > cap:
         _fail(
@@ -602,8 +629,8 @@ def job_validate(*, user, spec: JobSpec, lookups: Lookups | None = None) -> tupl
     priority = _check_priority(user, spec)
     runtime = _check_runtime(spec, policy)
     preemptible = priority.preemptible and policy.preemptible
-    admission = _check_placement(spec, policy, preemptible, lookups)
-    _project_cap(spec, lookups)
+    admission = _check_placement(spec, policy, preemptible, lookups, user)
+    _project_cap(spec, lookups, user)
     values = {
         "tenant": spec.project.tenant,
         "project": spec.project,
@@ -652,7 +679,7 @@ def job_submit(*, user, spec: JobSpec, lookups: Lookups | None = None) -> Job:
     values, _ = job_validate(user=user, spec=spec, lookups=lookups)
     now = timezone.now()
     # A project raise active now (a release push) applies to new jobs from the start.
-    grant = _context_for(spec, lookups).grant
+    grant = _context_for(spec, lookups, user).grant
     if grant is not None and grant[0] > values["priority_class"].value:
         values["priority_class"] = PriorityClass.objects.get(pk=grant[1])
     job = _JOB_INSERT.create(submitted_at=now, **values)

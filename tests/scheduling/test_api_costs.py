@@ -22,6 +22,7 @@ from scheduling.models import (
     RuntimeHistory,
     WorkloadPolicy,
 )
+from scheduling.runtime_prediction import predict_runtime
 from scheduling.selectors import jobs_visible_to, names_attach, pool_gpu_shapes, quota_for
 from scheduling.services.jobs import _admission_context
 from scheduling.services.raises import project_grant_classes
@@ -29,10 +30,11 @@ from tests import factories as f
 
 URL = "/api/v1/jobs"
 # A submission: token and user, the user's roles with the project, queue and policy
-# (scheduling.selectors.submission_targets), the admission read, job, job event, the audit
-# row (chain lock, last hash, insert; no savepoint), the runtime history of the answer's
-# prediction; BEGIN and COMMIT outside tests. Was 22 on PostgreSQL before issue 21, then 14.
-SUBMIT_QUERIES = 11
+# (scheduling.selectors.submission_targets), the admission read (with the runtime
+# histories of the answer's prediction), job, job event, the audit row (chain lock, last
+# hash, insert; no savepoint); BEGIN and COMMIT outside tests. Was 22 on PostgreSQL before
+# issue 21, then 14, then 11.
+SUBMIT_QUERIES = 10
 # A page: token and user, count, the page's jobs (no joins), their names (tenants,
 # projects, queues, pools, submitters, classes), the GPUs they hold, runtime histories,
 # positions (their ranks and pools, the pools' estimates).
@@ -108,6 +110,43 @@ def test_a_submission_costs_a_fixed_number_of_queries(
         response = member_client.post(URL, spec(world, gpus_per_node=2), format="json")
     assert response.status_code == 201, response.content
     assert Job.objects.get(pk=response.json()["id"]).state == JobState.PENDING
+
+
+@pytest.mark.parametrize("basis", ["submitter", "project", "none", "other workload type"])
+def test_a_submission_answers_the_prediction_of_the_job_as_stored(
+    world, member_client, dispatch_requests, basis
+):
+    """The answer predicts from the histories the admission read: as predict_runtime
+    would from the stored job, whoever's history it rests on."""
+    now = timezone.now()
+    ratios = {"submitter": 0.25, "project": 0.5, "other workload type": 0.75}
+    if basis in ("submitter", "project"):
+        RuntimeHistory.objects.create(
+            project=world.project,
+            workload_type="training",
+            submitted_by=world.member if basis == "submitter" else None,
+            entries=[[now.timestamp(), ratios[basis]]] * 4,
+            updated_at=now,
+        )
+    if basis == "submitter":  # the submitter's own history wins over the project's
+        RuntimeHistory.objects.create(
+            project=world.project, workload_type="training", entries=[[0, 0.9]] * 4, updated_at=now
+        )
+    if basis == "other workload type":
+        RuntimeHistory.objects.create(
+            project=world.project,
+            workload_type="evaluation",
+            submitted_by=world.member,
+            entries=[[0, 0.75]] * 4,
+            updated_at=now,
+        )
+    response = member_client.post(URL, spec(world, max_runtime_seconds=3600), format="json")
+    assert response.status_code == 201, response.content
+    job = Job.objects.select_related("submitted_by", "project").get(pk=response.json()["id"])
+    expected = predict_runtime(job).as_dict()
+    assert response.json()["expected_runtime"] == expected
+    wanted = {"submitter": 900, "project": 1800}.get(basis)
+    assert expected["seconds"] == wanted
 
 
 def test_a_list_page_costs_a_fixed_number_of_queries(

@@ -131,3 +131,15 @@ def test_an_anonymous_user_reads_nothing(world, django_assert_num_queries):
             workload_type="training",
         )
     assert got == (None, None, None)
+
+
+@pytest.mark.parametrize("which", ["project", "queue"])
+@pytest.mark.parametrize("value", [2**63, -(2**63) - 1, 10**30])
+def test_an_id_no_key_can_hold_names_nothing_as_the_orm_answers(world, which, value):
+    """Found by the API's schema fuzzing: an id beyond the database's integers was a 500
+    (the driver refuses the parameter); the ORM's lookups answer nothing for it."""
+    ids = {"project_id": world.project.pk, "queue_id": world.queue.pk, which + "_id": value}
+    got = submission_targets(fresh(world.member), workload_type="training", **ids)
+    expected = orm_reads(world.member, ids["project_id"], ids["queue_id"], "training")
+    assert all(same(a, b) for a, b in zip(got, expected, strict=True)), (got, expected)
+    assert got[0 if which == "project" else 1] is None
