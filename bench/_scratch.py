@@ -90,3 +90,19 @@ def drop_database(database_url: str | None) -> None:
         _sqlite_remove(database_url)
     else:
         _postgres(database_url, 'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def backend_cpu_seconds() -> float | None:
+    """CPU seconds (user + system) of the PostgreSQL backend of Django's connection so far."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        pid = cursor.fetchone()[0]
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

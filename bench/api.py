@@ -20,7 +20,8 @@ Figures (one JSON line each): ``post_one`` (``POST /api/v1/jobs/``, one job),
 ``post_bulk_100`` (``POST /api/v1/jobs/bulk``, 100 jobs), ``get_list``
 (``GET /api/v1/jobs/``, the default page of 50), ``get_one`` (``GET /api/v1/jobs/ID/``):
 ``cpu_ms`` (process CPU time per call, averaged over ``--calls`` calls after warm-ups; the
-database server's own CPU is not in it) and ``queries`` (SQL statements of one call).
+database server's own CPU is not in it), ``db_cpu_ms`` (the PostgreSQL backend's CPU per
+call, from /proc; null on SQLite) and ``queries`` (SQL statements of one call).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._scratch import _postgres, django_start  # noqa: E402
+from bench._scratch import _postgres, backend_cpu_seconds, django_start  # noqa: E402
 
 NODES = 16
 GPUS_PER_NODE = 8
@@ -283,6 +284,7 @@ def _measure(name: str, call, calls: int, profile: bool, show_sql: bool) -> dict
         for query in ctx.captured_queries:
             print(f"[{name}] {query['time']} {query['sql'][:300]}", file=sys.stderr)
     profiler = cProfile.Profile(time.process_time) if profile else None
+    db_cpu = backend_cpu_seconds()
     wall, cpu = time.perf_counter(), time.process_time()
     if profiler:
         profiler.enable()
@@ -291,6 +293,7 @@ def _measure(name: str, call, calls: int, profile: bool, show_sql: bool) -> dict
     if profiler:
         profiler.disable()
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    db_after = backend_cpu_seconds()
     if profiler:
         out = io.StringIO()
         pstats.Stats(profiler, stream=out).sort_stats(
@@ -300,6 +303,8 @@ def _measure(name: str, call, calls: int, profile: bool, show_sql: bool) -> dict
     return {
         "figure": name,
         "cpu_ms": round(cpu * 1000 / calls, 2),
+        # The PostgreSQL backend serving the calls (from /proc; null on SQLite).
+        "db_cpu_ms": None if db_cpu is None else round((db_after - db_cpu) * 1000 / calls, 2),
         "wall_ms": round(wall * 1000 / calls, 2),
         "queries": queries,
         "calls": calls,

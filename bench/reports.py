@@ -39,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._scratch import drop_database, setup_in_var  # noqa: E402
+from bench._scratch import backend_cpu_seconds, drop_database, setup_in_var  # noqa: E402
 
 NODES = 4
 SCRATCH_NAME = "sluice_bench_reports"
@@ -160,22 +160,6 @@ def batches(placed: list[tuple], size: int, shape: str) -> list[list[dict]]:
     return out
 
 
-def _backend_cpu_seconds() -> float | None:
-    """CPU seconds (user + system) of the PostgreSQL backend of Django's connection so far."""
-    from django.db import connection
-
-    if connection.vendor != "postgresql":
-        return None
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()")
-        pid = cursor.fetchone()[0]
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def run(world, jobs: int, size: int, shape: str, *, count_queries: bool) -> dict:
     from django.db import connection
 
@@ -191,7 +175,7 @@ def run(world, jobs: int, size: int, shape: str, *, count_queries: bool) -> dict
         queries[0] += 1
         return execute(sql, params, many, context)
 
-    db_before = _backend_cpu_seconds()
+    db_before = backend_cpu_seconds()
     cpu, wall = time.process_time(), time.perf_counter()
     failed = 0
     if count_queries:
@@ -202,7 +186,7 @@ def run(world, jobs: int, size: int, shape: str, *, count_queries: bool) -> dict
         for batch in work:
             failed += agent_reports_process(reports=batch)["failed"]
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-    db_after = _backend_cpu_seconds()
+    db_after = backend_cpu_seconds()
     ids = [job_id for job_id, _ in placed]
     states = set(Job.objects.filter(pk__in=ids).values_list("state", flat=True))
     assert states == {"SUCCEEDED"} and not failed, (states, failed)

@@ -61,7 +61,6 @@ def read(path):
         return f.read()
 
 attempts = {
-    "read A launch.json": lambda: read(f"{a_dir}/launch.json"),
     "read A state.json": lambda: read(f"{a_dir}/state.json"),
     "read A output.log": lambda: read(f"{a_dir}/output.log"),
     "read A workspace file": lambda: read(f"{a_dir}/workspace/notes.txt"),
@@ -155,7 +154,8 @@ def test_a_job_cannot_reach_another_tenants_job_the_portal_or_the_agent(node):
     record = h.agent.jobs[(1, 1)]
     a_dir = h.paths(1).root
     # What B is after is there, and would give the secret away if it could be read.
-    assert SECRET in (a_dir / "launch.json").read_text()
+    # The launch message (with the environment) is not kept once the job started.
+    assert not (a_dir / "launch.json").exists()
     assert SECRET in (a_dir / "output.log").read_text()
     assert SECRET in (a_dir / "workspace" / "notes.txt").read_text()
 
@@ -182,7 +182,6 @@ def test_a_job_cannot_reach_another_tenants_job_the_portal_or_the_agent(node):
     results = json.loads(line.removeprefix("RESULTS "))
 
     expected_denials = {
-        "read A launch.json",
         "read A state.json",
         "read A output.log",
         "read A workspace file",

@@ -75,3 +75,18 @@ def test_check_deploy_passes_with_secret_key_and_allowed_hosts(tmp_path):
 
     assert result.returncode == 0, result.stdout + result.stderr
     assert "no issues" in result.stdout
+
+
+def test_postgresql_prepares_its_frequent_statements_unless_turned_off(tmp_path):
+    show = (
+        "import portal.settings as s; o = s.DATABASES['default'].get('OPTIONS', {}); "
+        "print(o.get('server_side_binding'), o.get('prepare_threshold'))"
+    )
+    url = "postgres://postgres@127.0.0.1:5432/sluice"
+    default = _run(["-c", show], tmp_path, DATABASE_URL=url)
+    off = _run(["-c", show], tmp_path, DATABASE_URL=url, SLUICE_DB_PREPARED_STATEMENTS="0")
+    sqlite = _run(["-c", show], tmp_path)
+
+    assert default.stdout.split() == ["True", "5"], default.stderr
+    assert off.stdout.split() == ["None", "None"], off.stderr
+    assert sqlite.stdout.split() == ["None", "None"], sqlite.stderr
