@@ -91,3 +91,18 @@ def test_columns_follow_the_models_field_order():
     reader = ModelColumns(Membership, "m")
     assert len(reader) == len(Membership._meta.concrete_fields)
     assert reader.select(connection).startswith("m.")
+
+
+def test_empty_nullable_columns_are_left_out_and_stay_null(world):
+    """A new job's NULLs are not sent (the column's default is NULL): fewer parameters,
+    the same row; a value given for a nullable column is sent."""
+    job = f.JobFactory(queue=world.queue, project=world.project, submitted_by=world.member)
+    insert = ModelInsert(JobEvent)
+    now = timezone.now()
+    plain = insert.create(job=job, created_at=now, kind="a", message="m")
+    with_actor = insert.create(job=job, created_at=now, kind="b", message="m", actor=world.member)
+    assert JobEvent.objects.get(pk=plain.pk).actor_id is None
+    assert JobEvent.objects.get(pk=with_actor.pk).actor_id == world.member.pk
+    statements = {sql for sql, _ in insert._sql.values()}
+    assert len(statements) == 2
+    assert any('"actor_id"' not in sql for sql in statements)
