@@ -44,6 +44,7 @@ class NodeSlot:
         "reserved",
         "releasing",
         "version",
+        "marks",
         "free_total",
         "running",
         "victim_view",
@@ -65,6 +66,9 @@ class NodeSlot:
         self.reserved = [False] * count  # promised to a waiting job in this cycle
         self.releasing = [False] * count  # held by a stopping job
         self.version = 0
+        # Bumped when the GPUs are given back and taken again without a re-index (see
+        # SliceIndex.touch): the version with this tells whether the slot changed.
+        self.marks = 0
         self.free_total = 0  # GPUs idle now, reserved or not
         self.running: list = []  # running-job records holding GPUs here (victim search)
         # possible victims here, cached by the victim search
@@ -102,6 +106,7 @@ class NodeSlot:
         self.reserved = [False] * count
         self.releasing = [False] * count
         self.version = 0
+        self.marks = 0
         self.free_total = 0
         self.running = list(self.base_running)
         self.victim_view = None
@@ -455,6 +460,17 @@ class SliceIndex:
         self.epoch += 1
         self._no_fit.clear()
         self.refresh(slot)
+        self.grown.append(slot.idx)
+
+    def touch(self, slot: NodeSlot) -> None:
+        """``slot``'s held GPUs were given back and taken again, leaving it as it was
+        (:meth:`PreviousReservations.release_and_rehold`): what :meth:`unhold` voids is
+        void all the same, and the slot counts as changed (``marks``), so that a cycle
+        ends (``.settled``) as if they had been, and caches learnt from "only ever
+        shrinks" are dropped at the same points."""
+        slot.marks += 1
+        self.epoch += 1
+        self._no_fit.clear()
         self.grown.append(slot.idx)
 
     def release_at(

@@ -268,6 +268,9 @@ class Planner:
         self._heads_known = False  # any strict-FIFO head recorded yet
         self._pool_floor: dict[str, float] = {}  # no-backfill pools: nothing starts before
         self._pool_blocker: dict[str, int] = {}
+        # Give the holds back and take them again even where that cannot help a job
+        # (see _holds_cannot_help): the plain way, which the tests compare with.
+        self.always_give_back = False
         self._build_cluster()
         self._build_running()
         self._build_claims()
@@ -657,11 +660,17 @@ class Planner:
                     and option.slice.fits_ignoring_reservations(gpus, nodes)
                 ):
                     # GPUs held for jobs behind it (see .reservations).
-                    released = self._previous.release_for(job, self._own_start(job, options))
-                    if released:
-                        chosen = option.slice.find_now(gpus, nodes, end)
-                        if chosen is None:
-                            self._previous.rehold(released)
+                    own_start = self._own_start(job, options)
+                    if not self._previous.idle_held and not self.always_give_back:
+                        # Given back, a held GPU is idle now only if it was idle before
+                        # the hold: without any, giving them back cannot make room now.
+                        self._previous.release_and_rehold(job, own_start)
+                    else:
+                        released = self._previous.release_for(job, own_start)
+                        if released:
+                            chosen = option.slice.find_now(gpus, nodes, end)
+                            if chosen is None:
+                                self._previous.rehold(released)
                 if chosen is not None:
                     self._place(job, option, chosen, mode, end)
                     return None
@@ -750,29 +759,32 @@ class Planner:
         if slot is None:
             slot = self._earliest(job, options, floor, with_positions=True)
         if self._hold_previous and self._previous.holds_in(job.pool):
-            # Holds of jobs it overtook stand only if they do not delay it (.reservations).
-            released = self._previous.release_for(job, everyone=lost)
-            if released:
-                fresh = self._earliest(job, options, floor, with_positions=True)
-                if fresh is not None and (slot is None or fresh.start < slot.start):
-                    slot = fresh
-                    if fresh.start <= self.now and not fresh.releasing:
-                        option = fresh.option
-                        mode = (
-                            GUARANTEED
-                            if option.account.mode(job.gpus, job.preemptible) == GUARANTEED
-                            else BORROWED
-                        )
-                        chosen = option.slice.find_now(
-                            job.gpus_per_node, job.nodes, self.now + runtime
-                        )
-                        if chosen is not None and option.account.fits_now(
-                            job.gpus, mode, self.now + runtime
-                        ):
-                            self._place(job, option, chosen, mode, self.now + runtime)
-                            return None
-                else:
-                    self._previous.rehold(released)
+            if self._holds_cannot_help(job, options, floor, slot, lost):
+                self._previous.release_and_rehold(job, everyone=lost)
+            else:
+                # Holds of jobs it overtook stand only if they do not delay it (.reservations).
+                released = self._previous.release_for(job, everyone=lost)
+                if released:
+                    fresh = self._earliest(job, options, floor, with_positions=True)
+                    if fresh is not None and (slot is None or fresh.start < slot.start):
+                        slot = fresh
+                        if fresh.start <= self.now and not fresh.releasing:
+                            option = fresh.option
+                            mode = (
+                                GUARANTEED
+                                if option.account.mode(job.gpus, job.preemptible) == GUARANTEED
+                                else BORROWED
+                            )
+                            chosen = option.slice.find_now(
+                                job.gpus_per_node, job.nodes, self.now + runtime
+                            )
+                            if chosen is not None and option.account.fits_now(
+                                job.gpus, mode, self.now + runtime
+                            ):
+                                self._place(job, option, chosen, mode, self.now + runtime)
+                                return None
+                    else:
+                        self._previous.rehold(released)
         if self.snapshot.preemption and (slot is None or not slot.releasing):
             preemptors = [
                 (option, Preemptor.under(job, option.account, True)) for option in options
@@ -799,6 +811,35 @@ class Planner:
             code, message = self._gpu_wait_reason(job, slot, quota_promised, gpus_promised)
         self._wait(job, code, message, slot.start, reserved)
         return code, slot.start
+
+    def _holds_cannot_help(
+        self,
+        job: PendingJob,
+        options: list[Option],
+        floor: float | None,
+        slot: Slot | None,
+        lost: bool,
+    ) -> bool:
+        """Whether giving back the holds of the job's pool (:meth:`PreviousReservations.
+        release_for`) cannot get it a start earlier than ``slot`` (its kept reservation,
+        or with ``lost`` its earliest start with the holds in place): then they would
+        only be taken again, and the round trip is skipped (what it leaves behind all
+        the same is done by :meth:`PreviousReservations.release_and_rehold`).
+
+        A GPU given back is free from no earlier than ``earliest_release``, and GPUs
+        only becoming free later cannot bring the earliest start (the latest of the
+        nodes' g-th free-from times, and the quota's) below the smaller of that time and
+        the earliest start without giving anything back."""
+        if (
+            self.always_give_back
+            or slot is None
+            or slot.start > self._previous.earliest_release(job.pool)
+        ):
+            return False
+        if lost:
+            return True  # slot is the earliest start without giving anything back
+        found = self._earliest_start(job, options, floor)
+        return found is None or found[0] >= slot.start
 
     def _wait_to_borrow(
         self,

@@ -40,7 +40,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from heapq import heappop, heappush
 
-from .cluster import Locator, NodeSlot, SliceIndex
+from .cluster import INF, Locator, NodeSlot, SliceIndex
 from .snapshot import PendingJob
 
 
@@ -116,6 +116,9 @@ class PreviousReservations:
         # of the jobs holding GPUs there and not considered yet (lazy deletion)
         self._waiting_in: dict[str, list[tuple[int, int]]] = defaultdict(list)
         self._starts_in: dict[str, list[tuple[float, int]]] = defaultdict(list)
+        # pool -> heap of (earliest free-from time before the hold of any GPU held, job
+        # id) of the same jobs: a lower bound of when a given-back hold frees a GPU
+        self._ready_in: dict[str, list[tuple[float, int]]] = defaultdict(list)
         # class -> [(reservation, [(slot number, position) to hold])]
         self._to_hold: dict[int, list[tuple[Previous, list[tuple[int, int]]]]] = defaultdict(list)
         self._waiting: dict[int, Previous] = {}  # held, job not considered yet
@@ -175,6 +178,8 @@ class PreviousReservations:
             self._waiting[previous.job_id] = previous
             heappush(self._waiting_in[previous.pool], (previous.position, previous.job_id))
             heappush(self._starts_in[previous.pool], (previous.start, previous.job_id))
+            ready = min(previous.held.values())
+            heappush(self._ready_in[previous.pool], (ready, previous.job_id))
             now = self.now
             previous.idle_held = sum(1 for ready in previous.held.values() if ready <= now)
             self.idle_held += previous.idle_held
@@ -203,6 +208,23 @@ class PreviousReservations:
         """Whether GPUs of ``pool`` are held for jobs not considered yet."""
         return bool(self._waiting_in.get(pool))
 
+    def earliest_release(self, pool: str) -> float:
+        """No GPU of ``pool`` held for a job not considered yet would be free before this
+        if its hold were given back (:meth:`release_for`): a GPU given back is free from
+        its time before the hold, or later if a job started in its hole meanwhile.
+
+        So a job whose earliest start with the holds in place is no later than this
+        cannot start earlier without them: giving every hold back and taking them again
+        (the price of an answer otherwise) would change nothing."""
+        heap = self._ready_in.get(pool)
+        waiting = self._waiting
+        while heap:
+            ready, owner = heap[0]
+            if owner in waiting:
+                return ready
+            heappop(heap)  # given back since (an entry pushed again on a rehold stays)
+        return INF
+
     def release_for(
         self, job: PendingJob, starting: float | None = None, everyone: bool = False
     ) -> list[tuple[Previous, list[tuple[int, int]]]]:
@@ -218,6 +240,20 @@ class PreviousReservations:
         on GPUs it could use now.
 
         Returns what :meth:`rehold` needs to put them back if that did not help."""
+        released = []
+        for owner in self._owners(job, starting, everyone):
+            previous = self._waiting.get(owner)
+            if previous is None:
+                continue  # already given back (or its entry in the other heap)
+            end = previous.end
+            given = [key for key in previous.held if previous.slots[key[0]].af[key[1]] == end]
+            self.turn(owner)
+            released.append((previous, given))
+        return released
+
+    def _owners(self, job: PendingJob, starting: float | None, everyone: bool) -> list[int]:
+        """The owners :meth:`release_for` gives back, taken off the heaps (an owner may
+        come twice, and one given back already may come: its entries are left behind)."""
         pool = job.pool
         owners: list[int] = []
         mine = 0 if everyone else job.previous_position
@@ -229,16 +265,52 @@ class PreviousReservations:
             starts = self._starts_in.get(pool)
             while starts and starts[0][0] <= starting:
                 owners.append(heappop(starts)[1])
-        released = []
-        for owner in owners:
+        return owners
+
+    def release_and_rehold(
+        self, job: PendingJob, starting: float | None = None, everyone: bool = False
+    ) -> None:
+        """What :meth:`release_for` followed at once by :meth:`rehold` leaves behind, for
+        a caller that knows giving the holds back cannot help ``job``, without giving
+        back and taking again every GPU (each a re-index of its node slot).
+
+        The timeline ends as it was. What the round trip changes all the same is done
+        here: a GPU an earlier job planned to use right after the hold stays held as
+        part of its owner's reservation (:meth:`turn`); a GPU where a job started in
+        the hole meanwhile is free, before the hold taken again, only from that job's
+        end; and each node slot given back and taken again counts as changed for what
+        the cycle learnt from "only ever shrinks" (:meth:`SliceIndex.touch`), as the
+        cycle's early end (``.settled``) does."""
+        now = self.now
+        done: set[int] = set()
+        for owner in self._owners(job, starting, everyone):
             previous = self._waiting.get(owner)
-            if previous is None:
-                continue  # already given back (or its entry in the other heap)
+            if previous is None or owner in done:
+                continue
+            done.add(owner)
             end = previous.end
-            given = [key for key in previous.held if previous.slots[key[0]].af[key[1]] == end]
-            self.turn(owner)
-            released.append((previous, given))
-        return released
+            slots = previous.slots
+            held = previous.held
+            touched: set[int] = set()
+            for key, ready in held.items():
+                number, pos = key
+                slot = slots[number]
+                if slot.af[pos] == end:
+                    lent = slot.lent[pos]
+                    if lent > ready:
+                        held[key] = lent
+                    touched.add(number)
+                else:
+                    previous.kept.add(key)
+            for number in sorted(touched):
+                previous.slice.touch(slots[number])
+            self.idle_held -= previous.idle_held
+            previous.idle_held = sum(1 for ready in held.values() if ready <= now)
+            self.idle_held += previous.idle_held
+            pool = previous.pool
+            heappush(self._waiting_in[pool], (previous.position, owner))
+            heappush(self._starts_in[pool], (previous.start, owner))
+            heappush(self._ready_in[pool], (min(held.values()), owner))
 
     def rehold(self, released: list[tuple[Previous, list[tuple[int, int]]]]) -> None:
         """Put back holds given back by :meth:`release_for` (nothing changed since)."""

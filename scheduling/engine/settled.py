@@ -93,7 +93,7 @@ class Remaining:
         self._non_training: dict[str, int] = {}
         # (tenant, node, node version, stamp) where the last check found room for a
         # preemption, and whether the jobs considered since could not have changed that
-        self.witness: tuple[str, NodeSlot, int, tuple] | None = None
+        self.witness: tuple[str, NodeSlot, tuple[int, int], tuple] | None = None
         self._witness_kept = False
 
     def remove(self, job: PendingJob) -> None:
@@ -116,7 +116,7 @@ class Remaining:
 
     def remember(self, tenant: str, slot: NodeSlot, stamp: tuple) -> None:
         """The last check found room on ``slot`` for a remaining job of ``tenant``."""
-        self.witness = (tenant, slot, slot.version, stamp)
+        self.witness = (tenant, slot, (slot.version, slot.marks), stamp)
         self._witness_kept = True
 
     def forget(self) -> None:
@@ -135,7 +135,7 @@ class Remaining:
         if not self._witness_kept or witness is None:
             return False
         _, slot, version, known = witness
-        return slot.version == version and known == stamp
+        return (slot.version, slot.marks) == version and known == stamp
 
     def shortest_runtime(self) -> float:
         """The shortest runtime limit among the remaining jobs (INF: none left)."""
