@@ -175,14 +175,18 @@ class PreviousReservations:
                 previous.slots[number], positions, previous.start, previous.end, previous.job_id
             )
         if previous.held:
-            self._waiting[previous.job_id] = previous
-            heappush(self._waiting_in[previous.pool], (previous.position, previous.job_id))
-            heappush(self._starts_in[previous.pool], (previous.start, previous.job_id))
-            ready = min(previous.held.values())
-            heappush(self._ready_in[previous.pool], (ready, previous.job_id))
-            now = self.now
-            previous.idle_held = sum(1 for ready in previous.held.values() if ready <= now)
-            self.idle_held += previous.idle_held
+            self._await_turn(previous)
+
+    def _await_turn(self, previous: Previous) -> None:
+        """``previous`` holds GPUs until its job's turn: entered in the pool's heaps, its
+        GPUs idle now counted (lazy deletion: older entries of the job may stay)."""
+        pool, job_id, now = previous.pool, previous.job_id, self.now
+        self._waiting[job_id] = previous
+        heappush(self._waiting_in[pool], (previous.position, job_id))
+        heappush(self._starts_in[pool], (previous.start, job_id))
+        heappush(self._ready_in[pool], (min(previous.held.values()), job_id))
+        previous.idle_held = sum(1 for ready in previous.held.values() if ready <= now)
+        self.idle_held += previous.idle_held
 
     def turn(self, job_id: int) -> None:
         """The job is being considered: its held GPUs return to the timeline, except
@@ -281,7 +285,6 @@ class PreviousReservations:
         end; and each node slot given back and taken again counts as changed for what
         the cycle learnt from "only ever shrinks" (:meth:`SliceIndex.touch`), as the
         cycle's early end (``.settled``) does."""
-        now = self.now
         done: set[int] = set()
         for owner in self._owners(job, starting, everyone):
             previous = self._waiting.get(owner)
@@ -305,12 +308,7 @@ class PreviousReservations:
             for number in sorted(touched):
                 previous.slice.touch(slots[number])
             self.idle_held -= previous.idle_held
-            previous.idle_held = sum(1 for ready in held.values() if ready <= now)
-            self.idle_held += previous.idle_held
-            pool = previous.pool
-            heappush(self._waiting_in[pool], (previous.position, owner))
-            heappush(self._starts_in[pool], (previous.start, owner))
-            heappush(self._ready_in[pool], (min(held.values()), owner))
+            self._await_turn(previous)
 
     def rehold(self, released: list[tuple[Previous, list[tuple[int, int]]]]) -> None:
         """Put back holds given back by :meth:`release_for` (nothing changed since)."""
