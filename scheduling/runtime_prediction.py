@@ -48,13 +48,16 @@ from django.db.models.functions import Cast, Coalesce, Concat
 
 from .choices import JobState, WorkloadType
 from .models import Job, RuntimeHistory
-from .services.runtime_history import HISTORY_JOBS, HISTORY_STATES
+from .runtime_rule import (
+    HISTORY_JOBS,
+    MIN_JOBS,
+    PERCENTILE,
+    predicted_seconds,
+    ratio_statistic,
+)
+from .services.runtime_history import HISTORY_STATES
 from .services.waste import human_duration
 
-#: Fewer finished jobs than this: no prediction from them.
-MIN_JOBS = 3
-#: The percentile of the runtime/limit ratios a prediction uses.
-PERCENTILE = 75
 #: Jobs in these states get a prediction (it orders the waiting ones; running ones show it).
 PREDICTED_STATES = (
     JobState.PENDING,
@@ -133,17 +136,6 @@ class RuntimePrediction:
         }
 
 
-def percentile(values: list[float], q: float = PERCENTILE) -> float:
-    """The ``q``-th percentile, linear between the two nearest ranks (as numpy's default)."""
-    ordered = sorted(values)
-    if len(ordered) == 1:
-        return ordered[0]
-    position = (len(ordered) - 1) * q / 100
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
 def expected_runtimes(
     jobs: Iterable[tuple[int, int, str, int | None, int]],
 ) -> dict[int, float | None]:
@@ -160,13 +152,11 @@ def expected_runtimes(
         found = None
         for key in ((project_id, workload_type, submitter_id), (project_id, workload_type, None)):
             if key not in statistics_of:
-                statistics_of[key] = _statistic(histories.get(key))
+                statistics_of[key] = ratio_statistic(histories.get(key))
             found = statistics_of[key]
             if found is not None:
                 break
-        expected[job_id] = (
-            None if found is None else max(min(declared * found[0], float(declared)), 1.0)
-        )
+        expected[job_id] = None if found is None else predicted_seconds(declared, found[0])
     return expected
 
 
@@ -235,12 +225,6 @@ def _rows_by_index(keys: set[tuple]) -> list[tuple]:
     return rows
 
 
-def _statistic(ratios: list[float] | None) -> tuple[float, int] | None:
-    if not ratios or len(ratios) < MIN_JOBS:
-        return None
-    return percentile(ratios), len(ratios)
-
-
 def predict_runtimes(
     jobs: Iterable[Job], histories: dict[tuple, list[float]] | None = None
 ) -> dict[int, RuntimePrediction]:
@@ -264,7 +248,7 @@ def predict_runtimes(
         project_key = (job.project_id, job.workload_type, None)
         for key in (user_key, project_key):
             if key not in statistics_of:
-                statistics_of[key] = _statistic(histories.get(key))
+                statistics_of[key] = ratio_statistic(histories.get(key))
         basis, found = BASIS_SUBMITTER, statistics_of[user_key]
         if found is None:
             basis, found = BASIS_PROJECT, statistics_of[project_key]
@@ -273,7 +257,7 @@ def predict_runtimes(
             seconds, ratio, count, basis = None, None, 0, BASIS_NONE
         else:
             ratio, count = found
-            seconds = max(min(declared * ratio, float(declared)), 1.0)
+            seconds = predicted_seconds(declared, ratio)
         predictions[job.pk] = RuntimePrediction(
             seconds=seconds,
             declared_seconds=declared,
@@ -315,7 +299,6 @@ __all__ = [
     "RuntimePrediction",
     "expected_runtimes",
     "history_ratios",
-    "percentile",
     "predict_live_runtimes",
     "predict_runtime",
     "predict_runtimes",

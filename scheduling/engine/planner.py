@@ -1189,6 +1189,8 @@ class Planner:
             return None
         if slot is not None and slot.start <= start + gain:
             return None  # waiting is (nearly) as fast as preempting
+        if gain > 0 and _expected_gone_by(choice.victims, self.now, start + gain):
+            return None  # its victims are expected to end by then anyway
         claimed = self._claimed_ids.setdefault(job.id, set())
         for record in choice.victims:
             self._stop(record, job, release[record.job.id], preemptor, account)
@@ -1256,3 +1258,19 @@ def plan(snapshot: Snapshot) -> Plan:
     """
     with _collector_paused():
         return Planner(snapshot).run()
+
+
+def _expected_gone_by(victims: list[RunningRecord], now: float, when: float) -> bool:
+    """Every victim is expected to end (its prediction, from its start) after ``now`` and
+    by ``when``: waiting for them is about as fast as stopping them. A victim without a
+    prediction, or already past it (it runs longer than predicted), is not expected to end
+    by any time."""
+    for record in victims:
+        job = record.job
+        expected = job.expected_runtime_seconds
+        if expected <= 0:
+            return False
+        end = job.started_at + expected
+        if end <= now or end > when:
+            return False
+    return True

@@ -219,6 +219,10 @@ class RunningJob:
     # worked out from the cycle's ``now`` (``checkpointed_at`` is then not read): the
     # simulator's jobs, which would otherwise need it set on every record every cycle.
     checkpoint_interval: float = 0.0
+    # How long the job is expected to run from ``started_at`` (its owner's runtime
+    # prediction; 0: not known): the minimum preemption gain compares a preemption with
+    # waiting for its victims' expected ends (see :mod:`.preemption`).
+    expected_runtime_seconds: float = 0.0
     # (gpu_ids, their grouping by node, and on a kept cluster index the locator and the
     # placement found there): remembered by the planner (Locator)
     layout: tuple | None = field(default=None, init=False, repr=False, compare=False)

@@ -39,6 +39,7 @@ from ..models import (
     TenantUsage,
     WorkloadPolicy,
 )
+from ..runtime_prediction import expected_runtimes
 from .enqueue import WAITING_VERSION_KEY, dispatch_on_commit
 from .leader import file_leader_lock
 from .lifecycle import jobs_transition_bulk
@@ -91,6 +92,7 @@ class RunningRow:
     state: str
     stop_reason: str
     preemption_count: int
+    submitted_by_id: int | None
 
 
 def _load_running() -> dict[int, RunningRow]:
@@ -109,8 +111,41 @@ def _load_running() -> dict[int, RunningRow]:
         "state",
         "stop_reason",
         "preemption_count",
+        "submitted_by_id",
     )
     return {row[0]: RunningRow(*row) for row in rows.order_by()}
+
+
+#: The runtime predicted for each placed job when the dispatch loop first saw it placed
+#: (seconds; 0: none), for the minimum preemption gain: kept while it stays placed, so
+#: that a cycle reads the predictions of newly placed jobs only.
+_RUNNING_EXPECTED: dict[int, float] = {}
+
+
+def _running_expected(running_jobs: dict[int, RunningRow]) -> dict[int, float]:
+    """Each placed job's predicted runtime (seconds, 0: none), where the minimum
+    preemption gain reads it (SLUICE_PREEMPTION_MIN_GAIN_SECONDS > 0); one query for the
+    jobs placed since the last call, none otherwise."""
+    if settings.SLUICE_PREEMPTION_MIN_GAIN_SECONDS <= 0:
+        _RUNNING_EXPECTED.clear()
+        return {}
+    for job_id in [job_id for job_id in _RUNNING_EXPECTED if job_id not in running_jobs]:
+        del _RUNNING_EXPECTED[job_id]
+    new = [job for job_id, job in running_jobs.items() if job_id not in _RUNNING_EXPECTED]
+    if new:
+        found = expected_runtimes(
+            (
+                job.id,
+                job.project_id,
+                job.workload_type,
+                job.submitted_by_id,
+                job.max_runtime_seconds,
+            )
+            for job in new
+        )
+        for job in new:
+            _RUNNING_EXPECTED[job.id] = found.get(job.id) or 0.0
+    return _RUNNING_EXPECTED
 
 
 @dataclass
@@ -278,13 +313,14 @@ def _previous_reservation(entry) -> tuple[tuple[int, ...], float | None, tuple[i
 
 
 def order_settings() -> dict:
-    """The engine's ordering knobs from the settings (see SLUICE_SIZE_ORDER in
-    portal/settings.py)."""
+    """The engine's ordering knobs and the minimum preemption gain from the settings (see
+    SLUICE_SIZE_ORDER and SLUICE_PREEMPTION_MIN_GAIN_SECONDS in portal/settings.py)."""
     return {
         "size_order": settings.SLUICE_SIZE_ORDER,
         "size_halving_seconds": float(settings.SLUICE_SIZE_HALVING_SECONDS),
         "max_wait_seconds": float(settings.SLUICE_MAX_WAIT_SECONDS),
         "fair_share_band": float(settings.SLUICE_FAIR_SHARE_BAND),
+        "preemption_min_gain_seconds": float(settings.SLUICE_PREEMPTION_MIN_GAIN_SECONDS),
     }
 
 
@@ -348,6 +384,7 @@ def load_snapshot(
     ).values_list("job_id", "gpu_id", "borrowed", "gpu__model"):
         alloc_by_job[job_id].append((gpu_id, borrowed, model))
     preemptors = _preemptors_of_stopping(running_jobs.values())
+    expected = _running_expected(running_jobs)
     running, in_use = [], defaultdict(int)
     for job in running_jobs.values():
         allocs = alloc_by_job.get(job.id, [])
@@ -379,6 +416,7 @@ def load_snapshot(
                 checkpointed_at=None,
                 max_preemptions=policy.max_preemptions if policy else 0,
                 preemption_protection_seconds=policy.preemption_protection_seconds if policy else 0,
+                expected_runtime_seconds=expected.get(job.id, 0.0),
             )
         )
 

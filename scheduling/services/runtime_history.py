@@ -27,10 +27,9 @@ from django.utils import timezone
 
 from ..choices import JobState
 from ..models import Job, RuntimeHistory
+from ..runtime_rule import HISTORY_JOBS
 from .sql import rows_update
 
-#: Finished jobs kept per submitter (or project) and workload type, newest first.
-HISTORY_JOBS = 20
 #: Job states whose runtime says how long the work takes (see scheduling.runtime_prediction).
 HISTORY_STATES = (JobState.SUCCEEDED, JobState.TIMED_OUT)
 

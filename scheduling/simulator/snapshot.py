@@ -126,12 +126,14 @@ class SnapshotBuilder:
         preemptions: int = 0,
         checkpointed_at: float | None = None,
         checkpoint_interval: float = 0.0,
+        expected_runtime: float = 0.0,
     ) -> RunningJob:
         """The engine's record of ``job`` holding ``gpu_ids`` since ``started_at``
         (``preempted_by``: the job a stopping job makes room for), preempted
         ``preemptions`` times before, its last checkpoint in this run at
         ``checkpointed_at`` (None: none yet), or every ``checkpoint_interval`` seconds
-        of the run (> 0: worked out by the engine at each cycle)."""
+        of the run (> 0: worked out by the engine at each cycle), predicted to run
+        ``expected_runtime`` seconds from ``started_at`` (0: not known)."""
         cls = self._class(job)
         workload = self.scenario.workload(job.workload_type)
         return RunningJob(
@@ -156,6 +158,7 @@ class SnapshotBuilder:
             checkpoint_interval=checkpoint_interval,
             max_preemptions=workload.max_preemptions,
             preemption_protection_seconds=workload.preemption_protection_seconds,
+            expected_runtime_seconds=expected_runtime,
         )
 
     def snapshot(

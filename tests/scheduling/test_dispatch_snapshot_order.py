@@ -97,6 +97,40 @@ def test_running_jobs_carry_their_preemptions_and_their_policys_limits(world):
     )
 
 
+@override_settings(SLUICE_PREEMPTION_MIN_GAIN_SECONDS=3600)
+def test_with_a_minimum_gain_running_jobs_carry_their_prediction(world):
+    dispatch._RUNNING_EXPECTED.clear()
+    for runtime in (2000, 2000, 2000):
+        _finished(world, runtime)  # ratio 0.2
+    placed = {"queue": world.queue, "project": world.project, "submitted_by": world.member}
+    predicted = f.placed_job(
+        gpus=list(world.nodes[0].gpus.all()[:1]), max_runtime_seconds=7200, **placed
+    )
+    unknown = f.placed_job(
+        gpus=list(world.nodes[1].gpus.all()[:1]),
+        workload_type=WorkloadType.EVALUATION,
+        **placed,
+    )
+
+    snapshot = _snapshot()
+    by_id = {r.id: r for r in snapshot.running}
+    assert snapshot.preemption_min_gain_seconds == 3600.0
+    assert by_id[predicted.pk].expected_runtime_seconds == 1440.0
+    assert by_id[unknown.pk].expected_runtime_seconds == 0.0
+    # Predicted once, when first seen placed: the next cycles read no history.
+    with CaptureQueriesContext(connection) as first:
+        _snapshot()
+    later = f.placed_job(gpus=list(world.nodes[0].gpus.all()[1:2]), **placed)
+    with CaptureQueriesContext(connection) as second:
+        again = {r.id: r for r in _snapshot().running}
+    assert len(second.captured_queries) == len(first.captured_queries) + 1
+    assert again[later.pk].expected_runtime_seconds > 0
+    with override_settings(SLUICE_PREEMPTION_MIN_GAIN_SECONDS=0):
+        plain = _snapshot()
+    assert plain.preemption_min_gain_seconds == 0.0
+    assert {r.expected_runtime_seconds for r in plain.running} == {0.0}
+
+
 @override_settings(
     SLUICE_SIZE_ORDER=False,
     SLUICE_SIZE_HALVING_SECONDS=900,

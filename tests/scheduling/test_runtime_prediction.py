@@ -14,12 +14,11 @@ from django.utils import timezone
 from scheduling.choices import JobState, WorkloadType
 from scheduling.models import Job, RuntimeHistory
 from scheduling.runtime_prediction import (
-    HISTORY_JOBS,
-    percentile,
     predict_live_runtimes,
     predict_runtime,
     predict_runtimes,
 )
+from scheduling.runtime_rule import HISTORY_JOBS, percentile
 from scheduling.services.nodes import job_exited
 from scheduling.services.runtime_history import (
     runtime_history_rebuild,

@@ -124,6 +124,28 @@ def test_no_preemption_for_less_than_the_minimum_gain():
     assert gained.preemptions == []
 
 
+def test_minimum_gain_reads_the_victims_runtime_predictions():
+    # Job 10's limit is a day away, but its owner's jobs run an hour: it is expected to
+    # end in 20 minutes. Preempting it gains job 1 less than the 30-minute minimum gain.
+    quotas = [quota("a", 8), quota("b", 8)]
+    long_limit = running(10, "b", gpu_ids(1, *range(8)), "low", age=2400, runtime=86400)
+    pending = [job(1, "a", gpus=8, cls="high")]
+    gain = {"preemption_min_gain_seconds": 1800}
+
+    def plan_with(expected: float, **knobs):
+        run = [dataclasses.replace(long_limit, expected_runtime_seconds=expected)]
+        return run_plan(snapshot([node(1)], quotas, pending, run, **knobs))
+
+    waits = plan_with(3600, **gain)
+    assert waits.preemptions == []
+    assert waits.pending[1].code == reasons.WAITING_FOR_GPUS
+    assert waits.pending[1].estimated_start == NOW + 86400 - 2400  # the estimate: its limit
+    assert _victims(plan_with(0, **gain)) == [10]  # no prediction: the limit counts
+    assert _victims(plan_with(2400 + 3000, **gain)) == [10]  # expected in 50 minutes
+    assert _victims(plan_with(1800, **gain)) == [10]  # past its prediction: not expected
+    assert _victims(plan_with(3600)) == [10]  # no minimum gain: any gain
+
+
 def test_stopping_victims_are_not_preempted_again_and_wait_for_their_preemptor():
     quotas = [quota("a", 16), quota("b", 16)]
     nodes = [node(1), node(2)]

@@ -6,7 +6,9 @@ import pytest
 
 from scheduling.engine import QuotaInfo
 from scheduling.simulator import POLICIES, SimConfig, WorkloadSpec, replay
+from scheduling.runtime_rule import HISTORY_JOBS
 from scheduling.simulator.metrics import per_tenant, summarize
+from scheduling.simulator.simulation import RuntimeLearner
 
 from .conftest import POOL, scenario, sim_job
 from .test_replay_invariants import busy_trace
@@ -181,3 +183,40 @@ def test_sluice_min_gain_waits_for_a_job_ending_soon_instead_of_preempting():
     assert patient.runs[0].preemptions == 0
     assert patient.runs[1].first_start == 1000
     assert POLICIES["sluice"].preemption_min_gain_seconds is None  # the engine's: 0
+
+
+def test_runtime_learner_follows_the_portals_rule():
+    learner = RuntimeLearner()
+    job = sim_job(1, 0, 600, limit=36_000)
+    for _ in range(2):
+        learner.ended(job, 600, timed_out=False)
+    assert learner.expected(job) == 0.0  # fewer than three finished jobs: not known
+    learner.ended(job, 1200, timed_out=False)
+    # The 75th percentile of 1/60, 1/60, 1/30, times the limit.
+    assert learner.expected(job) == pytest.approx(36_000 * (1 / 60 + (1 / 30 - 1 / 60) / 2))
+    for _ in range(HISTORY_JOBS):
+        learner.ended(job, 0, timed_out=True)  # a time-out counts as the whole limit
+    assert learner.expected(job) == 36_000  # the newest 20 only
+    other = sim_job(2, 0, 600, tenant="b", limit=36_000)
+    assert learner.expected(other) == 0.0  # another tenant's history
+
+
+def test_minimum_gain_waits_for_a_borrower_expected_to_end_soon():
+    # Tenant b borrows the whole node with jobs declaring 10 h that run 10 minutes;
+    # tenant a's job, inside its guarantee, comes while b's fourth job runs.
+    quotas = [QuotaInfo("a", POOL, "", 4, 0), QuotaInfo("b", POOL, "", 0, 4)]
+
+    def replayed(history: int):
+        jobs = [sim_job(k, k * 600, 600, 4, tenant="b", limit=36_000) for k in range(history)]
+        last = history * 600
+        jobs += [sim_job(100, last, 600, 4, tenant="b", limit=36_000)]
+        jobs += [sim_job(200, last + 400, 600, 4, tenant="a")]
+        result = replay(scenario(jobs, quotas=quotas), POLICIES["sluice-min-gain"], EXACT)
+        return {run.job.id: run for run in result.runs}, last
+
+    runs, last = replayed(3)
+    assert runs[100].preemptions == 0  # expected to end in 200 s: waiting is as fast
+    assert runs[200].first_start == last + 600
+    runs, last = replayed(0)
+    assert runs[100].preemptions == 1  # no history: its 10 h limit counts
+    assert runs[200].first_start == pytest.approx(last + 400 + 5, abs=1)
