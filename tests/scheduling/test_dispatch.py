@@ -14,6 +14,7 @@ from scheduling.services import dispatch
 from scheduling.services.dispatch import dispatch_cycle
 from scheduling.services.enqueue import DISPATCH_REQUESTED_KEY, request_dispatch
 from scheduling.services.nodes import job_exited, job_started
+from scheduling.services.runtime_history import runtime_history_record
 from tests import factories as f
 
 
@@ -410,3 +411,53 @@ def test_the_dispatch_task_waits_before_clearing_its_flag(settings, monkeypatch,
     assert order == ["pace flag=1"]
     assert cache.get(DISPATCH_REQUESTED_KEY) is None
     assert d._last_cycle_end is not None
+
+
+@pytest.mark.parametrize("history", [True, False])
+def test_minimum_gain_waits_for_a_borrower_its_history_says_ends_soon(
+    world, history, settings, django_capture_on_commit_callbacks
+):
+    # Vision fills both nodes (one job borrowed); its jobs declare 10 h and, by its
+    # history, run a tenth of that. nlp's job, inside its guarantee, would reclaim: with a
+    # 2 h minimum gain it waits for the borrower expected to end within the hour.
+    settings.SLUICE_PREEMPTION_MIN_GAIN_SECONDS = 7200
+    dispatch._RUNNING_EXPECTED.clear()
+    if history:
+        end = timezone.now() - timezone.timedelta(hours=1)
+        for _ in range(3):
+            done = f.JobFactory(
+                queue=world.other_queue,
+                project=world.other_project,
+                state=JobState.SUCCEEDED,
+                max_runtime_seconds=36_000,
+                started_at=end - timezone.timedelta(seconds=3600),
+                admitted_at=end - timezone.timedelta(seconds=3600),
+                finished_at=end,
+            )
+            runtime_history_record(done)
+    batch = f.PriorityClassFactory(name="batch", value=300, preemptible=True)
+    others = [
+        f.JobFactory(
+            queue=world.other_queue,
+            project=world.other_project,
+            gpus_per_node=8,
+            max_runtime_seconds=36_000,
+            base_priority_class=batch,
+            priority_class=batch,
+        )
+        for _ in range(2)
+    ]
+    with django_capture_on_commit_callbacks(execute=True):
+        dispatch_cycle()
+    _start_all(others)
+    job = _job(world, gpus=8)
+    with django_capture_on_commit_callbacks(execute=True):
+        dispatch_cycle()
+    job.refresh_from_db()
+    stopping = Job.objects.filter(pk__in=[o.pk for o in others], state=JobState.STOPPING)
+    if history:
+        assert not stopping.exists()
+        assert job.pending_reason_code == "WAITING_FOR_GPUS"
+    else:
+        assert stopping.count() == 1
+        assert job.pending_reason_code == "WAITING_FOR_PREEMPTION"
