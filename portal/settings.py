@@ -393,7 +393,7 @@ if not 0 <= SLUICE_FAIR_SHARE_BAND < float("inf"):
 # - SLUICE_PREEMPTION_MIN_GAIN_SECONDS (0: any gain): a job preempts only if that gets it
 #   running at least this much sooner than waiting, both for the GPUs running jobs free by
 #   their limits and for its chosen victims' predicted ends (their owners' runtime
-#   history, scheduling/runtime_prediction.py). 7200 measured best on the ITP trace (fewer
+#   history, scheduling/runtime_prediction.py). 14400 measured best on the ITP trace (fewer
 #   preemptions and less work lost, waits no longer; README, "One pool at 85 %"); off by
 #   default, because it makes a higher class wait for a lower one expected to end soon.
 SLUICE_PREEMPTION_MIN_GAIN_SECONDS = env_int("SLUICE_PREEMPTION_MIN_GAIN_SECONDS", 0)

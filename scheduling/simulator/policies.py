@@ -70,13 +70,13 @@ POLICIES: dict[str, Policy] = {
         Policy(
             "sluice-min-gain",
             "Sluice's default, but a job preempts only when that gets it running at least "
-            "2 h sooner than waiting, for GPUs freed by limits and for its victims' "
+            "4 h sooner than waiting, for GPUs freed by limits and for its victims' "
             "predicted ends (Snapshot.preemption_min_gain_seconds; the dispatch loop's "
             "SLUICE_PREEMPTION_MIN_GAIN_SECONDS, 0 by default)",
             backfill=True,
             preemption=True,
             fair_share=True,
-            preemption_min_gain_seconds=2 * 3600.0,
+            preemption_min_gain_seconds=4 * 3600.0,
         ),
         Policy(
             "sluice-submit-order",

@@ -170,12 +170,13 @@ def test_churn_figures_count_jobs_by_preemptions():
 
 
 def test_sluice_min_gain_waits_for_a_job_ending_soon_instead_of_preempting():
-    # The low job (10,000 s, its limit) runs from 0; the high job arriving at 400 would
-    # wait for it until 10,000: both policies preempt. With a low job of 1,000 s the high
-    # job gains 600 s by preempting: Sluice preempts, sluice-min-gain (2 h) waits and the
+    # A low job of 20,000 s (its limit) runs from 0; the high job arriving at 400 would
+    # wait for it until 20,000: both policies preempt. With a low job of 1,000 s the high
+    # job gains 600 s by preempting: Sluice preempts, sluice-min-gain (4 h) waits and the
     # low job runs to its end.
-    long_ = replay(_stream(500, 1, max_preemptions=0), POLICIES["sluice-min-gain"], EXACT)
-    assert long_.runs[0].preemptions == 1
+    long_ = _stream(500, 1, max_preemptions=0)
+    long_.jobs[0] = sim_job(1, 0, 20_000, 4, cls="low")
+    assert replay(long_, POLICIES["sluice-min-gain"], EXACT).runs[0].preemptions == 1
     short = _stream(500, 1, max_preemptions=0)
     short.jobs[0] = sim_job(1, 0, 1000, 4, cls="low")
     assert replay(short, POLICIES["sluice"], EXACT).runs[0].preemptions == 1
