@@ -5,8 +5,8 @@ the waits."""
 import pytest
 
 from scheduling.engine import QuotaInfo
-from scheduling.simulator import POLICIES, SimConfig, WorkloadSpec, replay
 from scheduling.runtime_rule import HISTORY_JOBS
+from scheduling.simulator import POLICIES, SimConfig, WorkloadSpec, replay
 from scheduling.simulator.metrics import per_tenant, summarize
 from scheduling.simulator.simulation import RuntimeLearner
 
