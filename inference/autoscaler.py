@@ -478,6 +478,10 @@ def decide(
     if desired > current and policy.scale_up_max_step > 0:
         desired = min(desired, current + policy.scale_up_max_step)
     desired = min(max(desired, floor), policy.max_replicas)
+    if recs and desired > current and desired > bounded:
+        # A scale-up the window made (a step-limited one catching up with an older
+        # recommendation) holds for the whole delay from now, as any other scale-up.
+        recs, _ = _window_max(recs, now, desired, policy.scale_down_delay_s)
 
     # The reason shown: what made the final number differ from the load's.
     if desired > current:
