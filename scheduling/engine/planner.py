@@ -271,6 +271,9 @@ class Planner:
         # Give the holds back and take them again even where that cannot help a job
         # (see _holds_cannot_help): the plain way, which the tests compare with.
         self.always_give_back = False
+        # Search for victims even where no preemption could pay (see
+        # _preemption_may_pay): the plain way, which the tests compare with.
+        self.always_search = False
         self._build_cluster()
         self._build_running()
         self._build_claims()
@@ -785,7 +788,11 @@ class Planner:
                                 return None
                     else:
                         self._previous.rehold(released)
-        if self.snapshot.preemption and (slot is None or not slot.releasing):
+        if (
+            self.snapshot.preemption
+            and (slot is None or not slot.releasing)
+            and self._preemption_may_pay(slot)
+        ):
             preemptors = [
                 (option, Preemptor.under(job, option.account, True)) for option in options
             ]
@@ -868,7 +875,7 @@ class Planner:
             reserved = self._reserve(job, slot, runtime)
             self._wait(job, reasons.WAITING_FOR_PREEMPTION, message, slot.start, reserved)
             return reasons.WAITING_FOR_PREEMPTION, slot.start
-        if self.snapshot.preemption and job.can_preempt:
+        if self.snapshot.preemption and job.can_preempt and self._preemption_may_pay(slot):
             preemptors = [
                 (option, Preemptor.under(job, option.account, False)) for option in options
             ]
@@ -903,7 +910,7 @@ class Planner:
         running sooner; otherwise it waits for quota."""
         found = self._earliest_start(job, options, floor)
         slot = None if found is None else Slot(found[0], found[1], found[2], [], False)
-        if self.snapshot.preemption and job.can_preempt:
+        if self.snapshot.preemption and job.can_preempt and self._preemption_may_pay(slot):
             preemptors = []
             for option in options:
                 account = option.account
@@ -1105,6 +1112,19 @@ class Planner:
             account.release_claim(gpus, when)
 
     # -- preemption ------------------------------------------------------------------------
+
+    def _preemption_may_pay(self, slot: Slot | None) -> bool:
+        """Whether a preemption could get the job running at least the minimum gain
+        sooner than ``slot`` (its earliest start without preempting, None if never).
+        A job that preempts starts once its victims are gone, at ``now`` + their grace
+        (at least 1 s) or later, so where waiting starts it by ``now`` + 1 s + the gain,
+        :meth:`_preempt` would stop nobody whatever victims it found: the search (the
+        costliest part of a cycle after the holds) is not made. Nothing a search leaves
+        behind changes a decision: its heaps and the slices' victim statistics are
+        worked out again on first use, and a search skipped is not known hopeless."""
+        if slot is None or self.always_search:
+            return True
+        return slot.start > self.now + 1 + self.snapshot.preemption_min_gain_seconds
 
     def _preempt(
         self,

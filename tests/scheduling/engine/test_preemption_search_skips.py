@@ -1,0 +1,68 @@
+"""The victim search is not made where no preemption could pay
+(``Planner._preemption_may_pay``: waiting starts the job by now + 1 s + the minimum
+gain): the cycles decide and explain as with every search made."""
+
+import dataclasses
+
+from engine_builders import gpu_ids, job, node, quota, running, snapshot
+from hypothesis import given
+from hypothesis import strategies as st
+from test_properties import FAST, Requeueing, crowded_tenants, snapshots
+
+from scheduling.engine import KeptCluster, reasons
+from scheduling.engine.planner import Planner
+
+
+def _plan(snap, always_search: bool):
+    planner = Planner(snap)
+    planner.always_search = always_search
+    return planner.run()
+
+
+@FAST
+@given(
+    st.one_of(snapshots(), crowded_tenants()),
+    st.sampled_from([0.0, 60.0, 1800.0, 7200.0]),
+    st.data(),
+)
+def test_skipped_searches_plan_as_made_ones(snap, gain, data):
+    """Through starts, preemptions, stops and requeues, with each reservation handed
+    back to the next cycle, full and decisions-only cycles plan alike with and without
+    the searches that cannot pay, whatever the minimum gain."""
+    keep = KeptCluster()
+    sim = Requeueing(dataclasses.replace(snap, preemption_min_gain_seconds=gain))
+    for pause in (1, 60, 60, 600, 60):
+        for decisions_only in (False, True):
+            for kept in (None, keep):
+                cycle = dataclasses.replace(
+                    sim.snap, decisions_only=decisions_only, kept_cluster=kept
+                )
+                skipping = _plan(cycle, always_search=False)
+                plain = _plan(cycle, always_search=True)
+                assert skipping.placements == plain.placements
+                assert skipping.preemptions == plain.preemptions
+                assert skipping.pending == plain.pending
+                assert skipping.skipped == plain.skipped
+        sim.step()
+        sim.next_event()
+        sim.advance(sim.snap.now + pause)
+        if data.draw(st.booleans()):
+            sim.advance(sim.snap.now + data.draw(st.sampled_from([300, 3600])))
+
+
+def test_no_search_where_waiting_is_within_the_gain():
+    """Job 10 ends by its limit in 20 minutes: with a 30-minute gain no search is made
+    (no victim heap built), with 10 minutes it is, and preempts."""
+    quotas = [quota("a", 8), quota("b", 8)]
+    run = [running(10, "b", gpu_ids(1, *range(8)), "low", age=2400, runtime=3600)]
+    pending = [job(1, "a", gpus=8, cls="high")]
+    for gain, searched in ((1800, False), (600, True)):
+        snap = snapshot([node(1)], quotas, pending, run, preemption_min_gain_seconds=gain)
+        for always_search in (False, True):
+            planner = Planner(snap)
+            planner.always_search = always_search
+            result = planner.run()
+            assert bool(planner._victims._heaps) == (searched or always_search)
+            assert bool(result.preemptions) == searched
+            if not searched:
+                assert result.pending[1].code == reasons.WAITING_FOR_GPUS
