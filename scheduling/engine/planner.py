@@ -38,7 +38,6 @@ from bisect import bisect_left, bisect_right, insort
 from collections import defaultdict
 from collections.abc import Iterable
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Final
 
 from . import messages, reasons
@@ -60,24 +59,49 @@ from .snapshot import PendingJob, QueueInfo, RunningJob, Snapshot
 INF: Final = math.inf
 
 
-@dataclass(slots=True)
+# Option and Slot are plain classes, not dataclasses: compiled, a dataclass keeps the
+# ``__init__`` that ``dataclasses`` generates, interpreted Python (cycles make millions).
+
+
 class Option:
-    """One way to run a job: a slice of GPUs and the quota account it counts against."""
+    """One way to run a job: a slice of GPUs and the quota account it counts against.
+    Two options are equal when they are of the same slice and account."""
 
-    slice: SliceIndex
-    account: Account
+    __slots__ = ("slice", "account")
+
+    def __init__(self, slice: SliceIndex, account: Account) -> None:
+        self.slice = slice
+        self.account = account
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Option):
+            return NotImplemented
+        return self.slice is other.slice and self.account is other.account
+
+    def __hash__(self) -> int:
+        return hash((id(self.slice), id(self.account)))
 
 
-@dataclass(slots=True)
 class Slot:
     """The earliest start of a job on the timeline, and where."""
 
-    start: float
-    option: Option
-    nodes: list[NodeSlot]
-    positions: list[list[int]]
-    releasing: bool  # uses GPUs of jobs being stopped
-    preheld: bool = False  # partly promised in the timeline already (a kept reservation)
+    __slots__ = ("start", "option", "nodes", "positions", "releasing", "preheld")
+
+    def __init__(
+        self,
+        start: float,
+        option: Option,
+        nodes: list[NodeSlot],
+        positions: list[list[int]],
+        releasing: bool,  # uses GPUs of jobs being stopped
+        preheld: bool = False,  # partly promised in the timeline already (a kept reservation)
+    ) -> None:
+        self.start = start
+        self.option = option
+        self.nodes = nodes
+        self.positions = positions
+        self.releasing = releasing
+        self.preheld = preheld
 
 
 class _KeptGroup:

@@ -226,16 +226,43 @@ class RunningRecord:
         return any(slot.reserved[pos] for _, slot, positions in self.placement for pos in positions)
 
 
-@dataclass(frozen=True, slots=True)
 class Rule:
     """Which running jobs a preemptor may stop. ``tenant`` None: any borrower may be
     reclaimed, and no job counts as the preemptor's own (the tenant-blind rule used by
-    the heaps)."""
+    the heaps). A value (equal and hashed by its fields; not changed once made), part of
+    the keys of the cycle's searches. A plain class, as :class:`Preemptor`: compiled, a
+    dataclass keeps the interpreted ``__init__`` (and ``__hash__``) ``dataclasses``
+    generates."""
 
-    priority: int | None  # victims must be below this class; None: no priority preemption
-    training: bool
-    within_guarantee: bool
-    tenant: str | None
+    __slots__ = ("priority", "training", "within_guarantee", "tenant")
+
+    def __init__(
+        self,
+        priority: int | None,  # victims must be below this class; None: no priority preemption
+        training: bool,
+        within_guarantee: bool,
+        tenant: str | None,
+    ) -> None:
+        self.priority = priority
+        self.training = training
+        self.within_guarantee = within_guarantee
+        self.tenant = tenant
+
+    def _fields(self) -> tuple[int | None, bool, bool, str | None]:
+        return (self.priority, self.training, self.within_guarantee, self.tenant)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Rule):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        return "Rule(priority={!r}, training={!r}, within_guarantee={!r}, tenant={!r})".format(
+            *self._fields()
+        )
 
     def allows(self, record: RunningRecord) -> bool:
         """Whether ``record`` may be stopped (its age and GPUs are checked elsewhere)."""
@@ -258,17 +285,26 @@ class Rule:
         )
 
 
-@dataclass(frozen=True, slots=True)
 class Preemptor:
     """The job that wants GPUs, whether it will run inside its tenant's guarantee, and
     how much of the tenant's quota (``account``) the victims must free: ``quota_need``
     GPUs and ``jobs_need`` running-job slots (both 0 when the job fits already)."""
 
-    job: PendingJob
-    within_guarantee: bool
-    account: Account | None = None
-    quota_need: int = 0
-    jobs_need: int = 0
+    __slots__ = ("job", "within_guarantee", "account", "quota_need", "jobs_need")
+
+    def __init__(
+        self,
+        job: PendingJob,
+        within_guarantee: bool,
+        account: Account | None = None,
+        quota_need: int = 0,
+        jobs_need: int = 0,
+    ) -> None:
+        self.job = job
+        self.within_guarantee = within_guarantee
+        self.account = account
+        self.quota_need = quota_need
+        self.jobs_need = jobs_need
 
     @classmethod
     def under(cls, job: PendingJob, account: Account, within_guarantee: bool) -> Preemptor:
