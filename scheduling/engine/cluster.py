@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .preemption import RunningRecord, SliceStats
 
 INF: Final = math.inf
+NEG_INF: Final = -math.inf
 
 
 class NodeSlot:
@@ -52,6 +53,7 @@ class NodeSlot:
         "state",
         "base_af",
         "base_running",
+        "touched",
     )
 
     def __init__(self, idx: int, node_id: int, node_name: str, gpu_ids: list[int], now: float):
@@ -83,20 +85,45 @@ class NodeSlot:
         # scheduling.engine.planner.KeptRunning); a reset starts from them.
         self.base_af: list[float] = [-INF] * count
         self.base_running: list = []
+        # Changed since the last reset (or since made): any GPU's state, the records of
+        # the jobs on it, or base_af/base_running (see reset). Set by every change.
+        self.touched = False
 
     def reset(self, now: float) -> None:
         """Back to the state :meth:`__init__` gives (every GPU idle at ``now``), for a
         cluster index kept between cycles (:class:`KeptCluster`), except that the GPUs
         of the running jobs kept from the cycle before (``base_af``, ``base_running``)
-        are busy until their end again, as the planner would mark them."""
+        are busy until their end again, as the planner would mark them.
+
+        A slot nobody changed since its last reset (``touched`` False: no job placed,
+        reserved, held, marked, stopped or kept anew on it) is in that state already but
+        for its idle GPUs' free-from time, the last reset's ``now``: that is patched in
+        place, its lists are kept (a deep backlog's cycle leaves most nodes alone, and
+        freeing and making their lists again was most of a reset). Its cached
+        :meth:`SliceIndex._state` stays valid where no GPU is idle (it does not depend
+        on ``now`` there: free-from times after it, no hole)."""
+        if not self.touched:
+            af = self.af
+            if NEG_INF in self.base_af:
+                base_af = self.base_af
+                for pos in range(len(af)):
+                    if base_af[pos] == NEG_INF:
+                        af[pos] = now
+                self.state = None
+            self.version = 0
+            self.marks = 0
+            self.free_total = 0
+            self.victim_view = None
+            return
+        self.touched = False
         count = len(self.gpu_ids)
         if self.base_running:
             # A copy, idle GPUs patched (not a comprehension: every float would be
             # unboxed and boxed again in the compiled engine).
             af = self.base_af.copy()
-            if -INF in af:
+            if NEG_INF in af:
                 for pos in range(count):
-                    if af[pos] == -INF:
+                    if af[pos] == NEG_INF:
                         af[pos] = now
             self.af = af
         else:
@@ -283,6 +310,7 @@ class SliceIndex:
 
     def refresh(self, slot: NodeSlot) -> None:
         """Re-index ``slot`` after its GPUs changed; older heap entries become stale."""
+        slot.touched = True
         slot.version += 1
         ordered, free, windows = self._state(slot)
         if self.heaps:

@@ -204,6 +204,8 @@ class KeptRunning:
                 af[pos] = end
             slot.base_running.append(record)
             slot.running.append(record)
+            slot.touched = True
+            slot.state = None
         key = (job.tenant, job.pool, job.gpu_model)
         group = self.groups.get(key)
         if group is None:
@@ -228,6 +230,8 @@ class KeptRunning:
                 af[pos] = now
             slot.base_running.remove(record)
             slot.running.remove(record)
+            slot.touched = True
+            slot.state = None
         key = (job.tenant, job.pool, job.gpu_model)
         group = self.groups[key]
         end, gpus = record.base_end, record.gpus
@@ -410,6 +414,8 @@ class Planner:
                     af[pos] = busy_until
                     releasing[pos] = stopping
                 slot.running.append(record)
+                slot.touched = True
+                slot.state = None
                 if claimant is not None:
                     self._claims[claimant].append((slice_, slot, positions, end, True))
 
@@ -433,6 +439,8 @@ class Planner:
                 if slot.af[pos] > now:
                     continue  # busy, or already claimed (by a stopping victim or a job)
                 slot.af[pos] = INF
+                slot.touched = True
+                slot.state = None
                 by_slot.setdefault(id(slot), (slice_, slot, []))[2].append(pos)
             if not by_slot:
                 continue
@@ -476,9 +484,11 @@ class Planner:
     def _break_cycles(self) -> None:
         """Node slots and running-job records point at each other; unlinking them lets
         the cycle's state be freed at once rather than by a later garbage collection."""
+        kept = self._kept_running is not None  # a reset gives the slots' records back
         for slice_ in self.slices.values():
             for slot in slice_.slots:
-                slot.running = []
+                if not kept:
+                    slot.running = []
                 slot.victim_view = None
 
     def _order(self) -> Iterable[PendingJob]:

@@ -2,6 +2,7 @@
 the plans a new index gives, cycle after cycle."""
 
 import dataclasses
+import math
 
 from engine_builders import gpu_ids, job, node, quota, running, snapshot
 from hypothesis import given
@@ -107,6 +108,49 @@ def test_running_jobs_kept_between_cycles_are_those_a_new_index_keeps(snap, data
         plan(dataclasses.replace(sim.snap, kept_cluster=alone))
         assert _kept_state(keep) == _kept_state(alone)
         _same(kept, plan(sim.snap))
+        sim.step()
+        sim.next_event()
+        sim.advance(sim.snap.now + pause)
+
+
+def _as_reset_leaves_it(slot, now: float) -> None:
+    """``slot`` is what resetting every list gives: its kept jobs' GPUs busy until their
+    end, the others idle at ``now``, nothing promised, held or lent, its kept records."""
+    count = len(slot.gpu_ids)
+    assert slot.af == [now if end == -math.inf else end for end in slot.base_af]
+    assert slot.hole == [0.0] * count
+    assert slot.hole_owner == [0] * count
+    assert slot.reserved == [False] * count
+    assert slot.releasing == [False] * count
+    assert slot.lent == [0.0] * count
+    assert [id(record) for record in slot.running] == [id(r) for r in slot.base_running]
+    assert (slot.version, slot.marks, slot.free_total, slot.victim_view) == (0, 0, 0, None)
+    # A cached state is kept only where it is what the slot's GPUs give now; a kept job
+    # ended by now is dropped by the cycle's KeptRunning.update, which clears it.
+    ended = any(-math.inf < end <= now for end in slot.base_af)
+    if slot.state is not None and not ended:
+        free = sum(1 for end in slot.af if end <= now)
+        assert slot.state == (0, sorted(slot.af), free, [])
+
+
+@FAST
+@given(st.one_of(snapshots(), crowded_tenants()), st.data())
+def test_a_reset_leaves_every_node_as_new_but_for_its_kept_jobs(snap, data):
+    """Slots nobody changed since the last reset keep their lists (their idle GPUs'
+    time patched); whether changed or not, after a reset each is what resetting every
+    list gives, through cycles that start, hold, reserve, preempt and requeue."""
+    keep = KeptCluster()
+    sim = Requeueing(snap)
+    for pause in (1, 60, 600, 3600, 86400):
+        decisions_only = data.draw(st.booleans())
+        cycle = dataclasses.replace(sim.snap, kept_cluster=keep, decisions_only=decisions_only)
+        kept = plan(cycle)
+        _same(kept, plan(dataclasses.replace(cycle, kept_cluster=None)))
+        later = sim.snap.now + data.draw(st.sampled_from([0, 1, 60]))
+        if keep.reuse(sim.snap.nodes, later):
+            for slice_ in keep.slices.values():
+                for slot in slice_.slots:
+                    _as_reset_leaves_it(slot, later)
         sim.step()
         sim.next_event()
         sim.advance(sim.snap.now + pause)
