@@ -127,18 +127,20 @@ class PreviousReservations:
         jobs = [job for job in pending if job.reserved_gpu_ids]
         # A GPU has a single "free from" time: it is held for its earliest reservation.
         jobs.sort(key=lambda job: (job.reserved_start or 0.0, job.id))
-        seen: set[tuple[int, int]] = set()
+        seen: set[int] = set()  # GPU ids (one per slot and position)
         for job in jobs:
             previous = _parse(job, locator)
             if previous is None:
                 continue
             self._by_job[job.id] = previous
             mine = []
-            for number, slot, pos in previous.gpus():
-                key = (id(slot), pos)
-                if key not in seen:
-                    seen.add(key)
-                    mine.append((number, pos))
+            for number, slot in enumerate(previous.slots):
+                gpu_ids = slot.gpu_ids
+                for pos in previous.positions[number]:
+                    gpu_id = gpu_ids[pos]
+                    if gpu_id not in seen:
+                        seen.add(gpu_id)
+                        mine.append((number, pos))
             if mine:
                 self._to_hold[job.priority].append((previous, mine))
 
@@ -199,7 +201,9 @@ class PreviousReservations:
         by_slot: dict[int, tuple[list[int], list[float], list[tuple]]] = {}
         for (number, pos), ready in previous.held.items():
             if previous.slots[number].af[pos] == previous.end:
-                entry = by_slot.setdefault(number, ([], [], []))
+                entry = by_slot.get(number)
+                if entry is None:  # not setdefault: its default would be made every time
+                    entry = by_slot[number] = ([], [], [])
                 entry[0].append(pos)
                 entry[1].append(ready)
                 entry[2].append(previous.before[(number, pos)])
@@ -341,12 +345,13 @@ class PreviousReservations:
         if previous is None or previous.slice is not slice_:
             return None
         now = self.now
-        for number, slot, pos in previous.gpus():
-            if self._ready(previous, number, slot, pos) <= now:
-                continue
-            if (number, pos) not in previous.kept and slot.hole[pos] >= end:
-                continue
-            return None
+        for number, slot in enumerate(previous.slots):
+            for pos in previous.positions[number]:
+                if self._ready(previous, number, slot, pos) <= now:
+                    continue
+                if (number, pos) not in previous.kept and slot.hole[pos] >= end:
+                    continue
+                return None
         return previous.slots, previous.positions
 
     def slot_for(
@@ -358,9 +363,12 @@ class PreviousReservations:
         previous = self._by_job.get(job.id)
         if previous is None or previous.slice is not slice_:
             return None
-        ready = max(
-            self._ready(previous, number, slot, pos) for number, slot, pos in previous.gpus()
-        )
+        ready = -INF  # the latest of its GPUs (it has one at least)
+        for number, slot in enumerate(previous.slots):
+            for pos in previous.positions[number]:
+                when = self._ready(previous, number, slot, pos)
+                if when > ready:
+                    ready = when
         if ready > previous.start:
             return None
         return ready, previous.slots, previous.positions, bool(previous.kept)
