@@ -116,22 +116,20 @@ def _load_running() -> dict[int, RunningRow]:
     return {row[0]: RunningRow(*row) for row in rows.order_by()}
 
 
-#: The runtime predicted for each placed job when the dispatch loop first saw it placed
-#: (seconds; 0: none), for the minimum preemption gain: kept while it stays placed, so
-#: that a cycle reads the predictions of newly placed jobs only.
-_RUNNING_EXPECTED: dict[int, float] = {}
-
-
-def _running_expected(running_jobs: dict[int, RunningRow]) -> dict[int, float]:
+def _running_expected(
+    running_jobs: dict[int, RunningRow], known: dict[int, float]
+) -> dict[int, float]:
     """Each placed job's predicted runtime (seconds, 0: none), where the minimum
-    preemption gain reads it (SLUICE_PREEMPTION_MIN_GAIN_SECONDS > 0); one query for the
-    jobs placed since the last call, none otherwise."""
+    preemption gain reads it (SLUICE_PREEMPTION_MIN_GAIN_SECONDS > 0). ``known``: the
+    predictions made when the jobs were first seen placed (``PendingCache.
+    running_expected``), updated here: one query for the jobs placed since, none
+    otherwise."""
     if settings.SLUICE_PREEMPTION_MIN_GAIN_SECONDS <= 0:
-        _RUNNING_EXPECTED.clear()
-        return {}
-    for job_id in [job_id for job_id in _RUNNING_EXPECTED if job_id not in running_jobs]:
-        del _RUNNING_EXPECTED[job_id]
-    new = [job for job_id, job in running_jobs.items() if job_id not in _RUNNING_EXPECTED]
+        known.clear()
+        return known
+    for job_id in [job_id for job_id in known if job_id not in running_jobs]:
+        del known[job_id]
+    new = [job for job_id, job in running_jobs.items() if job_id not in known]
     if new:
         found = expected_runtimes(
             (
@@ -144,8 +142,8 @@ def _running_expected(running_jobs: dict[int, RunningRow]) -> dict[int, float]:
             for job in new
         )
         for job in new:
-            _RUNNING_EXPECTED[job.id] = found.get(job.id) or 0.0
-    return _RUNNING_EXPECTED
+            known[job.id] = found.get(job.id) or 0.0
+    return known
 
 
 @dataclass
@@ -384,7 +382,8 @@ def load_snapshot(
     ).values_list("job_id", "gpu_id", "borrowed", "gpu__model"):
         alloc_by_job[job_id].append((gpu_id, borrowed, model))
     preemptors = _preemptors_of_stopping(running_jobs.values())
-    expected = _running_expected(running_jobs)
+    pending_cache = pending_cache or PendingCache()
+    expected = _running_expected(running_jobs, pending_cache.running_expected)
     running, in_use = [], defaultdict(int)
     for job in running_jobs.values():
         allocs = alloc_by_job.get(job.id, [])
@@ -420,7 +419,6 @@ def load_snapshot(
             )
         )
 
-    pending_cache = pending_cache or PendingCache()
     pending_rows, pending = pending_cache.load(policies, read_waiting=read_waiting)
     previous = pending_cache.previous_positions(pending_rows)
     reservations = cache.get(RESERVATIONS_KEY) or {}

@@ -109,15 +109,26 @@ class PendingCache:
         #: ``enqueue.WAITING_VERSION_KEY`` as it was before the waiting jobs were last
         #: read (see ``waiting_unchanged``).
         self.waiting_version = None
+        #: The runtime predicted for each placed job when the dispatch loop first saw it
+        #: placed (seconds; 0: none), kept while it stays placed, for the minimum
+        #: preemption gain (see dispatch._running_expected).
+        self.running_expected: dict[int, float] = {}
 
     def clear(self) -> None:
+        """Forget everything (a failed cycle, a new test)."""
+        self._reset_copy()
+        self.waiting_version = None
+        self.running_expected.clear()
+
+    def _reset_copy(self) -> None:
+        """Forget the copy of the waiting jobs and what was written of them (a full
+        reload); the placed jobs' predictions stay."""
         self._entries.clear()
         self._fingerprint = ()
         self.positions = {}
         self.estimates = {}
         self.explained_at = None
         self.explained_seconds = 0.0
-        self.waiting_version = None
 
     @property
     def size(self) -> int:
@@ -171,9 +182,7 @@ class PendingCache:
         )
         stale = time.monotonic() - self._loaded_at > self._full_reload_seconds
         if fingerprint != self._fingerprint or stale:
-            version = self.waiting_version
-            self.clear()
-            self.waiting_version = version
+            self._reset_copy()
             self._fingerprint = fingerprint
             self._loaded_at = time.monotonic()
         if not read_waiting and self._entries:

@@ -282,12 +282,9 @@ def _exit_preempted(job):
     )
 
 
-def test_reclaimed_gpus_go_to_the_reclaimer_not_back_to_the_requeued_victim(
-    world, django_capture_on_commit_callbacks
-):
-    # The other tenant fills both nodes with normal jobs, one of them borrowed. nlp, below
-    # its guarantee, reclaims with a *low* job. The victim is requeued ahead of it (higher
-    # class) but must not take its GPUs back: the claim is handed to the next cycle.
+def _vision_fills_both_nodes(world, capture, **kw):
+    """Two 8-GPU preemptible jobs of the other tenant, placed (one on borrowed GPUs) and
+    running."""
     batch = f.PriorityClassFactory(name="batch", value=300, preemptible=True)
     others = [
         f.JobFactory(
@@ -296,12 +293,23 @@ def test_reclaimed_gpus_go_to_the_reclaimer_not_back_to_the_requeued_victim(
             gpus_per_node=8,
             base_priority_class=batch,
             priority_class=batch,
+            **kw,
         )
         for _ in range(2)
     ]
-    with django_capture_on_commit_callbacks(execute=True):
+    with capture(execute=True):
         dispatch_cycle()
     _start_all(others)
+    return others
+
+
+def test_reclaimed_gpus_go_to_the_reclaimer_not_back_to_the_requeued_victim(
+    world, django_capture_on_commit_callbacks
+):
+    # The other tenant fills both nodes with normal jobs, one of them borrowed. nlp, below
+    # its guarantee, reclaims with a *low* job. The victim is requeued ahead of it (higher
+    # class) but must not take its GPUs back: the claim is handed to the next cycle.
+    others = _vision_fills_both_nodes(world, django_capture_on_commit_callbacks)
     reclaimer = _job(world, gpus=8, priority=world.low)
     with django_capture_on_commit_callbacks(execute=True):
         dispatch_cycle()
@@ -421,7 +429,6 @@ def test_minimum_gain_waits_for_a_borrower_its_history_says_ends_soon(
     # history, run a tenth of that. nlp's job, inside its guarantee, would reclaim: with a
     # 2 h minimum gain it waits for the borrower expected to end within the hour.
     settings.SLUICE_PREEMPTION_MIN_GAIN_SECONDS = 7200
-    dispatch._RUNNING_EXPECTED.clear()
     if history:
         end = timezone.now() - timezone.timedelta(hours=1)
         for _ in range(3):
@@ -435,21 +442,9 @@ def test_minimum_gain_waits_for_a_borrower_its_history_says_ends_soon(
                 finished_at=end,
             )
             runtime_history_record(done)
-    batch = f.PriorityClassFactory(name="batch", value=300, preemptible=True)
-    others = [
-        f.JobFactory(
-            queue=world.other_queue,
-            project=world.other_project,
-            gpus_per_node=8,
-            max_runtime_seconds=36_000,
-            base_priority_class=batch,
-            priority_class=batch,
-        )
-        for _ in range(2)
-    ]
-    with django_capture_on_commit_callbacks(execute=True):
-        dispatch_cycle()
-    _start_all(others)
+    others = _vision_fills_both_nodes(
+        world, django_capture_on_commit_callbacks, max_runtime_seconds=36_000
+    )
     job = _job(world, gpus=8)
     with django_capture_on_commit_callbacks(execute=True):
         dispatch_cycle()

@@ -12,6 +12,7 @@ from django.utils import timezone
 from scheduling.choices import JobState, WorkloadType
 from scheduling.models import WorkloadPolicy
 from scheduling.services import dispatch
+from scheduling.services.pending_cache import PendingCache
 from scheduling.services.runtime_history import runtime_history_record
 from tests import factories as f
 
@@ -38,8 +39,10 @@ def _pending(world, **kw):
     return f.JobFactory(queue=world.queue, **kw)
 
 
-def _snapshot():
-    return dispatch.load_snapshot(timezone.now(), update_usage=False).snapshot
+def _snapshot(pending_cache=None):
+    return dispatch.load_snapshot(
+        timezone.now(), update_usage=False, pending_cache=pending_cache
+    ).snapshot
 
 
 def test_pending_jobs_carry_their_prediction_and_their_policys_max_wait(world):
@@ -99,7 +102,7 @@ def test_running_jobs_carry_their_preemptions_and_their_policys_limits(world):
 
 @override_settings(SLUICE_PREEMPTION_MIN_GAIN_SECONDS=3600)
 def test_with_a_minimum_gain_running_jobs_carry_their_prediction(world):
-    dispatch._RUNNING_EXPECTED.clear()
+    cache = PendingCache()
     for runtime in (2000, 2000, 2000):
         _finished(world, runtime)  # ratio 0.2
     placed = {"queue": world.queue, "project": world.project, "submitted_by": world.member}
@@ -112,21 +115,21 @@ def test_with_a_minimum_gain_running_jobs_carry_their_prediction(world):
         **placed,
     )
 
-    snapshot = _snapshot()
+    snapshot = _snapshot(cache)
     by_id = {r.id: r for r in snapshot.running}
     assert snapshot.preemption_min_gain_seconds == 3600.0
     assert by_id[predicted.pk].expected_runtime_seconds == 1440.0
     assert by_id[unknown.pk].expected_runtime_seconds == 0.0
     # Predicted once, when first seen placed: the next cycles read no history.
     with CaptureQueriesContext(connection) as first:
-        _snapshot()
+        _snapshot(cache)
     later = f.placed_job(gpus=list(world.nodes[0].gpus.all()[1:2]), **placed)
     with CaptureQueriesContext(connection) as second:
-        again = {r.id: r for r in _snapshot().running}
+        again = {r.id: r for r in _snapshot(cache).running}
     assert len(second.captured_queries) == len(first.captured_queries) + 1
     assert again[later.pk].expected_runtime_seconds > 0
     with override_settings(SLUICE_PREEMPTION_MIN_GAIN_SECONDS=0):
-        plain = _snapshot()
+        plain = _snapshot(cache)
     assert plain.preemption_min_gain_seconds == 0.0
     assert {r.expected_runtime_seconds for r in plain.running} == {0.0}
 

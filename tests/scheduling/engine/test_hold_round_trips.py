@@ -6,16 +6,15 @@ import dataclasses
 
 from hypothesis import given
 from hypothesis import strategies as st
-from test_properties import FAST, Requeueing, crowded_tenants, snapshots
+from test_properties import (
+    FAST,
+    Requeueing,
+    assert_shortcut_plans_alike,
+    crowded_tenants,
+    snapshots,
+)
 
 from scheduling.engine import KeptCluster
-from scheduling.engine.planner import Planner
-
-
-def _plan(snap, always_give_back: bool):
-    planner = Planner(snap)
-    planner.always_give_back = always_give_back
-    return planner.run()
 
 
 def _reorder(sim: Requeueing, data) -> None:
@@ -42,17 +41,7 @@ def test_skipped_round_trips_plan_as_made_ones(snap, data):
     for pause in (1, 60, 60, 600, 60):
         if data.draw(st.booleans()):
             _reorder(sim, data)
-        for decisions_only in (False, True):
-            for kept in (None, keep):
-                cycle = dataclasses.replace(
-                    sim.snap, decisions_only=decisions_only, kept_cluster=kept
-                )
-                skipping = _plan(cycle, always_give_back=False)
-                plain = _plan(cycle, always_give_back=True)
-                assert skipping.placements == plain.placements
-                assert skipping.preemptions == plain.preemptions
-                assert skipping.pending == plain.pending
-                assert skipping.skipped == plain.skipped
+        assert_shortcut_plans_alike(sim, keep, "always_give_back")
         sim.step()
         sim.next_event()
         sim.advance(sim.snap.now + pause)

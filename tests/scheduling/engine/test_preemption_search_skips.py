@@ -7,16 +7,16 @@ import dataclasses
 from engine_builders import gpu_ids, job, node, quota, running, snapshot
 from hypothesis import given
 from hypothesis import strategies as st
-from test_properties import FAST, Requeueing, crowded_tenants, snapshots
+from test_properties import (
+    FAST,
+    Requeueing,
+    assert_shortcut_plans_alike,
+    crowded_tenants,
+    snapshots,
+)
 
 from scheduling.engine import KeptCluster, reasons
 from scheduling.engine.planner import Planner
-
-
-def _plan(snap, always_search: bool):
-    planner = Planner(snap)
-    planner.always_search = always_search
-    return planner.run()
 
 
 @FAST
@@ -32,17 +32,7 @@ def test_skipped_searches_plan_as_made_ones(snap, gain, data):
     keep = KeptCluster()
     sim = Requeueing(dataclasses.replace(snap, preemption_min_gain_seconds=gain))
     for pause in (1, 60, 60, 600, 60):
-        for decisions_only in (False, True):
-            for kept in (None, keep):
-                cycle = dataclasses.replace(
-                    sim.snap, decisions_only=decisions_only, kept_cluster=kept
-                )
-                skipping = _plan(cycle, always_search=False)
-                plain = _plan(cycle, always_search=True)
-                assert skipping.placements == plain.placements
-                assert skipping.preemptions == plain.preemptions
-                assert skipping.pending == plain.pending
-                assert skipping.skipped == plain.skipped
+        assert_shortcut_plans_alike(sim, keep, "always_search")
         sim.step()
         sim.next_event()
         sim.advance(sim.snap.now + pause)

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from scheduling.engine import (
     GpuInfo,
+    KeptCluster,
     NodeInfo,
     PendingJob,
     QueueInfo,
@@ -288,6 +289,26 @@ class Requeueing(Simulation):
                 max_runtime_seconds=job.max_runtime_seconds,
             )
         )
+
+
+def assert_shortcut_plans_alike(sim: Requeueing, keep: KeptCluster, switch: str) -> None:
+    """The simulation's current cycle, full and decisions-only, on a new and on the kept
+    cluster index, plans alike with the planner's shortcut and with ``switch`` (the
+    planner attribute that turns it off) set: same placements, preemptions, pending
+    jobs and skipped jobs."""
+    for decisions_only in (False, True):
+        for kept in (None, keep):
+            cycle = dataclasses.replace(sim.snap, decisions_only=decisions_only, kept_cluster=kept)
+            plans = []
+            for plain in (False, True):
+                planner = Planner(cycle)
+                setattr(planner, switch, plain)
+                plans.append(planner.run())
+            shortcut, plain_plan = plans
+            assert shortcut.placements == plain_plan.placements
+            assert shortcut.preemptions == plain_plan.preemptions
+            assert shortcut.pending == plain_plan.pending
+            assert shortcut.skipped == plain_plan.skipped
 
 
 @FAST
