@@ -14,10 +14,13 @@ per policy. Each line also gives the peak and the time-weighted mean number of j
 waiting, and ``digest``, a hash of every decision (each job's runs and preemptions): an
 optimisation of the engine or the replay must leave it unchanged. ``--one-pool`` merges
 the pools of any trace; ``--max-jobs N`` replays only the first N jobs by submit time
-(for profiling). ``--knob NAME=VALUE`` sets an engine setting
-of every policy but FIFO (e.g. ``preemption_min_gain_seconds=3600``) and ``--workload
-FIELD=VALUE`` a field of the scenario's workload policy (e.g.
-``min_runtime_before_preemption=1800``), to measure a setting before making it a policy.
+(for profiling). ``--wait-reasons`` adds ``wait_by_size``: per size of job, its waits
+and the part of the average it carries, split by the reason the engine gave its jobs
+while they waited (``scheduling.simulator.metrics.wait_by_size``). ``--knob NAME=VALUE``
+sets an engine setting of every policy but FIFO (e.g.
+``preemption_min_gain_seconds=3600``) and ``--workload FIELD=VALUE`` a field of the
+scenario's workload policy (e.g. ``min_runtime_before_preemption=1800``), to measure a
+setting before making it a policy.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from scheduling.engine import native  # noqa: E402
 from scheduling.simulator import DEFAULT_POLICIES, SimConfig, parse_policies  # noqa: E402
 from scheduling.simulator.cli import default_traces_dir  # noqa: E402
-from scheduling.simulator.metrics import summarize  # noqa: E402
+from scheduling.simulator.metrics import summarize, wait_by_size  # noqa: E402
 from scheduling.simulator.model import WorkloadSpec  # noqa: E402
 from scheduling.simulator.parallel import replay_split  # noqa: E402
 from scheduling.simulator.policies import KNOBS  # noqa: E402
@@ -111,6 +114,11 @@ def main() -> None:
     parser.add_argument("--one-pool", action="store_true", help="merge the trace's pools")
     parser.add_argument("--max-jobs", type=int, help="the first N jobs by submit time only")
     parser.add_argument(
+        "--wait-reasons",
+        action="store_true",
+        help="add wait_by_size: waits per job size, split by the engine's reasons",
+    )
+    parser.add_argument(
         "--knob",
         action="append",
         default=[],
@@ -142,7 +150,9 @@ def main() -> None:
         }
     setup = time.perf_counter() - loaded
     config = SimConfig(
-        max_waiting_per_tenant=args.max_waiting_per_tenant, full_cycles=args.full_cycles
+        max_waiting_per_tenant=args.max_waiting_per_tenant,
+        full_cycles=args.full_cycles,
+        wait_reasons=args.wait_reasons,
     )
     for policy in parse_policies(args.policy):
         if knobs and not policy.global_fifo:
@@ -193,6 +203,8 @@ def main() -> None:
                 "ok": result.wall_seconds <= target,
             }
         )
+        if args.wait_reasons:
+            line["wait_by_size"] = wait_by_size(result)
         print(json.dumps(line), flush=True)
 
 

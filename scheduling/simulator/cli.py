@@ -17,7 +17,7 @@ from pathlib import Path
 from .parallel import replay_split
 from .policies import DEFAULT_POLICIES, parse_policies
 from .readers import ALIBABA_PODS, FRACTIONAL_MODES, TraceError, load_trace
-from .report import payload, table, write_chart, write_csv, write_json
+from .report import payload, size_table, table, write_chart, write_csv, write_json
 from .scenario import DEFAULT_TARGET_LOAD, ScenarioOptions, build_scenario
 from .simulation import ReplayStalled, SimConfig
 
@@ -58,6 +58,11 @@ def add_arguments(parser: argparse.ArgumentParser, *, out_dir: Path) -> None:
         "--full-cycles",
         action="store_true",
         help="have every cycle consider every waiting job (slower; same decisions per cycle)",
+    )
+    add(
+        "--wait-reasons",
+        action="store_true",
+        help="record under which reason jobs wait: the waits by size are split by it",
     )
     add("--cluster", help="ITP: one cluster (cluster01..cluster10) instead of all")
     add(
@@ -125,6 +130,7 @@ def run(options: dict, write: Callable[[str], None] = print) -> list[dict]:
         keep_reservations=options["keep_reservations"],
         max_waiting_per_tenant=options["max_waiting_per_tenant"],
         full_cycles=bool(options.get("full_cycles")),
+        wait_reasons=bool(options.get("wait_reasons")),
     )
     write(f"Replaying {trace.name}: {len(scenario.jobs):,} jobs on {scenario.capacity:,} GPUs")
     for note in scenario.notes:
@@ -146,6 +152,10 @@ def run(options: dict, write: Callable[[str], None] = print) -> list[dict]:
     summaries = [entry["summary"] for entry in data["policies"]]
     write("")
     write(table(summaries))
+    if data["policies"]:
+        write("")
+        write("Waits by job size (of avg: the part of the average wait; mostly: its reasons)")
+        write(size_table(data["policies"]))
     for failure in failures:
         write(f"not replayed: {failure}")
     _write_outputs(options, trace.name, data, summaries, write)

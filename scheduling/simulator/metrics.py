@@ -23,6 +23,10 @@ Definitions (the README repeats them):
   windows where two or more tenants asked (:func:`window_fairness`);
 - *lost GPU-hours*: work done by preempted jobs since their last checkpoint (and in
   their grace period); ``lost_share`` is their share of the GPU-hours held by jobs;
+- *waits by size* (:func:`wait_by_size`): per size of job (1, 2-4, 5-8, over 8 GPUs),
+  its jobs' average first wait and re-wait, and the part of the average wait its jobs
+  carry, split by the reason the engine gave them while they waited when the replay
+  recorded it (``SimConfig.wait_reasons``);
 - *churn*: ``preempted_jobs`` preempted at least once, ``preempted_2_plus`` /
   ``preempted_5_plus`` at least twice / five times, ``max_preemptions`` the most
   preemptions of one job.
@@ -34,7 +38,16 @@ import math
 from collections import defaultdict
 from collections.abc import Sequence
 
-from .simulation import COMPLETED, NEVER_STARTED, TIMED_OUT, UNSCHEDULABLE, JobRun, ReplayResult
+from .simulation import (
+    COMPLETED,
+    NEVER_STARTED,
+    SIZE_BUCKETS,
+    TIMED_OUT,
+    UNSCHEDULABLE,
+    JobRun,
+    ReplayResult,
+    size_bucket,
+)
 
 DAY = 86400.0
 HOUR = 3600.0
@@ -286,3 +299,52 @@ def timeline(result: ReplayResult, buckets: int = 400) -> dict[str, list[float]]
         "waiting": [area / width for area in wait_area],
         "utilization": [area / width / capacity for area in busy_area],
     }
+
+
+# The part of a wait no cycle gave a reason for (see WaitReasons): the job arrived, or was
+# requeued, while nothing could start, and no cycle ran until something could; or the
+# cycles were not handed the job (FIFO's see only the head of the queue, and
+# max_waiting_per_tenant a window of it).
+UNPLANNED = "UNPLANNED"
+
+
+def wait_by_size(result: ReplayResult) -> dict[str, dict]:
+    """Per size of job (:data:`SIZE_BUCKETS`, by total GPUs): ``jobs``,
+    ``gpu_hours_share`` (of all the jobs' GPU-hours), ``first_wait_h`` and ``rewait_h``
+    (averages over the size's started jobs), ``of_average_h`` (what its jobs add to the
+    replay's average wait: their waits over every started job of the replay) and, when
+    the replay recorded them, ``reasons_h``: ``of_average_h`` split by reason code
+    (:data:`UNPLANNED` for the rest, largest first)."""
+    runs = result.runs
+    started = [run for run in runs if run.first_start is not None]
+    total_gpu_seconds = sum(run.job.gpus * run.job.duration for run in runs) or 1.0
+    per_job = HOUR * max(len(started), 1)
+    figures: dict[str, dict] = {}
+    for _, _, label in SIZE_BUCKETS:
+        mine = [run for run in runs if size_bucket(run.job.gpus) == label]
+        if not mine:
+            continue
+        ran = [run for run in mine if run.first_start is not None]
+        waited = sum(run.total_wait or 0.0 for run in ran)
+        entry: dict = {
+            "jobs": len(mine),
+            "gpu_hours_share": round(
+                sum(run.job.gpus * run.job.duration for run in mine) / total_gpu_seconds, 4
+            ),
+            "first_wait_h": round(_mean([run.first_wait or 0.0 for run in ran]) / HOUR, 3),
+            "rewait_h": round(_mean([run.rewait for run in ran]) / HOUR, 3),
+            "of_average_h": round(waited / per_job, 4),
+        }
+        if result.wait_reasons:
+            reasons = {
+                code: seconds
+                for (bucket, code), seconds in result.wait_reasons.items()
+                if bucket == label and seconds > 0
+            }
+            reasons[UNPLANNED] = max(waited - sum(reasons.values()), 0.0)
+            entry["reasons_h"] = {
+                code: round(seconds / per_job, 4)
+                for code, seconds in sorted(reasons.items(), key=lambda item: -item[1])
+            }
+        figures[label] = entry
+    return figures

@@ -9,6 +9,7 @@ exactly what one replay of them all gives. Only such a scenario
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import replace
@@ -50,7 +51,17 @@ def merge(scenario: Scenario, policy: Policy, parts: list[ReplayResult]) -> Repl
         plans=sum(part.plans for part in parts),
         plan_seconds=sum(part.plan_seconds for part in parts),
         wall_seconds=0.0,
+        wait_reasons=_sum_reasons([part.wait_reasons for part in parts]),
     )
+
+
+def _sum_reasons(all_reasons: list[dict[tuple[str, str], float]]) -> dict[tuple[str, str], float]:
+    """Add the pools' job-seconds per (size, reason)."""
+    total: dict[tuple[str, str], float] = defaultdict(float)
+    for reasons in all_reasons:
+        for key, seconds in reasons.items():
+            total[key] += seconds
+    return dict(total)
 
 
 def _sum_series(all_series: list[tuple[list[float], list[int], list[int]]]):

@@ -6,7 +6,7 @@ import csv
 import json
 from pathlib import Path
 
-from .metrics import per_tenant, summarize, timeline
+from .metrics import per_tenant, summarize, timeline, wait_by_size
 from .simulation import ReplayResult
 
 TABLE_COLUMNS = [
@@ -91,13 +91,44 @@ def table(summaries: list[dict]) -> str:
             value = summary[key]
             row.append(duration(value) if formatter is None else formatter(value))
         rows.append(row)
-    widths = [max(len(row[i]) for row in rows) for i in range(len(TABLE_COLUMNS))]
+    return _fixed_width(rows)
+
+
+def size_table(entries: list[dict]) -> str:
+    """Waits by job size (``wait_by_size``), one line per policy and size: the jobs, their
+    share of the GPU-hours, their average first wait and re-wait, what they add to the
+    average wait, and the three reasons that carry most of it (with ``--wait-reasons``)."""
+    rows = [["policy", "GPUs", "jobs", "GPU-h", "1st wait", "re-wait", "of avg", "mostly"]]
+    for entry in entries:
+        for size, figures in entry["wait_by_size"].items():
+            reasons = list(figures.get("reasons_h", {}).items())[:3]
+            rows.append(
+                [
+                    entry["summary"]["policy"],
+                    size,
+                    f"{figures['jobs']:,}",
+                    f"{figures['gpu_hours_share']:.1%}",
+                    duration(figures["first_wait_h"] * 3600),
+                    duration(figures["rewait_h"] * 3600),
+                    duration(figures["of_average_h"] * 3600),
+                    ", ".join(f"{code} {duration(hours * 3600)}" for code, hours in reasons),
+                ]
+            )
+    return _fixed_width(rows, text_last=True)
+
+
+def _fixed_width(rows: list[list[str]], text_last: bool = False) -> str:
+    """Rows as a fixed-width table: the first column left-aligned, the others right
+    (``text_last``: the last one left too, free text), a rule under the heading."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = []
     for number, row in enumerate(rows):
         cells = [row[0].ljust(widths[0])] + [
             cell.rjust(width) for cell, width in zip(row[1:], widths[1:], strict=True)
         ]
-        lines.append("  ".join(cells))
+        if text_last:
+            cells[-1] = row[-1].ljust(widths[-1])
+        lines.append("  ".join(cells).rstrip())
         if number == 0:
             lines.append("  ".join("-" * width for width in widths))
     return "\n".join(lines)
@@ -114,6 +145,7 @@ def payload(trace: str, results: list[ReplayResult], notes: list[str], settings:
                 "summary": summarize(result),
                 "tenants": per_tenant(result),
                 "timeline": timeline(result),
+                "wait_by_size": wait_by_size(result),
             }
             for result in results
         ],

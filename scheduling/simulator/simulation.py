@@ -90,6 +90,8 @@ class SimConfig:
     could start or preempt (``Snapshot.decisions_only``): the decisions of each cycle
     are the same, several times faster on long queues; what differs is that the jobs
     left out keep the reservation of the last cycle that considered them for the next.
+    ``wait_reasons``: record under which reason the waiting jobs wait
+    (:class:`WaitReasons`, ``ReplayResult.wait_reasons``).
     ``max_preemptions``: the replay gives up (:class:`ReplayStalled`) after this many
     preemptions per job on average: jobs preempted again and again for others that then
     do not start is a policy (or engine) defect worth a report, not hours of replay. (The
@@ -104,6 +106,7 @@ class SimConfig:
     max_waiting_per_tenant: int = 0
     full_cycles: bool = False
     max_preemptions: float = 20.0
+    wait_reasons: bool = False
 
 
 class JobRun:
@@ -194,6 +197,64 @@ class ReplayResult:
     plan_seconds: float = 0.0
     wall_seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    # (size bucket, reason code) -> job-seconds (``SimConfig.wait_reasons``; see
+    # :class:`WaitReasons`), empty without it.
+    wait_reasons: dict[tuple[str, str], float] = field(default_factory=dict)
+
+
+# Jobs by total GPUs, for the wait reasons and the waits by size (metrics.wait_by_size).
+SIZE_BUCKETS: tuple[tuple[int, float, str], ...] = (
+    (1, 1, "1"),
+    (2, 4, "2-4"),
+    (5, 8, "5-8"),
+    (9, math.inf, ">8"),
+)
+# The reason of a waiting job a decisions-only cycle did not reach: the cycle stopped
+# once no job left could start or preempt (Snapshot.decisions_only).
+NOT_REACHED = "NOT_REACHED"
+
+
+def size_bucket(gpus: int) -> str:
+    """The :data:`SIZE_BUCKETS` label of a job of ``gpus`` GPUs."""
+    for low, high, label in SIZE_BUCKETS:
+        if low <= gpus <= high:
+            return label
+    return SIZE_BUCKETS[0][2]
+
+
+class WaitReasons:
+    """Where the waiting goes: the job-seconds each waiting job spends under the reason
+    the engine last gave it (``PendingInfo.code``, or :data:`NOT_REACHED`), by job size.
+
+    A reason counts from the cycle that gave it to the pool's next cycle (a skipped cycle,
+    one that could start nothing, changes no reason). The time a job waits before the
+    first cycle that sees it (it arrived, or was requeued, while nothing could start) is
+    counted by no reason: :func:`~scheduling.simulator.metrics.wait_by_size` reports it."""
+
+    __slots__ = ("seconds", "_last")
+
+    def __init__(self) -> None:
+        self.seconds: dict[tuple[str, str], float] = defaultdict(float)
+        # pool -> (time of its last cycle, waiting jobs counted by (bucket, reason))
+        self._last: dict[str, tuple[float, dict[tuple[str, str], int]]] = {}
+
+    def cycle(self, pool: str, now: float, snapshot: Snapshot, result: Plan) -> None:
+        """Count the pool's previous reasons up to ``now``; take this cycle's."""
+        last = self._last.get(pool)
+        if last is not None and now > last[0]:
+            span = now - last[0]
+            seconds = self.seconds
+            for key, jobs in last[1].items():
+                seconds[key] += span * jobs
+        placed = {placement.job_id for placement in result.placements}
+        explained = result.pending
+        counts: dict[tuple[str, str], int] = defaultdict(int)
+        for job in snapshot.pending:
+            if job.id in placed:
+                continue
+            info = explained.get(job.id)
+            counts[(size_bucket(job.gpus), NOT_REACHED if info is None else info.code)] += 1
+        self._last[pool] = (now, counts)
 
 
 class RuntimeLearner:
@@ -305,6 +366,7 @@ class Replay:
         self.preemptions = 0
         self.preemption_budget = max(1000, int(self.config.max_preemptions * len(self.runs)))
         self.learner = RuntimeLearner()
+        self.wait_reasons = WaitReasons() if self.config.wait_reasons else None
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -358,6 +420,7 @@ class Replay:
             plans=self.plans,
             plan_seconds=self.plan_seconds,
             wall_seconds=time.perf_counter() - started,
+            wait_reasons={} if self.wait_reasons is None else dict(self.wait_reasons.seconds),
         )
 
     def _screen(self) -> None:
@@ -623,6 +686,8 @@ class Replay:
         result = plan(snapshot)
         self.plan_seconds += time.perf_counter() - started
         self.plans += 1
+        if self.wait_reasons is not None:
+            self.wait_reasons.cycle(pool, now, snapshot, result)
         return result
 
     def _apply(self, result: Plan, now: float) -> bool:

@@ -81,3 +81,35 @@ def test_export_jobs_csv_writes_finished_jobs_in_the_trace_format(world, tmp_pat
         7200.0,
     )
     assert job.submit_time == pytest.approx(done.submitted_at.timestamp(), abs=0.001)
+
+
+def test_simulate_with_wait_reasons_splits_the_waits_by_size(tmp_path):
+    trace = tmp_path / "mine.csv"
+    trace.write_text(TRACE)
+    out = io.StringIO()
+
+    call_command(
+        "simulate",
+        trace=str(trace),
+        policy="sluice",
+        out=tmp_path / "sim",
+        workers=1,
+        nodes=1,
+        wait_reasons=True,
+        stdout=out,
+    )
+
+    text = out.getvalue()
+    assert "Waits by job size" in text
+    by_size = json.loads((tmp_path / "sim" / "mine.json").read_text())["policies"][0][
+        "wait_by_size"
+    ]
+    # One 8-GPU node: a (8 GPUs) runs first; b (8 GPUs) waits for it, whatever else does.
+    assert set(by_size) == {"1", "2-4", "5-8"}
+    assert by_size["5-8"]["jobs"] == 2
+    assert by_size["5-8"]["first_wait_h"] > 0
+    reasons = by_size["5-8"]["reasons_h"]
+    assert sum(reasons.values()) == pytest.approx(by_size["5-8"]["of_average_h"], abs=1e-3)
+    assert set(reasons) - {"UNPLANNED", "NOT_REACHED"}, reasons  # an engine reason
+    rows = [line.split() for line in text.splitlines() if line.startswith("sluice ")]
+    assert [row[1] for row in rows if row[1] in {"1", "2-4", "5-8"}] == ["1", "2-4", "5-8"]

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from scheduling.simulator import POLICIES, ClassSpec, SimConfig, replay
-from scheduling.simulator.metrics import summarize
+from scheduling.simulator.metrics import summarize, wait_by_size
 from scheduling.simulator.simulation import COMPLETED, Replay
 
 from .conftest import scenario, sim_job
@@ -194,3 +194,39 @@ def test_smaller_work_goes_first_inside_a_class():
     # Aged past its maximum wait, B goes first again.
     patient = replace(POLICIES["sluice"], max_wait_seconds=50.0)
     assert starts(replay(scenario(jobs), patient, EXACT)) == {"job1": 0, "job2": 100, "job3": 200}
+
+
+def test_wait_reasons_split_each_wait_by_the_engines_reason():
+    # The backfill schedule above: B (4 GPUs) waits for A's GPUs from 1 to 100, D (1 GPU,
+    # 200 s) waits behind B's reservation until B starts (3 to 100), then for B's GPUs
+    # (100 to 200). B's arrival at 1 plans nothing (nothing could start: the cycle is
+    # skipped), so its first second has no reason: UNPLANNED.
+    policy = SUBMIT_ORDER["sluice"]
+    plain = replay(scenario(BACKFILL_TRACE), policy, EXACT)
+    result = replay(scenario(BACKFILL_TRACE), policy, replace(EXACT, wait_reasons=True))
+
+    assert starts(result) == starts(plain)
+    assert plain.wait_reasons == {}
+    assert result.wait_reasons == {
+        ("2-4", "WAITING_FOR_GPUS"): 98.0,
+        ("1", "RESERVED_FOR_HIGHER_PRIORITY"): 97.0,
+        ("1", "WAITING_FOR_GPUS"): 100.0,
+    }
+    by_size = wait_by_size(result)
+    per_job = 4 * 3600  # hours per started job of the replay
+    assert by_size["1"]["jobs"] == 2
+    assert by_size["1"]["of_average_h"] == pytest.approx(197 / per_job, abs=1e-4)
+    assert by_size["1"]["first_wait_h"] == pytest.approx(197 / 2 / 3600, abs=1e-3)
+    assert by_size["1"]["reasons_h"] == {
+        "WAITING_FOR_GPUS": round(100 / per_job, 4),
+        "RESERVED_FOR_HIGHER_PRIORITY": round(97 / per_job, 4),
+        "UNPLANNED": 0.0,
+    }
+    assert by_size["2-4"]["reasons_h"] == {
+        "WAITING_FOR_GPUS": round(98 / per_job, 4),
+        "UNPLANNED": round(1 / per_job, 4),
+    }
+    assert by_size["1"]["gpu_hours_share"] + by_size["2-4"]["gpu_hours_share"] == pytest.approx(
+        1.0, abs=1e-3
+    )
+    assert "reasons_h" not in wait_by_size(plain)["1"]

@@ -152,12 +152,17 @@ def test_another_seed_draws_other_tenants_and_classes():
 
 def test_independent_pools_replayed_apart_give_the_same_result():
     scenario_ = build_scenario(synthetic_trace(pools=3), ScenarioOptions(seed=1))
-    config = SimConfig(checkpoint_interval=300)  # see test_the_busy_trace_does_preempt...
+    # see test_the_busy_trace_does_preempt...
+    config = SimConfig(checkpoint_interval=300, wait_reasons=True)
     together = replay(scenario_, POLICIES["sluice"], config)
     apart = replay_split(scenario_, POLICIES["sluice"], config, workers=2)
 
     assert _outcome(apart) == _outcome(together)
     assert apart.series == together.series
+    assert together.wait_reasons
+    assert apart.wait_reasons.keys() == together.wait_reasons.keys()
+    for key, seconds in together.wait_reasons.items():
+        assert apart.wait_reasons[key] == pytest.approx(seconds)
 
 
 def test_timeline_buckets_never_pour_an_interval_into_one_bucket():
