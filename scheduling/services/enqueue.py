@@ -14,7 +14,8 @@ Three kinds of work, three queues (DESIGN §12), so that none starves another:
 from __future__ import annotations
 
 from celery import current_app
-from django.core.cache import cache
+from django.core.cache import cache, caches
+from django.core.cache.backends.redis import RedisCache
 from django.db import transaction
 
 from scheduling.agent.protocol import REPORTS_QUEUE
@@ -28,6 +29,7 @@ __all__ = [
     "REPORTS_QUEUE",
     "WAITING_VERSION_KEY",
     "dispatch_on_commit",
+    "jobs_added_on_commit",
     "reports_probe_enqueue",
     "request_dispatch",
     "simulation_run_enqueue",
@@ -56,10 +58,19 @@ def _task(name: str):
     return current_app.tasks[name]
 
 
+# How long a dispatch request stays merged into the queued cycle at most (a cycle that
+# never started, e.g. its message lost, must not block the requests after it for long).
+DISPATCH_REQUESTED_SECONDS = 30
+
+
 def request_dispatch() -> None:
     """Ask for a dispatch cycle now; requests made while one is queued are merged into it."""
-    if cache.add(DISPATCH_REQUESTED_KEY, 1, timeout=30):
-        _task("scheduling.dispatch").apply_async(queue=DISPATCH_QUEUE)
+    if cache.add(DISPATCH_REQUESTED_KEY, 1, timeout=DISPATCH_REQUESTED_SECONDS):
+        _send_dispatch()
+
+
+def _send_dispatch() -> None:
+    _task("scheduling.dispatch").apply_async(queue=DISPATCH_QUEUE)
 
 
 def dispatch_on_commit() -> None:
@@ -84,6 +95,36 @@ def _bump_waiting_version() -> None:
     except ValueError:  # not there yet (or evicted): any new value is a change
         if not cache.add(WAITING_VERSION_KEY, 1, timeout=None):
             cache.incr(WAITING_VERSION_KEY)
+
+
+def jobs_added_on_commit() -> None:
+    """New waiting jobs: once the transaction commits, bump ``WAITING_VERSION_KEY`` and
+    request a dispatch cycle (``waiting_changed_on_commit`` and ``dispatch_on_commit``
+    together, robust as they are). On a Redis cache both go in one round trip instead of
+    three (Django's ``incr`` checks that the key exists first): every job submission
+    makes them, and a single client's submissions wait for them."""
+    transaction.on_commit(_jobs_added, robust=True)
+
+
+def _jobs_added() -> None:
+    backend = caches["default"]
+    if not isinstance(backend, RedisCache):
+        _bump_waiting_version()
+        request_dispatch()
+        return
+    # The cache's own client and key names, so that the dispatcher's cache.delete() and
+    # the leader's cache.get() see these keys (an int is stored as is, not pickled).
+    pipeline = backend._cache.get_client(write=True).pipeline(transaction=False)
+    pipeline.incr(backend.make_and_validate_key(WAITING_VERSION_KEY))
+    pipeline.set(
+        backend.make_and_validate_key(DISPATCH_REQUESTED_KEY),
+        1,
+        nx=True,
+        ex=DISPATCH_REQUESTED_SECONDS,
+    )
+    _, requested = pipeline.execute()
+    if requested:
+        _send_dispatch()
 
 
 def reports_probe_enqueue(sent_at: float) -> None:

@@ -46,7 +46,7 @@ from ..models import (
     WorkloadPolicy,
 )
 from ..runtime_prediction import RuntimePrediction, history_ratios, predict_runtimes
-from .enqueue import dispatch_on_commit, waiting_changed_on_commit
+from .enqueue import dispatch_on_commit, jobs_added_on_commit
 from .lifecycle import job_event, job_transition
 from .raises import higher_class, project_grant_classes
 
@@ -701,8 +701,7 @@ def job_submit(*, user, spec: JobSpec, lookups: Lookups | None = None) -> Job:
             "priority_class": job.priority_class.name,
         },
     )
-    dispatch_on_commit()
-    waiting_changed_on_commit()
+    jobs_added_on_commit()
     return job
 
 
@@ -778,8 +777,7 @@ def job_submit_bulk(*, user, specs: list[JobSpec], lookups: Lookups | None = Non
             tenant=tenant,
             after={"count": len(ids), "first_id": ids[0], "last_id": ids[-1]},
         )
-    dispatch_on_commit()
-    waiting_changed_on_commit()
+    jobs_added_on_commit()
     return jobs
 
 
