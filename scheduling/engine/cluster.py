@@ -53,6 +53,7 @@ class NodeSlot:
         "state",
         "base_af",
         "base_running",
+        "base_idle",
         "touched",
     )
 
@@ -85,6 +86,9 @@ class NodeSlot:
         # scheduling.engine.planner.KeptRunning); a reset starts from them.
         self.base_af: list[float] = [-INF] * count
         self.base_running: list = []
+        # The positions where base_af is -inf (None: to be worked out again, after a
+        # change of base_af), so that a reset need not compare every GPU's time.
+        self.base_idle: list[int] | None = None
         # Changed since the last reset (or since made): any GPU's state, the records of
         # the jobs on it, or base_af/base_running (see reset). Set by every change.
         self.touched = False
@@ -102,13 +106,15 @@ class NodeSlot:
         freeing and making their lists again was most of a reset). Its cached
         :meth:`SliceIndex._state` stays valid where no GPU is idle (it does not depend
         on ``now`` there: free-from times after it, no hole)."""
+        idle = self.base_idle
+        if idle is None:
+            base_af = self.base_af
+            idle = self.base_idle = [pos for pos in range(len(base_af)) if base_af[pos] == NEG_INF]
         if not self.touched:
-            af = self.af
-            if NEG_INF in self.base_af:
-                base_af = self.base_af
-                for pos in range(len(af)):
-                    if base_af[pos] == NEG_INF:
-                        af[pos] = now
+            if idle:
+                af = self.af
+                for pos in idle:
+                    af[pos] = now
                 self.state = None
             self.version = 0
             self.marks = 0
@@ -121,10 +127,8 @@ class NodeSlot:
             # A copy, idle GPUs patched (not a comprehension: every float would be
             # unboxed and boxed again in the compiled engine).
             af = self.base_af.copy()
-            if NEG_INF in af:
-                for pos in range(count):
-                    if af[pos] == NEG_INF:
-                        af[pos] = now
+            for pos in idle:
+                af[pos] = now
             self.af = af
         else:
             self.af = [now] * count

@@ -159,6 +159,16 @@ class KeptRunning:
         added: list[tuple[RunningJob, float]] = []
         seen = 0
         for job in planner.snapshot.running:
+            record = records.get(id(job))
+            if record is not None and record.job is job:
+                # Kept: not stopping and the same end as when it was added (a record
+                # handed is never changed), so only its end is compared with now.
+                if record.mark != cycle and record.base_end > now:
+                    record.mark = cycle
+                    seen += 1
+                else:
+                    others.append(job)  # past its limit, or handed twice
+                continue
             if job.stopping:
                 others.append(job)
                 continue
@@ -167,14 +177,7 @@ class KeptRunning:
             if end <= now:
                 others.append(job)  # past its limit: stopped with its grace from now
                 continue
-            record = records.get(id(job))
-            if record is None or record.job is not job:
-                added.append((job, end))
-            elif record.mark == cycle:
-                others.append(job)  # handed twice: marked as on a new index
-            else:
-                record.mark = cycle
-                seen += 1
+            added.append((job, end))
         if seen < len(records):
             gone = [record for record in records.values() if record.mark != cycle]
             for record in gone:
@@ -204,6 +207,7 @@ class KeptRunning:
                 af[pos] = end
             slot.base_running.append(record)
             slot.running.append(record)
+            slot.base_idle = None
             slot.touched = True
             slot.state = None
         key = (job.tenant, job.pool, job.gpu_model)
@@ -230,6 +234,7 @@ class KeptRunning:
                 af[pos] = now
             slot.base_running.remove(record)
             slot.running.remove(record)
+            slot.base_idle = None
             slot.touched = True
             slot.state = None
         key = (job.tenant, job.pool, job.gpu_model)

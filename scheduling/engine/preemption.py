@@ -180,10 +180,12 @@ class RunningRecord:
     def renew(self, now: float, account: Account) -> None:
         """Back to what a new record of the same running job at ``now`` would be (a
         record kept from one cycle to the next, see planner.KeptRunning)."""
-        job = self.job
         self.end = self.base_end
-        self.stopping = job.stopping
-        self.seasoned = now - job.started_at >= job.min_runtime_before_preemption
+        self.stopping = False  # a kept job is not stopping (a cycle's _stop is undone)
+        if not (self.seasoned and now >= self._now):
+            # Once seasoned it stays so as time goes on: read the job only until then.
+            job = self.job
+            self.seasoned = now - job.started_at >= job.min_runtime_before_preemption
         self.protected = now < self.until
         self.account = account
         self._now = now
