@@ -1108,7 +1108,7 @@ class Planner:
             zip(slot.nodes, slot.positions, strict=True)
         ):
             # GPUs that stayed held for the job are in the timeline already.
-            fresh = [pos for pos in positions if (number, pos) not in kept]
+            fresh = [pos for pos in positions if (number, pos) not in kept] if kept else positions
             if fresh:
                 slice_.reserve(node_slot, fresh, slot.start, end, job.id)
             gpu_ids.extend(node_slot.gpu_ids[pos] for pos in positions)

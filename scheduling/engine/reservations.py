@@ -39,9 +39,13 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from heapq import heappop, heappush
+from typing import Final
 
 from .cluster import INF, Locator, NodeSlot, SliceIndex
 from .snapshot import PendingJob
+
+# The state before a hold of a GPU promised to nobody (most held GPUs): one tuple for all.
+_UNPROMISED: Final = (False, 0.0, 0, False)
 
 
 class Previous:
@@ -56,36 +60,52 @@ class Previous:
         "positions",
         "start",
         "end",
-        "held",
-        "before",
+        "held_number",
+        "held_pos",
+        "held_ready",
+        "held_before",
         "kept",
         "idle_held",
     )
 
-    def __init__(self, job: PendingJob, slice_: SliceIndex, by_slot: dict, start: float) -> None:
+    def __init__(
+        self,
+        job: PendingJob,
+        slice_: SliceIndex,
+        slots: list[NodeSlot],
+        positions: list[list[int]],
+        start: float,
+    ) -> None:
         self.job_id = job.id
         self.pool = job.pool
         self.position = job.previous_position
         self.slice = slice_
-        self.slots: list[NodeSlot] = list(by_slot)
-        self.positions: list[list[int]] = list(by_slot.values())
+        self.slots = slots
+        self.positions = positions
         self.start = start
         self.end = start + job.max_runtime_seconds
-        # (slot number, position) -> free-from time before the hold, for held GPUs
-        self.held: dict[tuple[int, int], float] = {}
-        # (slot number, position) -> (reserved, hole, hole owner, releasing) before the
-        # hold: a GPU may already be promised to a job considered earlier in the cycle,
-        # and that promise outlives the hold.
-        self.before: dict[tuple[int, int], tuple[bool, float, int, bool]] = {}
-        # held GPUs that an earlier job planned to use right after: they stay held
+        # The held GPUs, one entry each in these parallel lists (plain lists rather than
+        # a dict keyed by (slot number, position): a cycle holds and gives back
+        # thousands): slot number, position, free-from time before the hold, and
+        # (reserved, hole, hole owner, releasing) before the hold (a GPU may already be
+        # promised to a job considered earlier in the cycle, and that promise outlives
+        # the hold). Their order does not matter.
+        self.held_number: list[int] = []
+        self.held_pos: list[int] = []
+        self.held_ready: list[float] = []
+        self.held_before: list[tuple[bool, float, int, bool]] = []
+        # (slot number, position) of held GPUs that an earlier job planned to use right
+        # after: they stay held
         self.kept: set[tuple[int, int]] = set()
         self.idle_held = 0  # held GPUs that were idle before the hold
 
-    def gpus(self):
-        """(slot number, slot, position) of each GPU."""
-        for number, (slot, positions) in enumerate(zip(self.slots, self.positions, strict=True)):
-            for pos in positions:
-                yield number, slot, pos
+    def held_ready_of(self, number: int, pos: int) -> float:
+        """The free-from time before the hold of a held GPU (KeyError if not held)."""
+        numbers, held = self.held_number, self.held_pos
+        for i in range(len(held)):
+            if held[i] == pos and numbers[i] == number:
+                return self.held_ready[i]
+        raise KeyError((number, pos))
 
 
 def _parse(job: PendingJob, locator: Locator) -> Previous | None:
@@ -98,12 +118,14 @@ def _parse(job: PendingJob, locator: Locator) -> Previous | None:
         return None
     # Every GPU found (a GPU no longer schedulable voids it), on one slice, a full gang.
     slice_ = grouped[0][0]
-    by_slot: dict[NodeSlot, list[int]] = {}
-    for location_slice, slot, positions in grouped:
+    slots: list[NodeSlot] = []
+    by_slot: list[list[int]] = []
+    for location_slice, slot, positions in grouped:  # one entry per slot
         if location_slice is not slice_ or len(positions) != job.gpus_per_node:
             return None
-        by_slot[slot] = positions
-    return Previous(job, slice_, by_slot, start)
+        slots.append(slot)
+        by_slot.append(positions)
+    return Previous(job, slice_, slots, by_slot, start)
 
 
 class PreviousReservations:
@@ -119,8 +141,8 @@ class PreviousReservations:
         # pool -> heap of (earliest free-from time before the hold of any GPU held, job
         # id) of the same jobs: a lower bound of when a given-back hold frees a GPU
         self._ready_in: dict[str, list[tuple[float, int]]] = defaultdict(list)
-        # class -> [(reservation, [(slot number, position) to hold])]
-        self._to_hold: dict[int, list[tuple[Previous, list[tuple[int, int]]]]] = defaultdict(list)
+        # class -> [(reservation, slot numbers, positions) to hold]
+        self._to_hold: dict[int, list[tuple[Previous, list[int], list[int]]]] = defaultdict(list)
         self._waiting: dict[int, Previous] = {}  # held, job not considered yet
         # GPUs idle now but held for jobs not considered yet (idle again at their turn).
         self.idle_held = 0
@@ -133,16 +155,18 @@ class PreviousReservations:
             if previous is None:
                 continue
             self._by_job[job.id] = previous
-            mine = []
+            numbers: list[int] = []
+            mine: list[int] = []
             for number, slot in enumerate(previous.slots):
                 gpu_ids = slot.gpu_ids
                 for pos in previous.positions[number]:
                     gpu_id = gpu_ids[pos]
                     if gpu_id not in seen:
                         seen.add(gpu_id)
-                        mine.append((number, pos))
+                        numbers.append(number)
+                        mine.append(pos)
             if mine:
-                self._to_hold[job.priority].append((previous, mine))
+                self._to_hold[job.priority].append((previous, numbers, mine))
 
     def __bool__(self) -> bool:
         return bool(self._by_job)
@@ -155,28 +179,40 @@ class PreviousReservations:
         else:
             batches = [self._to_hold.pop(priority, [])]
         for batch in batches:
-            for previous, gpus in batch:
-                self._hold(previous, gpus)
+            for previous, numbers, gpus in batch:
+                self._hold(previous, numbers, gpus)
 
-    def _hold(self, previous: Previous, gpus: list[tuple[int, int]]) -> None:
-        by_slot: dict[int, list[int]] = defaultdict(list)
-        for number, pos in gpus:
-            slot = previous.slots[number]
+    def _hold(self, previous: Previous, numbers: list[int], gpus: list[int]) -> None:
+        """Hold the GPUs (slot numbers and positions) of ``previous`` still free by its
+        start."""
+        by_slot: dict[int, list[int]] = {}
+        slots, start = previous.slots, previous.start
+        held_number, held_pos = previous.held_number, previous.held_pos
+        held_ready, held_before = previous.held_ready, previous.held_before
+        for i in range(len(gpus)):
+            number, pos = numbers[i], gpus[i]
+            slot = slots[number]
+            ready = slot.af[pos]
             # Not free in time any more (given what this cycle planned so far): not held.
-            if slot.af[pos] <= previous.start:
-                previous.held[(number, pos)] = slot.af[pos]
-                previous.before[(number, pos)] = (
-                    slot.reserved[pos],
-                    slot.hole[pos],
-                    slot.hole_owner[pos],
-                    slot.releasing[pos],
-                )
-                by_slot[number].append(pos)
+            if ready > start:
+                continue
+            held_number.append(number)
+            held_pos.append(pos)
+            held_ready.append(ready)
+            reserved, hole = slot.reserved[pos], slot.hole[pos]
+            owner, releasing = slot.hole_owner[pos], slot.releasing[pos]
+            if reserved or releasing or owner or hole != 0.0:
+                held_before.append((reserved, hole, owner, releasing))
+            else:
+                held_before.append(_UNPROMISED)
+            positions = by_slot.get(number)
+            if positions is None:
+                by_slot[number] = [pos]
+            else:
+                positions.append(pos)
         for number, positions in by_slot.items():
-            previous.slice.reserve(
-                previous.slots[number], positions, previous.start, previous.end, previous.job_id
-            )
-        if previous.held:
+            previous.slice.reserve(slots[number], positions, start, previous.end, previous.job_id)
+        if held_pos:
             self._await_turn(previous)
 
     def _await_turn(self, previous: Previous) -> None:
@@ -186,9 +222,13 @@ class PreviousReservations:
         self._waiting[job_id] = previous
         heappush(self._waiting_in[pool], (previous.position, job_id))
         heappush(self._starts_in[pool], (previous.start, job_id))
-        heappush(self._ready_in[pool], (min(previous.held.values()), job_id))
-        previous.idle_held = sum(1 for ready in previous.held.values() if ready <= now)
-        self.idle_held += previous.idle_held
+        heappush(self._ready_in[pool], (min(previous.held_ready), job_id))
+        idle = 0
+        for ready in previous.held_ready:
+            if ready <= now:
+                idle += 1
+        previous.idle_held = idle
+        self.idle_held += idle
 
     def turn(self, job_id: int) -> None:
         """The job is being considered: its held GPUs return to the timeline, except
@@ -198,19 +238,23 @@ class PreviousReservations:
         if previous is None:
             return
         self.idle_held -= previous.idle_held
-        by_slot: dict[int, tuple[list[int], list[float], list[tuple]]] = {}
-        for (number, pos), ready in previous.held.items():
-            if previous.slots[number].af[pos] == previous.end:
+        by_slot: dict[int, tuple[list[int], list[float], list[tuple[bool, float, int, bool]]]] = {}
+        slots, end = previous.slots, previous.end
+        held_number, held_pos = previous.held_number, previous.held_pos
+        held_ready, held_before = previous.held_ready, previous.held_before
+        for i in range(len(held_pos)):
+            number, pos = held_number[i], held_pos[i]
+            if slots[number].af[pos] == end:
                 entry = by_slot.get(number)
                 if entry is None:  # not setdefault: its default would be made every time
                     entry = by_slot[number] = ([], [], [])
                 entry[0].append(pos)
-                entry[1].append(ready)
-                entry[2].append(previous.before[(number, pos)])
+                entry[1].append(held_ready[i])
+                entry[2].append(held_before[i])
             else:
                 previous.kept.add((number, pos))
         for number, (positions, readies, before) in by_slot.items():
-            previous.slice.unhold(previous.slots[number], positions, readies, before)
+            previous.slice.unhold(slots[number], positions, readies, before)
 
     def holds_in(self, pool: str) -> bool:
         """Whether GPUs of ``pool`` are held for jobs not considered yet."""
@@ -235,7 +279,7 @@ class PreviousReservations:
 
     def release_for(
         self, job: PendingJob, starting: float | None = None, everyone: bool = False
-    ) -> list[tuple[Previous, list[tuple[int, int]]]]:
+    ) -> list[tuple[Previous, list[int]]]:
         """Give back the holds that would have ``job`` wait for jobs behind it (every
         held owner is behind it: it has not been considered yet). Without ``starting``
         (it reserves): those of the owners it *overtook*, ahead of it last cycle (all of
@@ -247,14 +291,18 @@ class PreviousReservations:
         whose reservation starts no later than its own, who would otherwise start first
         on GPUs it could use now.
 
-        Returns what :meth:`rehold` needs to put them back if that did not help."""
+        Returns what :meth:`rehold` needs to put them back if that did not help: each
+        owner given back, with the entries (indices) of the GPUs it gave back."""
         released = []
         for owner in self._owners(job, starting, everyone):
             previous = self._waiting.get(owner)
             if previous is None:
                 continue  # already given back (or its entry in the other heap)
-            end = previous.end
-            given = [key for key in previous.held if previous.slots[key[0]].af[key[1]] == end]
+            end, slots = previous.end, previous.slots
+            held_number, held_pos = previous.held_number, previous.held_pos
+            given = [
+                i for i in range(len(held_pos)) if slots[held_number[i]].af[held_pos[i]] == end
+            ]
             self.turn(owner)
             released.append((previous, given))
         return released
@@ -297,44 +345,61 @@ class PreviousReservations:
             done.add(owner)
             end = previous.end
             slots = previous.slots
-            held = previous.held
+            held_number, held_pos, held_ready = (
+                previous.held_number,
+                previous.held_pos,
+                previous.held_ready,
+            )
             touched: set[int] = set()
-            for key, ready in held.items():
-                number, pos = key
+            for i in range(len(held_pos)):
+                number, pos = held_number[i], held_pos[i]
                 slot = slots[number]
                 if slot.af[pos] == end:
                     lent = slot.lent[pos]
-                    if lent > ready:
-                        held[key] = lent
+                    if lent > held_ready[i]:
+                        held_ready[i] = lent
                     touched.add(number)
                 else:
-                    previous.kept.add(key)
+                    previous.kept.add((number, pos))
             for number in sorted(touched):
                 previous.slice.touch(slots[number])
             self.idle_held -= previous.idle_held
             self._await_turn(previous)
 
-    def rehold(self, released: list[tuple[Previous, list[tuple[int, int]]]]) -> None:
+    def rehold(self, released: list[tuple[Previous, list[int]]]) -> None:
         """Put back holds given back by :meth:`release_for` (nothing changed since)."""
         for previous, given in released:
-            for key in given:
-                del previous.held[key]
-                del previous.before[key]
-            self._hold(previous, given)
+            numbers = [previous.held_number[i] for i in given]
+            gpus = [previous.held_pos[i] for i in given]
+            if len(given) == len(previous.held_pos):
+                previous.held_number = []
+                previous.held_pos = []
+                previous.held_ready = []
+                previous.held_before = []
+            else:
+                out = set(given)
+                left = [i for i in range(len(previous.held_pos)) if i not in out]
+                previous.held_number = [previous.held_number[i] for i in left]
+                previous.held_pos = [previous.held_pos[i] for i in left]
+                previous.held_ready = [previous.held_ready[i] for i in left]
+                previous.held_before = [previous.held_before[i] for i in left]
+            self._hold(previous, numbers, gpus)
 
     def waiting_holds(self):
         """(slot, position) of each GPU held for a job not considered yet and still held
         for it alone: its turn gives it back."""
         for previous in self._waiting.values():
-            for number, pos in previous.held:
-                slot = previous.slots[number]
+            held_number, held_pos = previous.held_number, previous.held_pos
+            for i in range(len(held_pos)):
+                slot = previous.slots[held_number[i]]
+                pos = held_pos[i]
                 if slot.af[pos] == previous.end:
                     yield slot, pos
 
     def _ready(self, previous: Previous, number: int, slot: NodeSlot, pos: int) -> float:
         """When a GPU of the reservation is free for its own job."""
-        if (number, pos) in previous.kept:
-            return max(previous.held[(number, pos)], slot.lent[pos])
+        if previous.kept and (number, pos) in previous.kept:
+            return max(previous.held_ready_of(number, pos), slot.lent[pos])
         return slot.af[pos]
 
     def usable_now(
@@ -345,11 +410,12 @@ class PreviousReservations:
         if previous is None or previous.slice is not slice_:
             return None
         now = self.now
+        kept = previous.kept
         for number, slot in enumerate(previous.slots):
             for pos in previous.positions[number]:
                 if self._ready(previous, number, slot, pos) <= now:
                     continue
-                if (number, pos) not in previous.kept and slot.hole[pos] >= end:
+                if slot.hole[pos] >= end and not (kept and (number, pos) in kept):
                     continue
                 return None
         return previous.slots, previous.positions
