@@ -150,6 +150,10 @@ class RunningRecord:
         "until",
         "base_end",
         "mark",
+        "tenant",
+        "priority",
+        "preemptible",
+        "borrowed",
     )
 
     def __init__(
@@ -176,6 +180,13 @@ class RunningRecord:
         # job, and the last cycle that found it unchanged.
         self.base_end = end
         self.mark = 0
+        # The job's fields the victim search reads for every running job of a node it
+        # looks at, read once (a record's job is never changed; reading an attribute of
+        # the uncompiled snapshot record costs a generic lookup each time).
+        self.tenant = job.tenant
+        self.priority = job.priority
+        self.preemptible = job.preemptible
+        self.borrowed = job.borrowed
 
     def renew(self, now: float, account: Account) -> None:
         """Back to what a new record of the same running job at ``now`` would be (a
@@ -207,8 +218,8 @@ class RunningRecord:
         if key is None:
             job = self.job
             key = self._order_key = (
-                not job.borrowed,
-                job.priority,
+                not self.borrowed,
+                self.priority,
                 self.protected,
                 self.lost,
                 -job.started_at,
@@ -270,19 +281,18 @@ class Rule:
         """Whether ``record`` may be stopped (its age and GPUs are checked elsewhere)."""
         if record.inference and self.training:
             return False
-        victim = record.job
-        if victim.tenant != self.tenant:
+        if record.tenant != self.tenant:
             if self.within_guarantee:
-                if victim.borrowed:
+                if record.borrowed:
                     return True  # reclaim: no protection holds back a guarantee
-            elif not victim.borrowed:
+            elif not record.borrowed:
                 return False  # a borrower never takes guaranteed GPUs of others
         # Own jobs, borrowed or not, and the rest: a lower, preemptible class, unless the
         # job is protected at its preemption limit.
         return (
             self.priority is not None
-            and victim.preemptible
-            and victim.priority < self.priority
+            and record.preemptible
+            and record.priority < self.priority
             and not record.protected
         )
 
@@ -339,8 +349,7 @@ class Preemptor:
 
     def is_reclaim(self, record: RunningRecord) -> bool:
         """Reclaim: the job is inside its guarantee, the victim borrows (another tenant)."""
-        victim = record.job
-        return self.within_guarantee and victim.borrowed and victim.tenant != self.job.tenant
+        return self.within_guarantee and record.borrowed and record.tenant != self.job.tenant
 
     def might_find_victims(self, slice_: SliceIndex) -> bool:
         """Cheap check that a search in ``slice_`` is not hopeless."""
@@ -374,10 +383,10 @@ def slice_stats(slice_: SliceIndex) -> SliceStats:
             for record in slot.running:
                 if record.stopping or not record.seasoned:
                     continue
-                if record.job.preemptible and not record.protected:
-                    priorities.add(record.job.priority)
-                if record.job.borrowed:
-                    borrowers.add(record.job.tenant)
+                if record.preemptible and not record.protected:
+                    priorities.add(record.priority)
+                if record.borrowed:
+                    borrowers.add(record.tenant)
                 has_inference |= record.inference
         stats = SliceStats(sorted(priorities), frozenset(borrowers), has_inference)
         slice_.victim_stats = stats
@@ -404,7 +413,7 @@ def _candidates(slot: NodeSlot) -> list[tuple[RunningRecord, list[int]]]:
             for record in slot.running
             if record.seasoned
             and not record.stopping
-            and not (record.protected and not record.job.borrowed)
+            and not (record.protected and not record.borrowed)
         ]
         found.sort(key=lambda item: item[0])
         view = slot.victim_view = [(record, held) for _, record, held in found]
@@ -439,8 +448,8 @@ def evaluate_slot(
             freed -= item[1]
     victims = [record for record, _ in chosen]
     cost = (
-        sum(1 for record in victims if not record.job.borrowed),
-        max(record.job.priority for record in victims),
+        sum(1 for record in victims if not record.borrowed),
+        max(record.priority for record in victims),
         sum(1 for record in victims if record.protected),
         len(victims),
         sum(record.lost for record in victims),
@@ -554,8 +563,8 @@ def _trim(
             freed[key] -= count
         del kept[index]
     cost = (
-        sum(1 for record in kept if not record.job.borrowed),
-        max((record.job.priority for record in kept), default=float("-inf")),
+        sum(1 for record in kept if not record.borrowed),
+        max((record.priority for record in kept), default=float("-inf")),
         sum(1 for record in kept if record.protected),
         len(kept),
         sum(record.lost for record in kept),
@@ -626,7 +635,7 @@ class VictimFinder:
             if found is None:
                 return None
             quota = found
-            if not quota and all(record.job.borrowed for record in own):
+            if not quota and all(record.borrowed for record in own):
                 own = None  # the tenant-blind search sees every victim already
         if own is not None:
             return self._find_with_own(slice_, preemptor, exact, own, quota)
@@ -697,12 +706,12 @@ class VictimFinder:
                     if (
                         record.seasoned
                         and not record.stopping
-                        and record.job.preemptible
+                        and record.preemptible
                         and not record.protected
                         and id(record) not in seen
                     ):
                         seen.add(id(record))
-                        by_tenant.setdefault(record.job.tenant, []).append(record)
+                        by_tenant.setdefault(record.tenant, []).append(record)
             for records in by_tenant.values():
                 records.sort(key=lambda record: record.order_key)
             self._own[slice_.key] = by_tenant
@@ -734,8 +743,8 @@ class VictimFinder:
         # The quota victims are all needed (see _quota_victims): only victims of the
         # tenant's quota among those on a node can make some of them unnecessary.
         base = (
-            sum(1 for record in quota if not record.job.borrowed),
-            max((record.job.priority for record in quota), default=float("-inf")),
+            sum(1 for record in quota if not record.borrowed),
+            max((record.priority for record in quota), default=float("-inf")),
             0,  # the tenant's own jobs are never protected victims
             len(quota),
         )
@@ -794,8 +803,8 @@ class VictimFinder:
             else:
                 victims = quota + on_slot
                 cost = (
-                    base[0] + sum(1 for record in on_slot if not record.job.borrowed),
-                    max([base[1], *(record.job.priority for record in on_slot)]),
+                    base[0] + sum(1 for record in on_slot if not record.borrowed),
+                    max([base[1], *(record.priority for record in on_slot)]),
                     sum(1 for record in on_slot if record.protected),
                     len(victims),
                     sum(record.lost for record in victims),

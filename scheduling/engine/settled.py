@@ -42,7 +42,7 @@ from collections import Counter
 from heapq import heapify, heappop
 from typing import TYPE_CHECKING, Final
 
-from .preemption import INFERENCE_WORKLOAD, TRAINING_WORKLOADS
+from .preemption import TRAINING_WORKLOADS
 from .snapshot import PendingJob
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -393,15 +393,14 @@ class _Room:
         for record in slot.running:
             if record.stopping or not record.seasoned:
                 continue
-            victim = record.job
-            kind = int(victim.workload_type == INFERENCE_WORKLOAD)
-            lower = victim.preemptible and victim.priority < highest[kind]
-            if not (lower or (victim.borrowed and anyone[kind])):
+            kind = int(record.inference)
+            lower = record.preemptible and record.priority < highest[kind]
+            if not (lower or (record.borrowed and anyone[kind])):
                 continue
             positions = record.positions_on(slot)
             if self._promised(slot, positions):
                 continue  # the engine never stops a job holding GPUs promised here
-            found.append((len(positions), victim.tenant, kind, lower, victim.borrowed))
+            found.append((len(positions), record.tenant, kind, lower, record.borrowed))
         return found
 
     def _promised(self, slot: NodeSlot, positions: list[int]) -> bool:
