@@ -52,11 +52,12 @@ from .preemption import (
 )
 from .quota import BORROWED, GUARANTEED, Account, Quotas
 from .reservations import PreviousReservations
-from .results import Placement, Plan, Preemption, new_pending_info
+from .results import _SET_PENDING, PendingInfo, Placement, Plan, Preemption
 from .settled import Remaining, nothing_more_can_happen
 from .snapshot import PendingJob, QueueInfo, RunningJob, Snapshot
 
 INF: Final = math.inf
+_new_object: Final = object.__new__
 
 
 # Option and Slot are plain classes, not dataclasses: compiled, a dataclass keeps the
@@ -571,18 +572,23 @@ class Planner:
             mine = self._claimed_ids.get(job.id)
             if mine:
                 claimed = tuple(gpu_id for gpu_id in reserved if gpu_id in mine)
-        self._queue_positions[job.queue_id] += 1
-        self._pool_positions[job.pool] += 1
-        self.result.pending[job.id] = new_pending_info(
-            job.id,
-            code,
-            message,
-            self._queue_positions[job.queue_id],
-            self._pool_positions[job.pool],
-            start,
-            reserved,
-            claimed,
-        )
+        queue_id, pool, job_id = job.queue_id, job.pool, job.id  # read once (uncompiled record)
+        queue_position = self._queue_positions.get(queue_id, 0) + 1
+        self._queue_positions[queue_id] = queue_position
+        pool_position = self._pool_positions.get(pool, 0) + 1
+        self._pool_positions[pool] = pool_position
+        # new_pending_info, inline: compiled, it runs no interpreted frame.
+        info = _new_object(PendingInfo)
+        _set = _SET_PENDING
+        _set[0](info, job_id)
+        _set[1](info, code)
+        _set[2](info, message)
+        _set[3](info, queue_position)
+        _set[4](info, pool_position)
+        _set[5](info, start)
+        _set[6](info, reserved)
+        _set[7](info, claimed)
+        self.result.pending[job_id] = info
 
     # -- what could ever run the job ----------------------------------------------------------
 

@@ -121,14 +121,20 @@ def lost_work(job: RunningJob, now: float) -> float:
     """GPU-seconds a running job would lose if stopped ``now``: its GPUs x the time since
     its last checkpoint in this run (its start when it has none, or none is known; with
     a ``checkpoint_interval``, the last multiple of it since its start)."""
-    saved = job.started_at
-    interval = job.checkpoint_interval
-    checkpointed = job.checkpointed_at
+    return _lost_since(
+        job.started_at, job.checkpoint_interval, job.checkpointed_at, len(job.gpu_ids), now
+    )
+
+
+def _lost_since(
+    started_at: float, interval: float, checkpointed: float | None, gpus: int, now: float
+) -> float:
+    saved = started_at
     if interval > 0:
         checkpointed = saved + (now - saved) // interval * interval
     if checkpointed is not None and checkpointed > saved:
         saved = checkpointed
-    return len(job.gpu_ids) * max(now - saved, 0.0)
+    return gpus * max(now - saved, 0.0)
 
 
 class RunningRecord:
@@ -154,6 +160,10 @@ class RunningRecord:
         "priority",
         "preemptible",
         "borrowed",
+        "started_at",
+        "job_id",
+        "checkpoint_interval",
+        "checkpointed_at",
     )
 
     def __init__(
@@ -187,6 +197,10 @@ class RunningRecord:
         self.priority = job.priority
         self.preemptible = job.preemptible
         self.borrowed = job.borrowed
+        self.started_at = job.started_at
+        self.job_id = job.id
+        self.checkpoint_interval = job.checkpoint_interval
+        self.checkpointed_at = job.checkpointed_at
 
     def renew(self, now: float, account: Account) -> None:
         """Back to what a new record of the same running job at ``now`` would be (a
@@ -207,7 +221,13 @@ class RunningRecord:
     def lost(self) -> float:
         """What stopping it now would throw away (fixed for the cycle)."""
         if self._lost < 0:
-            self._lost = lost_work(self.job, self._now)
+            self._lost = _lost_since(
+                self.started_at,
+                self.checkpoint_interval,
+                self.checkpointed_at,
+                self.gpus,
+                self._now,
+            )
         return self._lost
 
     @property
@@ -216,14 +236,13 @@ class RunningRecord:
         (then most recently started)."""
         key = self._order_key
         if key is None:
-            job = self.job
             key = self._order_key = (
                 not self.borrowed,
                 self.priority,
                 self.protected,
                 self.lost,
-                -job.started_at,
-                job.id,
+                -self.started_at,
+                self.job_id,
             )
         return key
 
