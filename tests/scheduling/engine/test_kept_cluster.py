@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from test_properties import FAST, Requeueing, crowded_tenants, snapshots
 
 from scheduling.engine import KeptCluster, plan
+from scheduling.engine.preemption import RunningRecord, lost_work
 
 
 def _same(kept, fresh) -> None:
@@ -89,6 +90,33 @@ def _kept_state(keep: KeptCluster) -> tuple:
     return groups, dict(kept.tenants), dict(kept.graces), slots, ids
 
 
+def _records_as_made(keep: KeptCluster, now: float) -> None:
+    """Each record kept (and renewed) from cycle to cycle is what a new record of its
+    job at ``now`` is, but for what the cycle's own planning changes (end, stopping,
+    account): its seasoning and protection, the job's fields it read once, the work it
+    would lose and its victim order."""
+    for record in keep.running.records.values():
+        new = RunningRecord(record.job, record.base_end, now)
+        for name in (
+            "seasoned",
+            "protected",
+            "until",
+            "inference",
+            "gpus",
+            "tenant",
+            "priority",
+            "preemptible",
+            "borrowed",
+            "started_at",
+            "job_id",
+            "checkpoint_interval",
+            "checkpointed_at",
+        ):
+            assert getattr(record, name) == getattr(new, name), name
+        assert record.lost == new.lost == lost_work(record.job, now)
+        assert record.order_key == new.order_key
+
+
 @FAST
 @given(st.one_of(snapshots(), crowded_tenants()), st.data())
 def test_running_jobs_kept_between_cycles_are_those_a_new_index_keeps(snap, data):
@@ -107,6 +135,7 @@ def test_running_jobs_kept_between_cycles_are_those_a_new_index_keeps(snap, data
         alone = KeptCluster()
         plan(dataclasses.replace(sim.snap, kept_cluster=alone))
         assert _kept_state(keep) == _kept_state(alone)
+        _records_as_made(keep, sim.snap.now)
         _same(kept, plan(sim.snap))
         sim.step()
         sim.next_event()
@@ -118,6 +147,8 @@ def _as_reset_leaves_it(slot, now: float) -> None:
     end, the others idle at ``now``, nothing promised, held or lent, its kept records."""
     count = len(slot.gpu_ids)
     assert slot.af == [now if end == -math.inf else end for end in slot.base_af]
+    # where no kept job runs, remembered across resets
+    assert slot.base_idle == [pos for pos, end in enumerate(slot.base_af) if end == -math.inf]
     assert slot.hole == [0.0] * count
     assert slot.hole_owner == [0] * count
     assert slot.reserved == [False] * count
