@@ -189,6 +189,7 @@ def main() -> None:
                 "wait_avg_h": round(summary["wait_avg_s"] / 3600, 2),  # re-waits included
                 "wait_first_avg_h": round(summary["wait_first_avg_s"] / 3600, 2),
                 "wait_big_avg_h": round(summary["wait_big_avg_s"] / 3600, 2),  # > 8 GPUs
+                "wait_p99_h": round(summary["wait_p99_s"] / 3600, 2),
                 "jain_daily": round(summary["fairness_daily"], 3),
                 "jain_hourly": round(summary["fairness_hourly"], 3),
                 "lost_share": round(summary["lost_share"], 4),

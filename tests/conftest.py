@@ -133,13 +133,14 @@ def _fresh_dispatch_cache():
 
     from scheduling.raise_impact import _PREVIEW_CACHE
     from scheduling.services.dispatch import LEADER_CACHE
-    from scheduling.services.enqueue import WAITING_VERSION_KEY
+    from scheduling.services.enqueue import DISPATCH_REQUESTED_KEY, WAITING_VERSION_KEY
     from scheduling.services.nodes import REPORTS_PROBE_KEY
 
     LEADER_CACHE.clear()
     _PREVIEW_CACHE.clear()
-    cache.delete(REPORTS_PROBE_KEY)
-    cache.delete(WAITING_VERSION_KEY)
+    # A test that records dispatch requests instead of sending them leaves the merged
+    # request's flag set: the next test's requests would merge into a cycle never run.
+    cache.delete_many([REPORTS_PROBE_KEY, WAITING_VERSION_KEY, DISPATCH_REQUESTED_KEY])
     yield
     LEADER_CACHE.clear()
     _PREVIEW_CACHE.clear()

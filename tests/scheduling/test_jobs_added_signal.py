@@ -29,7 +29,8 @@ def sent(monkeypatch):
     """The dispatch tasks sent (instead of sending them)."""
     calls: list[int] = []
     monkeypatch.setattr(enqueue, "_send_dispatch", lambda: calls.append(1))
-    return calls
+    yield calls
+    cache.delete(DISPATCH_REQUESTED_KEY)  # no cycle ran to clear it
 
 
 def _submit(world, django_capture_on_commit_callbacks, bulk: int = 0) -> None:
