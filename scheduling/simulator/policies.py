@@ -79,6 +79,19 @@ POLICIES: dict[str, Policy] = {
             preemption_min_gain_seconds=4 * 3600.0,
         ),
         Policy(
+            "sluice-tuned",
+            "sluice-min-gain with the order settings measured best on ITP's one pool at 85 % "
+            "and its deep backlog: tenants within twice each other's fair share in one band "
+            "(fair_share_band 1.0; the dispatch loop's SLUICE_FAIR_SHARE_BAND) and a 48 h "
+            "maximum wait (SLUICE_MAX_WAIT_SECONDS, or the workload policies' own)",
+            backfill=True,
+            preemption=True,
+            fair_share=True,
+            preemption_min_gain_seconds=4 * 3600.0,
+            fair_share_band=1.0,
+            max_wait_seconds=48 * 3600.0,
+        ),
+        Policy(
             "sluice-submit-order",
             "Sluice's default with submit order inside a class and tenant (no size- and "
             "runtime-aware order)",

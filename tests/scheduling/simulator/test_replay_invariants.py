@@ -40,7 +40,7 @@ def busy_trace(seed: int = 7, count: int = 200):
 
 
 @pytest.mark.parametrize("full_cycles", [False, True])
-@pytest.mark.parametrize("policy", ["fifo", "sluice", "sluice-no-backfill"])
+@pytest.mark.parametrize("policy", ["fifo", "sluice", "sluice-no-backfill", "sluice-tuned"])
 def test_every_job_ends_exactly_once_and_no_gpu_is_held_twice(policy, full_cycles):
     config = SimConfig(checkpoint_interval=300, full_cycles=full_cycles)
     result = replay(busy_trace(), POLICIES[policy], config)
@@ -83,7 +83,7 @@ class CheckedReplay(Replay):
         return result
 
 
-@pytest.mark.parametrize("policy", ["sluice", "sluice-no-backfill"])
+@pytest.mark.parametrize("policy", ["sluice", "sluice-no-backfill", "sluice-tuned"])
 def test_decisions_only_cycles_decide_as_full_ones_all_through_a_replay(policy):
     checked = CheckedReplay(
         busy_trace(count=400), POLICIES[policy], SimConfig(checkpoint_interval=300)
