@@ -576,18 +576,9 @@ class Planner:
         self._queue_positions[queue_id] = queue_position
         pool_position = self._pool_positions.get(pool, 0) + 1
         self._pool_positions[pool] = pool_position
-        # new_pending_info, inline: compiled, it runs no interpreted frame.
-        info = _new_object(PendingInfo)
-        _set = _SET_PENDING
-        _set[0](info, job_id)
-        _set[1](info, code)
-        _set[2](info, message)
-        _set[3](info, queue_position)
-        _set[4](info, pool_position)
-        _set[5](info, start)
-        _set[6](info, reserved)
-        _set[7](info, claimed)
-        self.result.pending[job_id] = info
+        self.result.pending[job_id] = _pending_info(
+            job_id, code, message, queue_position, pool_position, start, reserved, claimed
+        )
 
     # -- what could ever run the job ----------------------------------------------------------
 
@@ -1317,6 +1308,32 @@ def plan(snapshot: Snapshot) -> Plan:
     finally:
         if was_enabled:
             gc.enable()
+
+
+def _pending_info(
+    job_id: int,
+    code: str,
+    message: str,
+    queue_position: int,
+    pool_position: int,
+    estimated_start: float | None,
+    reserved_gpu_ids: tuple[int, ...],
+    claimed_gpu_ids: tuple[int, ...],
+) -> PendingInfo:
+    """``PendingInfo(...)``, faster: the same object, its slots filled directly instead of
+    through the frozen dataclass's ``__init__`` (one per waiting job per cycle; here, in
+    the compiled engine, it runs no interpreted frame)."""
+    info = _new_object(PendingInfo)
+    _set = _SET_PENDING
+    _set[0](info, job_id)
+    _set[1](info, code)
+    _set[2](info, message)
+    _set[3](info, queue_position)
+    _set[4](info, pool_position)
+    _set[5](info, estimated_start)
+    _set[6](info, reserved_gpu_ids)
+    _set[7](info, claimed_gpu_ids)
+    return info
 
 
 def _expected_gone_by(victims: list[RunningRecord], now: float, when: float) -> bool:

@@ -56,35 +56,11 @@ class PendingInfo:
 
 # The generated ``__init__`` of a frozen dataclass sets every field through
 # ``object.__setattr__`` (the price of ``frozen``): about 2 us for PendingInfo, of which a
-# cycle creates one per waiting job (10^4 and more). The planner fills the slots directly.
+# cycle creates one per waiting job (10^4 and more). The planner fills the slots directly
+# (planner._pending_info).
 _SET_PENDING = tuple(
     getattr(PendingInfo, name).__set__ for name in PendingInfo.__dataclass_fields__
 )
-
-
-def new_pending_info(
-    job_id: int,
-    code: str,
-    message: str,
-    queue_position: int,
-    pool_position: int,
-    estimated_start: float | None,
-    reserved_gpu_ids: tuple[int, ...],
-    claimed_gpu_ids: tuple[int, ...] = (),
-    _new=object.__new__,
-    _set=_SET_PENDING,
-) -> PendingInfo:
-    """``PendingInfo(...)``, faster (same object, same checks on later assignment)."""
-    info = _new(PendingInfo)
-    _set[0](info, job_id)
-    _set[1](info, code)
-    _set[2](info, message)
-    _set[3](info, queue_position)
-    _set[4](info, pool_position)
-    _set[5](info, estimated_start)
-    _set[6](info, reserved_gpu_ids)
-    _set[7](info, claimed_gpu_ids)
-    return info
 
 
 @dataclass(slots=True)

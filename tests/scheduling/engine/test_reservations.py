@@ -138,10 +138,11 @@ def test_quota_message_carries_the_numbers():
 
 
 def test_the_fast_pending_info_constructor_builds_the_same_object():
-    from scheduling.engine.results import PendingInfo, new_pending_info
+    from scheduling.engine.planner import _pending_info
+    from scheduling.engine.results import PendingInfo
 
-    values = (7, reasons.HELD, "held", 2, 3, None, (1, 2))
-    assert new_pending_info(*values) == PendingInfo(*values)
+    values = (7, reasons.HELD, "held", 2, 3, None, (1, 2), ())
+    assert _pending_info(*values) == PendingInfo(*values)
 
 
 def test_a_later_jobs_old_reservation_does_not_block_the_first_job():
