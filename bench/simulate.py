@@ -186,9 +186,9 @@ def main() -> None:
                 "engine_s": round(result.plan_seconds, 2),
                 "cycles": result.plans,
                 "ms_per_cycle": round(1000 * result.plan_seconds / max(result.plans, 1), 3),
-                "wait_avg_h": round(summary["wait_avg_s"] / 3600, 2),  # re-waits included
-                "wait_first_avg_h": round(summary["wait_first_avg_s"] / 3600, 2),
-                "wait_big_avg_h": round(summary["wait_big_avg_s"] / 3600, 2),  # > 8 GPUs
+                "wait_avg_h": round(summary["wait_avg_s"] / 3600, 3),  # re-waits included
+                "wait_first_avg_h": round(summary["wait_first_avg_s"] / 3600, 3),
+                "wait_big_avg_h": round(summary["wait_big_avg_s"] / 3600, 3),  # > 8 GPUs
                 "wait_p99_h": round(summary["wait_p99_s"] / 3600, 2),
                 "jain_daily": round(summary["fairness_daily"], 3),
                 "jain_hourly": round(summary["fairness_hourly"], 3),
