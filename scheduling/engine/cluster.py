@@ -73,7 +73,9 @@ class NodeSlot:
         # SliceIndex.touch): the version with this tells whether the slot changed.
         self.marks = 0
         self.free_total = 0  # GPUs idle now, reserved or not
-        self.running: list = []  # running-job records holding GPUs here (victim search)
+        # running-job records holding GPUs here (victim search); typed, so that the compiled
+        # readers access the records' fields directly rather than by a generic lookup
+        self.running: list[RunningRecord] = []
         # possible victims here, cached by the victim search
         self.victim_view: list[tuple[RunningRecord, list[int]]] | None = None
         self.lent = [0.0] * count  # end of a job started in a hole (GPU busy until then)
@@ -85,7 +87,7 @@ class NodeSlot:
         # to the next for the running jobs that stay the same (see
         # scheduling.engine.planner.KeptRunning); a reset starts from them.
         self.base_af: list[float] = [-INF] * count
-        self.base_running: list = []
+        self.base_running: list[RunningRecord] = []
         # The positions where base_af is -inf (None: to be worked out again, after a
         # change of base_af), so that a reset need not compare every GPU's time.
         self.base_idle: list[int] | None = None
