@@ -23,6 +23,9 @@ class GpuInfo:
     model: str
     memory_mb: int
 
+    def __reduce__(self) -> tuple:
+        return (GpuInfo, (self.id, self.node_id, self.index, self.model, self.memory_mb))
+
 
 @dataclass(slots=True)
 class NodeInfo:
@@ -69,6 +72,10 @@ class QuotaInfo:
     borrow_limit: int
     max_running_jobs: int | None = None
 
+    def __reduce__(self) -> tuple:
+        fields = (self.tenant, self.pool, self.gpu_model, self.guaranteed, self.borrow_limit)
+        return (QuotaInfo, (*fields, self.max_running_jobs))
+
 
 @dataclass(frozen=True, slots=True)
 class QueueInfo:
@@ -79,6 +86,9 @@ class QueueInfo:
     tenant: str
     strict_fifo: bool = False
     open: bool = True
+
+    def __reduce__(self) -> tuple:
+        return (QueueInfo, (self.id, self.name, self.tenant, self.strict_fifo, self.open))
 
 
 @dataclass(slots=True)
