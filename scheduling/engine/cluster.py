@@ -332,7 +332,8 @@ class SliceIndex:
         slots = self.slots
         while heap:
             entry = heap[0]
-            if slots[entry[-2]].version == entry[-1]:
+            idx: int = entry[-2]  # typed: the slot's version is then read directly
+            if slots[idx].version == entry[-1]:
                 return entry
             heappop(heap)
         return None
@@ -342,7 +343,8 @@ class SliceIndex:
         slots = self.slots
         while len(chosen) < count and heap:
             entry = heappop(heap)
-            if slots[entry[-2]].version != entry[-1]:
+            idx: int = entry[-2]
+            if slots[idx].version != entry[-1]:
                 continue
             popped.append((heap, entry))
             if not accept(entry):
@@ -391,8 +393,10 @@ class SliceIndex:
             slots = self.slots
             while heap:  # the top entry, dropping stale ones (inlined: hot path)
                 entry = heap[0]
-                if slots[entry[2]].version == entry[3]:
-                    return entry[0], [slots[entry[2]]]
+                idx: int = entry[2]
+                slot = slots[idx]
+                if slot.version == entry[3]:
+                    return entry[0], [slot]
                 heappop(heap)
             return None
         chosen: dict[int, NodeSlot] = {}
@@ -407,7 +411,14 @@ class SliceIndex:
 
     def fits_ignoring_reservations(self, gpus: int, nodes: int) -> bool:
         """Whether the job would fit on the GPUs idle now if nothing were reserved."""
-        return sum(self.buckets[gpus:]) >= nodes if gpus < len(self.buckets) else False
+        buckets = self.buckets
+        if gpus >= len(buckets):
+            return False
+        found = 0
+        # A loop over the sizes: the builtin sum of a slice is a generic call, compiled.
+        for size in range(gpus if gpus >= 0 else max(len(buckets) + gpus, 0), len(buckets)):
+            found += buckets[size]
+        return found >= nodes
 
     def largest_idle_block(self) -> int:
         """The most GPUs idle now on one node of the slice."""
@@ -481,16 +492,21 @@ class SliceIndex:
         ``ready`` (or from the end of a job started in the hole meanwhile) and is again
         what it was ``before`` the hold (reserved, hole, hole owner, releasing): the
         promise of a job considered before the hold is still due."""
-        lent = slot.lent
-        for pos, when, (reserved, hole, owner, releasing) in zip(
-            positions, ready, before, strict=True
-        ):
-            slot.af[pos] = max(when, lent[pos]) if lent[pos] else when
+        if not (len(positions) == len(ready) == len(before)):
+            raise ValueError("unhold: positions, ready times and states differ in length")
+        lent, af, holes = slot.lent, slot.af, slot.hole
+        owners, reserved_, releasing_ = slot.hole_owner, slot.reserved, slot.releasing
+        # Indexed rather than zip(): the builtin zip is a generic call, compiled.
+        for i in range(len(positions)):
+            pos, when = positions[i], ready[i]
+            reserved, hole, owner, releasing = before[i]
+            busy_until = lent[pos]
+            af[pos] = max(when, busy_until) if busy_until else when
             # A job started in the hole meanwhile: busy now, no hole left.
-            slot.hole[pos] = 0.0 if lent[pos] else hole
-            slot.hole_owner[pos] = owner
-            slot.reserved[pos] = reserved
-            slot.releasing[pos] = releasing and not lent[pos]
+            holes[pos] = 0.0 if busy_until else hole
+            owners[pos] = owner
+            reserved_[pos] = reserved
+            releasing_[pos] = releasing and not busy_until
         self.epoch += 1
         self._no_fit.clear()
         self.refresh(slot)

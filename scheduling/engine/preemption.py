@@ -452,7 +452,12 @@ def evaluate_slot(
     for record, positions in _candidates(slot):
         if record.stopping or not rule.allows(record):
             continue
-        if True in [reserved[pos] for pos in positions]:
+        promised = False
+        for pos in positions:
+            if reserved[pos]:
+                promised = True
+                break
+        if promised:
             continue  # promised to an earlier waiting job: stopping it would delay that job
         chosen.append((record, len(positions)))
         freed += len(positions)
@@ -466,9 +471,15 @@ def evaluate_slot(
             chosen.remove(item)
             freed -= item[1]
     victims = [record for record, _ in chosen]
+    if not victims:
+        raise ValueError("max() arg is an empty sequence")
+    highest = victims[0].priority  # a loop: the builtin max of a generator is a generic call
+    for record in victims:
+        if record.priority > highest:
+            highest = record.priority
     cost = (
         sum(1 for record in victims if not record.borrowed),
-        max(record.priority for record in victims),
+        highest,
         sum(1 for record in victims if record.protected),
         len(victims),
         sum(record.lost for record in victims),
@@ -596,6 +607,11 @@ def _order_key(record: RunningRecord) -> tuple:
     return record.order_key
 
 
+# An entry of the victim search's heaps: (lower bound of the cost, slot number, slot
+# version). Typed, so that the compiled search reads the slot's version directly.
+_Entry = tuple[tuple, int, int]
+
+
 class VictimFinder:
     """Finds victim sets during one cycle, sharing work between similar preemptors."""
 
@@ -603,11 +619,13 @@ class VictimFinder:
         self.now = now
         # (slice, gpus, tenant-blind rule) -> ([(cost, slot idx, version)], {idx: version},
         # [grown slots seen])
-        self._heaps: dict[tuple, tuple[list, dict[int, int], list[int]]] = {}
+        self._heaps: dict[tuple, tuple[list[_Entry], dict[int, int], list[int]]] = {}
         # slice key -> tenant -> its preemptible, seasoned running jobs, in victim order
         self._own: dict[tuple, dict[str, list[RunningRecord]]] = {}
 
-    def _heap(self, slice_: SliceIndex, gpus: int, rule: Rule) -> tuple[list, dict[int, int]]:
+    def _heap(
+        self, slice_: SliceIndex, gpus: int, rule: Rule
+    ) -> tuple[list[_Entry], dict[int, int]]:
         """The heap of (lower bound of the cost, slot number, slot version) for a job size
         and rule, built once per cycle. Slots only lose idle GPUs and victims, so a stale
         entry's cost is a lower bound, re-evaluated when it reaches the top; a slot that
@@ -616,8 +634,8 @@ class VictimFinder:
         key = (slice_.key, gpus, rule)
         found = self._heaps.get(key)
         if found is None:
-            heap = []
-            pushed = {}
+            heap: list[_Entry] = []
+            pushed: dict[int, int] = {}
             for slot in slice_.slots:
                 if len(slot.gpu_ids) < gpus:
                     continue
@@ -686,7 +704,7 @@ class VictimFinder:
         heap, pushed = self._heap(slice_, gpus, blind)
         slots = slice_.slots
         results: list[tuple[tuple, NodeSlot, list[RunningRecord]]] = []
-        popped = []
+        popped: list[_Entry] = []
         while heap:
             bound, idx, version = heap[0]
             slot = slots[idx]

@@ -219,14 +219,22 @@ class PreviousReservations:
         """``previous`` holds GPUs until its job's turn: entered in the pool's heaps, its
         GPUs idle now counted (lazy deletion: older entries of the job may stay)."""
         pool, job_id, now = previous.pool, previous.job_id, self.now
+        held_ready = previous.held_ready
+        if not held_ready:
+            raise ValueError("a reservation awaits its turn without a held GPU")
+        # One pass for the earliest and the idle ones (the builtin min is a generic call,
+        # compiled).
+        earliest = held_ready[0]
+        idle = 0
+        for ready in held_ready:
+            if ready < earliest:
+                earliest = ready
+            if ready <= now:
+                idle += 1
         self._waiting[job_id] = previous
         heappush(self._waiting_in[pool], (previous.position, job_id))
         heappush(self._starts_in[pool], (previous.start, job_id))
-        heappush(self._ready_in[pool], (min(previous.held_ready), job_id))
-        idle = 0
-        for ready in previous.held_ready:
-            if ready <= now:
-                idle += 1
+        heappush(self._ready_in[pool], (earliest, job_id))
         previous.idle_held = idle
         self.idle_held += idle
 
