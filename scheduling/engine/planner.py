@@ -159,8 +159,12 @@ class KeptRunning:
         added: list[tuple[RunningJob, float]] = []
         seen = 0
         for job in planner.snapshot.running:
-            record = records.get(id(job))
-            if record is not None and record.job is job:
+            record = job.kept  # the record kept for it (ours if kept_by says so)
+            if record is None or record.kept_by is not self:
+                record = records.get(id(job))
+                if record is not None and record.job is not job:
+                    record = None
+            if record is not None:
                 # Kept: not stopping and the same end as when it was added (a record
                 # handed is never changed), so only its end is compared with now.
                 if record.mark != cycle and record.base_end > now:
@@ -199,6 +203,8 @@ class KeptRunning:
     def _add(self, job: RunningJob, end: float, now: float, placement_of) -> None:
         record = RunningRecord(job, end, now)
         record.mark = self.cycle
+        record.kept_by = self
+        job.kept = record
         record.placement = placement = placement_of(job, job.gpu_ids)
         for _, slot, positions in placement:
             base_af, af = slot.base_af, slot.af
@@ -227,6 +233,7 @@ class KeptRunning:
 
     def _drop(self, record: RunningRecord, now: float) -> None:
         job = record.job
+        record.kept_by = None
         for _, slot, positions in record.placement:
             base_af, af = slot.base_af, slot.af
             for pos in positions:

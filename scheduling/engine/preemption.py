@@ -164,6 +164,7 @@ class RunningRecord:
         "job_id",
         "checkpoint_interval",
         "checkpointed_at",
+        "kept_by",
     )
 
     def __init__(
@@ -190,6 +191,7 @@ class RunningRecord:
         # job, and the last cycle that found it unchanged.
         self.base_end = end
         self.mark = 0
+        self.kept_by: object | None = None  # the planner.KeptRunning that keeps it
         # The job's fields the victim search reads for every running job of a node it
         # looks at, read once (a record's job is never changed; reading an attribute of
         # the uncompiled snapshot record costs a generic lookup each time).

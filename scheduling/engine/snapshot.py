@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
     from .cluster import KeptCluster
+    from .preemption import RunningRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +237,9 @@ class RunningJob:
     # (gpu_ids, their grouping by node, and on a kept cluster index the locator and the
     # placement found there): remembered by the planner (Locator)
     layout: tuple | None = field(default=None, init=False, repr=False, compare=False)
+    # The planner's record of the job on a cluster index kept between cycles (see
+    # planner.KeptRunning), found from the job directly rather than by a lookup.
+    kept: RunningRecord | None = field(default=None, init=False, repr=False, compare=False)
 
 
 @dataclass(slots=True)
