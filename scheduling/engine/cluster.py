@@ -66,6 +66,7 @@ class NodeSlot:
         "base_running",
         "base_idle",
         "touched",
+        "dirty_at",
     )
 
     def __init__(self, idx: int, node_id: int, node_name: str, gpu_ids: list[int], now: float):
@@ -105,6 +106,8 @@ class NodeSlot:
         # Changed since the last reset (or since made): any GPU's state, the records of
         # the jobs on it, or base_af/base_running (see reset). Set by every change.
         self.touched = False
+        # Where it was last entered in its slice's ``dirty`` list (see SliceIndex.refresh).
+        self.dirty_at = 0
 
     def reset(self, now: float) -> None:
         """Back to the state :meth:`__init__` gives (every GPU idle at ``now``), for a
@@ -186,6 +189,8 @@ class SliceIndex:
         "_no_fit",
         "epoch",
         "grown",
+        "dirty",
+        "synced",
     )
 
     def __init__(self, pool: str, model: str, memory_mb: int, now: float) -> None:
@@ -212,6 +217,10 @@ class SliceIndex:
         # Node slots (by number) that gained idle GPUs that way, in order: searches that
         # keep state across a cycle re-examine these instead of starting over.
         self.grown: list[int] = []
+        # Node slots (by number) re-indexed since the heaps were first built, in order,
+        # and per job size how far its heaps took them in (see refresh and _sync).
+        self.dirty: list[int] = []
+        self.synced: dict[int, int] = {}
 
     # -- building -------------------------------------------------------------------
 
@@ -226,6 +235,8 @@ class SliceIndex:
         self._no_fit = {}
         self.epoch = 0
         self.grown = []
+        self.dirty = []
+        self.synced = {}
         for slot in self.slots:
             slot.reset(now)
 
@@ -262,11 +273,16 @@ class SliceIndex:
         self.idle += idle
 
     def _heaps(self, size: int) -> tuple[list, list]:
-        """The (af, hole) heaps for jobs of ``size`` GPUs per node, built on first use."""
+        """The (af, hole) heaps for jobs of ``size`` GPUs per node, built on first use,
+        brought up to date with the slots re-indexed since (see :meth:`_sync`)."""
         heaps = self.heaps.get(size)
-        if heaps is None:
+        if heaps is not None:
+            if self.synced[size] < len(self.dirty):
+                self._sync(size, heaps[0], heaps[1])
+            return heaps
+        else:
             # A cycle builds these heaps for every job size it meets, over every node of
-            # the slice: the entries (see _push_entries) are worked out inline.
+            # the slice: the entries (see _sync) are worked out inline.
             af_heap: list = []
             hole_heap: list = []
             for slot in self.slots:
@@ -285,6 +301,7 @@ class SliceIndex:
             heapify(af_heap)
             heapify(hole_heap)
             heaps = self.heaps[size] = (af_heap, hole_heap)
+            self.synced[size] = len(self.dirty)
         return heaps
 
     def _state(self, slot: NodeSlot) -> tuple[list[float], int, list[float]]:
@@ -307,24 +324,35 @@ class SliceIndex:
         slot.state = (slot.version, ordered, free, windows)
         return ordered, free, windows
 
-    def _push_entries(
-        self, slot: NodeSlot, ordered: list[float], free: int, windows: list[float]
-    ) -> None:
-        """Push the slot's current entries onto the heap of every job size built so far:
+    def _sync(self, size: int, af_heap: list, hole_heap: list) -> None:
+        """Push the current entries of the slots re-indexed since the heaps of ``size``
+        were last brought up to date, once per slot (its last entry in ``dirty``):
         (size-th smallest free-from time, GPUs free by then, slot, version) when the
         slot ever has ``size`` GPUs free, and (-window, slot, version) when it can run
         ``size`` GPUs now only by using holes (sizes up to ``free`` are served by the af
-        heap; beyond that a job must end before the shortest hole it uses closes)."""
-        idx, version = slot.idx, slot.version
-        count = len(ordered)
-        holes = free + len(windows)
-        for size, (af_heap, hole_heap) in self.heaps.items():
-            if size <= count:
+        heap; beyond that a job must end before the shortest hole it uses closes).
+
+        A heap holds, for each slot, its one entry of the slot's current version (older
+        ones are stale and dropped when they come on top): pushing a slot's entries when
+        a job of ``size`` next asks, instead of onto every size's heaps at every
+        re-index, leaves the same current entries, so the same answers, with fewer pushes
+        (a slot held, given back and reserved again between two questions of a size is
+        pushed once) and fewer stale entries."""
+        dirty, slots = self.dirty, self.slots
+        for at in range(self.synced[size], len(dirty)):
+            idx = dirty[at]
+            slot = slots[idx]
+            if slot.dirty_at != at:
+                continue  # re-indexed again later: that entry pushes its state
+            ordered, free, windows = self._state(slot)
+            version = slot.version
+            if size <= len(ordered):
                 key = ordered[size - 1]
                 if key != INF:
                     heappush(af_heap, (key, _free_by(ordered, size, key), idx, version))
-            if free < size <= holes:
+            if free < size <= free + len(windows):
                 heappush(hole_heap, (-windows[size - free - 1], idx, version))
+        self.synced[size] = len(dirty)
 
     def nodes_with_at_least(self, gpus: int) -> int:
         """How many nodes of the slice have at least ``gpus`` GPUs (busy or not)."""
@@ -337,8 +365,9 @@ class SliceIndex:
         slot.touched = True
         slot.version += 1
         ordered, free, windows = self._state(slot)
-        if self.heaps:
-            self._push_entries(slot, ordered, free, windows)
+        if self.heaps:  # its entries are pushed when a job size next asks (see _sync)
+            slot.dirty_at = len(self.dirty)
+            self.dirty.append(slot.idx)
         total = free + len(windows)
         self.buckets[slot.free_total] -= 1
         self.buckets[total] += 1
@@ -405,8 +434,7 @@ class SliceIndex:
         slots (None if never: not enough nodes, or GPUs held without end)."""
         if gpus > self.largest:
             return None
-        heaps = self.heaps.get(gpus)
-        heap = heaps[0] if heaps is not None else self._heaps(gpus)[0]
+        heap = self._heaps(gpus)[0]
         if nodes == 1:
             slots = self.slots
             while heap:  # the top entry, dropping stale ones (inlined: hot path)
