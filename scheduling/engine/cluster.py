@@ -319,7 +319,8 @@ class SliceIndex:
                 free += 1
             elif hole[pos] > now:
                 windows.append(hole[pos])
-        windows.sort(reverse=True)
+        if len(windows) > 1:  # (a method call with a keyword: not made where it sorts nothing)
+            windows.sort(reverse=True)
         ordered = sorted(af)
         slot.state = (slot.version, ordered, free, windows)
         return ordered, free, windows

@@ -187,6 +187,8 @@ class PreviousReservations:
         start."""
         by_slot: dict[int, list[int]] = {}
         slots, start = previous.slots, previous.start
+        one_node = len(slots) == 1  # most reservations: no grouping by slot
+        mine: list[int] = []
         held_number, held_pos = previous.held_number, previous.held_pos
         held_ready, held_before = previous.held_ready, previous.held_before
         for i in range(len(gpus)):
@@ -205,11 +207,16 @@ class PreviousReservations:
                 held_before.append((reserved, hole, owner, releasing))
             else:
                 held_before.append(_UNPROMISED)
+            if one_node:
+                mine.append(pos)
+                continue
             positions = by_slot.get(number)
             if positions is None:
                 by_slot[number] = [pos]
             else:
                 positions.append(pos)
+        if mine:
+            previous.slice.reserve(slots[0], mine, start, previous.end, previous.job_id)
         for number, positions in by_slot.items():
             previous.slice.reserve(slots[number], positions, start, previous.end, previous.job_id)
         if held_pos:
@@ -246,10 +253,28 @@ class PreviousReservations:
         if previous is None:
             return
         self.idle_held -= previous.idle_held
-        by_slot: dict[int, tuple[list[int], list[float], list[tuple[bool, float, int, bool]]]] = {}
         slots, end = previous.slots, previous.end
         held_number, held_pos = previous.held_number, previous.held_pos
         held_ready, held_before = previous.held_ready, previous.held_before
+        if len(slots) == 1:
+            # One node (most reservations): its GPUs in order, without grouping by slot.
+            slot = slots[0]
+            af = slot.af
+            positions: list[int] = []
+            readies: list[float] = []
+            states: list[tuple[bool, float, int, bool]] = []
+            for i in range(len(held_pos)):
+                pos = held_pos[i]
+                if af[pos] == end:
+                    positions.append(pos)
+                    readies.append(held_ready[i])
+                    states.append(held_before[i])
+                else:
+                    previous.kept.add((0, pos))
+            if positions:
+                previous.slice.unhold(slot, positions, readies, states)
+            return
+        by_slot: dict[int, tuple[list[int], list[float], list[tuple[bool, float, int, bool]]]] = {}
         for i in range(len(held_pos)):
             number, pos = held_number[i], held_pos[i]
             if slots[number].af[pos] == end:
