@@ -1050,7 +1050,11 @@ class Planner:
             if found is None or found[0] >= best_start:
                 continue
             start = option.account.earliest(total, preemptible)
-            start = max(start, found[0], lowest)
+            # max(start, found[0], lowest), without the builtin's generic call (compiled)
+            if found[0] > start:
+                start = found[0]
+            if lowest > start:
+                start = lowest
             if start < best_start:
                 best_start = start
                 best = (option, found[1])
@@ -1085,19 +1089,29 @@ class Planner:
             if found is None:
                 continue
             ready, nodes, positions, preheld = found
-            start = max(
-                ready,
-                self.now if floor is None else floor,
-                option.account.earliest(job.gpus, job.preemptible),
-            )
+            # The latest of the GPUs, the floor and the quota (as max(), without the
+            # builtin's generic call in the compiled engine).
+            start = ready
+            lowest = self.now if floor is None else floor
+            if lowest > start:
+                start = lowest
+            due = option.account.earliest(job.gpus, job.preemptible)
+            if due > start:
+                start = due
             previous_start = self._previous.previous_start(job)
             if previous_start is None or start > previous_start:
                 return None
-            releasing = any(
-                slot.releasing[pos]
-                for slot, held in zip(nodes, positions, strict=True)
-                for pos in held
-            )
+            if len(nodes) != len(positions):
+                raise ValueError("a reservation's node slots and positions differ in length")
+            releasing = False
+            for number in range(len(nodes)):
+                flags = nodes[number].releasing
+                for pos in positions[number]:
+                    if flags[pos]:
+                        releasing = True
+                        break
+                if releasing:
+                    break
             return Slot(start, option, nodes, positions, releasing, preheld)
         return None
 
@@ -1106,15 +1120,19 @@ class Planner:
         end = slot.start + runtime
         slice_ = slot.option.slice
         gpu_ids: list[int] = []
-        kept = self._previous.kept_positions(job.id) if slot.preheld else set()
-        for number, (node_slot, positions) in enumerate(
-            zip(slot.nodes, slot.positions, strict=True)
-        ):
+        kept = self._previous.kept_positions(job.id) if slot.preheld else None
+        nodes, chosen = slot.nodes, slot.positions
+        if len(nodes) != len(chosen):
+            raise ValueError("a slot's node slots and positions differ in length")
+        for number in range(len(nodes)):  # indexed: zip() is a generic call, compiled
+            node_slot, positions = nodes[number], chosen[number]
             # GPUs that stayed held for the job are in the timeline already.
             fresh = [pos for pos in positions if (number, pos) not in kept] if kept else positions
             if fresh:
                 slice_.reserve(node_slot, fresh, slot.start, end, job.id)
-            gpu_ids.extend(node_slot.gpu_ids[pos] for pos in positions)
+            ids = node_slot.gpu_ids
+            for pos in positions:
+                gpu_ids.append(ids[pos])
         account = slot.option.account
         account.reserve(job.gpus, slot.start, end)
         if account.leaving:
