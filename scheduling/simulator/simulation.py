@@ -29,7 +29,7 @@ import math
 import time
 from bisect import bisect_left, bisect_right, insort
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
 from itertools import count, islice
@@ -341,6 +341,11 @@ class Replay:
         # window of max_waiting_per_tenant.
         self.groups: dict[str, dict[tuple[str, str], list]] = defaultdict(lambda: defaultdict(list))
         self.running: dict[str, dict[int, JobRun]] = defaultdict(dict)
+        # The engine's records of the running and waiting jobs per pool, in the order of
+        # self.running and self.pending (each changed with them): a cycle's snapshot
+        # copies these lists instead of reading a record from every run.
+        self.running_records: dict[str, dict[int, RunningJob]] = defaultdict(dict)
+        self.pending_records: dict[str, dict[int, PendingJob]] = defaultdict(dict)
         self.in_use: dict[str, int] = defaultdict(int)
         self.in_use_pool: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self.guaranteed_pool: dict[tuple[str, str], int] = defaultdict(int)
@@ -484,6 +489,7 @@ class Replay:
         job = run.job
         run.pending_since = when
         self.pending[job.pool][job.id] = run
+        self.pending_records[job.pool][job.id] = run.pending_record
         self.pending_kinds[job.pool][_preemptor_kind(run.pending_record)] += 1
         self.pending_shapes[job.pool][_shape(run.pending_record)] += 1
         if self.config.max_waiting_per_tenant:
@@ -494,6 +500,7 @@ class Replay:
     def _dequeue(self, run: JobRun) -> None:
         job = run.job
         del self.pending[job.pool][job.id]
+        del self.pending_records[job.pool][job.id]
         _count_down(self.pending_kinds[job.pool], _preemptor_kind(run.pending_record))
         _count_down(self.pending_shapes[job.pool], _shape(run.pending_record))
         if self.config.max_waiting_per_tenant:
@@ -575,6 +582,7 @@ class Replay:
             expected_runtime=self.learner.expected(job),
         )
         self.running[job.pool][job.id] = run
+        self.running_records[job.pool][job.id] = run.running_record
         self._hold(job, placement.gpu_ids, -1)
         if self.policy.preemption:
             self._index_ready(run)
@@ -608,6 +616,7 @@ class Replay:
             preemptor,
             preemptions=run.preemptions,
         )
+        self.running_records[run.job.pool][run.job.id] = run.running_record
         stop_at = now + self.scenario.workload(run.job.workload_type).grace_seconds
         limit = run.job.limit if run.job.limit > 0 else INF
         if run.attempt_start + min(run.remaining, limit) > stop_at:
@@ -618,6 +627,7 @@ class Replay:
         run.gpu_seconds += len(run.gpu_ids) * (when - run.attempt_start)
         run.attempts.append((run.attempt_start, when, run.gpu_ids))
         del self.running[job.pool][job.id]
+        del self.running_records[job.pool][job.id]
         self._hold(job, run.gpu_ids, +1)
         run.running_record = None
         run.gpu_ids = ()
@@ -662,17 +672,21 @@ class Replay:
             by_id = self.by_id
             groups = self.groups[pool].values()
             return [by_id[job_id] for group in groups for _, job_id in group[:window]], True
-        return pending.values(), False
+        return _AllWaiting(pending, self.pending_records[pool]), False
 
     def _snapshot(
         self, pool: str, now: float, selected: Iterable[JobRun], decisions_only: bool
     ) -> Snapshot:
         """The pool's snapshot with the waiting jobs ``selected``."""
+        if isinstance(selected, _AllWaiting):
+            pending = list(selected.records.values())
+        else:
+            pending = [run.pending_record for run in selected]
         return self.builder.snapshot(
             now,
             [pool],
-            [run.running_record for run in self.running[pool].values()],
-            [run.pending_record for run in selected],
+            list(self.running_records[pool].values()),
+            pending,
             self._usage_for(pool),
             self.policy,
             decisions_only=decisions_only,
@@ -842,6 +856,21 @@ class Replay:
         if highest == [-INF, -INF] and not (reclaimers[0] or reclaimers[1]):
             return None
         return highest, reclaimers
+
+
+class _AllWaiting:
+    """All the waiting jobs of a pool, as :meth:`Replay._select` hands them to a cycle:
+    the runs in order, and their engine records in the same order (copied into the
+    snapshot as one list)."""
+
+    __slots__ = ("runs", "records")
+
+    def __init__(self, runs: dict[int, JobRun], records: dict[int, PendingJob]) -> None:
+        self.runs = runs
+        self.records = records
+
+    def __iter__(self) -> Iterator[JobRun]:
+        return iter(self.runs.values())
 
 
 def _may_stop(
