@@ -6,12 +6,19 @@ The dispatch loop builds a :class:`Snapshot` from the database and hands it to
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from .cluster import KeptCluster
     from .preemption import RunningRecord
+
+
+def _by_constructor(record: Any) -> tuple:
+    """``__reduce__`` of a frozen record: rebuilt through its constructor from every field
+    (compiled, a frozen record would be restored by ``setattr``, which it refuses; this
+    serves pickle, ``copy`` and ``deepcopy``)."""
+    return (type(record), tuple(getattr(record, item.name) for item in fields(record)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +32,7 @@ class GpuInfo:
     memory_mb: int
 
     def __reduce__(self) -> tuple:
-        return (GpuInfo, (self.id, self.node_id, self.index, self.model, self.memory_mb))
+        return _by_constructor(self)
 
 
 @dataclass(slots=True)
@@ -74,8 +81,7 @@ class QuotaInfo:
     max_running_jobs: int | None = None
 
     def __reduce__(self) -> tuple:
-        fields = (self.tenant, self.pool, self.gpu_model, self.guaranteed, self.borrow_limit)
-        return (QuotaInfo, (*fields, self.max_running_jobs))
+        return _by_constructor(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +95,7 @@ class QueueInfo:
     open: bool = True
 
     def __reduce__(self) -> tuple:
-        return (QueueInfo, (self.id, self.name, self.tenant, self.strict_fifo, self.open))
+        return _by_constructor(self)
 
 
 @dataclass(slots=True)

@@ -62,3 +62,29 @@ def test_not_preemptible_is_replace():
         assert getattr(copy, f.name) == getattr(expected, f.name), f.name
     assert copy.preemptible is False and job.preemptible is True
     assert copy.gpus == 8
+
+
+def test_frozen_records_pickle_and_copy_with_every_field():
+    """Frozen records (compiled: rebuilt through their constructor, see snapshot.py) come
+    back equal from pickle, copy and deepcopy, no field left at its default."""
+    import copy
+    import pickle
+
+    from scheduling.engine.snapshot import GpuInfo, QueueInfo, QuotaInfo
+
+    records = [
+        GpuInfo(id=5, node_id=2, index=3, model="H100", memory_mb=81920),
+        QuotaInfo(
+            tenant="a",
+            pool="p",
+            gpu_model="H100",
+            guaranteed=8,
+            borrow_limit=4,
+            max_running_jobs=3,
+        ),
+        QueueInfo(id=9, name="q", tenant="a", strict_fifo=True, open=False),
+    ]
+    for record in records:
+        assert pickle.loads(pickle.dumps(record)) == record
+        assert copy.copy(record) == record
+        assert copy.deepcopy(record) == record
