@@ -280,28 +280,27 @@ class SliceIndex:
             if self.synced[size] < len(self.dirty):
                 self._sync(size, heaps[0], heaps[1])
             return heaps
-        else:
-            # A cycle builds these heaps for every job size it meets, over every node of
-            # the slice: the entries (see _sync) are worked out inline.
-            af_heap: list = []
-            hole_heap: list = []
-            for slot in self.slots:
-                known = slot.state
-                if known is not None and known[0] == slot.version:
-                    ordered, free, windows = known[1], known[2], known[3]
-                else:
-                    ordered, free, windows = self._state(slot)
-                if size <= len(ordered):
-                    key = ordered[size - 1]
-                    if key != INF:
-                        count = _free_by(ordered, size, key)
-                        af_heap.append((key, count, slot.idx, slot.version))
-                if free < size <= free + len(windows):
-                    hole_heap.append((-windows[size - free - 1], slot.idx, slot.version))
-            heapify(af_heap)
-            heapify(hole_heap)
-            heaps = self.heaps[size] = (af_heap, hole_heap)
-            self.synced[size] = len(self.dirty)
+        # A cycle builds these heaps for every job size it meets, over every node of the
+        # slice: the entries (see _sync) are worked out inline.
+        af_heap: list = []
+        hole_heap: list = []
+        for slot in self.slots:
+            known = slot.state
+            if known is not None and known[0] == slot.version:
+                ordered, free, windows = known[1], known[2], known[3]
+            else:
+                ordered, free, windows = self._state(slot)
+            if size <= len(ordered):
+                key = ordered[size - 1]
+                if key != INF:
+                    count = _free_by(ordered, size, key)
+                    af_heap.append((key, count, slot.idx, slot.version))
+            if free < size <= free + len(windows):
+                hole_heap.append((-windows[size - free - 1], slot.idx, slot.version))
+        heapify(af_heap)
+        heapify(hole_heap)
+        heaps = self.heaps[size] = (af_heap, hole_heap)
+        self.synced[size] = len(self.dirty)
         return heaps
 
     def _state(self, slot: NodeSlot) -> tuple[list[float], int, list[float]]:
@@ -463,7 +462,7 @@ class SliceIndex:
             return False
         found = 0
         # A loop over the sizes: the builtin sum of a slice is a generic call, compiled.
-        for size in range(gpus if gpus >= 0 else max(len(buckets) + gpus, 0), len(buckets)):
+        for size in range(gpus, len(buckets)):
             found += buckets[size]
         return found >= nodes
 

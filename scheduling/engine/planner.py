@@ -1101,17 +1101,7 @@ class Planner:
             previous_start = self._previous.previous_start(job)
             if previous_start is None or start > previous_start:
                 return None
-            if len(nodes) != len(positions):
-                raise ValueError("a reservation's node slots and positions differ in length")
-            releasing = False
-            for number in range(len(nodes)):
-                flags = nodes[number].releasing
-                for pos in positions[number]:
-                    if flags[pos]:
-                        releasing = True
-                        break
-                if releasing:
-                    break
+            releasing = _any_releasing(nodes, positions)
             return Slot(start, option, nodes, positions, releasing, preheld)
         return None
 
@@ -1359,6 +1349,19 @@ def _pending_info(
     _set[6](info, reserved_gpu_ids)
     _set[7](info, claimed_gpu_ids)
     return info
+
+
+def _any_releasing(nodes: list[NodeSlot], positions: list[list[int]]) -> bool:
+    """Whether any of the GPUs (``positions`` per node slot) is held by a stopping job
+    (loops: any() of a generator, and zip(), are generic calls in the compiled engine)."""
+    if len(nodes) != len(positions):
+        raise ValueError("a reservation's node slots and positions differ in length")
+    for number in range(len(nodes)):
+        flags = nodes[number].releasing
+        for pos in positions[number]:
+            if flags[pos]:
+                return True
+    return False
 
 
 def _expected_gone_by(victims: list[RunningRecord], now: float, when: float) -> bool:

@@ -472,9 +472,7 @@ def evaluate_slot(
         if freed - item[1] >= need:
             chosen.remove(item)
             freed -= item[1]
-    victims = [record for record, _ in chosen]
-    if not victims:
-        raise ValueError("max() arg is an empty sequence")
+    victims = [record for record, _ in chosen]  # not empty: they free need > 0 GPUs
     highest = victims[0].priority  # a loop: the builtin max of a generator is a generic call
     for record in victims:
         if record.priority > highest:
