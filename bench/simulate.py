@@ -114,6 +114,9 @@ def main() -> None:
     parser.add_argument("--one-pool", action="store_true", help="merge the trace's pools")
     parser.add_argument("--max-jobs", type=int, help="the first N jobs by submit time only")
     parser.add_argument(
+        "--seed", type=int, default=1, help="draws the tenants and classes the trace lacks"
+    )
+    parser.add_argument(
         "--wait-reasons",
         action="store_true",
         help="add wait_by_size: waits per job size, split by the engine's reasons",
@@ -141,7 +144,9 @@ def main() -> None:
     target = DEEP_TARGET_SECONDS if args.deep else TARGET_SECONDS
     loaded = time.perf_counter()
     trace = load_trace(args.trace, default_traces_dir(), cluster=cluster)
-    options = ScenarioOptions(target_load=load, one_pool=one_pool, max_jobs=args.max_jobs)
+    options = ScenarioOptions(
+        target_load=load, one_pool=one_pool, max_jobs=args.max_jobs, seed=args.seed
+    )
     scenario = build_scenario(trace, options)
     if args.workload:
         fields = parse_workload(args.workload)
@@ -166,6 +171,7 @@ def main() -> None:
             "engine": "compiled" if native.is_compiled() else "python",
             "max_waiting_per_tenant": args.max_waiting_per_tenant,
             "load": load,
+            "seed": args.seed,
             "full_cycles": args.full_cycles,
             "knobs": {name: getattr(policy, name) for name in KNOBS},
             "workload": asdict(scenario.workload("")),

@@ -190,11 +190,12 @@ class KeptRunning:
         for job, end in added:
             self._add(job, end, now, placement_of)
         account_of = planner.quotas.account
+        gain = planner.snapshot.preemption_min_gain_seconds
         for key, group in self.groups.items():
             account = account_of(key[0], key[1], key[2])
             account.add_kept(group.gpus, len(group.records), group.gpu_ends, group.job_ends)
             for record in group.records.values():
-                record.renew(now, account)
+                record.renew(now, account, gain)
         running_gpus = planner.running_gpus
         for tenant, gpus in self.tenants.items():
             running_gpus[tenant] += gpus
@@ -390,6 +391,7 @@ class Planner:
         account_of = self.quotas.account
         placement_of = self._locator.placement
         running_gpus = self.running_gpus
+        gain = self.snapshot.preemption_min_gain_seconds
         for job in running:
             if job.stopping or job.max_runtime_seconds <= 0:
                 end = self._end_of(job)
@@ -412,7 +414,7 @@ class Planner:
                 self._quota_claims.setdefault(claimant, []).append((account, len(job.gpu_ids), end))
             else:
                 account.add_running(len(job.gpu_ids), end, job.stopping)
-            record = RunningRecord(job, end, now, account)
+            record = RunningRecord(job, end, now, account, gain)
             running_gpus[job.tenant] += len(job.gpu_ids)
             busy_until = INF if claimant is not None else end
             stopping = job.stopping

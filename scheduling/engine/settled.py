@@ -391,7 +391,7 @@ class _Room:
         found = []
         highest = self.highest
         for record in slot.running:
-            if record.stopping or not record.seasoned:
+            if record.stopping or not record.seasoned or record.ending:
                 continue
             kind = int(record.inference)
             lower = record.preemptible and record.priority < highest[kind]

@@ -146,6 +146,58 @@ def test_minimum_gain_reads_the_victims_runtime_predictions():
     assert _victims(plan_with(3600)) == [10]  # no minimum gain: any gain
 
 
+def _reclaim_with_one_victim_expected_to_end_soon(gain: float):
+    """Tenant a, inside its guarantee, waits for 8 GPUs held by two borrowed jobs of b:
+    job 10 (10 minutes in, least work lost) is expected to end in 10 minutes, job 11
+    (40 minutes in) has no prediction. Both run for a day by their limits."""
+    quotas = [quota("a", 8), quota("b", 0, 16)]
+    run = [
+        dataclasses.replace(
+            running(10, "b", gpu_ids(1, *range(8)), borrowed=True, age=600, runtime=86400),
+            expected_runtime_seconds=1200,
+        ),
+        running(11, "b", gpu_ids(2, *range(8)), borrowed=True, age=2400, runtime=86400),
+    ]
+    pending = [job(1, "a", gpus=8)]
+    return run_plan(
+        snapshot([node(1), node(2)], quotas, pending, run, preemption_min_gain_seconds=gain)
+    )
+
+
+def test_a_victim_expected_to_end_within_the_minimum_gain_is_passed_over():
+    # Without a minimum gain the least work lost decides: job 10.
+    assert _victims(_reclaim_with_one_victim_expected_to_end_soon(0)) == [10]
+    # With 30 minutes, job 10 would be gone by then anyway: stopping it buys nothing, so
+    # the job that holds its GPUs for a day is reclaimed instead (before, the search took
+    # job 10, found it expected to end, and stopped nobody: job 1 waited a day).
+    result = _reclaim_with_one_victim_expected_to_end_soon(1800)
+    assert _victims(result) == [11]
+    assert result.pending[1].code == reasons.WAITING_FOR_PREEMPTION
+
+
+def test_no_preemption_when_every_victim_is_expected_to_end_within_the_minimum_gain():
+    quotas = [quota("a", 8), quota("b", 0, 16)]
+    run = [
+        dataclasses.replace(
+            running(10 + n, "b", gpu_ids(n + 1, *range(8)), borrowed=True, age=600, runtime=86400),
+            expected_runtime_seconds=1200 + 300 * n,
+        )
+        for n in range(2)
+    ]
+    pending = [job(1, "a", gpus=8)]
+    nodes = [node(1), node(2)]
+    gain = {"preemption_min_gain_seconds": 1800}
+    waits = run_plan(snapshot(nodes, quotas, pending, run, **gain))
+    assert waits.preemptions == []
+    assert waits.pending[1].code == reasons.WAITING_FOR_GPUS
+    # The decisions-only cycle (the simulator's) stops as early and decides the same.
+    quick = run_plan(snapshot(nodes, quotas, pending, run, decisions_only=True, **gain))
+    assert quick.preemptions == [] and quick.placements == []
+    # Once a job runs past its prediction it is no longer expected to end: it is a victim.
+    later = run_plan(snapshot(nodes, quotas, pending, run, now=NOW + 700, **gain))
+    assert _victims(later) == [10]
+
+
 def test_stopping_victims_are_not_preempted_again_and_wait_for_their_preemptor():
     quotas = [quota("a", 16), quota("b", 16)]
     nodes = [node(1), node(2)]

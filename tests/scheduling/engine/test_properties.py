@@ -28,6 +28,12 @@ CLASSES = [(10, "low"), (100, "normal"), (1000, "high")]
 WORKLOADS = ["training", "fine_tuning", "inference", "evaluation"]
 
 
+# Running jobs' runtime predictions (0: none; some jobs run past theirs) and minimum
+# preemption gains: a job expected to end within the gain is nobody's victim.
+PREDICTIONS = (0.0, 0.0, 900.0, 7200.0)
+GAINS = (0.0, 0.0, 1800.0)
+
+
 @st.composite
 def snapshots(draw) -> Snapshot:
     nodes = []
@@ -82,6 +88,7 @@ def snapshots(draw) -> Snapshot:
                     min_runtime_before_preemption=draw(st.sampled_from([0, 300])),
                     stopping=draw(st.booleans()) and draw(st.booleans()),
                     grace_seconds=draw(st.sampled_from([0, 30])),
+                    expected_runtime_seconds=draw(st.sampled_from(PREDICTIONS)),
                 )
             )
             del free[:size]
@@ -131,6 +138,7 @@ def snapshots(draw) -> Snapshot:
         preemption=draw(st.booleans()),
         fair_share=draw(st.booleans()),
         global_fifo=draw(st.integers(0, 5)) == 0,
+        preemption_min_gain_seconds=draw(st.sampled_from(GAINS)),
     )
 
 
@@ -180,6 +188,7 @@ def crowded_tenants(draw) -> Snapshot:
                     min_runtime_before_preemption=draw(st.sampled_from([0, 0, 300])),
                     stopping=draw(st.integers(0, 9)) == 0,
                     grace_seconds=draw(st.sampled_from([0, 30, 30])),
+                    expected_runtime_seconds=draw(st.sampled_from(PREDICTIONS)),
                 )
             )
             del free[:size]
@@ -215,6 +224,7 @@ def crowded_tenants(draw) -> Snapshot:
         pending=pending,
         backfill=draw(st.booleans()),
         fair_share=draw(st.booleans()),
+        preemption_min_gain_seconds=draw(st.sampled_from(GAINS)),
     )
 
 
