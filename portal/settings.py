@@ -399,6 +399,13 @@ if not 0 <= SLUICE_FAIR_SHARE_BAND < float("inf"):
 SLUICE_PREEMPTION_MIN_GAIN_SECONDS = env_int("SLUICE_PREEMPTION_MIN_GAIN_SECONDS", 0)
 if SLUICE_PREEMPTION_MIN_GAIN_SECONDS < 0:
     raise ImproperlyConfigured("SLUICE_PREEMPTION_MIN_GAIN_SECONDS must be 0 or more.")
+# - SLUICE_GANG_BORROWER_RESERVE_SECONDS (0: off): a borrower (beyond its tenant's
+#   guarantee) reserves no GPUs before its maximum wait; a job of several whole nodes
+#   that has waited this long reserves them like guaranteed work, instead of waiting for
+#   all its nodes to be idle at once (README, "Trace-driven simulator").
+SLUICE_GANG_BORROWER_RESERVE_SECONDS = env_int("SLUICE_GANG_BORROWER_RESERVE_SECONDS", 0)
+if SLUICE_GANG_BORROWER_RESERVE_SECONDS < 0:
+    raise ImproperlyConfigured("SLUICE_GANG_BORROWER_RESERVE_SECONDS must be 0 or more.")
 SLUICE_NODE_LOST_SECONDS = env_int("SLUICE_NODE_LOST_SECONDS", 60)
 SLUICE_STUCK_LAUNCH_SECONDS = env_int("SLUICE_STUCK_LAUNCH_SECONDS", 300)
 SLUICE_LOG_DIR = Path(env_str("SLUICE_LOG_DIR", str(VAR_DIR / "logs")))

@@ -752,6 +752,13 @@ class Planner:
         limit = job.max_wait_seconds if job.max_wait_seconds > 0 else snapshot.max_wait_seconds
         return limit > 0 and self.now - job.submitted_at >= limit
 
+    def _gang_waited_enough(self, job: PendingJob) -> bool:
+        """Whether a job of several nodes has waited long enough to reserve GPUs as a
+        borrower (``Snapshot.gang_borrower_reserve_seconds``; 0: never before its
+        maximum wait)."""
+        after = self.snapshot.gang_borrower_reserve_seconds
+        return job.nodes > 1 and after > 0 and self.now - job.submitted_at >= after
+
     def _own_start(self, job: PendingJob, options: list[Option]) -> float:
         """When the job would start with the holds in place: its kept reservation's
         start, else its earliest start now."""
@@ -926,10 +933,15 @@ class Planner:
             outcome = self._preempt(job, preemptors, runtime, slot)
             if outcome is not None:
                 return outcome
-        if slot is not None and not slot.releasing and self._overdue(job):
+        if (
+            slot is not None
+            and not slot.releasing
+            and (self._overdue(job) or self._gang_waited_enough(job))
+        ):
             # Past its maximum wait a borrower reserves GPUs like guaranteed work does:
             # otherwise smaller work keeps taking the idle GPUs it waits for, and a job
             # bigger than its guarantee would never find enough of them idle at once.
+            # A job of several whole nodes may reserve sooner (see Snapshot).
             if not slot.positions:
                 self._choose_positions(job, slot)
             reserved = self._reserve(job, slot, runtime)

@@ -285,6 +285,11 @@ class Snapshot:
     # it with its work since its last checkpoint and a second wait in the queue.
     # 0 (the default): any gain; the simulator's ``sluice-min-gain`` policy measures 2 h.
     preemption_min_gain_seconds: float = 0.0
+    # A borrower (beyond its tenant's guarantee) reserves no GPUs until its maximum wait:
+    # it borrows idle ones. A job that needs several whole nodes rarely finds them idle at
+    # once, so such a job reserves once it has waited this long (0: at its maximum wait
+    # only; see Planner._wait_to_borrow).
+    gang_borrower_reserve_seconds: float = 0.0
     # A caller that plans the same nodes cycle after cycle (the simulator) may hand the
     # same :class:`~.cluster.KeptCluster` to each: the cluster index is then reset
     # instead of built anew (same plan; the dispatch loop builds it every cycle).

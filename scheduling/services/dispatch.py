@@ -319,6 +319,7 @@ def order_settings() -> dict:
         "max_wait_seconds": float(settings.SLUICE_MAX_WAIT_SECONDS),
         "fair_share_band": float(settings.SLUICE_FAIR_SHARE_BAND),
         "preemption_min_gain_seconds": float(settings.SLUICE_PREEMPTION_MIN_GAIN_SECONDS),
+        "gang_borrower_reserve_seconds": float(settings.SLUICE_GANG_BORROWER_RESERVE_SECONDS),
     }
 
 

@@ -27,6 +27,8 @@ class Policy:
     fair_share_band: float | None = None
     # Preemption settings (see scheduling.engine.preemption); None: the engine's default.
     preemption_min_gain_seconds: float | None = None
+    # When a borrower of several whole nodes reserves GPUs (Snapshot); None: the default.
+    gang_borrower_reserve_seconds: float | None = None
 
     def order_knobs(self) -> dict:
         """The order and preemption settings to pass to a Snapshot (only those this
@@ -46,6 +48,7 @@ KNOBS = (
     "max_wait_seconds",
     "fair_share_band",
     "preemption_min_gain_seconds",
+    "gang_borrower_reserve_seconds",
 )
 
 POLICIES: dict[str, Policy] = {

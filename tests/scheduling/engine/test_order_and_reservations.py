@@ -218,3 +218,41 @@ def test_an_overdue_job_waiting_to_borrow_reserves_gpus():
     assert len(result.pending[1].reserved_gpu_ids) == 8
     assert result.pending[1].estimated_start == NOW + 600
     assert result.placements == []  # job 2 would run past job 1's start
+
+
+def test_a_borrower_of_several_nodes_reserves_once_it_has_waited_long_enough():
+    """Tenant b has no guarantee: its two-node job only borrows idle GPUs, and one GPU of
+    each node stays busy (until +50 min and +2 h). Before its maximum wait it reserved
+    nothing, so job 2 (three hours on four GPUs) took a node; with
+    ``gang_borrower_reserve_seconds`` it reserves both nodes once it has waited that long,
+    and job 2, which would run past that start, waits."""
+    nodes = [node(1, gpus=8), node(2, gpus=8)]
+    quotas = [quota("b", 0, 16), quota("c", 16)]
+    run = [
+        running(10, "c", gpu_ids(1, 0), preemptible=False, age=600, runtime=3600),
+        running(11, "c", gpu_ids(2, 0), preemptible=False, age=600, runtime=7800),
+    ]
+    gang = job(1, "b", gpus=8, nodes=2, cls="high", can_preempt=False, runtime=36000)
+    gang = dataclasses.replace(gang, submitted_at=NOW - 7200)  # waited 2 h
+    other = job(2, "c", gpus=4, runtime=3 * 3600)
+
+    def plan_after(seconds: float):
+        knobs = {"gang_borrower_reserve_seconds": seconds}
+        return run_plan(snapshot(nodes, quotas, [gang, other], run, **knobs))
+
+    for seconds in (0, 3 * 3600):  # off, or not waited long enough yet
+        result = plan_after(seconds)
+        assert result.pending[1].reserved_gpu_ids == ()
+        assert [p.job_id for p in result.placements] == [2]
+
+    result = plan_after(3600)
+    assert result.pending[1].code == reasons.WAITING_FOR_GPUS
+    assert len(result.pending[1].reserved_gpu_ids) == 16
+    assert result.pending[1].estimated_start == NOW + 7200
+    assert result.placements == []
+    assert result.pending[2].code == reasons.RESERVED_FOR_HIGHER_PRIORITY
+    # A one-node borrower is not affected: it waits for its maximum wait as before.
+    single = dataclasses.replace(gang, nodes=1)
+    knobs = {"gang_borrower_reserve_seconds": 3600}
+    result = run_plan(snapshot(nodes, quotas, [single, other], run, **knobs))
+    assert result.pending[1].reserved_gpu_ids == ()

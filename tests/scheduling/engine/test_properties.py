@@ -32,6 +32,8 @@ WORKLOADS = ["training", "fine_tuning", "inference", "evaluation"]
 # preemption gains: a job expected to end within the gain is nobody's victim.
 PREDICTIONS = (0.0, 0.0, 900.0, 7200.0)
 GAINS = (0.0, 0.0, 1800.0)
+# When a borrower of several nodes reserves (0: at its maximum wait only).
+GANG_RESERVES = (0.0, 0.0, 600.0)
 
 
 @st.composite
@@ -139,6 +141,7 @@ def snapshots(draw) -> Snapshot:
         fair_share=draw(st.booleans()),
         global_fifo=draw(st.integers(0, 5)) == 0,
         preemption_min_gain_seconds=draw(st.sampled_from(GAINS)),
+        gang_borrower_reserve_seconds=draw(st.sampled_from(GANG_RESERVES)),
     )
 
 
@@ -225,6 +228,7 @@ def crowded_tenants(draw) -> Snapshot:
         backfill=draw(st.booleans()),
         fair_share=draw(st.booleans()),
         preemption_min_gain_seconds=draw(st.sampled_from(GAINS)),
+        gang_borrower_reserve_seconds=draw(st.sampled_from(GANG_RESERVES)),
     )
 
 
