@@ -142,13 +142,15 @@ def _lost_since(
     return gpus * max(now - saved, 0.0)
 
 
-def _ending_soon(expected_end: float, now: float, grace: int, gain: float) -> bool:
-    """Whether a running job is expected to end (by its runtime prediction) after ``now``
-    and by the time stopping it now would free its GPUs plus the minimum ``gain``: waiting
-    for it is then about as fast as stopping it, so it is nobody's victim (a job without a
-    prediction, or already running past it, is not expected to end; without a minimum
-    gain every job may be a victim)."""
-    return gain > 0 and now < expected_end <= now + max(grace, 1) + gain
+def _ending_from(expected_end: float, grace: int, gain: float) -> float:
+    """From when a running job is expected to end (by its runtime prediction, at
+    ``expected_end``) within the minimum ``gain`` of a stop then (its grace): until
+    ``expected_end`` waiting for it is about as fast as stopping it, so it is nobody's
+    victim. INF without a minimum gain or a prediction (a job running past its
+    prediction is not expected to end either)."""
+    if gain <= 0 or expected_end == INF:
+        return INF
+    return expected_end - max(grace, 1) - gain
 
 
 class RunningRecord:
@@ -180,7 +182,8 @@ class RunningRecord:
         "checkpointed_at",
         "kept_by",
         "expected_end",
-        "ending",
+        "ending_from",
+        "_gain",
     )
 
     def __init__(
@@ -225,10 +228,12 @@ class RunningRecord:
         self.checkpoint_interval = job.checkpoint_interval
         self.checkpointed_at = job.checkpointed_at
         # Its end by its runtime prediction (none: never), and whether that comes within
-        # the minimum gain of a stop now: then it is nobody's victim (see _ending_soon).
+        # the minimum gain of a stop: from ending_from to expected_end it is nobody's
+        # victim (see _ending_from and ending).
         expected = job.expected_runtime_seconds
         self.expected_end = job.started_at + expected if expected > 0 else INF
-        self.ending = _ending_soon(self.expected_end, now, job.grace_seconds, gain)
+        self._gain = gain
+        self.ending_from = _ending_from(self.expected_end, job.grace_seconds, gain)
 
     def renew(self, now: float, account: Account, gain: float = 0.0) -> None:
         """Back to what a new record of the same running job at ``now`` would be (a
@@ -240,7 +245,9 @@ class RunningRecord:
             job = self.job
             self.seasoned = now - job.started_at >= job.min_runtime_before_preemption
         self.protected = now < self.until
-        self.ending = _ending_soon(self.expected_end, now, self.job.grace_seconds, gain)
+        if gain != self._gain:
+            self._gain = gain
+            self.ending_from = _ending_from(self.expected_end, self.job.grace_seconds, gain)
         self.account = account
         self._now = now
         self._lost = -1.0
@@ -258,6 +265,11 @@ class RunningRecord:
                 self._now,
             )
         return self._lost
+
+    @property
+    def ending(self) -> bool:
+        """Expected to end within the minimum gain of a stop now: nobody's victim."""
+        return self.ending_from <= self._now < self.expected_end
 
     @property
     def order_key(self) -> tuple:
