@@ -809,13 +809,22 @@ class Replay:
     def _index_ready(self, run: JobRun) -> None:
         """Enter the times from which the job just started may be stopped: once old
         enough (reclaimed then, and stopped for a higher class unless protected at its
-        preemption limit), and once its protection is over too."""
+        preemption limit), once its protection is over too, and, with a minimum gain,
+        once it runs past its runtime prediction."""
         record = run.running_record
         assert record is not None
         seasoned = record.started_at + record.min_runtime_before_preemption
         until = protected_until(record)
         entries = self.ready[run.job.pool]
-        for ready, protected in ((seasoned, seasoned < until), (max(seasoned, until), False)):
+        times = [(seasoned, seasoned < until), (max(seasoned, until), False)]
+        # With a minimum gain, a job expected to end within it is nobody's victim until
+        # it runs past its prediction (preemption._ending_soon).
+        expected = record.expected_runtime_seconds
+        if (self.policy.preemption_min_gain_seconds or 0) > 0 and expected > 0:
+            overrun = record.started_at + expected
+            if overrun > seasoned:
+                times.append((overrun, overrun < until))
+        for ready, protected in times:
             if ready < INF:
                 insort(entries, (ready, next(self._seq), run, run.epoch, protected))
 

@@ -122,7 +122,14 @@ class ScanningReplay(Replay):
             record = run_.running_record
             seasoned = record.started_at + record.min_runtime_before_preemption
             until = protected_until(record)
-            for ready, protected in ((seasoned, seasoned < until), (max(seasoned, until), False)):
+            times = [(seasoned, seasoned < until), (max(seasoned, until), False)]
+            expected = record.expected_runtime_seconds
+            if (self.policy.preemption_min_gain_seconds or 0) > 0 and expected > 0:
+                # Expected to end within the gain, it is no victim until it runs past that.
+                overrun = record.started_at + expected
+                if overrun > seasoned:
+                    times.append((overrun, overrun < until))
+            for ready, protected in times:
                 if now < ready < soonest and _may_stop(preemptors, record, protected):
                     soonest = ready
         if soonest == INF:
@@ -133,7 +140,7 @@ class ScanningReplay(Replay):
             self._push(soonest, WAKE, pool, 0)
 
 
-def _wakes(replay_class, scenario_, config):
+def _wakes(replay_class, scenario_, config, policy="sluice"):
     """(every job's runs, the wake-ups scheduled) of a replay."""
     wakes = []
 
@@ -143,7 +150,10 @@ def _wakes(replay_class, scenario_, config):
                 wakes.append(when)
             super()._push(when, kind, subject, epoch)
 
-    result = Logged(scenario_, POLICIES["sluice"], config).run()
+    chosen = POLICIES[policy]
+    if chosen.preemption_min_gain_seconds:  # 10 minutes: these jobs run under an hour
+        chosen = dataclasses.replace(chosen, preemption_min_gain_seconds=600.0)
+    result = Logged(scenario_, chosen, config).run()
     return [(run.job.id, run.attempts, run.preemptions) for run in result.runs], wakes
 
 
@@ -175,13 +185,18 @@ def _contended(max_preemptions: int, protection: int):
     return built
 
 
-@pytest.mark.parametrize(("max_preemptions", "protection"), [(0, 0), (1, 0), (1, 900)])
-def test_wake_ups_are_those_of_a_scan_of_every_running_job(max_preemptions, protection):
+@pytest.mark.parametrize(
+    ("max_preemptions", "protection", "policy"),
+    [(0, 0, "sluice"), (1, 0, "sluice"), (1, 900, "sluice"), (1, 0, "sluice-min-gain")],
+)
+def test_wake_ups_are_those_of_a_scan_of_every_running_job(max_preemptions, protection, policy):
+    """With a minimum gain (sluice-min-gain) a job expected to end within it becomes a
+    possible victim once it runs past its prediction: a wake-up then too."""
     scenario_ = _contended(max_preemptions, protection)
     config = SimConfig(checkpoint_interval=300)
 
-    indexed = _wakes(Replay, scenario_, config)
-    scanned = _wakes(ScanningReplay, scenario_, config)
+    indexed = _wakes(Replay, scenario_, config, policy)
+    scanned = _wakes(ScanningReplay, scenario_, config, policy)
 
     assert indexed == scanned
     assert len(indexed[1]) > 20  # wake-ups did happen
