@@ -813,18 +813,8 @@ class Replay:
         once it runs past its runtime prediction."""
         record = run.running_record
         assert record is not None
-        seasoned = record.started_at + record.min_runtime_before_preemption
-        until = protected_until(record)
         entries = self.ready[run.job.pool]
-        times = [(seasoned, seasoned < until), (max(seasoned, until), False)]
-        # With a minimum gain, a job expected to end within it is nobody's victim until
-        # it runs past its prediction (preemption._ending_soon).
-        expected = record.expected_runtime_seconds
-        if (self.policy.preemption_min_gain_seconds or 0) > 0 and expected > 0:
-            overrun = record.started_at + expected
-            if overrun > seasoned:
-                times.append((overrun, overrun < until))
-        for ready, protected in times:
+        for ready, protected in stoppable_times(record, self.policy):
             if ready < INF:
                 insort(entries, (ready, next(self._seq), run, run.epoch, protected))
 
@@ -897,6 +887,22 @@ def _may_stop(
         tenants = reclaimers[inference]
         return len(tenants) > 1 or (bool(tenants) and record.tenant not in tenants)
     return False
+
+
+def stoppable_times(record: RunningJob, policy: Policy) -> list[tuple[float, bool]]:
+    """The times from which a running job may become a victim, each with whether it is
+    protected then: once old enough, once its protection is over, and, with a minimum
+    gain, once it runs past its runtime prediction (until then it is expected to end
+    within the gain: nobody's victim, see preemption._ending_from)."""
+    seasoned = record.started_at + record.min_runtime_before_preemption
+    until = protected_until(record)
+    times = [(seasoned, seasoned < until), (max(seasoned, until), False)]
+    expected = record.expected_runtime_seconds
+    if (policy.preemption_min_gain_seconds or 0) > 0 and expected > 0:
+        overrun = record.started_at + expected
+        if overrun > seasoned:
+            times.append((overrun, overrun < until))
+    return times
 
 
 def _count_down(counts: dict, key) -> None:

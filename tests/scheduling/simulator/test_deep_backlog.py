@@ -12,11 +12,10 @@ from pathlib import Path
 import pytest
 
 from scheduling.engine import QuotaInfo
-from scheduling.engine.preemption import protected_until
 from scheduling.simulator import POLICIES, SimConfig, Trace, TraceJob, WorkloadSpec, build_scenario
 from scheduling.simulator.cli import add_arguments, run
 from scheduling.simulator.scenario import DEFAULT_POOL, ScenarioOptions, merge_pools
-from scheduling.simulator.simulation import INF, WAKE, Replay, _may_stop
+from scheduling.simulator.simulation import INF, WAKE, Replay, _may_stop, stoppable_times
 
 from .conftest import POOL, scenario, sim_job
 
@@ -120,16 +119,7 @@ class ScanningReplay(Replay):
             if run_.stopping:
                 continue
             record = run_.running_record
-            seasoned = record.started_at + record.min_runtime_before_preemption
-            until = protected_until(record)
-            times = [(seasoned, seasoned < until), (max(seasoned, until), False)]
-            expected = record.expected_runtime_seconds
-            if (self.policy.preemption_min_gain_seconds or 0) > 0 and expected > 0:
-                # Expected to end within the gain, it is no victim until it runs past that.
-                overrun = record.started_at + expected
-                if overrun > seasoned:
-                    times.append((overrun, overrun < until))
-            for ready, protected in times:
+            for ready, protected in stoppable_times(record, self.policy):
                 if now < ready < soonest and _may_stop(preemptors, record, protected):
                     soonest = ready
         if soonest == INF:
