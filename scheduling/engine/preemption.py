@@ -56,11 +56,14 @@ running job expected to end within the minimum gain of a stop now (its grace) is
 victim (``RunningRecord.ending``): the search looks past it for jobs whose stop does buy
 the gain. Until 2026-12-06 the search chose by cost alone (least work lost: often a job
 about to end) and then declined that set, so a preemptor could wait a day behind a
-borrower holding GPUs for that long while a job ending in minutes stood in the way. With 2 h and limits
-only, that replay waited 0.33 h on average instead of 0.38 h, re-waits included, with
-5,287 preemptions instead of 9,790; with 4 h and the predicted ends (the simulator's
-``sluice-min-gain`` policy since 2026-12-05 evening) 0.32 h with 1,810 preemptions, and
-jobs over 8 GPUs waited no longer than under FIFO (README, *One pool at 85 %*).
+borrower holding GPUs for that long while a job ending in minutes stood in the way.
+
+On the replay above, a 2 h gain with limits only waited 0.33 h on average instead of
+0.38 h, re-waits included, with 5,287 preemptions instead of 9,790; 4 h with the
+predicted ends (the simulator's ``sluice-min-gain`` policy since 2026-12-05 evening)
+0.32 h with 1,810 preemptions, and jobs over 8 GPUs waited no longer than under FIFO
+(README, *One pool at 85 %*; over three seeds, and with the victims filter, see the
+README's *Victims expected to end within the minimum gain, and three seeds*).
 
 On each node the victims are taken in the order borrowed first, lowest class,
 unprotected first, least work lost (GPUs x time since its last checkpoint, or its start:

@@ -283,7 +283,7 @@ class Snapshot:
     # only when that gets it running at least this much sooner than waiting for GPUs
     # being freed as running jobs end by their limits (an upper bound). A victim pays for
     # it with its work since its last checkpoint and a second wait in the queue.
-    # 0 (the default): any gain; the simulator's ``sluice-min-gain`` policy measures 2 h.
+    # 0 (the default): any gain; the simulator's ``sluice-min-gain`` policy uses 4 h.
     preemption_min_gain_seconds: float = 0.0
     # A borrower (beyond its tenant's guarantee) reserves no GPUs until its maximum wait:
     # it borrows idle ones. A job that needs several whole nodes rarely finds them idle at
