@@ -1203,9 +1203,12 @@ class Planner:
 
         Without backfill a job behind the pool's first blocked job starts after it (the
         pool's floor): stopping victims before then would cost their work for nothing,
-        so such a job preempts only if its victims are still stopping by then."""
+        so such a job preempts only if its victims are still stopping by then: where the
+        floor is past the longest grace of a stop now, no search is made."""
         floor = self._pool_floor.get(job.pool) if self._pool_floor else None
-        if floor == INF:
+        if floor is not None and (
+            floor == INF or (floor > self.now + self.longest_grace and not self.always_search)
+        ):
             return None
         gain = self.snapshot.preemption_min_gain_seconds
         if not job.can_preempt:
