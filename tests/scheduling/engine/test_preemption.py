@@ -544,10 +544,10 @@ def test_no_reclaim_for_a_guarantee_promised_to_an_earlier_job_of_the_tenant():
     assert result.pending[2].code != reasons.WAITING_FOR_PREEMPTION
 
 
-def test_without_backfill_nobody_preempts_for_a_job_behind_the_blocked_head():
-    """Without backfill job 2 cannot start before job 1 (blocked: it waits an hour for
-    node 1), so reclaiming b's borrowed GPU for it now would only cost b its work. With
-    backfill the same reclaim gets job 2 running in 30 s."""
+def job_behind_a_blocked_head():
+    """Job 1 (tenant c, 8 GPUs) waits an hour for node 1; job 2 (tenant a, one GPU of its
+    guarantee) comes after it and could reclaim b's borrowed job 21 on node 2 (job 22 is
+    too young to stop). Returns nodes, quotas, pending and running jobs."""
     nodes = [node(1), node(2)]
     quotas = [quota("a", 2), quota("b", 8, 8), quota("c", 8)]
     run = [
@@ -556,7 +556,14 @@ def test_without_backfill_nobody_preempts_for_a_job_behind_the_blocked_head():
         running(21, "b", gpu_ids(2, 1), borrowed=True, runtime=36000),
         running(22, "b", gpu_ids(2, *range(2, 8)), borrowed=True, age=10, min_runtime=300),
     ]
-    pending = [job(1, "c", gpus=8), job(2, "a")]
+    return nodes, quotas, [job(1, "c", gpus=8), job(2, "a")], run
+
+
+def test_without_backfill_nobody_preempts_for_a_job_behind_the_blocked_head():
+    """Without backfill job 2 cannot start before job 1 (blocked: it waits an hour for
+    node 1), so reclaiming b's borrowed GPU for it now would only cost b its work. With
+    backfill the same reclaim gets job 2 running in 30 s."""
+    nodes, quotas, pending, run = job_behind_a_blocked_head()
 
     strict = run_plan(
         snapshot(nodes, quotas, pending, run, backfill=False, fair_share=False, size_order=False)

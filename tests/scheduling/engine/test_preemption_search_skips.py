@@ -7,6 +7,7 @@ import dataclasses
 from engine_builders import NOW, gpu_ids, job, node, quota, running, snapshot
 from hypothesis import given
 from hypothesis import strategies as st
+from test_preemption import job_behind_a_blocked_head
 from test_properties import (
     FAST,
     Requeueing,
@@ -62,15 +63,7 @@ def test_no_search_behind_a_blocked_job_of_a_pool_without_backfill():
     """Without backfill job 2 starts after job 1, which is blocked until NOW + 3600: a
     victim stopped for job 2 now would be gone long before then, so no search is made for
     it (no victim heap for its size); searching anyway decides and explains the same."""
-    nodes = [node(1), node(2)]
-    quotas = [quota("a", 2), quota("b", 8, 8), quota("c", 8)]
-    run = [
-        running(10, "b", gpu_ids(1, *range(8)), age=0, min_runtime=300),
-        running(20, "a", gpu_ids(2, 0)),
-        running(21, "b", gpu_ids(2, 1), borrowed=True, runtime=36000),
-        running(22, "b", gpu_ids(2, *range(2, 8)), borrowed=True, age=10, min_runtime=300),
-    ]
-    pending = [job(1, "c", gpus=8), job(2, "a")]
+    nodes, quotas, pending, run = job_behind_a_blocked_head()
     snap = snapshot(nodes, quotas, pending, run, backfill=False, fair_share=False, size_order=False)
     results = []
     for always_search in (False, True):
