@@ -16,7 +16,8 @@ optimisation of the engine or the replay must leave it unchanged. ``--one-pool``
 the pools of any trace; ``--max-jobs N`` replays only the first N jobs by submit time
 (for profiling). ``--wait-reasons`` adds ``wait_by_size``: per size of job, its waits
 and the part of the average it carries, split by the reason the engine gave its jobs
-while they waited (``scheduling.simulator.metrics.wait_by_size``). ``--knob NAME=VALUE``
+while they waited (``scheduling.simulator.metrics.wait_by_size``), and ``wait_by_class``:
+the same per priority class, split by size (``wait_by_class``). ``--knob NAME=VALUE``
 sets an engine setting of every policy but FIFO (e.g.
 ``preemption_min_gain_seconds=3600``) and ``--workload FIELD=VALUE`` a field of the
 scenario's workload policy (e.g. ``min_runtime_before_preemption=1800``), to measure a
@@ -39,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from scheduling.engine import native  # noqa: E402
 from scheduling.simulator import DEFAULT_POLICIES, SimConfig, parse_policies  # noqa: E402
 from scheduling.simulator.cli import default_traces_dir  # noqa: E402
-from scheduling.simulator.metrics import summarize, wait_by_size  # noqa: E402
+from scheduling.simulator.metrics import summarize, wait_by_class, wait_by_size  # noqa: E402
 from scheduling.simulator.model import WorkloadSpec  # noqa: E402
 from scheduling.simulator.parallel import replay_split  # noqa: E402
 from scheduling.simulator.policies import KNOBS  # noqa: E402
@@ -119,7 +120,8 @@ def main() -> None:
     parser.add_argument(
         "--wait-reasons",
         action="store_true",
-        help="add wait_by_size: waits per job size, split by the engine's reasons",
+        help="add wait_by_size (waits per job size, split by the engine's reasons) and "
+        "wait_by_class (per priority class, split by size)",
     )
     parser.add_argument(
         "--knob",
@@ -212,6 +214,7 @@ def main() -> None:
         )
         if args.wait_reasons:
             line["wait_by_size"] = wait_by_size(result)
+            line["wait_by_class"] = wait_by_class(result)
         print(json.dumps(line), flush=True)
 
 

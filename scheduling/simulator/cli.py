@@ -17,7 +17,7 @@ from pathlib import Path
 from .parallel import replay_split
 from .policies import DEFAULT_POLICIES, parse_policies
 from .readers import ALIBABA_PODS, FRACTIONAL_MODES, TraceError, load_trace
-from .report import payload, size_table, table, write_chart, write_csv, write_json
+from .report import class_table, payload, size_table, table, write_chart, write_csv, write_json
 from .scenario import DEFAULT_TARGET_LOAD, ScenarioOptions, build_scenario
 from .simulation import ReplayStalled, SimConfig
 
@@ -156,6 +156,9 @@ def run(options: dict, write: Callable[[str], None] = print) -> list[dict]:
         write("")
         write("Waits by job size (of avg: the part of the average wait; mostly: its reasons)")
         write(size_table(data["policies"]))
+        write("")
+        write("Waits by priority class (of avg: the part of the average wait)")
+        write(class_table(data["policies"]))
     for failure in failures:
         write(f"not replayed: {failure}")
     _write_outputs(options, trace.name, data, summaries, write)

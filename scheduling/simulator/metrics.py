@@ -27,6 +27,9 @@ Definitions (the README repeats them):
   its jobs' average first wait and re-wait, and the part of the average wait its jobs
   carry, split by the reason the engine gave them while they waited when the replay
   recorded it (``SimConfig.wait_reasons``);
+- *waits by class* (:func:`wait_by_class`): the same per priority class (first wait,
+  re-wait, preemptions, and the part of the average wait its jobs carry, split by size),
+  the classes that carry most first: a class below others waits for what they leave;
 - *churn*: ``preempted_jobs`` preempted at least once, ``preempted_2_plus`` /
   ``preempted_5_plus`` at least twice / five times, ``max_preemptions`` the most
   preemptions of one job.
@@ -348,3 +351,37 @@ def wait_by_size(result: ReplayResult) -> dict[str, dict]:
             }
         figures[label] = entry
     return figures
+
+
+def wait_by_class(result: ReplayResult) -> dict[str, dict]:
+    """Per priority class, the classes whose jobs carry most of the average wait first:
+    ``jobs``, ``first_wait_h`` and ``rewait_h`` (averages over the class's started
+    jobs), ``preemptions`` (of its jobs), ``of_average_h`` (what its jobs add to the
+    replay's average wait, as in :func:`wait_by_size`) and ``by_size_h``: that part
+    split by size of job (:data:`SIZE_BUCKETS`, sizes without jobs of the class left
+    out)."""
+    runs = result.runs
+    started = [run for run in runs if run.first_start is not None]
+    per_job = HOUR * max(len(started), 1)
+    classes: dict[str, list[JobRun]] = defaultdict(list)
+    for run in runs:
+        classes[run.job.priority_class].append(run)
+    figures: dict[str, dict] = {}
+    for name, mine in classes.items():
+        ran = [run for run in mine if run.first_start is not None]
+        by_size: dict[str, float] = defaultdict(float)
+        for run in ran:
+            by_size[size_bucket(run.job.gpus)] += run.total_wait or 0.0
+        figures[name] = {
+            "jobs": len(mine),
+            "first_wait_h": round(_mean([run.first_wait or 0.0 for run in ran]) / HOUR, 3),
+            "rewait_h": round(_mean([run.rewait for run in ran]) / HOUR, 3),
+            "preemptions": sum(run.preemptions for run in mine),
+            "of_average_h": round(sum(by_size.values()) / per_job, 4),
+            "by_size_h": {
+                label: round(by_size[label] / per_job, 4)
+                for _, _, label in SIZE_BUCKETS
+                if label in by_size
+            },
+        }
+    return dict(sorted(figures.items(), key=lambda item: (-item[1]["of_average_h"], item[0])))

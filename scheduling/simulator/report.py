@@ -6,7 +6,7 @@ import csv
 import json
 from pathlib import Path
 
-from .metrics import per_tenant, summarize, timeline, wait_by_size
+from .metrics import per_tenant, summarize, timeline, wait_by_class, wait_by_size
 from .simulation import ReplayResult
 
 TABLE_COLUMNS = [
@@ -117,6 +117,31 @@ def size_table(entries: list[dict]) -> str:
     return _fixed_width(rows, text_last=True)
 
 
+def class_table(entries: list[dict]) -> str:
+    """Waits by priority class (``wait_by_class``), one line per policy and class: the
+    jobs, their average first wait and re-wait, their preemptions, what they add to the
+    average wait, and how that splits by job size."""
+    rows = [["policy", "class", "jobs", "1st wait", "re-wait", "preemptions", "of avg", "by GPUs"]]
+    for entry in entries:
+        for name, figures in entry["wait_by_class"].items():
+            rows.append(
+                [
+                    entry["summary"]["policy"],
+                    name,
+                    f"{figures['jobs']:,}",
+                    duration(figures["first_wait_h"] * 3600),
+                    duration(figures["rewait_h"] * 3600),
+                    f"{figures['preemptions']:,}",
+                    duration(figures["of_average_h"] * 3600),
+                    ", ".join(
+                        f"{size}: {duration(hours * 3600)}"
+                        for size, hours in figures["by_size_h"].items()
+                    ),
+                ]
+            )
+    return _fixed_width(rows, text_last=True)
+
+
 def _fixed_width(rows: list[list[str]], text_last: bool = False) -> str:
     """Rows as a fixed-width table: the first column left-aligned, the others right
     (``text_last``: the last one left too, free text), a rule under the heading."""
@@ -146,6 +171,7 @@ def payload(trace: str, results: list[ReplayResult], notes: list[str], settings:
                 "tenants": per_tenant(result),
                 "timeline": timeline(result),
                 "wait_by_size": wait_by_size(result),
+                "wait_by_class": wait_by_class(result),
             }
             for result in results
         ],

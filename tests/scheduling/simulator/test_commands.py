@@ -113,3 +113,14 @@ def test_simulate_with_wait_reasons_splits_the_waits_by_size(tmp_path):
     assert set(reasons) - {"UNPLANNED", "NOT_REACHED"}, reasons  # an engine reason
     rows = [line.split() for line in text.splitlines() if line.startswith("sluice ")]
     assert [row[1] for row in rows if row[1] in {"1", "2-4", "5-8"}] == ["1", "2-4", "5-8"]
+    assert "Waits by priority class" in text
+    by_class = json.loads((tmp_path / "sim" / "mine.json").read_text())["policies"][0][
+        "wait_by_class"
+    ]
+    assert sum(figures["jobs"] for figures in by_class.values()) == sum(
+        figures["jobs"] for figures in by_size.values()
+    )
+    for figures in by_class.values():
+        assert sum(figures["by_size_h"].values()) == pytest.approx(
+            figures["of_average_h"], abs=1e-3
+        )

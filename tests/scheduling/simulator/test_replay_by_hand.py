@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from scheduling.simulator import POLICIES, ClassSpec, SimConfig, replay
-from scheduling.simulator.metrics import summarize, wait_by_size
+from scheduling.simulator.metrics import summarize, wait_by_class, wait_by_size
 from scheduling.simulator.simulation import COMPLETED, Replay
 
 from .conftest import scenario, sim_job
@@ -118,6 +118,32 @@ def test_a_preempted_job_loses_the_work_since_its_checkpoint_and_is_requeued():
     assert [(start, end) for start, end, _ in low.attempts] == [(0, 705), (805, 1205)]
     assert low.finish == 1205 and low.outcome == COMPLETED
     assert summarize(result)["lost_gpu_hours"] == pytest.approx(4 * 105 / 3600)
+
+
+def test_waits_by_class_count_the_victims_rewait_against_its_class():
+    # The preemption above: H (high) waits 700-705 for L's grace; L (low) waits again
+    # 705-805 while H runs. Two started jobs: each second waited adds 1/2 s to the average.
+    jobs = [sim_job(1, 0, 1000, 4, cls="low"), sim_job(2, 700, 100, 4, cls="high")]
+    result = replay(
+        scenario(jobs), POLICIES["sluice"], SimConfig(dispatch_interval=0, checkpoint_interval=600)
+    )
+    by_class = wait_by_class(result)
+    per_job = 2 * 3600
+
+    assert list(by_class) == ["low", "high"]  # the class that carries most first
+    assert by_class["low"] == {
+        "jobs": 1,
+        "first_wait_h": 0.0,
+        "rewait_h": round(100 / 3600, 3),
+        "preemptions": 1,
+        "of_average_h": round(100 / per_job, 4),
+        "by_size_h": {"2-4": round(100 / per_job, 4)},
+    }
+    assert by_class["high"]["first_wait_h"] == round(5 / 3600, 3)
+    assert by_class["high"]["preemptions"] == 0
+    assert by_class["high"]["of_average_h"] == round(5 / per_job, 4)
+    total = sum(figures["of_average_h"] for figures in by_class.values())
+    assert total == pytest.approx(summarize(result)["wait_avg_s"] / 3600, abs=1e-4)
 
 
 def test_a_job_arriving_before_its_victim_may_be_preempted_preempts_it_when_it_may():
