@@ -21,7 +21,10 @@ the same per priority class, split by size (``wait_by_class``). ``--knob NAME=VA
 sets an engine setting of every policy but FIFO (e.g.
 ``preemption_min_gain_seconds=3600``) and ``--workload FIELD=VALUE`` a field of the
 scenario's workload policy (e.g. ``min_runtime_before_preemption=1800``), to measure a
-setting before making it a policy.
+setting before making it a policy. ``--seed 1,2,3`` replays the scenario drawn with each
+seed and ends with a ``summary`` line per policy: each figure per seed and its mean, and
+with ``fifo`` among the policies the ratio of FIFO's average wait to the policy's (a
+lever is judged on several seeds: one seed to the next moves a figure by up to a quarter).
 """
 
 from __future__ import annotations
@@ -115,7 +118,11 @@ def main() -> None:
     parser.add_argument("--one-pool", action="store_true", help="merge the trace's pools")
     parser.add_argument("--max-jobs", type=int, help="the first N jobs by submit time only")
     parser.add_argument(
-        "--seed", type=int, default=1, help="draws the tenants and classes the trace lacks"
+        "--seed",
+        type=parse_seeds,
+        default=[1],
+        help="draws the tenants and classes the trace lacks; several (1,2,3): one line per "
+        "seed and policy, then a summary line per policy (means over the seeds)",
     )
     parser.add_argument(
         "--wait-reasons",
@@ -146,8 +153,20 @@ def main() -> None:
     target = DEEP_TARGET_SECONDS if args.deep else TARGET_SECONDS
     loaded = time.perf_counter()
     trace = load_trace(args.trace, default_traces_dir(), cluster=cluster)
+    read = time.perf_counter() - loaded
+    lines = []
+    for seed in args.seed:
+        lines += replay_seed(args, trace, seed, read, knobs, one_pool, load, target)
+    if len(args.seed) > 1:
+        for summary in seed_summaries(lines):
+            print(json.dumps(summary), flush=True)
+
+
+def replay_seed(args, trace, seed, read, knobs, one_pool, load, target) -> list[dict]:
+    """Replay every policy on the scenario drawn with ``seed``; print and return the lines."""
+    loaded = time.perf_counter()
     options = ScenarioOptions(
-        target_load=load, one_pool=one_pool, max_jobs=args.max_jobs, seed=args.seed
+        target_load=load, one_pool=one_pool, max_jobs=args.max_jobs, seed=seed
     )
     scenario = build_scenario(trace, options)
     if args.workload:
@@ -155,12 +174,13 @@ def main() -> None:
         scenario.workloads = {
             name: replace(spec, **fields) for name, spec in scenario.workloads.items()
         }
-    setup = time.perf_counter() - loaded
+    setup = read + time.perf_counter() - loaded
     config = SimConfig(
         max_waiting_per_tenant=args.max_waiting_per_tenant,
         full_cycles=args.full_cycles,
         wait_reasons=args.wait_reasons,
     )
+    lines = []
     for policy in parse_policies(args.policy):
         if knobs and not policy.global_fifo:
             policy = replace(policy, **knobs)
@@ -173,7 +193,7 @@ def main() -> None:
             "engine": "compiled" if native.is_compiled() else "python",
             "max_waiting_per_tenant": args.max_waiting_per_tenant,
             "load": load,
-            "seed": args.seed,
+            "seed": seed,
             "full_cycles": args.full_cycles,
             "knobs": {name: getattr(policy, name) for name in KNOBS},
             "workload": asdict(scenario.workload("")),
@@ -185,6 +205,7 @@ def main() -> None:
         except ReplayStalled as error:
             line.update({"stalled": str(error), "ok": False})
             print(json.dumps(line), flush=True)
+            lines.append(line)
             continue
         summary = summarize(result)
         peak, mean = waiting_figures(result.series)
@@ -216,6 +237,50 @@ def main() -> None:
             line["wait_by_size"] = wait_by_size(result)
             line["wait_by_class"] = wait_by_class(result)
         print(json.dumps(line), flush=True)
+        lines.append(line)
+    return lines
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``--seed``: one seed or several, comma-separated."""
+    try:
+        seeds = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected seeds like 1 or 1,2,3") from None
+    if len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"{text!r}: a seed given twice")
+    return seeds
+
+
+SUMMED = ("wait_avg_h", "wait_first_avg_h", "wait_big_avg_h", "preemptions", "lost_share")
+
+
+def seed_summaries(lines: list[dict]) -> list[dict]:
+    """One line per policy over the seeds replayed: the seeds, each figure of
+    :data:`SUMMED` per seed and its mean, and with a ``fifo`` line for the same seeds,
+    ``vs_fifo``: FIFO's average wait over the policy's, per seed and for the means (a
+    lever is judged on several seeds: one seed to the next moves a figure by up to a
+    quarter). Replays that stalled are left out of their policy's figures."""
+    done = [line for line in lines if "stalled" not in line]
+    fifo = {line["seed"]: line["wait_avg_h"] for line in done if line["policy"] == "fifo"}
+    summaries = []
+    for policy in dict.fromkeys(line["policy"] for line in done):
+        mine = [line for line in done if line["policy"] == policy]
+        summary: dict = {"summary": policy, "seeds": [line["seed"] for line in mine]}
+        for key in SUMMED:
+            values = [line[key] for line in mine]
+            summary[key] = values
+            summary[f"{key}_mean"] = round(sum(values) / len(values), 4)
+        if policy != "fifo" and all(line["seed"] in fifo for line in mine):
+            summary["vs_fifo"] = [
+                round(fifo[line["seed"]] / line["wait_avg_h"], 2) if line["wait_avg_h"] else None
+                for line in mine
+            ]
+            mean_fifo = sum(fifo[line["seed"]] for line in mine) / len(mine)
+            wait = summary["wait_avg_h_mean"]
+            summary["vs_fifo_of_means"] = round(mean_fifo / wait, 2) if wait else None
+        summaries.append(summary)
+    return summaries
 
 
 if __name__ == "__main__":

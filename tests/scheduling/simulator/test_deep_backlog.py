@@ -103,6 +103,48 @@ def test_the_bench_reports_the_peak_and_the_time_weighted_mean_of_jobs_waiting()
     assert waiting_figures(([7.0], [3], [0])) == (3, 3.0)
 
 
+def _line(policy: str, seed: int, wait: float, **more) -> dict:
+    figures = {"wait_first_avg_h": wait, "wait_big_avg_h": 2 * wait, "preemptions": seed}
+    return {"policy": policy, "seed": seed, "wait_avg_h": wait, "lost_share": 0.0} | (
+        figures | more
+    )
+
+
+def test_the_bench_sums_up_several_seeds_per_policy():
+    bench = _bench()
+    lines = [
+        _line("fifo", 1, 2.0),
+        _line("sluice", 1, 0.2),
+        _line("fifo", 2, 3.0),
+        _line("sluice", 2, 0.5),
+        {"policy": "sluice-tuned", "seed": 2, "stalled": "a preemption storm", "ok": False},
+    ]
+
+    fifo, sluice = bench.seed_summaries(lines)  # the stalled replay is left out
+
+    assert fifo["summary"] == "fifo" and fifo["seeds"] == [1, 2]
+    assert fifo["wait_avg_h_mean"] == 2.5 and "vs_fifo" not in fifo
+    assert sluice["wait_avg_h"] == [0.2, 0.5]
+    assert sluice["wait_avg_h_mean"] == 0.35
+    assert sluice["wait_big_avg_h_mean"] == 0.7
+    assert sluice["preemptions"] == [1, 2] and sluice["preemptions_mean"] == 1.5
+    assert sluice["vs_fifo"] == [10.0, 6.0]
+    assert sluice["vs_fifo_of_means"] == round(2.5 / 0.35, 2)
+    # Without FIFO for every seed of a policy there is no ratio.
+    (alone,) = bench.seed_summaries([_line("sluice", 1, 0.2), _line("sluice", 2, 0.5)])
+    assert "vs_fifo" not in alone
+
+
+def test_the_bench_takes_one_seed_or_several():
+    parse_seeds = _bench().parse_seeds
+
+    assert parse_seeds("1") == [1]
+    assert parse_seeds("1,2,3") == [1, 2, 3]
+    for wrong in ("1,x", "", "2,2"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_seeds(wrong)
+
+
 # -- when to wake up for a preemption -------------------------------------------------------
 
 
