@@ -25,6 +25,7 @@ setting before making it a policy. ``--seed 1,2,3`` replays the scenario drawn w
 seed and ends with a ``summary`` line per policy: each figure per seed and its mean, and
 with ``fifo`` among the policies the ratio of FIFO's average wait to the policy's (a
 lever is judged on several seeds: one seed to the next moves a figure by up to a quarter).
+``--class-mix high=0.1,normal=0.9`` draws the classes of jobs without one with other weights.
 """
 
 from __future__ import annotations
@@ -49,9 +50,11 @@ from scheduling.simulator.parallel import replay_split  # noqa: E402
 from scheduling.simulator.policies import KNOBS  # noqa: E402
 from scheduling.simulator.readers import load_trace  # noqa: E402
 from scheduling.simulator.scenario import (  # noqa: E402
+    DEFAULT_CLASS_MIX,
     DEFAULT_TARGET_LOAD,
     ScenarioOptions,
     build_scenario,
+    parse_class_mix,
 )
 from scheduling.simulator.simulation import ReplayStalled  # noqa: E402
 
@@ -125,6 +128,12 @@ def main() -> None:
         "seed and policy, then a summary line per policy (means over the seeds)",
     )
     parser.add_argument(
+        "--class-mix",
+        type=class_mix,
+        default=DEFAULT_CLASS_MIX,
+        help="classes drawn for jobs without one, with weights (high=0.1,normal=0.7,low=0.2)",
+    )
+    parser.add_argument(
         "--wait-reasons",
         action="store_true",
         help="add wait_by_size (waits per job size, split by the engine's reasons) and "
@@ -166,7 +175,11 @@ def replay_seed(args, trace, seed, read, knobs, one_pool, load, target) -> list[
     """Replay every policy on the scenario drawn with ``seed``; print and return the lines."""
     loaded = time.perf_counter()
     options = ScenarioOptions(
-        target_load=load, one_pool=one_pool, max_jobs=args.max_jobs, seed=seed
+        target_load=load,
+        one_pool=one_pool,
+        max_jobs=args.max_jobs,
+        seed=seed,
+        class_mix=args.class_mix,
     )
     scenario = build_scenario(trace, options)
     if args.workload:
@@ -194,6 +207,7 @@ def replay_seed(args, trace, seed, read, knobs, one_pool, load, target) -> list[
             "max_waiting_per_tenant": args.max_waiting_per_tenant,
             "load": load,
             "seed": seed,
+            "class_mix": dict(args.class_mix),
             "full_cycles": args.full_cycles,
             "knobs": {name: getattr(policy, name) for name in KNOBS},
             "workload": asdict(scenario.workload("")),
@@ -239,6 +253,14 @@ def replay_seed(args, trace, seed, read, knobs, one_pool, load, target) -> list[
         print(json.dumps(line), flush=True)
         lines.append(line)
     return lines
+
+
+def class_mix(text: str) -> tuple[tuple[str, float], ...]:
+    """``--class-mix`` (:func:`~scheduling.simulator.scenario.parse_class_mix`)."""
+    try:
+        return parse_class_mix(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def parse_seeds(text: str) -> list[int]:

@@ -18,7 +18,7 @@ from .parallel import replay_split
 from .policies import DEFAULT_POLICIES, parse_policies
 from .readers import ALIBABA_PODS, FRACTIONAL_MODES, TraceError, load_trace
 from .report import class_table, payload, size_table, table, write_chart, write_csv, write_json
-from .scenario import DEFAULT_TARGET_LOAD, ScenarioOptions, build_scenario
+from .scenario import DEFAULT_TARGET_LOAD, ScenarioOptions, build_scenario, parse_class_mix
 from .simulation import ReplayStalled, SimConfig
 
 DAY = 86400
@@ -48,6 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser, *, out_dir: Path) -> None:
     add("--gpus-per-node", type=int, default=8)
     add("--tenants", type=int, default=4, help="tenants drawn for jobs that have none")
     add("--seed", type=int, default=1)
+    add(
+        "--class-mix",
+        help="classes drawn for jobs without one, with weights "
+        "(default high=0.1,normal=0.7,low=0.2)",
+    )
     add("--limit-factor", type=float, default=2.0, help="declared limit = duration x this")
     add("--limit-cap", type=float, default=7 * DAY, help="longest declared limit, seconds")
     add("--checkpoint-interval", type=float, default=1800.0, help="seconds (0: none)")
@@ -117,6 +122,7 @@ def run(options: dict, write: Callable[[str], None] = print) -> list[dict]:
             gpus_per_node=options["gpus_per_node"],
             tenants=options["tenants"],
             seed=options["seed"],
+            class_mix=parse_class_mix(options.get("class_mix")),
             limit_factor=options["limit_factor"],
             limit_cap=options["limit_cap"],
             max_jobs=options.get("max_jobs"),

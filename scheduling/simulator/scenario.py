@@ -15,9 +15,10 @@ Choices made here, all seeded and printed in the scenario's notes:
 - **Tenants** - jobs without one are given one of ``tenants`` tenants ``t1..tN`` drawn by
   a seeded RNG with Zipf-like weights 1, 1/2, 1/3, ... (a few big teams, a long tail).
 - **Classes** - jobs without one draw ``high`` / ``normal`` / ``low`` with the fractions
-  of ``class_mix`` (default 10 / 70 / 20 %). ``high`` may preempt; all three are
-  preemptible so that every job may borrow idle GPUs (DESIGN.md §6: non-preemptible work
-  must fit its guarantee).
+  of ``class_mix`` (default 10 / 70 / 20 %; ``--class-mix``, :func:`parse_class_mix`).
+  ``high`` may preempt; all three are preemptible so that every job may borrow idle GPUs
+  (DESIGN.md §6: non-preemptible work must fit its guarantee). The mix leaves the
+  tenants drawn as they are: each job draws both with the same RNG calls.
 - **Quotas** - unless given, each tenant is guaranteed in each pool its share of that
   pool's GPU-seconds (largest remainder, summing to the pool's GPUs) and may borrow up
   to the rest of the pool.
@@ -59,6 +60,35 @@ DEFAULT_CLASS_MIX = (("high", 0.10), ("normal", 0.70), ("low", 0.20))
 # A class named in a trace but unknown here runs at the level of "normal".
 UNKNOWN_CLASS_VALUE = 400
 DEFAULT_WORKLOADS = {"": WorkloadSpec(preemptible=True, grace_seconds=30)}
+
+
+def parse_class_mix(text: str | None) -> tuple[tuple[str, float], ...]:
+    """``--class-mix``: the classes drawn for jobs without one and their weights, as
+    ``high=0.1,normal=0.7,low=0.2`` (any of :data:`DEFAULT_CLASSES`, each once, weights
+    0 or more and not all 0; a class left out is never drawn). Empty: the default mix.
+    ValueError says what is wrong."""
+    if text is None or not text.strip():
+        return DEFAULT_CLASS_MIX
+    known = ", ".join(DEFAULT_CLASSES)
+    mix: list[tuple[str, float]] = []
+    for part in text.split(","):
+        name, sep, value = (piece.strip() for piece in part.partition("="))
+        if not sep or name not in DEFAULT_CLASSES:
+            raise ValueError(
+                f"--class-mix {text!r}: expected NAME=WEIGHT,... with NAME one of {known}"
+            )
+        if any(name == seen for seen, _ in mix):
+            raise ValueError(f"--class-mix {text!r}: {name} given twice")
+        try:
+            weight = float(value)
+        except ValueError:
+            raise ValueError(f"--class-mix {text!r}: {value!r} is not a number") from None
+        if not 0 <= weight < math.inf:
+            raise ValueError(f"--class-mix {text!r}: a weight is 0 or more ({name}={value})")
+        mix.append((name, weight))
+    if sum(weight for _, weight in mix) <= 0:
+        raise ValueError(f"--class-mix {text!r}: the weights add up to 0")
+    return tuple(mix)
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,6 +50,32 @@ def test_simulate_refuses_an_unknown_policy_or_trace(tmp_path):
         call_command("simulate", trace=str(tmp_path / "missing.csv"), out=tmp_path)
 
 
+def test_simulate_draws_the_classes_missing_with_the_mix_asked(tmp_path):
+    trace = tmp_path / "mine.csv"
+    trace.write_text(TRACE)  # job e has no class
+    out = io.StringIO()
+
+    call_command(
+        "simulate",
+        trace=str(trace),
+        policy="sluice",
+        class_mix="low=1",
+        out=tmp_path / "sim",
+        workers=1,
+        nodes=1,
+        stdout=out,
+    )
+
+    assert "classes: none in the trace; drawn: low 100%" in out.getvalue()
+    by_class = json.loads((tmp_path / "sim" / "mine.json").read_text())["policies"][0][
+        "wait_by_class"
+    ]
+    jobs = {name: figures["jobs"] for name, figures in by_class.items()}
+    assert jobs == {"normal": 2, "high": 1, "low": 2}  # d, and e drawn "low"
+    with pytest.raises(CommandError, match="'x' is not a number"):
+        call_command("simulate", trace=str(trace), class_mix="low=x", out=tmp_path / "sim")
+
+
 @pytest.mark.django_db
 def test_export_jobs_csv_writes_finished_jobs_in_the_trace_format(world, tmp_path):
     started = timezone.now() - timezone.timedelta(hours=2)

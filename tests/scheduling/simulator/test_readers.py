@@ -16,10 +16,12 @@ from scheduling.simulator.readers import (
     write_csv,
 )
 from scheduling.simulator.scenario import (
+    DEFAULT_CLASS_MIX,
     ScenarioOptions,
     build_scenario,
     declared_limit,
     job_shape,
+    parse_class_mix,
     size_pool,
 )
 
@@ -198,3 +200,45 @@ def test_scenario_draws_tenants_and_sizes_quotas_by_demand():
     assert {job.priority_class for job in scenario.jobs} == {"high", "normal", "low"}
     assert sum(quota.guaranteed for quota in scenario.quotas) == scenario.capacity
     assert any("nodes x 8 GPUs" in note for note in scenario.notes)
+
+
+def test_another_class_mix_draws_the_same_tenants():
+    jobs = [TraceJob(str(n), float(n), 100.0, 1) for n in range(300)]
+    usual = build_scenario(Trace("t", jobs), ScenarioOptions(tenants=3, seed=2))
+    mix = parse_class_mix("high=0.1, normal=0.9")
+    other = build_scenario(Trace("t", jobs), ScenarioOptions(tenants=3, seed=2, class_mix=mix))
+
+    assert [job.tenant for job in other.jobs] == [job.tenant for job in usual.jobs]
+    assert {job.priority_class for job in other.jobs} == {"high", "normal"}
+    assert any(
+        "classes: none in the trace; drawn: high 10%, normal 90%" in note for note in other.notes
+    )
+    # A job drawn "low" under the usual mix is "normal" now; the others keep their class.
+    for before, after in zip(usual.jobs, other.jobs, strict=True):
+        if before.priority_class != "low":
+            assert after.priority_class == before.priority_class
+
+
+def test_class_mix_reads_names_and_weights():
+    assert parse_class_mix(None) == DEFAULT_CLASS_MIX
+    assert parse_class_mix("") == DEFAULT_CLASS_MIX
+    assert parse_class_mix("normal=1") == (("normal", 1.0),)
+    assert parse_class_mix("low=0, high=2") == (("low", 0.0), ("high", 2.0))
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("normal", "expected NAME=WEIGHT"),
+        ("urgent=1", "NAME one of high, normal, low"),
+        ("high=x", "'x' is not a number"),
+        ("high=-1", "a weight is 0 or more"),
+        ("high=nan", "a weight is 0 or more"),
+        ("high=inf", "a weight is 0 or more"),
+        ("high=1,high=2", "high given twice"),
+        ("high=0,low=0", "the weights add up to 0"),
+    ],
+)
+def test_a_bad_class_mix_says_what_is_wrong(text, message):
+    with pytest.raises(ValueError, match=message):
+        parse_class_mix(text)
