@@ -54,6 +54,7 @@ from scheduling.simulator.scenario import (  # noqa: E402
     DEFAULT_TARGET_LOAD,
     ScenarioOptions,
     build_scenario,
+    format_class_mix,
     parse_class_mix,
 )
 from scheduling.simulator.simulation import ReplayStalled  # noqa: E402
@@ -131,7 +132,8 @@ def main() -> None:
         "--class-mix",
         type=class_mix,
         default=DEFAULT_CLASS_MIX,
-        help="classes drawn for jobs without one, with weights (high=0.1,normal=0.7,low=0.2)",
+        help="classes drawn for jobs without one, with weights "
+        f"(default {format_class_mix(DEFAULT_CLASS_MIX)})",
     )
     parser.add_argument(
         "--wait-reasons",

@@ -18,7 +18,14 @@ from .parallel import replay_split
 from .policies import DEFAULT_POLICIES, parse_policies
 from .readers import ALIBABA_PODS, FRACTIONAL_MODES, TraceError, load_trace
 from .report import class_table, payload, size_table, table, write_chart, write_csv, write_json
-from .scenario import DEFAULT_TARGET_LOAD, ScenarioOptions, build_scenario, parse_class_mix
+from .scenario import (
+    DEFAULT_CLASS_MIX,
+    DEFAULT_TARGET_LOAD,
+    ScenarioOptions,
+    build_scenario,
+    format_class_mix,
+    parse_class_mix,
+)
 from .simulation import ReplayStalled, SimConfig
 
 DAY = 86400
@@ -51,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser, *, out_dir: Path) -> None:
     add(
         "--class-mix",
         help="classes drawn for jobs without one, with weights "
-        "(default high=0.1,normal=0.7,low=0.2)",
+        f"(default {format_class_mix(DEFAULT_CLASS_MIX)})",
     )
     add("--limit-factor", type=float, default=2.0, help="declared limit = duration x this")
     add("--limit-cap", type=float, default=7 * DAY, help="longest declared limit, seconds")

@@ -311,6 +311,14 @@ def timeline(result: ReplayResult, buckets: int = 400) -> dict[str, list[float]]
 UNPLANNED = "UNPLANNED"
 
 
+def _first_and_rewait(ran: list[JobRun]) -> dict[str, float]:
+    """``first_wait_h`` and ``rewait_h``: averages over the started jobs ``ran``."""
+    return {
+        "first_wait_h": round(_mean([run.first_wait or 0.0 for run in ran]) / HOUR, 3),
+        "rewait_h": round(_mean([run.rewait for run in ran]) / HOUR, 3),
+    }
+
+
 def wait_by_size(result: ReplayResult) -> dict[str, dict]:
     """Per size of job (:data:`SIZE_BUCKETS`, by total GPUs): ``jobs``,
     ``gpu_hours_share`` (of all the jobs' GPU-hours), ``first_wait_h`` and ``rewait_h``
@@ -334,8 +342,7 @@ def wait_by_size(result: ReplayResult) -> dict[str, dict]:
             "gpu_hours_share": round(
                 sum(run.job.gpus * run.job.duration for run in mine) / total_gpu_seconds, 4
             ),
-            "first_wait_h": round(_mean([run.first_wait or 0.0 for run in ran]) / HOUR, 3),
-            "rewait_h": round(_mean([run.rewait for run in ran]) / HOUR, 3),
+            **_first_and_rewait(ran),
             "of_average_h": round(waited / per_job, 4),
         }
         if result.wait_reasons:
@@ -374,8 +381,7 @@ def wait_by_class(result: ReplayResult) -> dict[str, dict]:
             by_size[size_bucket(run.job.gpus)] += run.total_wait or 0.0
         figures[name] = {
             "jobs": len(mine),
-            "first_wait_h": round(_mean([run.first_wait or 0.0 for run in ran]) / HOUR, 3),
-            "rewait_h": round(_mean([run.rewait for run in ran]) / HOUR, 3),
+            **_first_and_rewait(ran),
             "preemptions": sum(run.preemptions for run in mine),
             "of_average_h": round(sum(by_size.values()) / per_job, 4),
             "by_size_h": {

@@ -62,6 +62,11 @@ UNKNOWN_CLASS_VALUE = 400
 DEFAULT_WORKLOADS = {"": WorkloadSpec(preemptible=True, grace_seconds=30)}
 
 
+def format_class_mix(mix: tuple[tuple[str, float], ...]) -> str:
+    """A class mix the way ``--class-mix`` reads it (``high=0.1,normal=0.7,low=0.2``)."""
+    return ",".join(f"{name}={weight:g}" for name, weight in mix)
+
+
 def parse_class_mix(text: str | None) -> tuple[tuple[str, float], ...]:
     """``--class-mix``: the classes drawn for jobs without one and their weights, as
     ``high=0.1,normal=0.7,low=0.2`` (any of :data:`DEFAULT_CLASSES`, each once, weights

@@ -20,6 +20,7 @@ from scheduling.simulator.scenario import (
     ScenarioOptions,
     build_scenario,
     declared_limit,
+    format_class_mix,
     job_shape,
     parse_class_mix,
     size_pool,
@@ -224,6 +225,7 @@ def test_class_mix_reads_names_and_weights():
     assert parse_class_mix("") == DEFAULT_CLASS_MIX
     assert parse_class_mix("normal=1") == (("normal", 1.0),)
     assert parse_class_mix("low=0, high=2") == (("low", 0.0), ("high", 2.0))
+    assert parse_class_mix(format_class_mix(DEFAULT_CLASS_MIX)) == DEFAULT_CLASS_MIX
 
 
 @pytest.mark.parametrize(
