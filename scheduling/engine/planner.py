@@ -325,7 +325,8 @@ class Planner:
         # Without backfill jobs start strictly in order, the pool's first blocked job
         # holding back everything behind it: GPUs held for a later job's old reservation
         # would only delay the jobs before it, the first blocked one, and with it the
-        # whole pool. A job still gets its old reservation back at its turn if free.
+        # whole pool. The first blocked job gets its old reservation back at its turn
+        # if free; it is the only one whose reservation is handed on (see _wait).
         self._hold_previous = self._has_previous and snapshot.backfill
         if snapshot.global_fifo and self._hold_previous:
             self._previous.hold_class(None)  # one queue: no class may ignore a hold
@@ -581,6 +582,19 @@ class Planner:
             if mine:
                 claimed = tuple(gpu_id for gpu_id in reserved if gpu_id in mine)
         queue_id, pool, job_id = job.queue_id, job.pool, job.id  # read once (uncompiled record)
+        if (
+            reserved
+            and self._pool_blocker
+            and self._pool_blocker.get(pool, job_id) != job_id
+            and job_id not in self._claimed_ids
+        ):
+            # Without backfill the jobs behind the pool's first blocked job start after
+            # it, so their reservations only make their estimates: they are not handed
+            # on to the next cycle, which plans them afresh (unless a preemption keeps
+            # GPUs for the job: those jobs are considered in every cycle until their
+            # turn, see .settled). That keeps a cycle that stops early behind the
+            # blocked job exactly like a full one, what it hands on included.
+            reserved = ()
         queue_position = self._queue_positions.get(queue_id, 0) + 1
         self._queue_positions[queue_id] = queue_position
         pool_position = self._pool_positions.get(pool, 0) + 1

@@ -27,7 +27,17 @@ The argument, for the jobs not considered yet (``Remaining``):
   the tenant is still inside its guarantee somewhere, counting its stopping jobs as gone
   (and the quota of jobs stopped for a remaining job, given back at its turn), or has a
   job whose class may preempt (it may stop lower jobs of its own first to get back inside
-  its guarantee, then reclaim). Training work never preempts inference.
+  its guarantee, then reclaim). Training work never preempts inference. A pool without
+  backfill whose blocked job starts (its *floor*) after the longest grace of a stop now,
+  or never, is left out: a job behind the floor preempts only for victims still
+  stopping when the floor comes (``Planner._preempt``), and a stop now is over by then.
+  Without backfill the cycle also goes on while a remaining job has GPUs kept for it by
+  an earlier preemption, or a pool with remaining jobs has no blocked job yet: without
+  backfill only the jobs up to a pool's blocked job and those with GPUs kept for them
+  hand a reservation on to the next cycle (``Planner._wait``), so a cycle that stops
+  early then hands on exactly what a full one does, and a replay of such cycles (which
+  drops the older reservations of the jobs a cycle did not reach) is a replay of full
+  cycles.
 
 While the remaining jobs place nothing and stop nothing, the cycle's state only gets
 tighter as they are considered (more GPUs and quota promised), so what holds now holds at
@@ -60,6 +70,7 @@ class Remaining:
     _preemptors: Counter[tuple[int, bool]]
     _tenants: Counter[str]
     _preempting: Counter[str]
+    _pools: Counter[str]
 
     __slots__ = (
         "_pending",
@@ -68,6 +79,7 @@ class Remaining:
         "_preemptors",
         "_tenants",
         "_preempting",
+        "_pools",
         "_summarized",
         "_jobs",
         "_by_gpus",
@@ -91,9 +103,10 @@ class Remaining:
         self._jobs: dict[str, list[PendingJob]] = {}  # tenant -> its jobs at the summary
         # tenant -> its remaining jobs that may preempt inference (not training-like)
         self._non_training: dict[str, int] = {}
-        # (tenant, node, node version, stamp) where the last check found room for a
-        # preemption, and whether the jobs considered since could not have changed that
-        self.witness: tuple[str, NodeSlot, tuple[int, int], tuple] | None = None
+        # (tenant, node, node version, stamp, the node's pool) where the last check found
+        # room for a preemption, and whether the jobs considered since could not have
+        # changed that
+        self.witness: tuple[str, NodeSlot, tuple[int, int], tuple, str] | None = None
         self._witness_kept = False
 
     def remove(self, job: PendingJob) -> None:
@@ -113,10 +126,12 @@ class Remaining:
                 self._preemptors[(job.priority, job.workload_type in TRAINING_WORKLOADS)] -= 1
                 self._preempting[job.tenant] -= 1
             self._tenants[job.tenant] -= 1
+            self._pools[job.pool] -= 1
 
-    def remember(self, tenant: str, slot: NodeSlot, stamp: tuple) -> None:
-        """The last check found room on ``slot`` for a remaining job of ``tenant``."""
-        self.witness = (tenant, slot, (slot.version, slot.marks), stamp)
+    def remember(self, tenant: str, slot: NodeSlot, stamp: tuple, pool: str) -> None:
+        """The last check found room on ``slot`` (of ``pool``) for a remaining job of
+        ``tenant``."""
+        self.witness = (tenant, slot, (slot.version, slot.marks), stamp, pool)
         self._witness_kept = True
 
     def forget(self) -> None:
@@ -134,7 +149,7 @@ class Remaining:
         witness = self.witness
         if not self._witness_kept or witness is None:
             return False
-        _, slot, version, known = witness
+        _, slot, version, known, _ = witness
         return (slot.version, slot.marks) == version and known == stamp
 
     def shortest_runtime(self) -> float:
@@ -160,6 +175,11 @@ class Remaining:
         """The remaining jobs per tenant."""
         self._summarize()
         return self._tenants
+
+    def pools(self) -> Counter[str]:
+        """The remaining jobs per pool."""
+        self._summarize()
+        return self._pools
 
     def fewest_gpus(self, tenant: str) -> int:
         """The fewest GPUs a remaining job of ``tenant`` needs (it has one left)."""
@@ -214,9 +234,11 @@ class Remaining:
         by_tenant: dict[str, list[PendingJob]] = {}
         preemptors: Counter[tuple[int, bool]] = Counter()
         preempting: Counter[str] = Counter()
+        pools: Counter[str] = Counter()
         for job in self._pending:
             if done and job.id in done:
                 continue
+            pools[job.pool] += 1
             group = by_tenant.get(job.tenant)
             if group is None:
                 by_tenant[job.tenant] = [job]
@@ -229,6 +251,7 @@ class Remaining:
         self._tenants = Counter({tenant: len(group) for tenant, group in self._jobs.items()})
         self._preemptors = preemptors
         self._preempting = preempting
+        self._pools = pools
 
 
 def _inside_guarantee(quota: Account, gpus: int, kept: dict[int, int], victims_gone: float) -> bool:
@@ -248,6 +271,15 @@ def _inside_guarantee(quota: Account, gpus: int, kept: dict[int, int], victims_g
 def nothing_more_can_happen(planner: Planner, remaining: Remaining) -> bool:
     """Whether no remaining job can start now or preempt (see the module doc)."""
     now = planner.now
+    if not planner.snapshot.backfill:
+        # Each job with GPUs kept for it, and each pool's blocked job, is considered
+        # (see the module doc).
+        if planner._claims:
+            return False
+        floors = planner._pool_floor
+        for pool, count in remaining.pools().items():
+            if count > 0 and pool not in floors:
+                return False
     # GPUs kept for a remaining job by an earlier preemption come back at its turn: idle
     # then if its victims are gone already, busy until they are otherwise.
     for claims in planner._claims.values():
@@ -289,20 +321,34 @@ def _victims_left(planner: Planner, remaining: Remaining) -> bool:
     The cycle asks before every job, so the (tenant, node) that answered yes is
     remembered (see :meth:`Remaining.remember`) and asked first."""
     room = None
+    closed = _closed_pools(planner)
     witness = remaining.witness
-    if witness is not None:
+    if witness is not None and witness[4] not in closed:
         if remaining.witness_holds(_stamp(planner)):
             return True
-        room = _Room(planner, remaining)
+        room = _Room(planner, remaining, closed)
         if room.has_room(witness[0], witness[1]):
-            remaining.remember(witness[0], witness[1], _stamp(planner))
+            remaining.remember(witness[0], witness[1], _stamp(planner), witness[4])
             return True
-    found = (room or _Room(planner, remaining)).find()
+    found = (room or _Room(planner, remaining, closed)).find()
     if found is None:
         remaining.forget()
         return False
-    remaining.remember(found[0], found[1], _stamp(planner))
+    remaining.remember(found[0], found[1], _stamp(planner), found[2])
     return True
+
+
+def _closed_pools(planner: Planner) -> set[str]:
+    """Pools without backfill where no remaining job can stop anyone: their blocked job
+    starts after the longest grace of a stop now, or never (see the module doc)."""
+    floors = planner._pool_floor
+    if not floors:
+        return _NONE_CLOSED
+    after = planner.now + planner.longest_grace
+    return {pool for pool, floor in floors.items() if floor > after}
+
+
+_NONE_CLOSED: Final[set[str]] = set()
 
 
 def _stamp(planner: Planner) -> tuple[int, int]:
@@ -323,11 +369,13 @@ class _Room:
         "_kept",
         "_reclaims",
         "_temporary",
+        "closed",
     )
 
-    def __init__(self, planner: Planner, remaining: Remaining) -> None:
+    def __init__(self, planner: Planner, remaining: Remaining, closed: set[str]) -> None:
         self.planner = planner
         self.remaining = remaining
+        self.closed = closed  # pools whose nodes no remaining job may preempt on
         self.now = planner.now
         # Per kind of victim (0: not inference, 1: inference), the highest class of a
         # remaining job that may preempt (training work never preempts inference).
@@ -436,8 +484,8 @@ class _Room:
         victims = self.victims(slot, reclaims)
         return bool(victims) and self.freed(slot, victims, tenant) >= need
 
-    def find(self) -> tuple[str, NodeSlot] | None:
-        """A (tenant, node) with room for a remaining job of the tenant, if any."""
+    def find(self) -> tuple[str, NodeSlot, str] | None:
+        """A (tenant, node, its pool) with room for a remaining job of the tenant, if any."""
         needs = {}
         for tenant in self.remaining.tenants():
             need = self.need(tenant)
@@ -447,12 +495,15 @@ class _Room:
             return None
         reclaims = [self.reclaims(tenant) for tenant in needs]
         anyone = (any(r[0] for r in reclaims), any(r[1] for r in reclaims))
+        closed = self.closed
         for slice_ in self.planner.slices.values():
+            if closed and slice_.pool in closed:
+                continue
             for slot in slice_.slots:
                 victims = self.victims(slot, anyone)
                 if not victims:
                     continue
                 for tenant, need in needs.items():
                     if need <= len(slot.gpu_ids) and self.freed(slot, victims, tenant) >= need:
-                        return tenant, slot
+                        return tenant, slot, slice_.pool
         return None

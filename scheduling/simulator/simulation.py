@@ -372,6 +372,9 @@ class Replay:
         self.preemption_budget = max(1000, int(self.config.max_preemptions * len(self.runs)))
         self.learner = RuntimeLearner()
         self.wait_reasons = WaitReasons() if self.config.wait_reasons else None
+        # Without backfill: per pool, the waiting jobs whose records carry a reservation
+        # handed on (see _keep_reservations).
+        self.handed_on: dict[str, dict[int, PendingJob]] = defaultdict(dict)
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -654,7 +657,7 @@ class Replay:
             return
         while True:
             selected, truncated = self._select(pool)
-            set_aside = self._apply(self._cycle(pool, now, selected), now)
+            set_aside = self._apply(self._cycle(pool, now, selected), now, pool)
             if not (set_aside and truncated and self.pending[pool]):
                 break  # a truncated FIFO cycle that set jobs aside looks further
         if self.policy.preemption and self.pending[pool]:
@@ -704,7 +707,7 @@ class Replay:
             self.wait_reasons.cycle(pool, now, snapshot, result)
         return result
 
-    def _apply(self, result: Plan, now: float) -> bool:
+    def _apply(self, result: Plan, now: float, pool: str) -> bool:
         """Start, preempt and set aside what the plan says; True if jobs were set aside."""
         for placement in result.placements:
             self._start(self.by_id[placement.job_id], placement, now)
@@ -722,7 +725,7 @@ class Replay:
             self._dequeue(run)
             run.outcome, run.code = UNSCHEDULABLE, code
         if self.config.keep_reservations:
-            self._keep_reservations(result.pending)
+            self._keep_reservations(result.pending, pool)
         return bool(hopeless)
 
     def _worth_a_cycle(self, pool: str, now: float) -> bool:
@@ -755,10 +758,17 @@ class Replay:
                 return True
         return False
 
-    def _keep_reservations(self, infos: dict[int, PendingInfo]) -> None:
+    def _keep_reservations(self, infos: dict[int, PendingInfo], pool: str) -> None:
         """Carry each waiting job's reservation into its record for the next cycle (the
-        engine keeps no reference to the records between cycles)."""
+        engine keeps no reference to the records between cycles).
+
+        Without backfill the engine hands on the reservation of each pool's first
+        blocked job only, and a cycle that stops early always considers that job (see
+        ``scheduling.engine.settled``): a reservation of an earlier cycle left on a job
+        the cycle did not reach is dropped, as a full cycle would have dropped it, so
+        that a decisions-only replay is exactly a replay of full cycles."""
         by_id = self.by_id
+        handed = None if self.policy.backfill else self.handed_on[pool]
         for job_id, info in infos.items():
             record = by_id[job_id].pending_record
             record.previous_position = info.pool_position
@@ -767,6 +777,16 @@ class Replay:
                 record.reserved_gpu_ids = reserved
                 record.reserved_start = info.estimated_start if reserved else None
                 record.claimed_gpu_ids = info.claimed_gpu_ids
+                if handed is not None:
+                    if reserved:
+                        handed[job_id] = record
+                    else:
+                        handed.pop(job_id, None)
+        if handed:
+            for job_id in [job_id for job_id in handed if job_id not in infos]:
+                record = handed.pop(job_id)
+                record.reserved_gpu_ids, record.reserved_start = (), None
+                record.claimed_gpu_ids = ()
 
     def _usage_for(self, pool: str) -> dict[str, float]:
         """Usage as the engine should see it when given ``pool`` only (see module doc)."""

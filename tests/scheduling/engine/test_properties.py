@@ -403,6 +403,25 @@ def test_a_decisions_only_plan_decides_as_a_full_one(snap):
 
 
 @FAST
+@given(st.one_of(snapshots(), crowded_tenants()), st.data())
+def test_without_backfill_a_decisions_only_plan_hands_on_what_a_full_one_does(snap, data):
+    """Without backfill the full plan hands on nothing (no reservation, no GPUs kept for
+    it) for a job the decisions-only plan did not reach, and the same as the
+    decisions-only plan for each job it did: the next cycle reads the same from both
+    (the replay drops older reservations of the jobs not reached)."""
+    snap = dataclasses.replace(snap, backfill=False)
+    hand_back_some_reservations(snap, data)
+    full = plan(snap)
+    fast = plan(dataclasses.replace(snap, decisions_only=True))
+    assert (fast.placements, fast.preemptions) == (full.placements, full.preemptions)
+    for job_id, info in full.pending.items():
+        if job_id in fast.pending:
+            assert fast.pending[job_id] == info
+        else:
+            assert (info.reserved_gpu_ids, info.claimed_gpu_ids) == ((), ())
+
+
+@FAST
 @given(st.one_of(snapshots(), crowded_tenants()))
 def test_decisions_only_cycles_after_preemptions(snap):
     """Through stops, claims and requeues, each decisions-only cycle decides as the full

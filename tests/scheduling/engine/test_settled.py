@@ -75,3 +75,46 @@ def test_a_job_that_may_preempt_its_own_jobs_first_may_then_reclaim():
     fast = plan(dataclasses.replace(snap, decisions_only=True))
     assert sorted(p.victim_id for p in full.preemptions) == [10, 11, 12]
     assert (fast.placements, fast.preemptions) == (full.placements, full.preemptions)
+
+
+def _a_blocked_pool_without_backfill(grace: int):
+    """Two nodes without backfill: b's job holds node 1 for another hour, c's low job
+    (its grace ``grace``) node 2 for a day, neither borrowed. Tenant d's high job 1 (the
+    shortest of its class: first) may stop nobody: it waits for node 1. Behind it, a's
+    high jobs could stop c's low job, and c's one-GPU jobs wait behind them."""
+    quotas = [quota("a", 8), quota("b", 8), quota("c", 8), quota("d", 8)]
+    run = [
+        running(10, "b", gpu_ids(1, *range(8)), preemptible=False, runtime=4200),
+        running(11, "c", gpu_ids(2, *range(8)), "low", runtime=86400, grace=grace),
+    ]
+    pending = [job(1, "d", gpus=8, cls="high", can_preempt=False)]
+    pending += [job(2 + n, "a", gpus=8, cls="high", runtime=7200) for n in range(3)]
+    pending += [job(100 + n, "c", gpus=1) for n in range(10)]
+    return snapshot([node(1), node(2)], quotas, pending, run, backfill=False)
+
+
+def test_without_backfill_a_cycle_stops_once_the_blocked_job_starts_after_any_stop():
+    """Job 1 waits an hour for node 1: nothing behind it starts before then, and a stop
+    now (30 s of grace) is over long before, so the high jobs behind it stop nobody. The
+    cycle stops after job 1, and only job 1 hands on a reservation."""
+    snap = _a_blocked_pool_without_backfill(grace=30)
+    full = run_plan(snap)
+    fast = plan(dataclasses.replace(snap, decisions_only=True))
+    assert (full.placements, full.preemptions) == ([], [])
+    assert (fast.placements, fast.preemptions) == ([], [])
+    assert set(fast.pending) == {1}
+    assert fast.skipped == 13
+    assert fast.pending[1] == full.pending[1]
+    assert [job_id for job_id, info in full.pending.items() if info.reserved_gpu_ids] == [1]
+
+
+def test_without_backfill_a_cycle_goes_on_while_a_stop_could_outlast_the_floor():
+    """The same, but c's job takes 90 minutes to stop: a high job behind job 1 may stop
+    it now for node 2, which it gets after the floor but before job 1 gives node 1 back,
+    so the cycle goes on to it."""
+    snap = _a_blocked_pool_without_backfill(grace=5400)
+    full = run_plan(snap)
+    fast = plan(dataclasses.replace(snap, decisions_only=True))
+    assert [p.victim_id for p in full.preemptions] == [11]
+    assert (fast.placements, fast.preemptions) == (full.placements, full.preemptions)
+    assert fast.skipped < 13

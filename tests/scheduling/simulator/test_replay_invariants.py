@@ -94,6 +94,37 @@ def test_decisions_only_cycles_decide_as_full_ones_all_through_a_replay(policy):
     assert checked.skipped > 0  # some cycles did stop early
 
 
+def _attempts(result):
+    return [(run.job.id, run.attempts, run.preemptions, run.outcome) for run in result.runs]
+
+
+@pytest.mark.parametrize("policy", ["fifo", "sluice-no-backfill"])
+def test_without_backfill_a_decisions_only_replay_is_a_replay_of_full_cycles(policy):
+    """Without backfill a cycle that stops early hands on what a full one hands on (the
+    blocked job's reservation, the GPUs kept for preemptors), and the replay drops the
+    older reservations of the jobs it did not reach: every start, GPU, end and
+    preemption is that of a replay in which every cycle considers every job."""
+    trace = busy_trace(count=400)
+    fast = CountingReplay(trace, POLICIES[policy], SimConfig(checkpoint_interval=300))
+    full = replay(trace, POLICIES[policy], SimConfig(checkpoint_interval=300, full_cycles=True))
+
+    assert _attempts(fast.run()) == _attempts(full)
+    if policy != "fifo":
+        assert sum(run.preemptions for run in full.runs) > 0
+        assert fast.skipped > 0  # cycles did stop early
+
+
+class CountingReplay(Replay):
+    """A replay that counts the jobs its cycles did not reach."""
+
+    skipped = 0
+
+    def _cycle(self, pool, now, selected):
+        result = super()._cycle(pool, now, selected)
+        self.skipped += result.skipped
+        return result
+
+
 def test_the_busy_trace_does_preempt_under_sluice():
     # Otherwise the test above would say nothing about requeues. Checkpoints as often as
     # the minimum runtime: with the engine as it stands a borrowed job can be placed
