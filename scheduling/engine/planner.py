@@ -28,6 +28,9 @@ Estimates are the reservation times, computed with one query per job: an upper b
 long as running jobs end by their limits, no more important work arrives, and the
 dispatch loop hands each reservation back to the next cycle (see :mod:`.reservations`;
 without that, every cycle plans afresh and greedy choices may move an estimate later).
+Without backfill (the simulator's FIFO and no-backfill policies; the dispatch loop always
+backfills) only the reservations of the jobs up to each pool's first blocked job are
+handed on (see :meth:`Planner._wait`): the estimates of the jobs behind it may move.
 """
 
 from __future__ import annotations
