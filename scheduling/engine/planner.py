@@ -328,8 +328,9 @@ class Planner:
         # Without backfill jobs start strictly in order, the pool's first blocked job
         # holding back everything behind it: GPUs held for a later job's old reservation
         # would only delay the jobs before it, the first blocked one, and with it the
-        # whole pool. The first blocked job gets its old reservation back at its turn
-        # if free; it is the only one whose reservation is handed on (see _wait).
+        # whole pool. A job still gets its old reservation back at its turn if free;
+        # only the jobs up to the pool's first blocked job (and those for which a
+        # preemption keeps GPUs) have one handed on (see _wait).
         self._hold_previous = self._has_previous and snapshot.backfill
         if snapshot.global_fifo and self._hold_previous:
             self._previous.hold_class(None)  # one queue: no class may ignore a hold

@@ -762,8 +762,9 @@ class Replay:
         """Carry each waiting job's reservation into its record for the next cycle (the
         engine keeps no reference to the records between cycles).
 
-        Without backfill the engine hands on the reservation of each pool's first
-        blocked job only, and a cycle that stops early always considers that job (see
+        Without backfill the engine hands on only the reservations of the jobs up to
+        each pool's first blocked job and of those for which a preemption keeps GPUs,
+        and a cycle that stops early always considers those jobs (see
         ``scheduling.engine.settled``): a reservation of an earlier cycle left on a job
         the cycle did not reach is dropped, as a full cycle would have dropped it, so
         that a decisions-only replay is exactly a replay of full cycles."""
