@@ -338,17 +338,17 @@ def _victims_left(planner: Planner, remaining: Remaining) -> bool:
     return True
 
 
-def _closed_pools(planner: Planner) -> set[str]:
+def _closed_pools(planner: Planner) -> frozenset[str]:
     """Pools without backfill where no remaining job can stop anyone: their blocked job
     starts after the longest grace of a stop now, or never (see the module doc)."""
     floors = planner._pool_floor
     if not floors:
         return _NONE_CLOSED
     after = planner.now + planner.longest_grace
-    return {pool for pool, floor in floors.items() if floor > after}
+    return frozenset([pool for pool, floor in floors.items() if floor > after])
 
 
-_NONE_CLOSED: Final[set[str]] = set()
+_NONE_CLOSED: Final[frozenset[str]] = frozenset()
 
 
 def _stamp(planner: Planner) -> tuple[int, int]:
@@ -372,7 +372,7 @@ class _Room:
         "closed",
     )
 
-    def __init__(self, planner: Planner, remaining: Remaining, closed: set[str]) -> None:
+    def __init__(self, planner: Planner, remaining: Remaining, closed: frozenset[str]) -> None:
         self.planner = planner
         self.remaining = remaining
         self.closed = closed  # pools whose nodes no remaining job may preempt on
