@@ -242,6 +242,7 @@ def replay_seed(args, trace, seed, read, knobs, one_pool, load, target) -> list[
                 "preemptions": summary["preemptions"],
                 "preempted_5_plus": summary["preempted_5_plus"],
                 "max_preemptions": summary["max_preemptions"],
+                "promotions": result.promotions,  # borrowers brought inside a guarantee
                 "lost_gpu_hours": round(summary["lost_gpu_hours"], 1),
                 "waiting_peak": peak,
                 "waiting_mean": round(mean, 1),

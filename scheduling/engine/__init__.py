@@ -11,6 +11,7 @@ guard()  # before any compiled module is imported: never a stale build (see .nat
 from . import reasons  # noqa: E402
 from .cluster import KeptCluster  # noqa: E402
 from .plan import PendingInfo, Placement, Plan, Preemption, plan  # noqa: E402
+from .quota import promotions  # noqa: E402
 from .snapshot import GpuInfo, NodeInfo, PendingJob, QueueInfo, QuotaInfo, RunningJob, Snapshot  # noqa: E402
 from .usage import decay_usage  # noqa: E402
 
@@ -29,5 +30,6 @@ __all__ = [
     "Snapshot",
     "decay_usage",
     "plan",
+    "promotions",
     "reasons",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final
 
-from .snapshot import QuotaInfo
+from .snapshot import QuotaInfo, RunningJob
 from .timeline import INF, UnitTimeline
 
 GUARANTEED: Final = "guaranteed"
@@ -262,3 +262,59 @@ class Quotas:
             self._accounts[key] = account
         self._resolved[(tenant, pool, model)] = account
         return account
+
+
+def promotions(running: Iterable[RunningJob], quotas: Iterable[QuotaInfo]) -> list[int]:
+    """The running jobs that borrowed GPUs when they started and now fit their tenant's
+    guarantee: those GPUs count against the guarantee from now on, so they are no
+    longer reclaimable (DESIGN.md §6: reclaim takes back what a tenant borrows beyond its
+    guarantee, never its guarantee).
+
+    A job is admitted as borrowed when its tenant's guarantee is used up at its start;
+    once the tenant's guaranteed jobs end, what it still runs may be within its
+    guarantee again. Left labelled borrowed, such a job stays a reclaim victim: another
+    tenant below its guarantee would stop it and leave its tenant below its own, which
+    may then reclaim in turn (churn). For each quota account (tenant, pool, GPU model;
+    model ``""`` for the pool's any-model quota, as :class:`Quotas` resolves it), the
+    GPUs of the running jobs not borrowed (stopping ones included: they hold theirs
+    until gone) are counted, then the borrowed jobs not stopping are taken oldest first
+    (start, then id) while they fit what is left of the guarantee (a later, smaller one
+    may fit where an older one does not). The callers record the change (the dispatch
+    loop on the jobs' allocations, the simulator on its records) and hand the jobs as
+    not borrowed from then on."""
+    guaranteed: dict[tuple[str, str, str], int] = {}
+    for quota in quotas:
+        guaranteed[(quota.tenant, quota.pool, quota.gpu_model)] = max(quota.guaranteed, 0)
+    held: dict[tuple[str, str, str], int] = {}
+    borrowers: dict[tuple[str, str, str], list[RunningJob]] = {}
+    for job in running:
+        key = (job.tenant, job.pool, job.gpu_model)
+        if key not in guaranteed:
+            key = (job.tenant, job.pool, "")
+        if not job.borrowed:
+            held[key] = held.get(key, 0) + len(job.gpu_ids)
+        elif not job.stopping:
+            borrowers.setdefault(key, []).append(job)
+    promoted: list[int] = []
+    for key, jobs in borrowers.items():
+        promoted.extend(fit_guarantee(jobs, guaranteed.get(key, 0) - held.get(key, 0)))
+    return promoted
+
+
+def fit_guarantee(borrowers: list[RunningJob], room: int) -> list[int]:
+    """The ids of the jobs among ``borrowers`` (borrowed, not stopping, of one quota
+    account) that ``room`` guaranteed GPUs take: oldest first (start, then id), each
+    while it fits what is left (see :func:`promotions`)."""
+    if room <= 0:
+        return []
+    promoted: list[int] = []
+    for job in sorted(borrowers, key=_started):
+        gpus = len(job.gpu_ids)
+        if gpus <= room:
+            promoted.append(job.id)
+            room -= gpus
+    return promoted
+
+
+def _started(job: RunningJob) -> tuple[float, int]:
+    return job.started_at, job.id

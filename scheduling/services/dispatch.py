@@ -10,7 +10,7 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from django.conf import settings
@@ -734,6 +734,41 @@ def dispatch_pace(sleep=time.sleep) -> float:
     return wait
 
 
+def _apply_promotions(loaded: Loaded, now: datetime) -> int:
+    """Jobs that borrowed GPUs when they started and now fit their tenant's guarantee
+    count against it from now on (``engine.promotions``): their allocations are no longer
+    borrowed (so no longer reclaimable), each job's timeline says so, and this cycle's
+    snapshot hands them as not borrowed. Returns how many."""
+    snapshot = loaded.snapshot
+    promoted = engine.promotions(snapshot.running, snapshot.quotas)
+    if not promoted:
+        return 0
+    ids = set(promoted)
+    Allocation.objects.filter(job_id__in=ids, released_at__isnull=True).update(borrowed=False)
+    running: list[engine.RunningJob] = []
+    events: list[JobEvent] = []
+    for job in snapshot.running:
+        if job.id in ids:
+            job = replace(job, borrowed=False)
+            gpus = len(job.gpu_ids)
+            events.append(
+                JobEvent(
+                    job_id=job.id,
+                    created_at=now,
+                    kind="guaranteed",
+                    message=(
+                        f"Its {gpus} borrowed GPU{'s' if gpus != 1 else ''} now count against "
+                        f"{job.tenant}'s guarantee in pool {job.pool}: no longer reclaimable."
+                    ),
+                    data={"gpus": gpus, "pool": job.pool, "gpu_model": job.gpu_model},
+                )
+            )
+        running.append(job)
+    snapshot.running = running
+    JobEvent.objects.bulk_create(events)
+    return len(promoted)
+
+
 def dispatch_cycle(now: datetime | None = None) -> dict:
     """One cycle. Returns figures for logs and benchmarks; ``skipped`` if another leader runs."""
     started = time.perf_counter()
@@ -747,6 +782,7 @@ def dispatch_cycle(now: datetime | None = None) -> dict:
                 return {"skipped": True}
             read_waiting = _waiting_to_read(started_monotonic)
             loaded = load_snapshot(now, pending_cache=LEADER_CACHE, read_waiting=read_waiting)
+            promoted = _apply_promotions(loaded, now)
             explain = _explain_now(loaded, started_monotonic)
             loaded.snapshot.decisions_only = not explain
             t_loaded = time.perf_counter()
@@ -786,6 +822,7 @@ def dispatch_cycle(now: datetime | None = None) -> dict:
         "read_waiting": read_waiting,
         "reached": len(plan.pending),
         "preempted": len(plan.preemptions),
+        "promoted": promoted,
         "pending_updated": updated,
         "pending_read_whole": LEADER_CACHE.whole_reads,
         "load_ms": round((t_loaded - started) * 1000, 1),

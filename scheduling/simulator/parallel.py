@@ -52,6 +52,7 @@ def merge(scenario: Scenario, policy: Policy, parts: list[ReplayResult]) -> Repl
         plan_seconds=sum(part.plan_seconds for part in parts),
         wall_seconds=0.0,
         wait_reasons=_sum_reasons([part.wait_reasons for part in parts]),
+        promotions=sum(part.promotions for part in parts),
     )
 
 

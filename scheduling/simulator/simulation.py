@@ -30,7 +30,7 @@ import time
 from bisect import bisect_left, bisect_right, insort
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from heapq import heappop, heappush
 from itertools import count, islice
 
@@ -44,9 +44,11 @@ from scheduling.engine import (
     Snapshot,
     decay_usage,
     plan,
+    promotions,
     reasons,
 )
 from scheduling.engine.preemption import INFERENCE_WORKLOAD, TRAINING_WORKLOADS, protected_until
+from scheduling.engine.quota import fit_guarantee
 from scheduling.runtime_rule import HISTORY_JOBS, predicted_seconds, ratio_statistic
 
 from .model import Scenario, SimJob
@@ -200,6 +202,8 @@ class ReplayResult:
     # (size bucket, reason code) -> job-seconds (``SimConfig.wait_reasons``; see
     # :class:`WaitReasons`), empty without it.
     wait_reasons: dict[tuple[str, str], float] = field(default_factory=dict)
+    # Borrowed running jobs brought inside their tenant's guarantee (engine.promotions).
+    promotions: int = 0
 
 
 # Jobs by total GPUs, for the wait reasons and the waits by size (metrics.wait_by_size).
@@ -352,6 +356,15 @@ class Replay:
         for quota in scenario.quotas:
             self.guaranteed_pool[(quota.tenant, quota.pool)] += max(quota.guaranteed, 0)
         self.caps = _quota_caps(scenario)
+        self.quotas_of: dict[tuple[str, str], list] = defaultdict(list)
+        for quota in scenario.quotas:
+            self.quotas_of[(quota.tenant, quota.pool)].append(quota)
+        # Per (tenant, pool): the GPUs its borrowed jobs hold (stopping ones included)
+        # and its borrowed jobs not stopping, which a release may bring inside its
+        # guarantee (_promote).
+        self.borrowed_gpus: dict[tuple[str, str], int] = defaultdict(int)
+        self.borrowers: dict[tuple[str, str], dict[int, JobRun]] = defaultdict(dict)
+        self.promotions = 0
         self.usage: dict[str, float] = {}
         self.usage_time = self.usage_origin = 0.0
         self.events: list = []
@@ -429,6 +442,7 @@ class Replay:
             plan_seconds=self.plan_seconds,
             wall_seconds=time.perf_counter() - started,
             wait_reasons={} if self.wait_reasons is None else dict(self.wait_reasons.seconds),
+            promotions=self.promotions,
         )
 
     def _screen(self) -> None:
@@ -567,6 +581,10 @@ class Replay:
         record.previous_position = 0
         run.gpu_ids = placement.gpu_ids
         run.borrowed = placement.borrowed
+        if run.borrowed:
+            key = (job.tenant, job.pool)
+            self.borrowed_gpus[key] += len(run.gpu_ids)
+            self.borrowers[key][job.id] = run
         run.attempt_start = now
         run.waits.append((run.pending_since, now))
         if run.first_start is None:
@@ -610,6 +628,8 @@ class Replay:
         if run.running_record is None or run.stopping:
             return
         run.stopping = True
+        if run.borrowed:
+            del self.borrowers[(run.job.tenant, run.job.pool)][run.job.id]
         run.running_record = self.builder.running_job(
             run.job,
             run.gpu_ids,
@@ -632,9 +652,41 @@ class Replay:
         del self.running[job.pool][job.id]
         del self.running_records[job.pool][job.id]
         self._hold(job, run.gpu_ids, +1)
+        key = (job.tenant, job.pool)
+        if run.borrowed:
+            self.borrowed_gpus[key] -= len(run.gpu_ids)
+            self.borrowers[key].pop(job.id, None)
         run.running_record = None
         run.gpu_ids = ()
         run.stopping = False
+        if self.borrowers.get(key):
+            self._promote(key)
+
+    def _promote(self, key: tuple[str, str]) -> None:
+        """A job of the tenant ``key`` names let go of GPUs in that pool: its borrowed
+        jobs that now fit its guarantee count against it from now on (the engine's
+        :func:`~scheduling.engine.promotions`, as the dispatch loop applies it), handed
+        to the engine as not borrowed: no longer reclaimable."""
+        tenant, pool = key
+        borrowers = self.borrowers[key]
+        cap = self.caps.get(key)
+        if cap is not None:  # one quota for any model: counted without a scan
+            held = self.in_use_pool[pool][tenant] - self.borrowed_gpus[key]
+            runs: Iterable[JobRun] = borrowers.values()
+            records = [run.running_record for run in runs if run.running_record is not None]
+            promoted = fit_guarantee(records, cap[0] - held)
+        else:
+            runs = (run for run in self.running[pool].values() if run.job.tenant == tenant)
+            records = [run.running_record for run in runs if run.running_record is not None]
+            promoted = promotions(records, self.quotas_of.get(key, []))
+        for job_id in promoted:
+            run = borrowers.pop(job_id)
+            run.borrowed = False
+            self.borrowed_gpus[key] -= len(run.gpu_ids)
+            assert run.running_record is not None
+            run.running_record = replace(run.running_record, borrowed=False)
+            self.running_records[pool][job_id] = run.running_record
+            self.promotions += 1
 
     # -- planning -------------------------------------------------------------------------
 

@@ -456,3 +456,62 @@ def test_minimum_gain_waits_for_a_borrower_its_history_says_ends_soon(
     else:
         assert stopping.count() == 1
         assert job.pending_reason_code == "WAITING_FOR_PREEMPTION"
+
+
+def test_borrowed_gpus_back_inside_the_guarantee_count_against_it(
+    world, django_capture_on_commit_callbacks
+):
+    # Vision fills both nodes, one job on its guarantee and one borrowed. Once the first
+    # ends, the borrowed one fits vision's guarantee: the next cycle counts it there (its
+    # allocations and the job's timeline say so), so it is no longer reclaimable.
+    others = _vision_fills_both_nodes(world, django_capture_on_commit_callbacks)
+    borrowed = {a.job_id for a in Allocation.objects.filter(job__in=others, borrowed=True)}
+    [lender] = [o for o in others if o.pk not in borrowed]
+    [borrower] = [o for o in others if o.pk in borrowed]
+    lender.refresh_from_db()
+    job_exited(
+        {
+            "type": "exited",
+            "node": lender.allocations.first().node.name,
+            "job_id": lender.pk,
+            "attempt": 0,
+            "exit_code": 0,
+            "signal": None,
+            "message": "",
+            "finished_at": timezone.now().timestamp(),
+        }
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        stats = dispatch_cycle()
+    assert stats["promoted"] == 1
+    assert not Allocation.objects.filter(job=borrower, borrowed=True).exists()
+    event = borrower.events.get(kind="guaranteed")
+    assert "8 borrowed GPUs now count against vision's guarantee in pool training" in event.message
+    loaded = dispatch.load_snapshot(timezone.now(), update_usage=False)
+    [record] = [r for r in loaded.snapshot.running if r.id == borrower.pk]
+    assert record.borrowed is False
+
+    # Vision borrows the free node again, at a higher class than the promoted job. nlp,
+    # inside its guarantee, reclaims: the borrowed job, not the promoted one (which, still
+    # labelled borrowed, would have been the victim: lower class).
+    higher = f.PriorityClassFactory(name="batch-plus", value=350, preemptible=True)
+    newer = f.JobFactory(
+        queue=world.other_queue,
+        project=world.other_project,
+        gpus_per_node=8,
+        base_priority_class=higher,
+        priority_class=higher,
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        dispatch_cycle()
+    _start_all([newer])
+    assert Allocation.objects.filter(job=newer, borrowed=True).count() == 8
+    mine = _job(world, gpus=8)
+    with django_capture_on_commit_callbacks(execute=True):
+        again = dispatch_cycle()
+    assert again["promoted"] == 0 and again["preempted"] == 1
+    newer.refresh_from_db()
+    borrower.refresh_from_db()
+    mine.refresh_from_db()
+    assert newer.state == JobState.STOPPING and borrower.state == JobState.RUNNING
+    assert mine.pending_reason_code == "WAITING_FOR_PREEMPTION"
