@@ -5,6 +5,7 @@ every victim would be gone): the cycles decide and explain as with every search 
 
 import dataclasses
 
+import pytest
 from engine_builders import NOW, gpu_ids, job, node, quota, running, snapshot
 from hypothesis import given
 from hypothesis import strategies as st
@@ -17,7 +18,7 @@ from test_properties import (
     snapshots,
 )
 
-from scheduling.engine import KeptCluster, reasons
+from scheduling.engine import KeptCluster, QueueInfo, reasons
 from scheduling.engine.planner import Planner
 
 
@@ -77,3 +78,48 @@ def test_no_search_behind_a_blocked_job_of_a_pool_without_backfill():
     assert shortcut.preemptions == plain.preemptions == []
     assert shortcut.pending == plain.pending
     assert shortcut.pending[2].estimated_start >= NOW + 3600
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known defect (found 2026-12-06 by test_skipped_searches_plan_as_made_ones): "
+    "without backfill, behind a blocked job whose reservation starts now, the shortcut "
+    "preempts where the full search does not",
+)
+def test_behind_a_blocked_job_reserved_now_the_shortcut_preempts_as_the_search_does():
+    """The falsifying example hypothesis found, as a fixed snapshot (no backfill): tenant
+    a's high job 2 (not preemptible) holds its old reservation of node 0 from now; a's
+    normal job 1 (may preempt, no limit) waits behind it; b's low job 1001 runs on node 1
+    for a day. With every search made job 1 waits for node 1 by its limit; with the
+    searches that cannot pay skipped, it preempts job 1001."""
+    quotas = [quota("a", 4, borrow=4), quota("b", 0)]
+    victim = running(1001, "b", gpu_ids(1, 0, 1, 2, 3), "low", age=11, runtime=86400, grace=0)
+    blocked = dataclasses.replace(
+        job(2, "a", gpus=4, cls="high", runtime=0, submitted=NOW),
+        reserved_gpu_ids=gpu_ids(0, 0, 1, 2, 3),
+        reserved_start=NOW + 1,
+        previous_position=1,
+    )
+    behind = dataclasses.replace(
+        job(1, "a", gpus=4, cls="normal", runtime=0, submitted=NOW, can_preempt=True),
+        previous_position=2,
+    )
+    later = job(1000, "a", gpus=4, cls="low", runtime=0, models=("H100",), submitted=NOW + 1)
+    nodes = [node(0, gpus=4), node(1, gpus=4)]
+    snap = snapshot(
+        nodes,
+        quotas,
+        [behind, blocked, dataclasses.replace(later, preemptible=False)],
+        [victim],
+        queues=[QueueInfo(1, "open", "a")],
+        usage={"a": 4.0, "b": 4.0},
+        now=NOW + 1,
+        backfill=False,
+        fair_share=False,
+    )
+    plans = []
+    for always_search in (False, True):
+        planner = Planner(snap)
+        planner.always_search = always_search
+        plans.append(planner.run())
+    assert plans[0].preemptions == plans[1].preemptions
