@@ -353,12 +353,11 @@ class Replay:
         self.in_use: dict[str, int] = defaultdict(int)
         self.in_use_pool: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self.guaranteed_pool: dict[tuple[str, str], int] = defaultdict(int)
-        for quota in scenario.quotas:
-            self.guaranteed_pool[(quota.tenant, quota.pool)] += max(quota.guaranteed, 0)
-        self.caps = _quota_caps(scenario)
         self.quotas_of: dict[tuple[str, str], list] = defaultdict(list)
         for quota in scenario.quotas:
+            self.guaranteed_pool[(quota.tenant, quota.pool)] += max(quota.guaranteed, 0)
             self.quotas_of[(quota.tenant, quota.pool)].append(quota)
+        self.caps = _quota_caps(scenario)
         # Per (tenant, pool): the GPUs its borrowed jobs hold (stopping ones included)
         # and its borrowed jobs not stopping, which a release may bring inside its
         # guarantee (_promote).
