@@ -403,7 +403,12 @@ class SliceIndex:
     def find_now(self, gpus: int, nodes: int, end: float) -> list[NodeSlot] | None:
         """Slots that can run ``nodes`` x ``gpus`` now until ``end`` without delaying a
         reservation; holes first (only short jobs fit there), then best-fit idle GPUs."""
-        if gpus > self.largest or end >= self._no_fit.get((gpus, nodes), INF):
+        if gpus > self.largest:
+            return None
+        # A search that failed for jobs ending at ``no_fit`` fails for those ending later
+        # (absent: none failed; an unlimited job ends at INF and may still fit now).
+        no_fit = self._no_fit.get((gpus, nodes))
+        if no_fit is not None and end >= no_fit:
             return None
         found = self._find_now(gpus, nodes, end)
         if found is None:
@@ -577,6 +582,8 @@ class SliceIndex:
         for pos in positions:
             slot.af[pos] = when
             slot.releasing[pos] = releasing
+        if when <= self.now:
+            self._no_fit.clear()  # idle now: a size that did not fit now may
         self.refresh(slot)
 
 

@@ -1265,6 +1265,8 @@ class Planner:
                 choice = self._victims.find(option.slice, preemptor)
             if choice is None:
                 self._hopeless.add(key)
+            elif not choice.victims:
+                continue  # idle GPUs enough: nothing to stop (a later search may be)
             elif best is None or choice.cost < best[0].cost:
                 best = (choice, option, preemptor)
         if best is None:

@@ -704,7 +704,8 @@ class VictimFinder:
         return heap, pushed
 
     def find(self, slice_: SliceIndex, preemptor: Preemptor) -> VictimChoice | None:
-        """The best victim set in ``slice_`` for the preemptor's job, or None."""
+        """The best victim set in ``slice_`` for the preemptor's job; None if there is
+        none; one without victims if the job needs none there (idle GPUs enough)."""
         job = preemptor.job
         exact = preemptor.rule(slice_, exact=True)
         own: list[RunningRecord] | None = None
@@ -728,7 +729,9 @@ class VictimFinder:
             for record in slot_victims:
                 victims.setdefault(record.job.id, record)
         if not victims:
-            return None  # enough idle GPUs after all: nothing to preempt
+            # Enough idle GPUs after all: nothing to preempt now. Not a failed search:
+            # those GPUs may be reserved later in the cycle, and victims needed then.
+            return VictimChoice((), [], [])
         # Per node at worst, as for one node; work lost over the whole set.
         cost = (
             *(max(item[0][i] for item in picked) for i in range(4)),
@@ -854,7 +857,7 @@ class VictimFinder:
             ordered = sorted(merged.values(), key=_order_key)
             cost, victims = _trim(ordered, slots, gpus, preemptor, now)
         if not victims:
-            return None
+            return VictimChoice((), [], [])  # nothing to preempt now (see find)
         return VictimChoice(cost, slots, victims)
 
     def _score(

@@ -505,6 +505,22 @@ def test_without_the_claim_the_requeued_victim_would_take_the_gpus_back():
     assert [p.job_id for p in after.placements] == [10]
 
 
+def test_claimed_gpus_idle_again_start_their_job_after_a_same_size_job_found_none():
+    # Job 1 (tenant b, 8 GPUs) comes first and finds no idle node: node 1 is claimed for
+    # job 2, whose victims have stopped. At job 2's turn the claimed GPUs are idle again
+    # and job 2 starts there. (Once, the slice remembered that 8 GPUs on one node did
+    # not fit now for jobs ending as late as job 1's, GPUs freed since or not: job 2 was
+    # told its GPUs were reserved for other jobs and lost its claim to job 1.)
+    quotas = [quota("a", 8), quota("b", 8)]
+    claimer = dataclasses.replace(job(2, "a", gpus=8), claimed_gpu_ids=gpu_ids(1, *range(8)))
+    first = job(1, "b", gpus=8)
+    result = run_plan(
+        snapshot([node(1)], quotas, [first, claimer], [], fair_share=False, size_order=False)
+    )
+    assert [(p.job_id, p.node_ids) for p in result.placements] == [(2, (1,))]
+    assert result.pending[1].code == reasons.WAITING_FOR_GPUS
+
+
 def test_a_stale_claim_on_busy_gpus_is_ignored():
     quotas = [quota("a", 8), quota("b", 8)]
     busy = running(11, "b", gpu_ids(1, *range(8)), "normal", runtime=LONG)

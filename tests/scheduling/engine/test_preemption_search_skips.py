@@ -5,7 +5,6 @@ every victim would be gone): the cycles decide and explain as with every search 
 
 import dataclasses
 
-import pytest
 from engine_builders import NOW, gpu_ids, job, node, quota, running, snapshot
 from hypothesis import given
 from hypothesis import strategies as st
@@ -80,18 +79,13 @@ def test_no_search_behind_a_blocked_job_of_a_pool_without_backfill():
     assert shortcut.pending[2].estimated_start >= NOW + 3600
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known defect (found 2026-12-06 by test_skipped_searches_plan_as_made_ones): "
-    "without backfill, behind a blocked job whose reservation starts now, the shortcut "
-    "preempts where the full search does not",
-)
 def test_behind_a_blocked_job_reserved_now_the_shortcut_preempts_as_the_search_does():
-    """The falsifying example hypothesis found, as a fixed snapshot (no backfill): tenant
-    a's high job 2 (not preemptible) holds its old reservation of node 0 from now; a's
-    normal job 1 (may preempt, no limit) waits behind it; b's low job 1001 runs on node 1
-    for a day. With every search made job 1 waits for node 1 by its limit; with the
-    searches that cannot pay skipped, it preempts job 1001."""
+    """The example hypothesis found (no backfill; every job without a runtime limit):
+    tenant a's high job 2 (not preemptible) had reserved node 0 from now; a's normal
+    job 1 (may preempt) comes behind it; b's low job 1001 runs on node 1 for a day.
+    Job 2 once never started (an unlimited job found no idle node) and searched for
+    victims in vain, which marked the search hopeless for job 1 with every search made,
+    not with the shortcut: now job 2 starts on node 0, and both ways plan alike."""
     quotas = [quota("a", 4, borrow=4), quota("b", 0)]
     victim = running(1001, "b", gpu_ids(1, 0, 1, 2, 3), "low", age=11, runtime=86400, grace=0)
     blocked = dataclasses.replace(
@@ -122,4 +116,38 @@ def test_behind_a_blocked_job_reserved_now_the_shortcut_preempts_as_the_search_d
         planner = Planner(snap)
         planner.always_search = always_search
         plans.append(planner.run())
-    assert plans[0].preemptions == plans[1].preemptions
+    shortcut, plain = plans
+    assert [p.job_id for p in shortcut.placements] == [p.job_id for p in plain.placements] == [2]
+    assert shortcut.preemptions == plain.preemptions
+    assert shortcut.pending == plain.pending
+
+
+def test_a_search_that_needed_no_victims_does_not_stop_a_later_one():
+    """Without backfill, job 1 (8 GPUs, may not preempt) is blocked until node 1's job 10 ends in 100 s,
+    and the jobs behind it start no sooner. Job 2 (one GPU, may preempt) finds node 2's
+    idle GPU enough: its search needs no victims, and that GPU is planned for it from
+    then. Job 3, of the same size, class and tenant, then needs a victim: b's job 21,
+    borrowed on node 2 (grace 600 s, a day to run), is reclaimed for it. A search that needed no victims is
+    no failed one (the same search could not be skipped for job 3 as hopeless)."""
+    nodes = [node(1), node(2)]
+    quotas = [quota("a", 8), quota("b", 0, 8), quota("c", 16)]
+    run = [
+        running(10, "c", gpu_ids(1, *range(8)), age=3500, runtime=3600),
+        running(21, "b", gpu_ids(2, *range(1, 8)), "low", borrowed=True, runtime=86400, grace=600),
+    ]
+    pending = [
+        job(1, "c", gpus=8, cls="high", can_preempt=False, submitted=NOW - 30),
+        job(2, "a", cls="high", submitted=NOW - 20),
+        job(3, "a", cls="high", submitted=NOW - 10),
+    ]
+    snap = snapshot(nodes, quotas, pending, run, backfill=False, fair_share=False, size_order=False)
+    for always_search in (False, True):
+        planner = Planner(snap)
+        planner.always_search = always_search
+        result = planner.run()
+        assert result.placements == []
+        assert result.pending[1].estimated_start == NOW + 100
+        assert result.pending[2].estimated_start == NOW + 100
+        assert [(p.victim_id, p.preemptor_id) for p in result.preemptions] == [(21, 3)]
+        assert result.pending[3].code == reasons.WAITING_FOR_PREEMPTION
+        assert result.pending[3].estimated_start == NOW + 600

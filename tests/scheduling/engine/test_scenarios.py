@@ -563,3 +563,19 @@ def test_scenario(scenario: Scenario) -> None:
             assert info.estimated_start is None
         else:
             assert info.estimated_start is not None and info.estimated_start >= NOW
+
+
+def test_a_job_without_a_runtime_limit_starts_on_idle_gpus():
+    """``max_runtime_seconds`` 0 means no limit: the job runs until it ends, on GPUs
+    free for good (it once found none: an unlimited job ends at infinity, which the
+    slice's "no fit from this end on" check took as already failed)."""
+    unlimited = job(1, "a", gpus=4, runtime=0)
+    snap = snapshot([node(0, gpus=4)], [quota("a", 4)], [unlimited])
+    result = run_plan(snap)
+    assert [(p.job_id, p.gpu_ids) for p in result.placements] == [(1, gpu_ids(0, 0, 1, 2, 3))]
+    # Behind a job that ends in an hour, it only gets the GPUs free for good.
+    nodes = [node(0, gpus=4), node(1, gpus=4)]
+    run = [running(10, "a", gpu_ids(0, 0, 1), age=0, runtime=3600)]
+    snap = snapshot(nodes, [quota("a", 8)], [job(1, "a", gpus=4, runtime=0)], run)
+    result = run_plan(snap)
+    assert [(p.job_id, p.node_ids) for p in result.placements] == [(1, (1,))]

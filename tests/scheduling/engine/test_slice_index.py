@@ -1,6 +1,7 @@
 """The query heaps of a slice (``SliceIndex``: lazy deletion, an entry pushed per change)
 answer ``earliest`` and ``find_now`` as a scan of its node slots would, through any
-sequence of reservations, starts and releases, for job sizes asked at any point."""
+sequence of reservations, starts and releases, for job sizes asked at any point, and
+for jobs with and without a runtime limit."""
 
 import math
 
@@ -99,8 +100,15 @@ def test_the_heaps_answer_as_a_scan(sizes, ops):
         else:
             assert found is not None
             assert (found[0], sorted(slot.idx for slot in found[1])) == expected
-        end_now = NOW + 3600 * runtime_h
-        if gpus <= slice_.largest:
-            now_found = slice_._find_now(gpus, nodes, end_now)
-            now_ids = sorted(slot.idx for slot in now_found) if now_found is not None else None
-            assert now_ids == _scan_find_now(slice_, gpus, nodes, end_now)
+        # Asked for a job that would end in runtime_h hours, or never (no runtime limit).
+        for end_now in (NOW + 3600 * runtime_h, math.inf):
+            expected_now = _scan_find_now(slice_, gpus, nodes, end_now)
+            if gpus <= slice_.largest:
+                now_found = slice_._find_now(gpus, nodes, end_now)
+                now_ids = sorted(slot.idx for slot in now_found) if now_found else None
+                assert now_ids == expected_now
+            # Through the cache of sizes known not to fit from some end on, too.
+            cached = slice_.find_now(gpus, nodes, end_now)
+            assert (None if cached is None else sorted(slot.idx for slot in cached)) == (
+                expected_now if gpus <= slice_.largest else None
+            )
