@@ -385,8 +385,12 @@ class Planner:
             )
         else:
             running = kept.update(self)
+            # Jobs stopping already are nobody's victims (as above): not counted.
             self.longest_grace = max(
-                [kept.longest_grace(), *(max(job.grace_seconds, 1) for job in running)]
+                [
+                    kept.longest_grace(),
+                    *(max(job.grace_seconds, 1) for job in running if not job.stopping),
+                ]
             )
         self._mark_running(running)
 

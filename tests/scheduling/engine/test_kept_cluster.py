@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from test_properties import FAST, Requeueing, crowded_tenants, snapshots
 
 from scheduling.engine import KeptCluster, plan
+from scheduling.engine.planner import Planner
 from scheduling.engine.preemption import RunningRecord, lost_work
 
 
@@ -44,6 +45,22 @@ def test_cycles_on_a_kept_index_plan_as_on_a_new_one(snap):
         sim.step()
         sim.next_event()
         sim.advance(sim.snap.now + pause)
+
+
+def test_a_stopping_job_s_grace_is_no_victim_s_on_a_kept_index():
+    """The longest grace of a stop now (how late victims stopped now are gone) counts the
+    jobs that may be stopped, not those stopping already, on a kept index as on a new
+    one. (Counted on a kept index, a stopping job's long grace kept a pool without
+    backfill open to preemptions that a new index knew could not happen: the two ended
+    a decisions-only cycle at different jobs, as hypothesis found.)"""
+    run = [
+        running(10, "a", gpu_ids(1, 0), grace=30),
+        running(11, "a", gpu_ids(1, 1), grace=600, stopping=True),
+    ]
+    snap = snapshot([node(1)], [quota("a", 8)], [job(1)], run)
+    fresh = Planner(snap)
+    kept = Planner(dataclasses.replace(snap, kept_cluster=KeptCluster()))
+    assert fresh.longest_grace == kept.longest_grace == 30
 
 
 def test_other_nodes_get_a_new_index():
