@@ -125,10 +125,10 @@ def api():
     return make
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dispatch_cache():
-    """The dispatch leader keeps the waiting jobs between cycles (pending_cache); each
-    test's rolled-back database reuses ids, so each test starts with an empty copy."""
+def reset_dispatch_state() -> None:
+    """The dispatch leader keeps the waiting jobs between cycles (pending_cache); a
+    rolled-back database reuses ids, so each test (or hypothesis example run in a
+    rolled-back savepoint) starts with an empty copy."""
     from django.core.cache import cache
 
     from scheduling.raise_impact import _PREVIEW_CACHE
@@ -141,9 +141,13 @@ def _fresh_dispatch_cache():
     # A test that records dispatch requests instead of sending them leaves the merged
     # request's flag set: the next test's requests would merge into a cycle never run.
     cache.delete_many([REPORTS_PROBE_KEY, WAITING_VERSION_KEY, DISPATCH_REQUESTED_KEY])
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dispatch_cache():
+    reset_dispatch_state()
     yield
-    LEADER_CACHE.clear()
-    _PREVIEW_CACHE.clear()
+    reset_dispatch_state()
 
 
 @pytest.fixture

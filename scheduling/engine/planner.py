@@ -52,7 +52,7 @@ from .preemption import (
     VictimFinder,
     at_preemption_limit,
 )
-from .quota import BORROWED, GUARANTEED, Account, Quotas
+from .quota import BORROWED, GUARANTEED, Account, PlacedJob, Quotas, placed_within_guarantee
 from .reservations import PreviousReservations
 from .results import _SET_PENDING, PendingInfo, Placement, Plan, Preemption
 from .settled import Remaining, nothing_more_can_happen
@@ -303,6 +303,9 @@ class Planner:
         self._message_cache: dict[tuple, str] = {}
         self._victims = VictimFinder(self.now)
         self._hopeless: set[tuple] = set()  # preemption searches known to fail
+        # The jobs placed (see _label_within_guarantee), and whether one borrowed.
+        self._placed: list[PlacedJob] = []
+        self._borrowed_placed = False
         # Victims stopped now are gone by now + their grace: this is the latest they can
         # be gone, and a preemptor whose quota is not due by then stops nobody (set by
         # _build_running).
@@ -483,8 +486,24 @@ class Planner:
         else:
             for job in self._order():
                 self._consider(job)
+        if self._borrowed_placed:
+            self._label_within_guarantee()
         self._break_cycles()
         return self.result
+
+    def _label_within_guarantee(self) -> None:
+        """Jobs placed as borrowed that fit their tenant's guarantee start on it (see
+        :func:`.quota.placed_within_guarantee`): labelled so, they are not reclaimable
+        from their first cycle on (the labels only matter from the next cycle: nothing
+        placed in this one is a victim in it)."""
+        inside = placed_within_guarantee(self.snapshot.running, self._placed, self.snapshot.quotas)
+        if not inside:
+            return
+        ids = set(inside)
+        self.result.placements = [
+            Placement(p.job_id, p.gpu_ids, p.node_ids, False, p.gpu_model) if p.job_id in ids else p
+            for p in self.result.placements
+        ]
 
     def _run_until_settled(self) -> None:
         """Consider jobs in order until none of those left could start or preempt.
@@ -804,6 +823,9 @@ class Planner:
             taken = option.slice.take_now(slot, job.gpus_per_node, end, wanted)
             gpu_ids.extend(slot.gpu_ids[pos] for pos in taken)
         option.account.start(job.gpus, end)
+        borrowed = mode == BORROWED
+        self._placed.append((job.id, job.tenant, job.pool, option.slice.model, job.gpus, borrowed))
+        self._borrowed_placed = self._borrowed_placed or borrowed
         self.running_gpus[job.tenant] += job.gpus
         if job.tenant in self._shares:
             self._shares[job.tenant] = self._share(job.tenant)
@@ -812,7 +834,7 @@ class Planner:
                 job_id=job.id,
                 gpu_ids=tuple(gpu_ids),
                 node_ids=tuple(slot.node_id for slot in chosen),
-                borrowed=mode == BORROWED,
+                borrowed=borrowed,
                 gpu_model=option.slice.model,
             )
         )

@@ -282,15 +282,11 @@ def promotions(running: Iterable[RunningJob], quotas: Iterable[QuotaInfo]) -> li
     may fit where an older one does not). The callers record the change (the dispatch
     loop on the jobs' allocations, the simulator on its records) and hand the jobs as
     not borrowed from then on."""
-    guaranteed: dict[tuple[str, str, str], int] = {}
-    for quota in quotas:
-        guaranteed[(quota.tenant, quota.pool, quota.gpu_model)] = max(quota.guaranteed, 0)
+    guaranteed = _guarantees(quotas)
     held: dict[tuple[str, str, str], int] = {}
     borrowers: dict[tuple[str, str, str], list[RunningJob]] = {}
     for job in running:
-        key = (job.tenant, job.pool, job.gpu_model)
-        if key not in guaranteed:
-            key = (job.tenant, job.pool, "")
+        key = _account_key(guaranteed, job.tenant, job.pool, job.gpu_model)
         if not job.borrowed:
             held[key] = held.get(key, 0) + len(job.gpu_ids)
         elif not job.stopping:
@@ -299,6 +295,74 @@ def promotions(running: Iterable[RunningJob], quotas: Iterable[QuotaInfo]) -> li
     for key, jobs in borrowers.items():
         promoted.extend(fit_guarantee(jobs, guaranteed.get(key, 0) - held.get(key, 0)))
     return promoted
+
+
+# A job placed in a cycle: (job id, tenant, pool, GPU model, GPUs, borrowed).
+PlacedJob = tuple[int, str, str, str, int, bool]
+
+
+def placed_within_guarantee(
+    running: Iterable[RunningJob], placed: list[PlacedJob], quotas: Iterable[QuotaInfo]
+) -> list[int]:
+    """The jobs placed as borrowed in a cycle that fit their tenant's guarantee: they
+    start on it, as :func:`promotions` would move them there at the next cycle.
+
+    Admission counts every GPU the tenant holds, borrowed ones included (DESIGN.md §6),
+    so a job that starts while its tenant runs a borrowed job too big for what is left
+    of the guarantee is admitted as borrowed although the guarantee has room for it.
+    Per quota account, the GPUs not borrowed (running, stopping, and placed in the
+    cycle as guaranteed) are counted, then the running borrowers (older) take what is
+    left as :func:`promotions` would, then the borrowed placements, by job id (they all
+    start now), each while it fits."""
+    guaranteed = _guarantees(quotas)
+    wanted: dict[tuple[str, str, str], list[PlacedJob]] = {}
+    held: dict[tuple[str, str, str], int] = {}
+    for item in placed:
+        key = _account_key(guaranteed, item[1], item[2], item[3])
+        if item[5]:
+            wanted.setdefault(key, []).append(item)
+        else:
+            held[key] = held.get(key, 0) + item[4]
+    if not wanted:
+        return []
+    borrowers: dict[tuple[str, str, str], list[RunningJob]] = {}
+    for job in running:
+        key = _account_key(guaranteed, job.tenant, job.pool, job.gpu_model)
+        if key not in wanted:
+            continue
+        if not job.borrowed:
+            held[key] = held.get(key, 0) + len(job.gpu_ids)
+        elif not job.stopping:
+            borrowers.setdefault(key, []).append(job)
+    labelled: list[int] = []
+    for key, items in wanted.items():
+        room = guaranteed.get(key, 0) - held.get(key, 0)
+        if room <= 0:
+            continue
+        older = borrowers.get(key)
+        if older:
+            taken = set(fit_guarantee(older, room))
+            room -= sum(len(job.gpu_ids) for job in older if job.id in taken)
+        for item in sorted(items):
+            if item[4] <= room:
+                labelled.append(item[0])
+                room -= item[4]
+    return labelled
+
+
+def _guarantees(quotas: Iterable[QuotaInfo]) -> dict[tuple[str, str, str], int]:
+    return {
+        (quota.tenant, quota.pool, quota.gpu_model): max(quota.guaranteed, 0) for quota in quotas
+    }
+
+
+def _account_key(
+    guaranteed: dict[tuple[str, str, str], int], tenant: str, pool: str, model: str
+) -> tuple[str, str, str]:
+    """The quota a job counts against: its GPU model's, else the pool's any-model one
+    (as :meth:`Quotas.account` resolves it)."""
+    key = (tenant, pool, model)
+    return key if key in guaranteed else (tenant, pool, "")
 
 
 def fit_guarantee(borrowers: list[RunningJob], room: int) -> list[int]:

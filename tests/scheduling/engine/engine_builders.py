@@ -192,8 +192,12 @@ def check_plan(snap: Snapshot, result: Plan) -> None:
     busy = {gpu for job in snap.running for gpu in job.gpu_ids}
     seen: set[int] = set()
     used: dict[tuple, int] = defaultdict(int)
+    on_guarantee: dict[tuple, int] = defaultdict(int)  # GPUs not borrowed
     for job in snap.running:
-        used[account_key(snap, job.tenant, job.pool, job.gpu_model)] += len(job.gpu_ids)
+        key = account_key(snap, job.tenant, job.pool, job.gpu_model)
+        used[key] += len(job.gpu_ids)
+        if not job.borrowed:
+            on_guarantee[key] += len(job.gpu_ids)
 
     placed = set()
     for placement in result.placements:
@@ -226,7 +230,10 @@ def check_plan(snap: Snapshot, result: Plan) -> None:
             assert used[key] + total <= guaranteed, "non-preemptible outside the guarantee"
             assert not placement.borrowed
         if not placement.borrowed:
-            assert used[key] + total <= guaranteed
+            # Admitted on the guarantee, or borrowed where the GPUs not borrowed leave
+            # the guarantee room for it (engine.quota.placed_within_guarantee).
+            assert on_guarantee[key] + total <= guaranteed
+            on_guarantee[key] += total
         else:
             assert used[key] + total > guaranteed
         used[key] += total

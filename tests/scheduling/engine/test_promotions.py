@@ -1,13 +1,14 @@
 """Borrowed GPUs that come back inside the tenant's guarantee count against it
-(``engine.promotions``): reclaim takes back only what a tenant borrows beyond its
-guarantee."""
+(``engine.promotions``), and a job placed as borrowed where the guarantee has room for it
+starts on it (``placed_within_guarantee``): reclaim takes back only what a tenant borrows
+beyond its guarantee."""
 
 import dataclasses
 
 from engine_builders import gpu_ids, job, node, quota, run_plan, running, snapshot
 
 from scheduling.engine import promotions
-from scheduling.engine.quota import fit_guarantee
+from scheduling.engine.quota import fit_guarantee, placed_within_guarantee
 
 LONG = 86400
 
@@ -100,3 +101,44 @@ def test_reclaim_then_takes_what_is_beyond_the_guarantee():
     run[1] = dataclasses.replace(run[1], borrowed=False)
     result = run_plan(snapshot([node(1), node(2)], quotas, [job(1, "b", gpus=8)], run))
     assert [(p.victim_id, p.reason) for p in result.preemptions] == [(10, "reclaim")]
+
+
+# -- jobs placed as borrowed where the guarantee has room start on it -------------------
+
+
+def test_a_job_placed_after_a_big_borrower_starts_on_the_guarantee():
+    # Tenant a (guarantee 8, borrowing 8) runs nothing. In one cycle its 1-GPU batch job
+    # starts on the guarantee (1 of 8), its 8-GPU job can only borrow (9 > 8), and then
+    # its 1-GPU low job is admitted beyond the guarantee too (10 GPUs held, borrowed ones
+    # included) though the guarantee has 7 GPUs left: it starts on the guarantee.
+    quotas = [quota("a", 8, borrow=8)]
+    pending = [
+        job(1, "a", gpus=1, cls="normal"),
+        job(2, "a", gpus=8, cls="normal"),
+        job(3, "a", gpus=1, cls="low"),
+    ]
+    result = run_plan(snapshot([node(1), node(2)], quotas, pending, size_order=True))
+    assert {p.job_id: p.borrowed for p in result.placements} == {1: False, 2: True, 3: False}
+
+
+def test_placed_within_guarantee_counts_what_holds_the_guarantee():
+    quotas = [quota("a", 8, borrow=8), quota("a", 4, pool="inference")]
+    # Running on a's guarantee: 4 GPUs; a running borrower of 2 GPUs fits what is left,
+    # and takes it first (older) as promotions() would.
+    run = [
+        running(10, "a", gpu_ids(1, 0, 1, 2, 3)),
+        running(11, "a", gpu_ids(1, 4, 5), borrowed=True),
+    ]
+    placed = [
+        (1, "a", "training", "H100", 1, False),  # on the guarantee: 5 of 8 held
+        (3, "a", "training", "H100", 2, True),  # 2 left after job 11: fits
+        (2, "a", "training", "H100", 1, True),  # by id, job 2 before job 3: fits
+        (4, "a", "inference", "H100", 4, True),  # another account, 4 left: fits
+        (5, "b", "training", "H100", 1, True),  # no quota for b: no guarantee
+    ]
+    assert placed_within_guarantee(run, placed, quotas) == [2, 4]
+    # The borrower of 2 stopping: it holds no share of the guarantee; then 3 are left.
+    stopping = [run[0], dataclasses.replace(run[1], stopping=True)]
+    assert placed_within_guarantee(stopping, placed, quotas) == [2, 3, 4]
+    # Nothing placed as borrowed: nothing to look at.
+    assert placed_within_guarantee(run, [placed[0]], quotas) == []
