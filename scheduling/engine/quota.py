@@ -284,13 +284,7 @@ def promotions(running: Iterable[RunningJob], quotas: Iterable[QuotaInfo]) -> li
     not borrowed from then on."""
     guaranteed = _guarantees(quotas)
     held: dict[tuple[str, str, str], int] = {}
-    borrowers: dict[tuple[str, str, str], list[RunningJob]] = {}
-    for job in running:
-        key = _account_key(guaranteed, job.tenant, job.pool, job.gpu_model)
-        if not job.borrowed:
-            held[key] = held.get(key, 0) + len(job.gpu_ids)
-        elif not job.stopping:
-            borrowers.setdefault(key, []).append(job)
+    borrowers = _count_running(running, guaranteed, held, None)
     promoted: list[int] = []
     for key, jobs in borrowers.items():
         promoted.extend(fit_guarantee(jobs, guaranteed.get(key, 0) - held.get(key, 0)))
@@ -325,15 +319,7 @@ def placed_within_guarantee(
             held[key] = held.get(key, 0) + item[4]
     if not wanted:
         return []
-    borrowers: dict[tuple[str, str, str], list[RunningJob]] = {}
-    for job in running:
-        key = _account_key(guaranteed, job.tenant, job.pool, job.gpu_model)
-        if key not in wanted:
-            continue
-        if not job.borrowed:
-            held[key] = held.get(key, 0) + len(job.gpu_ids)
-        elif not job.stopping:
-            borrowers.setdefault(key, []).append(job)
+    borrowers = _count_running(running, guaranteed, held, wanted)
     labelled: list[int] = []
     for key, items in wanted.items():
         room = guaranteed.get(key, 0) - held.get(key, 0)
@@ -348,6 +334,27 @@ def placed_within_guarantee(
                 labelled.append(item[0])
                 room -= item[4]
     return labelled
+
+
+def _count_running(
+    running: Iterable[RunningJob],
+    guaranteed: dict[tuple[str, str, str], int],
+    held: dict[tuple[str, str, str], int],
+    accounts: dict | None,
+) -> dict[tuple[str, str, str], list[RunningJob]]:
+    """Add the GPUs of the running jobs not borrowed (stopping ones included) to ``held``
+    per quota account, and return the borrowed jobs not stopping per account (only the
+    accounts in ``accounts``, unless None)."""
+    borrowers: dict[tuple[str, str, str], list[RunningJob]] = {}
+    for job in running:
+        key = _account_key(guaranteed, job.tenant, job.pool, job.gpu_model)
+        if accounts is not None and key not in accounts:
+            continue
+        if not job.borrowed:
+            held[key] = held.get(key, 0) + len(job.gpu_ids)
+        elif not job.stopping:
+            borrowers.setdefault(key, []).append(job)
+    return borrowers
 
 
 def _guarantees(quotas: Iterable[QuotaInfo]) -> dict[tuple[str, str, str], int]:
