@@ -7,6 +7,7 @@ a missing browser is a failure.
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,63 @@ def _flush_past_the_audit_guard():
 
     with flushes_past_the_audit_guard():
         yield
+
+
+class _Connections:
+    """The live server's connections being served (one thread each, a keep-alive
+    connection's requests included), counted so that a test's database is only emptied
+    once none is left: a request still running its view while the flush truncates the
+    tables can deadlock with it on PostgreSQL (seen in CI: an htmx preview request of the
+    submit form in flight at the end of a test)."""
+
+    def __init__(self, httpd) -> None:
+        self.count = 0
+        self.changed = threading.Condition()
+        accept, serve = httpd.process_request, httpd.process_request_thread
+
+        def process_request(request, client_address) -> None:
+            with self.changed:
+                self.count += 1
+            try:
+                accept(request, client_address)  # starts the thread that serves it
+            except BaseException:
+                self._done()
+                raise
+
+        def process_request_thread(request, client_address) -> None:
+            try:
+                serve(request, client_address)
+            finally:
+                self._done()
+
+        httpd.process_request = process_request
+        httpd.process_request_thread = process_request_thread
+
+    def _done(self) -> None:
+        with self.changed:
+            self.count -= 1
+            self.changed.notify_all()
+
+    def wait_until_none(self, timeout: float) -> bool:
+        with self.changed:
+            return self.changed.wait_for(lambda: self.count <= 0, timeout)
+
+
+@pytest.fixture(autouse=True)
+def _no_request_left_at_the_flush(request):
+    """For a test on the live server: set up after its database (so torn down before the
+    flush) and after its pages are closed, wait (up to 10 s) until the server serves no
+    connection any more."""
+    if "live_server" not in request.fixturenames:
+        yield
+        return
+    request.getfixturevalue("transactional_db")
+    httpd = request.getfixturevalue("live_server").thread.httpd
+    connections = getattr(httpd, "sluice_connections", None)
+    if connections is None:
+        connections = httpd.sluice_connections = _Connections(httpd)
+    yield
+    connections.wait_until_none(timeout=10.0)
 
 
 # Every page reports Content-Security-Policy violations to the console, where the fixture
