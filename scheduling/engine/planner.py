@@ -303,9 +303,7 @@ class Planner:
         self._message_cache: dict[tuple, str] = {}
         self._victims = VictimFinder(self.now)
         self._hopeless: set[tuple] = set()  # preemption searches known to fail
-        # The jobs placed (see _label_within_guarantee), and whether one borrowed.
-        self._placed: list[PlacedJob] = []
-        self._borrowed_placed = False
+        self._placed: list[PlacedJob] = []  # see _label_within_guarantee
         # Victims stopped now are gone by now + their grace: this is the latest they can
         # be gone, and a preemptor whose quota is not due by then stops nobody (set by
         # _build_running).
@@ -486,7 +484,7 @@ class Planner:
         else:
             for job in self._order():
                 self._consider(job)
-        if self._borrowed_placed:
+        if self._placed:
             self._label_within_guarantee()
         self._break_cycles()
         return self.result
@@ -825,7 +823,6 @@ class Planner:
         option.account.start(job.gpus, end)
         borrowed = mode == BORROWED
         self._placed.append((job.id, job.tenant, job.pool, option.slice.model, job.gpus, borrowed))
-        self._borrowed_placed = self._borrowed_placed or borrowed
         self.running_gpus[job.tenant] += job.gpus
         if job.tenant in self._shares:
             self._shares[job.tenant] = self._share(job.tenant)

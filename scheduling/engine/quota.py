@@ -308,6 +308,8 @@ def placed_within_guarantee(
     cycle as guaranteed) are counted, then the running borrowers (older) take what is
     left as :func:`promotions` would, then the borrowed placements, by job id (they all
     start now), each while it fits."""
+    if not any(item[5] for item in placed):
+        return []  # nothing placed as borrowed (most cycles)
     guaranteed = _guarantees(quotas)
     wanted: dict[tuple[str, str, str], list[PlacedJob]] = {}
     held: dict[tuple[str, str, str], int] = {}

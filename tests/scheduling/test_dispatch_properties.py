@@ -12,8 +12,7 @@ end, stopped victims report their exit and are requeued. After every cycle:
   and a job placed where the guarantee has room starts on it,
   ``engine.quota.placed_within_guarantee``);
 - every waiting job has a reason, and the pool positions of the pending jobs are 1..N;
-- a job stopped for a preemptor is never stopped again, and no job is stopped more often
-  than its workload policy allows (3).
+- no job is preempted more often than its workload policy allows (3).
 """
 
 import os
