@@ -406,6 +406,15 @@ if SLUICE_PREEMPTION_MIN_GAIN_SECONDS < 0:
 SLUICE_GANG_BORROWER_RESERVE_SECONDS = env_int("SLUICE_GANG_BORROWER_RESERVE_SECONDS", 0)
 if SLUICE_GANG_BORROWER_RESERVE_SECONDS < 0:
     raise ImproperlyConfigured("SLUICE_GANG_BORROWER_RESERVE_SECONDS must be 0 or more.")
+# - SLUICE_CLASS_AGING_SECONDS (0: off): a job whose priority class may not preempt, once
+#   it has waited this long since its submission, is ordered with the next class up
+#   among the waiting jobs, unless that class may preempt (low-class work that has waited
+#   competes with normal work by size and share; it gains no preemption rights). 3600
+#   measured best on the ITP trace (README, "Class aging"); off by default, because it
+#   changes what a class promises to the platform team's users.
+SLUICE_CLASS_AGING_SECONDS = env_int("SLUICE_CLASS_AGING_SECONDS", 0)
+if SLUICE_CLASS_AGING_SECONDS < 0:
+    raise ImproperlyConfigured("SLUICE_CLASS_AGING_SECONDS must be 0 or more.")
 SLUICE_NODE_LOST_SECONDS = env_int("SLUICE_NODE_LOST_SECONDS", 60)
 SLUICE_STUCK_LAUNCH_SECONDS = env_int("SLUICE_STUCK_LAUNCH_SECONDS", 300)
 SLUICE_LOG_DIR = Path(env_str("SLUICE_LOG_DIR", str(VAR_DIR / "logs")))

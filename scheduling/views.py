@@ -38,7 +38,7 @@ from .forms import (
     RaiseStepForm,
     pretty_json,
 )
-from .models import Allocation, WorkloadPolicy
+from .models import Allocation, PriorityClass, WorkloadPolicy
 from .positions import positions_attach
 from .raise_impact import raise_impacts
 from .runtime_prediction import predict_runtime
@@ -266,6 +266,7 @@ def _order_explanation(job, policy, now) -> dict:
     # The engine counts a job's wait for the max wait from its submission.
     front_at = job.submitted_at + timedelta(seconds=max_wait)
     return {
+        **_class_aging(job, now),
         "size_order": settings.SLUICE_SIZE_ORDER,
         "halving_seconds": settings.SLUICE_SIZE_HALVING_SECONDS,
         "fair_share_band": settings.SLUICE_FAIR_SHARE_BAND,
@@ -273,6 +274,26 @@ def _order_explanation(job, policy, now) -> dict:
         "max_wait_seconds": max_wait,
         "front_at": front_at,
         "front_reached": front_at <= now,
+    }
+
+
+def _class_aging(job, now) -> dict:
+    """What class aging (SLUICE_CLASS_AGING_SECONDS, engine.order.age_classes) does for
+    the job: the class it is ordered with once it has waited long enough (the next class
+    up, when that one may not preempt: the engine takes the next one with jobs waiting),
+    or why it does not move. Nothing for a class that may preempt, or with aging off."""
+    aging = settings.SLUICE_CLASS_AGING_SECONDS
+    own = job.priority_class
+    if aging <= 0 or own.can_preempt:
+        return {"class_aging_seconds": 0}
+    above = PriorityClass.objects.filter(value__gt=own.value).order_by("value").first()
+    aged_at = job.submitted_at + timedelta(seconds=aging)
+    return {
+        "class_aging_seconds": aging,
+        "ages_into": above if above is not None and not above.can_preempt else None,
+        "class_above": above,
+        "aged_at": aged_at,
+        "aged": aged_at <= now,
     }
 
 

@@ -25,6 +25,16 @@ whatever small work keeps arriving. Between bands the lowest share goes first as
 
 With ``size_order`` off, inside a class the lowest share goes first, then submit time.
 Then id, always.
+
+**Class aging** (``Snapshot.class_aging_seconds``, off by default; :func:`age_classes`).
+A job whose class may not preempt, once it has waited that long since its submission, is
+ordered with the next class up among the waiting jobs, unless a job of that class may
+preempt: opportunistic work (a low class) that has waited an hour competes with ordinary
+work by size and share from then on, and is never ordered with the work that may stop
+others. Only the order changes: the job keeps its class's name, preemptibility and
+preemption rights, and once it runs it is a job of its own class again (a victim of the
+classes above it). It moves up one class at most. Measured on ITP's one pool at 85 %
+(README, *Class aging*): the low class carried half of the average wait there.
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import replace
 from heapq import heappop, heapreplace
 from typing import Final
 
@@ -45,6 +56,31 @@ MIN_RUNTIME: Final = 60.0
 
 def _submit_key(job: PendingJob) -> tuple[float, int]:
     return (job.submitted_at, job.id)
+
+
+def age_classes(snapshot: Snapshot) -> Snapshot:
+    """``snapshot`` with each pending job that has aged (see the module doc) ordered with
+    the next class up: a copy with copies of those jobs, or ``snapshot`` itself when
+    aging is off or no job has aged."""
+    after = snapshot.class_aging_seconds
+    if after <= 0 or snapshot.global_fifo:
+        return snapshot
+    oldest = snapshot.now - after
+    pending = snapshot.pending
+    if not any(job.submitted_at <= oldest and not job.can_preempt for job in pending):
+        return snapshot
+    preempts: dict[int, bool] = {}
+    for job in pending:
+        preempts[job.priority] = preempts.get(job.priority, False) or job.can_preempt
+    values = sorted(preempts)
+    above = {low: high for low, high in zip(values, values[1:], strict=False) if not preempts[high]}
+    aged = [
+        job.ordered_with(above[job.priority])
+        if job.submitted_at <= oldest and not job.can_preempt and job.priority in above
+        else job
+        for job in pending
+    ]
+    return replace(snapshot, pending=aged)
 
 
 def fifo_order(pending: Iterable[PendingJob]) -> list[PendingJob]:

@@ -44,7 +44,7 @@ from typing import Final
 
 from . import messages, reasons
 from .cluster import Locator, NodeSlot, SliceIndex
-from .order import SizeOrder, class_order, fair_share_order, fifo_order
+from .order import SizeOrder, age_classes, class_order, fair_share_order, fifo_order
 from .preemption import (
     Preemptor,
     RunningRecord,
@@ -276,6 +276,7 @@ class Planner:
     """Plans one cycle for a snapshot; use :func:`scheduling.engine.plan`."""
 
     def __init__(self, snapshot: Snapshot) -> None:
+        snapshot = age_classes(snapshot)
         self.snapshot = snapshot
         self.now = snapshot.now
         self.result = Plan()

@@ -165,6 +165,16 @@ class PendingJob:
     def __post_init__(self) -> None:
         self.gpus = self.gpus_per_node * self.nodes
 
+    def ordered_with(self, priority: int) -> PendingJob:
+        """A copy ordered with the class of value ``priority`` (class aging, see
+        :func:`.order.age_classes`): everything else, its class name included, as it
+        is."""
+        twin = self.not_preemptible()
+        twin.priority = priority
+        twin.preemptible = self.preemptible
+        twin.layout = self.layout
+        return twin
+
     def not_preemptible(self) -> PendingJob:
         """A copy admitted like non-preemptible work: ``dataclasses.replace(self,
         preemptible=False)`` (the planner asks it of every job at its preemption limit
@@ -279,6 +289,10 @@ class Snapshot:
     size_halving_seconds: float = 6 * 3600.0
     max_wait_seconds: float = 12 * 3600.0
     fair_share_band: float = 0.25
+    # Class aging (see :func:`.order.age_classes`): a job whose class may not preempt,
+    # once it has waited this long since its submission, is ordered with the next class
+    # up among the waiting jobs, unless that class may preempt. 0 (the default): off.
+    class_aging_seconds: float = 0.0
     # Preemption pays only for a real gain (see :mod:`.preemption`): a job stops others
     # only when that gets it running at least this much sooner than waiting for GPUs
     # being freed as running jobs end by their limits (an upper bound). A victim pays for

@@ -312,7 +312,8 @@ def _previous_reservation(entry) -> tuple[tuple[int, ...], float | None, tuple[i
 
 def order_settings() -> dict:
     """The engine's ordering knobs and the minimum preemption gain from the settings (see
-    SLUICE_SIZE_ORDER and SLUICE_PREEMPTION_MIN_GAIN_SECONDS in portal/settings.py)."""
+    SLUICE_SIZE_ORDER, SLUICE_PREEMPTION_MIN_GAIN_SECONDS and SLUICE_CLASS_AGING_SECONDS
+    in portal/settings.py)."""
     return {
         "size_order": settings.SLUICE_SIZE_ORDER,
         "size_halving_seconds": float(settings.SLUICE_SIZE_HALVING_SECONDS),
@@ -320,6 +321,7 @@ def order_settings() -> dict:
         "fair_share_band": float(settings.SLUICE_FAIR_SHARE_BAND),
         "preemption_min_gain_seconds": float(settings.SLUICE_PREEMPTION_MIN_GAIN_SECONDS),
         "gang_borrower_reserve_seconds": float(settings.SLUICE_GANG_BORROWER_RESERVE_SECONDS),
+        "class_aging_seconds": float(settings.SLUICE_CLASS_AGING_SECONDS),
     }
 
 

@@ -29,6 +29,9 @@ class Policy:
     preemption_min_gain_seconds: float | None = None
     # When a borrower of several whole nodes reserves GPUs (Snapshot); None: the default.
     gang_borrower_reserve_seconds: float | None = None
+    # After how long a waiting job is ordered with the next class up (Snapshot); None:
+    # the default (off).
+    class_aging_seconds: float | None = None
 
     def order_knobs(self) -> dict:
         """The order and preemption settings to pass to a Snapshot (only those this
@@ -49,6 +52,7 @@ KNOBS = (
     "fair_share_band",
     "preemption_min_gain_seconds",
     "gang_borrower_reserve_seconds",
+    "class_aging_seconds",
 )
 
 POLICIES: dict[str, Policy] = {

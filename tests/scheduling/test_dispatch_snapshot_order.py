@@ -140,9 +140,11 @@ def test_with_a_minimum_gain_running_jobs_carry_their_prediction(world):
     SLUICE_MAX_WAIT_SECONDS=7200,
     SLUICE_FAIR_SHARE_BAND=0.5,
     SLUICE_GANG_BORROWER_RESERVE_SECONDS=14400,
+    SLUICE_CLASS_AGING_SECONDS=3600,
 )
 def test_the_ordering_knobs_come_from_the_settings(world):
     snapshot = _snapshot()
+    assert snapshot.class_aging_seconds == 3600.0
 
     assert (snapshot.size_order, snapshot.size_halving_seconds) == (False, 900.0)
     assert (snapshot.max_wait_seconds, snapshot.fair_share_band) == (7200.0, 0.5)
@@ -156,6 +158,7 @@ def test_default_ordering_knobs(world):
     assert (snapshot.size_halving_seconds, snapshot.max_wait_seconds) == (21600.0, 43200.0)
     assert snapshot.fair_share_band == 0.25
     assert snapshot.gang_borrower_reserve_seconds == 0.0
+    assert snapshot.class_aging_seconds == 0.0
 
 
 def _count_load_queries() -> int:

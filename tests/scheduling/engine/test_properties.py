@@ -34,6 +34,8 @@ PREDICTIONS = (0.0, 0.0, 900.0, 7200.0)
 GAINS = (0.0, 0.0, 1800.0)
 # When a borrower of several nodes reserves (0: at its maximum wait only).
 GANG_RESERVES = (0.0, 0.0, 600.0)
+# After how long a job is ordered with the next class up (0: off); jobs waited 0-10,000 s.
+CLASS_AGINGS = (0.0, 0.0, 3000.0)
 
 
 @st.composite
@@ -142,6 +144,7 @@ def snapshots(draw) -> Snapshot:
         global_fifo=draw(st.integers(0, 5)) == 0,
         preemption_min_gain_seconds=draw(st.sampled_from(GAINS)),
         gang_borrower_reserve_seconds=draw(st.sampled_from(GANG_RESERVES)),
+        class_aging_seconds=draw(st.sampled_from(CLASS_AGINGS)),
     )
 
 
@@ -229,6 +232,7 @@ def crowded_tenants(draw) -> Snapshot:
         fair_share=draw(st.booleans()),
         preemption_min_gain_seconds=draw(st.sampled_from(GAINS)),
         gang_borrower_reserve_seconds=draw(st.sampled_from(GANG_RESERVES)),
+        class_aging_seconds=draw(st.sampled_from(CLASS_AGINGS)),
     )
 
 
