@@ -38,7 +38,7 @@ from .forms import (
     RaiseStepForm,
     pretty_json,
 )
-from .models import Allocation, PriorityClass, WorkloadPolicy
+from .models import Allocation, Job, PriorityClass, WorkloadPolicy
 from .positions import positions_attach
 from .raise_impact import raise_impacts
 from .runtime_prediction import predict_runtime
@@ -279,14 +279,22 @@ def _order_explanation(job, policy, now) -> dict:
 
 def _class_aging(job, now) -> dict:
     """What class aging (SLUICE_CLASS_AGING_SECONDS, engine.order.age_classes) does for
-    the job: the class it is ordered with once it has waited long enough (the next class
-    up, when that one may not preempt: the engine takes the next one with jobs waiting),
-    or why it does not move. Nothing for a class that may preempt, or with aging off."""
+    the job: the class it is ordered with once it has waited long enough (as the engine
+    takes it: the next class up among the waiting jobs, unless that one may preempt), or
+    why it does not move. Nothing for a class that may preempt, or with aging off."""
     aging = settings.SLUICE_CLASS_AGING_SECONDS
     own = job.priority_class
     if aging <= 0 or own.can_preempt:
         return {"class_aging_seconds": 0}
-    above = PriorityClass.objects.filter(value__gt=own.value).order_by("value").first()
+    above_id = (
+        Job.objects.filter(
+            state__in=(JobState.PENDING, JobState.HELD), priority_class__value__gt=own.value
+        )
+        .order_by("priority_class__value")
+        .values_list("priority_class_id", flat=True)
+        .first()
+    )
+    above = PriorityClass.objects.filter(pk=above_id).first() if above_id else None
     aged_at = job.submitted_at + timedelta(seconds=aging)
     return {
         "class_aging_seconds": aging,

@@ -33,8 +33,9 @@ preempt: opportunistic work (a low class) that has waited an hour competes with 
 work by size and share from then on, and is never ordered with the work that may stop
 others. Only the order changes: the job keeps its class's name, preemptibility and
 preemption rights, and once it runs it is a job of its own class again (a victim of the
-classes above it). It moves up one class at most. Measured on ITP's one pool at 85 %
-(README, *Class aging*): the low class carried half of the average wait there.
+classes above it). It moves up one class at most. Measured on ITP's trace (README,
+*Class aging*): an hour's aging cut the average wait of one pool at 85 % by 6 % (the low
+class carried half of it) and lengthened that of the 95 % deep backlog by a quarter.
 """
 
 from __future__ import annotations

@@ -82,6 +82,10 @@ def test_job_page_says_when_class_aging_moves_the_job_up(world, client, requeued
     client.force_login(world.member)
     with freeze_time(T0):
         page = client.get(f"/jobs/{requeued.pk}/").content.decode()
+    assert f"does not move this job up: no job of a class above {own.name} waits" in page
+    f.JobFactory(queue=world.queue, project=world.project, submitted_by=world.member, priority_class=above)
+    with freeze_time(T0):
+        page = client.get(f"/jobs/{requeued.pk}/").content.decode()
     assert f"After waiting 1 h a job of class {own.name} is ordered with the jobs of class" in page
     assert "<strong>urgent</strong>" in page
     assert "This one has waited that long" in page  # it has waited 2 h 10 min
@@ -94,10 +98,104 @@ def test_job_page_says_when_class_aging_moves_the_job_up(world, client, requeued
     above.save()
     with freeze_time(T0):
         page = client.get(f"/jobs/{requeued.pk}/").content.decode()
-    assert "does not move this job up: the next class up, urgent, may preempt" in page
+    assert "the next class up with jobs waiting, urgent, may preempt" in page
     # A class that may preempt does not age at all.
     own.can_preempt = True
     own.save()
     with freeze_time(T0):
         page = client.get(f"/jobs/{requeued.pk}/").content.decode()
     assert 'id="class-aging"' not in page
+
+
+def test_job_page_without_history_says_the_declared_limit_is_used(world, client, settings):
+    settings.SLUICE_SIZE_ORDER = False
+    job = f.JobFactory(queue=world.queue, project=world.project, submitted_by=world.member)
+    client.force_login(world.viewer)
+
+    page = client.get(f"/jobs/{job.pk}/").content.decode()
+
+    assert "No prediction: fewer than 3 finished training jobs in project llm" in page
+    assert "Among level tenants, jobs go in submit order." in page
+
+
+def test_finished_job_page_shows_its_wait_but_no_prediction(world, client):
+    _history(world)
+    job = f.JobFactory(
+        queue=world.queue,
+        project=world.project,
+        submitted_by=world.member,
+        state=JobState.SUCCEEDED,
+        submitted_at=T0,
+        admitted_at=T0 + timedelta(minutes=25),
+        started_at=T0 + timedelta(minutes=25),
+        finished_at=T0 + timedelta(hours=2),
+    )
+    client.force_login(world.member)
+
+    page = client.get(f"/jobs/{job.pk}/").content.decode()
+
+    assert 'id="expected-runtime"' not in page and "Why it waits" not in page
+    assert "Waited 25 min." in page
+
+
+def test_api_returns_the_prediction_and_the_total_wait(world, api, requeued):
+    with freeze_time(T0):
+        body = api(world.viewer).get(f"/api/v1/jobs/{requeued.pk}").json()
+
+    assert body["expected_runtime"] == {
+        "seconds": 2400,
+        "declared_seconds": 7200,
+        "basis": "submitter",
+        "jobs": 5,
+        "ratio": pytest.approx(1 / 3, abs=1e-4),
+        "message": "expected ~40 min from the last 5 finished training jobs of nlp-member "
+        "in project llm (declared 2 h)",
+    }
+    wait = body["wait"]
+    assert (wait["total_seconds"], wait["first_seconds"], wait["rewait_seconds"]) == (
+        7800,
+        5400,
+        2400,
+    )
+    assert (wait["current_seconds"], wait["waiting"], wait["requeues"]) == (2400, True, 1)
+    assert wait["message"] == "waiting 2 h 10 min in all, 40 min of it after 1 preemption"
+    assert wait["since"].startswith((T0 - timedelta(minutes=40)).strftime("%Y-%m-%dT%H:%M:%S"))
+
+
+def test_api_list_predicts_a_page_in_one_query(world, api, requeued):
+    others = [
+        f.JobFactory(queue=world.queue, project=world.project, submitted_by=world.member)
+        for _ in range(5)
+    ]
+    client = api(world.member)
+
+    def fetch():
+        with CaptureQueriesContext(connection) as ctx:
+            response = client.get("/api/v1/jobs", {"state": "PENDING"})
+        return response.json()["results"], len(ctx.captured_queries)
+
+    results, queries = fetch()
+    rows = {row["id"]: row for row in results}
+    assert rows[requeued.pk]["expected_runtime"]["seconds"] == 2400
+    assert all(rows[j.pk]["expected_runtime"]["basis"] == "submitter" for j in others)
+    for _ in range(10):
+        f.JobFactory(queue=world.queue, project=world.project, submitted_by=world.member)
+    assert len(fetch()[0]) == 16 and fetch()[1] == queries
+
+    finished = client.get("/api/v1/jobs", {"state": "SUCCEEDED"}).json()["results"]
+    assert finished and all(row["expected_runtime"] is None for row in finished)
+
+
+def test_others_jobs_are_404_on_the_page_and_in_the_api(world, client, api, requeued):
+    client.force_login(world.outsider)
+
+    assert client.get(f"/jobs/{requeued.pk}/").status_code == 404
+    assert api(world.outsider).get(f"/api/v1/jobs/{requeued.pk}").status_code == 404
+
+
+def test_queue_page_shows_the_total_wait(world, client, requeued):
+    client.force_login(world.member)
+    with freeze_time(T0):
+        page = client.get(f"/queues/{world.queue.pk}/").content.decode()
+
+    assert "<td>2 h 10 min (40 min after 1 requeue)</td>" in page
