@@ -83,7 +83,9 @@ def test_job_page_says_when_class_aging_moves_the_job_up(world, client, requeued
     with freeze_time(T0):
         page = client.get(f"/jobs/{requeued.pk}/").content.decode()
     assert f"does not move this job up: no job of a class above {own.name} waits" in page
-    f.JobFactory(queue=world.queue, project=world.project, submitted_by=world.member, priority_class=above)
+    f.JobFactory(
+        queue=world.queue, project=world.project, submitted_by=world.member, priority_class=above
+    )
     with freeze_time(T0):
         page = client.get(f"/jobs/{requeued.pk}/").content.decode()
     assert f"After waiting 1 h a job of class {own.name} is ordered with the jobs of class" in page
