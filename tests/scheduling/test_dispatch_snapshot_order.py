@@ -10,7 +10,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from scheduling.choices import JobState, WorkloadType
-from scheduling.models import WorkloadPolicy
+from scheduling.models import PriorityClass, WorkloadPolicy
 from scheduling.services import dispatch
 from scheduling.services.pending_cache import PendingCache
 from scheduling.services.runtime_history import runtime_history_record
@@ -194,3 +194,39 @@ def test_the_loops_query_count_does_not_grow_with_the_jobs(world, monkeypatch):
     many = _count_load_queries()
 
     assert few == many
+
+
+def test_class_aging_moves_an_old_low_job_ahead_of_normal_work_in_the_dispatch_loop(
+    world, settings
+):
+    """SLUICE_CLASS_AGING_SECONDS reaches the engine: a low job that has waited 2 h is
+    ordered with normal work (by size, its wait aging it), ahead of a new normal job."""
+    low = PriorityClass.objects.get(name="low")
+    f.placed_job(
+        gpus=list(world.nodes[0].gpus.all()[:1]),
+        queue=world.other_queue,
+        project=world.other_project,
+        submitted_by=world.outsider,
+    )
+    shape = {"nodes": 2, "gpus_per_node": 8, "max_runtime_seconds": 3600}
+    old_low = _pending(
+        world,
+        priority_class=low,
+        base_priority_class=low,
+        submitted_at=timezone.now() - timedelta(hours=2),
+        **shape,
+    )
+    new_normal = _pending(world, **shape)
+
+    settings.SLUICE_CLASS_AGING_SECONDS = 0
+    dispatch.dispatch_cycle()
+    old_low.refresh_from_db()
+    new_normal.refresh_from_db()
+    assert (new_normal.pool_position, old_low.pool_position) == (1, 2)
+
+    settings.SLUICE_CLASS_AGING_SECONDS = 3600
+    dispatch.dispatch_cycle()
+    old_low.refresh_from_db()
+    new_normal.refresh_from_db()
+    assert (old_low.pool_position, new_normal.pool_position) == (1, 2)
+    assert old_low.state == JobState.PENDING and old_low.priority_class == low
