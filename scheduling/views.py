@@ -281,10 +281,11 @@ def _class_aging(job, now) -> dict:
     """What class aging (SLUICE_CLASS_AGING_SECONDS, engine.order.age_classes) does for
     the job: the class it is ordered with once it has waited long enough (as the engine
     takes it: the next class up among the waiting jobs, unless that one may preempt), or
-    why it does not move. Nothing for a class that may preempt, or with aging off."""
+    why it does not move. Nothing for a job that no longer waits, a class that may
+    preempt, or with aging off."""
     aging = settings.SLUICE_CLASS_AGING_SECONDS
     own = job.priority_class
-    if aging <= 0 or own.can_preempt:
+    if aging <= 0 or own.can_preempt or job.state not in (JobState.PENDING, JobState.HELD):
         return {"class_aging_seconds": 0}
     above_id = (
         Job.objects.filter(

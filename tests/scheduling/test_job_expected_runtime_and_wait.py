@@ -140,6 +140,20 @@ def test_finished_job_page_shows_its_wait_but_no_prediction(world, client):
     assert "Waited 25 min." in page
 
 
+def test_class_aging_costs_a_finished_job_page_no_query(world, client, settings):
+    job = f.JobFactory(
+        queue=world.queue, project=world.project, submitted_by=world.member, state=JobState.FAILED
+    )
+    client.force_login(world.member)
+    counts = []
+    for aging in (0, 3600):
+        settings.SLUICE_CLASS_AGING_SECONDS = aging
+        with CaptureQueriesContext(connection) as queries:
+            assert client.get(f"/jobs/{job.pk}/").status_code == 200
+        counts.append(len(queries.captured_queries))
+    assert counts[0] == counts[1]
+
+
 def test_api_returns_the_prediction_and_the_total_wait(world, api, requeued):
     with freeze_time(T0):
         body = api(world.viewer).get(f"/api/v1/jobs/{requeued.pk}").json()
