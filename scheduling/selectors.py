@@ -338,6 +338,20 @@ def queue_pending_jobs(queue: Queue) -> QuerySet[Job]:
     )
 
 
+def class_waiting_above(priority_class: PriorityClass) -> PriorityClass | None:
+    """The lowest class above ``priority_class`` that has jobs waiting (pending or held):
+    the class the engine's class aging orders an aged job of ``priority_class`` with,
+    unless that one may preempt (scheduling.engine.order.age_classes). One query."""
+    waiting = Job.objects.filter(state__in=[JobState.PENDING, JobState.HELD]).values(
+        "priority_class_id"
+    )
+    return (
+        PriorityClass.objects.filter(value__gt=priority_class.value, pk__in=waiting)
+        .order_by("value")
+        .first()
+    )
+
+
 def dashboard_summary(user) -> dict:
     jobs = jobs_visible_to(user)
     counts = dict(jobs.values_list("state").annotate(n=Count("id")).order_by())

@@ -38,7 +38,7 @@ from .forms import (
     RaiseStepForm,
     pretty_json,
 )
-from .models import Allocation, Job, PriorityClass, WorkloadPolicy
+from .models import Allocation, WorkloadPolicy
 from .positions import positions_attach
 from .raise_impact import raise_impacts
 from .runtime_prediction import predict_runtime
@@ -287,15 +287,7 @@ def _class_aging(job, now) -> dict:
     own = job.priority_class
     if aging <= 0 or own.can_preempt or job.state not in (JobState.PENDING, JobState.HELD):
         return {"class_aging_seconds": 0}
-    above_id = (
-        Job.objects.filter(
-            state__in=(JobState.PENDING, JobState.HELD), priority_class__value__gt=own.value
-        )
-        .order_by("priority_class__value")
-        .values_list("priority_class_id", flat=True)
-        .first()
-    )
-    above = PriorityClass.objects.filter(pk=above_id).first() if above_id else None
+    above = selectors.class_waiting_above(own)
     aged_at = job.submitted_at + timedelta(seconds=aging)
     return {
         "class_aging_seconds": aging,
