@@ -108,6 +108,14 @@ def gpus_wait(job: PendingJob, model: str, idle: int, largest: int) -> str:
     )
 
 
+def kept_for_preemptors(job_ids: list[int]) -> str:
+    """GPUs being freed by a preemption, kept for the jobs it was made for."""
+    if len(job_ids) == 1:
+        return f"GPUs being freed are kept for job {job_ids[0]}, which preempted for them"
+    listed = ", ".join(str(job_id) for job_id in sorted(job_ids))
+    return f"GPUs being freed are kept for jobs {listed}, which preempted for them"
+
+
 def reserved_gpus(job: PendingJob, owners: list[tuple[int, float]], now: float) -> str:
     if owners:
         owner, start = owners[0]

@@ -295,6 +295,11 @@ class Planner:
         # GPU ids claimed for a pending job (its stopping victims', those it was handed
         # back): the part of its reservation it reports as claimed for the next cycle.
         self._claimed_ids: dict[int, set[int]] = {}
+        # Jobs that found no start because GPUs are kept for a job ordered after them
+        # (busy without end until that job's turn): their estimates are worked out once
+        # every job has been considered (see _estimate_past_claims), with the jobs the
+        # GPUs are kept for (for the message).
+        self._after_claims: list[tuple[PendingJob, list[Option], float | None, list[int]]] = []
         self._class: int | None = None  # priority class being considered
         self._shares: dict[str, float] = {}  # fair share per tenant, kept current
         self._queue_positions: dict[int, int] = defaultdict(int)
@@ -485,6 +490,8 @@ class Planner:
         else:
             for job in self._order():
                 self._consider(job)
+        if self._after_claims:
+            self._estimate_past_claims()
         if self._placed:
             self._label_within_guarantee()
         self._break_cycles()
@@ -899,6 +906,10 @@ class Planner:
                 self._pool_floor[job.pool] = INF
             message = self._gpus_message(job, options[0])
             self._wait(job, reasons.WAITING_FOR_GPUS, message, None)
+            if self._claims:
+                claimants = [other for other in self._claims if other != job.id]
+                if claimants:
+                    self._after_claims.append((job, options, floor, claimants))
             return reasons.WAITING_FOR_GPUS, None
         stopping_quota = self._waits_for_stopping_quota(job, slot, soon)
         reserved = self._reserve(job, slot, runtime)
@@ -1205,6 +1216,32 @@ class Planner:
         runtime = job.max_runtime_seconds if job.max_runtime_seconds > 0 else INF
         option.account.reserve(job.gpus, start, start + runtime, hold_now=False)
         return start
+
+    def _estimate_past_claims(self) -> None:
+        """Estimates for the jobs that found no start because GPUs being freed by a
+        preemption are kept for a job ordered after them (see :meth:`_build_claims`):
+        until that job's turn those GPUs count as busy without end. Now that every job
+        has been considered, the kept GPUs are the preemptor's, reserved or started up to
+        its limit, so the earliest start over the index as the cycle leaves it is an
+        upper bound for such a job. Only the estimate is given: the job holds nothing
+        (the cycle's decisions are made; the next one, once the preemptor has started,
+        reserves for it as for any job)."""
+        pending = self.result.pending
+        for job, options, floor, claimants in self._after_claims:
+            found = self._earliest_start(job, options, floor)
+            info = pending.get(job.id)
+            if found is None or info is None or info.estimated_start is not None:
+                continue
+            pending[job.id] = _pending_info(
+                job.id,
+                info.code,
+                f"{info.message}; {messages.kept_for_preemptors(claimants)}",
+                info.queue_position,
+                info.pool_position,
+                found[0],
+                (),
+                (),
+            )
 
     def _release_claims(self, job_id: int) -> None:
         """GPUs and quota kept for this job by an earlier preemption become usable when it

@@ -4,7 +4,7 @@ import dataclasses
 
 from engine_builders import NOW, gpu_ids, job, node, quota, run_plan, running, snapshot
 
-from scheduling.engine import reasons
+from scheduling.engine import messages, reasons
 
 
 def _victims(result) -> list[int]:
@@ -212,6 +212,34 @@ def test_stopping_victims_are_not_preempted_again_and_wait_for_their_preemptor()
     assert result.pending[1].code == reasons.WAITING_FOR_PREEMPTION
     assert result.pending[1].estimated_start == NOW + 30
     assert result.pending[2].code == reasons.WAITING_FOR_PREEMPTION
+
+
+def test_a_job_ahead_of_a_preemptor_is_told_when_the_gpus_kept_for_it_are_free():
+    # Job 1 preempted job 10 (stopping, 30 s grace) for node 1. Job 2, of a higher class
+    # that may not preempt, comes first and finds only those GPUs, kept for job 1 until
+    # job 1's turn. It is told it starts after job 1's run (its limit, 1 h) and holds
+    # nothing, so job 1 still starts once its victim is gone.
+    quotas = [quota("a", 16), quota("b", 8)]
+    run = [running(10, "b", gpu_ids(1, *range(8)), "low", stopping=True, preempted_by=1)]
+    preemptor = job(1, "a", gpus=8, cls="high")
+    ahead = job(2, "a", gpus=8, cls="critical", can_preempt=False)
+    result = run_plan(snapshot([node(1)], quotas, [preemptor, ahead], run))
+    info = result.pending[2]
+    assert (info.code, info.pool_position) == (reasons.WAITING_FOR_GPUS, 1)
+    assert info.estimated_start == NOW + 30 + 3600
+    assert info.reserved_gpu_ids == ()
+    assert info.message.endswith("GPUs being freed are kept for job 1, which preempted for them")
+    assert result.pending[1].estimated_start == NOW + 30
+    handed = [_handed_back_with_claims(preemptor, result.pending[1]), ahead]
+    after = run_plan(snapshot([node(1)], quotas, handed, [], now=NOW + 30))
+    assert [p.job_id for p in after.placements] == [1]
+    assert after.pending[2].estimated_start == NOW + 30 + 3600
+
+
+def test_kept_gpus_named_for_each_preemptor():
+    assert messages.kept_for_preemptors([7, 3]) == (
+        "GPUs being freed are kept for jobs 3, 7, which preempted for them"
+    )
 
 
 def test_stopping_gpus_without_a_known_preemptor_prevent_a_second_preemption():
@@ -519,6 +547,8 @@ def test_claimed_gpus_idle_again_start_their_job_after_a_same_size_job_found_non
     )
     assert [(p.job_id, p.node_ids) for p in result.placements] == [(2, (1,))]
     assert result.pending[1].code == reasons.WAITING_FOR_GPUS
+    # It is told it starts when job 2, started on the claimed GPUs, reaches its limit.
+    assert result.pending[1].estimated_start == NOW + 3600
 
 
 def test_a_stale_claim_on_busy_gpus_is_ignored():
