@@ -408,10 +408,11 @@ if SLUICE_GANG_BORROWER_RESERVE_SECONDS < 0:
     raise ImproperlyConfigured("SLUICE_GANG_BORROWER_RESERVE_SECONDS must be 0 or more.")
 # - SLUICE_CLASS_AGING_SECONDS (0: off): a job whose priority class may not preempt, once
 #   it has waited this long since its submission, is ordered with the next class up
-#   among the waiting jobs, unless that class may preempt (low-class work that has waited
-#   competes with normal work by size and share; it gains no preemption rights). On the
-#   ITP trace 3600 cut the average wait of a pool at 85 % load by 6 % and lengthened that
-#   of a saturated one (95 %) by 7.5 % (README, "Class aging"): off by default.
+#   among the waiting jobs, unless that class may preempt, while its tenant's guarantee
+#   in the pool has room for it (low-class work that has waited competes with normal work
+#   by size and share on its tenant's own GPUs; it gains no preemption rights). On the
+#   ITP trace 3600 cut the average wait of a pool at 85 % load by 3-8 % and lengthened
+#   that of a saturated one (95 %) by 5-6 % (README, "Class aging"): off by default.
 SLUICE_CLASS_AGING_SECONDS = env_int("SLUICE_CLASS_AGING_SECONDS", 0)
 if SLUICE_CLASS_AGING_SECONDS < 0:
     raise ImproperlyConfigured("SLUICE_CLASS_AGING_SECONDS must be 0 or more.")

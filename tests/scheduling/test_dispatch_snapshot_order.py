@@ -10,7 +10,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from scheduling.choices import JobState, WorkloadType
-from scheduling.models import PriorityClass, WorkloadPolicy
+from scheduling.models import PriorityClass, Quota, WorkloadPolicy
 from scheduling.services import dispatch
 from scheduling.services.pending_cache import PendingCache
 from scheduling.services.runtime_history import runtime_history_record
@@ -200,8 +200,10 @@ def test_class_aging_moves_an_old_low_job_ahead_of_normal_work_in_the_dispatch_l
     world, settings
 ):
     """SLUICE_CLASS_AGING_SECONDS reaches the engine: a low job that has waited 2 h is
-    ordered with normal work (by size, its wait aging it), ahead of a new normal job."""
+    ordered with normal work (by size, its wait aging it), ahead of a new normal job, when
+    its tenant's guarantee has room for it; one that could only borrow is not."""
     low = PriorityClass.objects.get(name="low")
+    Quota.objects.filter(tenant=world.tenant).update(guaranteed_gpus=16)
     f.placed_job(
         gpus=list(world.nodes[0].gpus.all()[:1]),
         queue=world.other_queue,
@@ -230,3 +232,9 @@ def test_class_aging_moves_an_old_low_job_ahead_of_normal_work_in_the_dispatch_l
     new_normal.refresh_from_db()
     assert (old_low.pool_position, new_normal.pool_position) == (1, 2)
     assert old_low.state == JobState.PENDING and old_low.priority_class == low
+
+    Quota.objects.filter(tenant=world.tenant).update(guaranteed_gpus=8)
+    dispatch.dispatch_cycle()
+    old_low.refresh_from_db()
+    new_normal.refresh_from_db()
+    assert (new_normal.pool_position, old_low.pool_position) == (1, 2)

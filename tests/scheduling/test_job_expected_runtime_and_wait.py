@@ -90,6 +90,8 @@ def test_job_page_says_when_class_aging_moves_the_job_up(world, client, requeued
         page = client.get(f"/jobs/{requeued.pk}/").content.decode()
     assert f"After waiting 1 h a job of class {own.name} is ordered with the jobs of class" in page
     assert "<strong>urgent</strong>" in page
+    pool = requeued.queue.pool.name
+    assert f"while the guarantee of {requeued.tenant.slug} in pool {pool} has room for it" in page
     assert "This one has waited that long" in page  # it has waited 2 h 10 min
     with freeze_time(requeued.submitted_at + timedelta(minutes=20)):
         page = client.get(f"/jobs/{requeued.pk}/").content.decode()

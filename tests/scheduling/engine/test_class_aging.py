@@ -1,8 +1,9 @@
 """Class aging (``Snapshot.class_aging_seconds``, see scheduling.engine.order): a job whose
 class may not preempt, once it has waited long enough, is ordered with the next class up
-among the waiting jobs, unless that class may preempt; only its order changes."""
+among the waiting jobs, unless that class may preempt, while its tenant's guarantee in the
+pool has room for it; only its order changes."""
 
-from engine_builders import NOW, gpu_ids, job, node, quota, run_plan, running, snapshot
+from engine_builders import CLASSES, NOW, gpu_ids, job, node, quota, run_plan, running, snapshot
 
 from scheduling.engine import reasons
 from scheduling.engine.order import age_classes
@@ -42,7 +43,9 @@ def test_aging_never_orders_a_job_with_a_class_that_may_preempt():
     high = job(2, "b", gpus=8, cls="high", runtime=3600, submitted=NOW - 60)
     result = run_plan(snapshot(nodes, quotas, [normal, high], run, class_aging_seconds=HOUR))
     assert _positions(result) == {2: 1, 1: 2}
-    # With a normal job waiting too, an old low job moves up to normal, not further.
+    # With a normal job waiting too, an old low job moves up to normal, not further
+    # (tenant c's guarantee has room for it beside its running job).
+    quotas = [quota("a", 8), quota("b", 8), quota("c", 16)]
     low = job(3, "c", gpus=1, cls="low", runtime=600, submitted=NOW - 10 * HOUR)
     pending = [normal, high, low]
     result = run_plan(snapshot(nodes, quotas, pending, run, class_aging_seconds=HOUR))
@@ -80,3 +83,38 @@ def test_aging_is_off_without_a_setting_and_for_strict_fifo():
     # Nobody old enough: the same snapshot, no copy.
     fresh = snapshot(nodes, quotas, [low, normal], run, class_aging_seconds=6 * HOUR)
     assert age_classes(fresh) is fresh
+
+
+def _aged_ids(snap) -> list[int]:
+    return [j.id for j in age_classes(snap).pending if j.priority != CLASSES[j.priority_class]]
+
+
+def test_aged_jobs_move_up_only_while_their_tenants_guarantee_has_room_oldest_first():
+    # Tenant a: 8 GPUs guaranteed, 6 held (one of them borrowed: admission counts it too).
+    quotas = [quota("a", 8, borrow=8), quota("b", 8)]
+    run = [
+        running(90, "a", gpu_ids(1, 0, 1, 2, 3, 4), "normal", runtime=7200),
+        running(91, "a", gpu_ids(1, 5), "low", borrowed=True, runtime=7200),
+    ]
+    old = job(1, "a", gpus=2, cls="low", submitted=NOW - 3 * HOUR)
+    older_but_big = job(2, "a", gpus=4, cls="low", submitted=NOW - 4 * HOUR)
+    newer = job(3, "a", gpus=2, cls="low", submitted=NOW - 2 * HOUR)
+    other = job(4, "b", gpus=2, cls="low", submitted=NOW - 2 * HOUR)
+    normal = job(5, "b", gpus=1, cls="normal", submitted=NOW)
+    pending = [newer, older_but_big, old, other, normal]
+    snap = snapshot([node(1), node(2)], quotas, pending, run, class_aging_seconds=HOUR)
+    # 2 GPUs of room: the 4-GPU job could only borrow (it stays low), the oldest job that
+    # fits takes the room, the next one would borrow; tenant b has its own room.
+    assert sorted(_aged_ids(snap)) == [1, 4]
+
+
+def test_the_guarantee_room_adds_up_the_tenants_quotas_of_every_model_in_the_pool():
+    quotas = [quota("a", 4, model="H100"), quota("a", 4, model="A100"), quota("b", 8)]
+    run = [running(90, "a", gpu_ids(1, 0, 1, 2, 3), "normal", runtime=7200)]
+    low = job(1, "a", gpus=4, cls="low", submitted=NOW - 2 * HOUR)
+    normal = job(2, "b", gpus=1, cls="normal", submitted=NOW)
+    snap = snapshot([node(1)], quotas, [low, normal], run, class_aging_seconds=HOUR)
+    assert _aged_ids(snap) == [1]
+    bigger = job(1, "a", gpus=5, cls="low", submitted=NOW - 2 * HOUR)
+    snap = snapshot([node(1)], quotas, [bigger, normal], run, class_aging_seconds=HOUR)
+    assert _aged_ids(snap) == []
