@@ -282,8 +282,8 @@ def _class_aging(job, now) -> dict:
     the job: the class it is ordered with once it has waited long enough (as the engine
     takes it: the next class up among the waiting jobs, unless that one may preempt, while
     its tenant's guarantee in the pool has room for it: the page states that bound, it does
-    not work out the room), or why it does not move. Nothing for a job that no longer waits, a class that may
-    preempt, or with aging off."""
+    not work out the room), or why it does not move. Nothing for a job that no longer
+    waits, a class that may preempt, or with aging off."""
     aging = settings.SLUICE_CLASS_AGING_SECONDS
     own = job.priority_class
     if aging <= 0 or own.can_preempt or job.state not in (JobState.PENDING, JobState.HELD):
