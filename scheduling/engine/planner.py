@@ -907,7 +907,7 @@ class Planner:
             message = self._gpus_message(job, options[0])
             self._wait(job, reasons.WAITING_FOR_GPUS, message, None)
             if self._claims:
-                claimants = [other for other in self._claims if other != job.id]
+                claimants = self._claimants_in_the_way(job, options)
                 if claimants:
                     self._after_claims.append((job, options, floor, claimants))
             return reasons.WAITING_FOR_GPUS, None
@@ -1216,6 +1216,21 @@ class Planner:
         runtime = job.max_runtime_seconds if job.max_runtime_seconds > 0 else INF
         option.account.reserve(job.gpus, start, start + runtime, hold_now=False)
         return start
+
+    def _claimants_in_the_way(self, job: PendingJob, options: list[Option]) -> list[int]:
+        """The other jobs for which GPUs or quota are kept (see :meth:`_build_claims`) on
+        the slices or quota accounts the job could use."""
+        slices = {id(option.slice) for option in options}
+        accounts = {id(option.account) for option in options}
+        found: list[int] = []
+        for other, claims in self._claims.items():
+            if other == job.id:
+                continue
+            if any(id(claim[0]) in slices for claim in claims) or any(
+                id(kept[0]) in accounts for kept in self._quota_claims.get(other, ())
+            ):
+                found.append(other)
+        return found
 
     def _estimate_past_claims(self) -> None:
         """Estimates for the jobs that found no start because GPUs being freed by a

@@ -219,11 +219,18 @@ def test_a_job_ahead_of_a_preemptor_is_told_when_the_gpus_kept_for_it_are_free()
     # that may not preempt, comes first and finds only those GPUs, kept for job 1 until
     # job 1's turn. It is told it starts after job 1's run (its limit, 1 h) and holds
     # nothing, so job 1 still starts once its victim is gone.
-    quotas = [quota("a", 16), quota("b", 8)]
-    run = [running(10, "b", gpu_ids(1, *range(8)), "low", stopping=True, preempted_by=1)]
+    # Job 3 preempted job 11 in another pool: its kept GPUs are not in job 2's way.
+    quotas = [quota("a", 16), quota("b", 8), quota("a", 8, pool="inference")]
+    quotas.append(quota("b", 8, pool="inference"))
+    run = [
+        running(10, "b", gpu_ids(1, *range(8)), "low", stopping=True, preempted_by=1),
+        running(11, "b", gpu_ids(2, *range(8)), "low", stopping=True, preempted_by=3),
+    ]
     preemptor = job(1, "a", gpus=8, cls="high")
     ahead = job(2, "a", gpus=8, cls="critical", can_preempt=False)
-    result = run_plan(snapshot([node(1)], quotas, [preemptor, ahead], run))
+    elsewhere = job(3, "a", gpus=8, cls="high", pool="inference")
+    nodes = [node(1), node(2, pool="inference")]
+    result = run_plan(snapshot(nodes, quotas, [preemptor, ahead, elsewhere], run))
     info = result.pending[2]
     assert (info.code, info.pool_position) == (reasons.WAITING_FOR_GPUS, 1)
     assert info.estimated_start == NOW + 30 + 3600
@@ -231,7 +238,7 @@ def test_a_job_ahead_of_a_preemptor_is_told_when_the_gpus_kept_for_it_are_free()
     assert info.message.endswith("GPUs being freed are kept for job 1, which preempted for them")
     assert result.pending[1].estimated_start == NOW + 30
     handed = [_handed_back_with_claims(preemptor, result.pending[1]), ahead]
-    after = run_plan(snapshot([node(1)], quotas, handed, [], now=NOW + 30))
+    after = run_plan(snapshot([node(1)], quotas[:2], handed, [], now=NOW + 30))
     assert [p.job_id for p in after.placements] == [1]
     assert after.pending[2].estimated_start == NOW + 30 + 3600
 
