@@ -1,6 +1,7 @@
 """The dispatch loop: snapshot from the database, engine plan, applied in one transaction."""
 
 import threading
+from datetime import timedelta
 
 import pytest
 from django.core.cache import cache
@@ -160,6 +161,49 @@ def test_preemption_stops_victim_then_requeues_and_preemptor_runs(
         and victim.preemption_count == 1
     )
     assert victim.events.filter(kind="requeued").exists()
+    dispatch_cycle()
+    high.refresh_from_db()
+    assert high.state == JobState.ADMITTED
+
+
+def test_a_job_ahead_of_a_preemptor_is_told_when_the_gpus_kept_for_it_are_free(
+    world, django_capture_on_commit_callbacks
+):
+    """While a preemptor's victim stops, a job ordered before it (a higher class that may
+    not preempt) that can only use the same GPUs waits without a reservation, and is told
+    it starts after the preemptor's run instead of getting no estimate at all."""
+    cordoned = world.nodes[1]
+    cordoned.state = NodeState.CORDONED
+    cordoned.save()
+    victim = f.JobFactory(
+        queue=world.other_queue,
+        project=world.other_project,
+        gpus_per_node=8,
+        base_priority_class=world.low,
+        priority_class=world.low,
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        dispatch_cycle()
+    _start_all([victim])
+    high = _job(world, gpus=8, priority=world.high, max_runtime_seconds=3600)
+    with django_capture_on_commit_callbacks(execute=True):
+        dispatch_cycle()
+    high.refresh_from_db()
+    assert high.pending_reason_code == "WAITING_FOR_PREEMPTION"
+    urgent = f.PriorityClassFactory(name="urgent", value=world.high.value + 1, can_preempt=False)
+    ahead = _job(world, gpus=8, priority=urgent)
+    with django_capture_on_commit_callbacks(execute=True):
+        dispatch_cycle()
+    ahead.refresh_from_db()
+    high.refresh_from_db()
+    assert (ahead.pool_position, high.pool_position) == (1, 2)
+    assert ahead.pending_reason_code == "WAITING_FOR_GPUS"
+    assert f"kept for job {high.pk}, which preempted for them" in ahead.pending_reason_message
+    assert high.estimated_start is not None and ahead.estimated_start is not None
+    assert ahead.estimated_start >= high.estimated_start + timedelta(seconds=3600)
+    # The victim's GPUs still go to the preemptor once it is gone.
+    with django_capture_on_commit_callbacks(execute=True):
+        _exit_preempted(victim)
     dispatch_cycle()
     high.refresh_from_db()
     assert high.state == JobState.ADMITTED
