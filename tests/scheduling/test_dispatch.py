@@ -32,6 +32,18 @@ def _job(world, gpus=1, nodes=1, priority=None, **kw):
     )
 
 
+def _other_low_node_job(world, **kw):
+    """A whole-node (8 GPU) job of the other tenant at the low class: a preemption victim."""
+    return f.JobFactory(
+        queue=world.other_queue,
+        project=world.other_project,
+        gpus_per_node=8,
+        base_priority_class=world.low,
+        priority_class=world.low,
+        **kw,
+    )
+
+
 def _launches(outbox):
     return [(node, m) for node, m in outbox if m["type"] == "launch"]
 
@@ -119,16 +131,7 @@ def test_preemption_stops_victim_then_requeues_and_preemptor_runs(
     world, outbox, django_capture_on_commit_callbacks
 ):
     # The other tenant fills the cluster at a low class (8 guaranteed + 8 borrowed GPUs).
-    victims = [
-        f.JobFactory(
-            queue=world.other_queue,
-            project=world.other_project,
-            gpus_per_node=8,
-            base_priority_class=world.low,
-            priority_class=world.low,
-        )
-        for _ in range(2)
-    ]
+    victims = [_other_low_node_job(world) for _ in range(2)]
     with django_capture_on_commit_callbacks(execute=True):
         dispatch_cycle()
     _start_all(victims)
@@ -175,13 +178,7 @@ def test_a_job_ahead_of_a_preemptor_is_told_when_the_gpus_kept_for_it_are_free(
     cordoned = world.nodes[1]
     cordoned.state = NodeState.CORDONED
     cordoned.save()
-    victim = f.JobFactory(
-        queue=world.other_queue,
-        project=world.other_project,
-        gpus_per_node=8,
-        base_priority_class=world.low,
-        priority_class=world.low,
-    )
+    victim = _other_low_node_job(world)
     with django_capture_on_commit_callbacks(execute=True):
         dispatch_cycle()
     _start_all([victim])
@@ -280,15 +277,7 @@ def test_reservations_are_handed_to_the_next_cycle(world, django_capture_on_comm
 
 
 def test_stopping_victims_name_their_preemptor(world):
-    victim = f.JobFactory(
-        queue=world.other_queue,
-        project=world.other_project,
-        gpus_per_node=8,
-        base_priority_class=world.low,
-        priority_class=world.low,
-        state=JobState.STOPPING,
-        stop_reason=StopReason.PREEMPTED,
-    )
+    victim = _other_low_node_job(world, state=JobState.STOPPING, stop_reason=StopReason.PREEMPTED)
     victim.events.create(created_at=timezone.now(), kind="stop_preempted", data={"preemptor": 4242})
     loaded = dispatch.load_snapshot(timezone.now(), update_usage=False)
     [running] = [r for r in loaded.snapshot.running if r.id == victim.pk]
