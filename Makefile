@@ -6,8 +6,13 @@ export DEBUG ?= 1
 
 .PHONY: run test lint check migrations-check pytest integration browser bench bench-api bench-e2e bench-reports bench-agent native demo-reset clean
 
+# The interpreter .venv is made with: the Python 3.11 on the PATH built for speed, where
+# there is one (tools/pick_python.py; `make PYTHON=python3 ...` to choose another).
+PYTHON ?= $(shell python3 tools/pick_python.py 2>/dev/null || echo python3)
+
 $(VENV)/bin/python:
-	python3 -m venv $(VENV)
+	@echo "making $(VENV) with $(PYTHON)"
+	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
 # `pip install -e .` installs the package itself: the `sluice` command-line client (sluice_cli).

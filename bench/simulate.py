@@ -206,6 +206,7 @@ def replay_seed(args, trace, seed, read, knobs, one_pool, load, target) -> list[
             "gpus": scenario.capacity,
             "workers": args.workers,
             "engine": "compiled" if native.is_compiled() else "python",
+            "python": native.interpreter(),
             "max_waiting_per_tenant": args.max_waiting_per_tenant,
             "load": load,
             "seed": seed,

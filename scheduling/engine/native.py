@@ -82,6 +82,20 @@ def is_compiled() -> bool:
     return module is not None and not str(getattr(module, "__file__", "")).endswith(".py")
 
 
+def interpreter() -> str:
+    """The Python running this process, as the benchmarks report it: its version, and
+    whether libpython is linked into the executable or loaded as a shared library (a
+    build detail that moves the engine's speed by a fifth; see tools/pick_python.py)."""
+    version = ".".join(str(part) for part in sys.version_info[:3])
+    try:
+        with open("/proc/self/maps") as maps:
+            shared = "libpython" in maps.read()
+    except OSError:
+        return f"{version} {sys.executable}"
+    linked = "shared libpython" if shared else "libpython in the executable"
+    return f"{version} {sys.executable} ({linked})"
+
+
 class _Sources(importlib.abc.MetaPathFinder):
     """Imports the compiled modules' sources, ahead of the extension modules."""
 
