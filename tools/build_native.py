@@ -36,7 +36,10 @@ def main() -> None:
         packages=[],
         py_modules=[],
         ext_modules=mypycify(paths, group_name=GROUP, opt_level="3", target_dir="build/native"),
-        script_args=["build_ext", "--inplace", "--build-temp", "build/native"],
+        # --force: compile afresh rather than reuse objects or libraries left under build/
+        # by an earlier build, which may have been made for another interpreter (they share
+        # the ABI tag); this script only runs when the sources changed, or by hand.
+        script_args=["build_ext", "--inplace", "--force", "--build-temp", "build/native"],
     )
     STAMP.write_text(digest + "\n")
     print(f"compiled engine: {len(COMPILED)} modules, stamp {digest[:12]}")
