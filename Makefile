@@ -12,7 +12,7 @@ PYTHON ?= $(shell python3 tools/pick_python.py 2>/dev/null || echo python3)
 
 $(VENV)/bin/python:
 	@echo "making $(VENV) with $(PYTHON)"
-	$(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); echo "falling back to python3"; python3 -m venv $(VENV); }
 	$(PIP) install -q --upgrade pip
 
 # `pip install -e .` installs the package itself: the `sluice` command-line client (sluice_cli).

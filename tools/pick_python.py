@@ -6,15 +6,18 @@ whether ``-m venv`` can install pip into a new environment (``ensurepip``), whet
 headers are there (the engine compiles against them: ``make native``) and whether it is
 built for speed. Among the 3.11 interpreters that can make a virtual environment, the
 first with headers and a build for speed wins, then the first with headers, then the
-first. None at all: ``python3``, and ``make`` says what is wrong.
+first. None at all: ``python3``.
 
 *Built for speed*: configured with ``--enable-optimizations`` or ``--with-lto`` (python.org's
 and the official container images' builds), or running with libpython linked into the
 executable rather than loaded as a shared library (Debian's and Ubuntu's own
 ``python3.11``, built with profile-guided and link-time optimisation). pyenv's default
 build is neither, and the difference is not small: on the same 2-core machine the deep
-backlog replay took 181 s under pyenv's 3.11.7 and 147 s under Debian's 3.11.2, same code,
-same decisions (README, *Speed*). Run with any Python 3; uses only the standard library.
+backlog replay took 170 s under pyenv's 3.11.7 and 137 s under Debian's 3.11.2, same code,
+same decisions (README, *The interpreter*). Run with any Python 3; uses only the standard
+library. Should the chosen one still fail to make the environment (a Debian python3.11
+without the python3.11-venv package can import ``ensurepip`` but has no pip to install),
+the Makefile falls back to ``python3``.
 """
 
 from __future__ import annotations
