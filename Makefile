@@ -7,12 +7,13 @@ export DEBUG ?= 1
 .PHONY: run test lint check migrations-check pytest integration browser bench bench-api bench-e2e bench-reports bench-agent native demo-reset clean
 
 # The interpreter .venv is made with: the Python 3.11 on the PATH built for speed, where
-# there is one (tools/pick_python.py; `make PYTHON=python3 ...` to choose another).
+# there is one (tools/pick_python.py; `make PYTHON=python3 ...` to choose another). Worked
+# out only when .venv is made, and once (the recipe keeps it in a shell variable).
 PYTHON ?= $(shell python3 tools/pick_python.py 2>/dev/null || echo python3)
 
 $(VENV)/bin/python:
-	@echo "making $(VENV) with $(PYTHON)"
-	$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); echo "falling back to python3"; python3 -m venv $(VENV); }
+	@py="$(PYTHON)"; echo "making $(VENV) with $$py"; \
+	$$py -m venv $(VENV) || { rm -rf $(VENV); echo "falling back to python3"; python3 -m venv $(VENV); }
 	$(PIP) install -q --upgrade pip
 
 # `pip install -e .` installs the package itself: the `sluice` command-line client (sluice_cli).
