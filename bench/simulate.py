@@ -14,7 +14,10 @@ per policy. Each line also gives the peak and the time-weighted mean number of j
 waiting, and ``digest``, a hash of every decision (each job's runs and preemptions): an
 optimisation of the engine or the replay must leave it unchanged. ``--one-pool`` merges
 the pools of any trace; ``--max-jobs N`` replays only the first N jobs by submit time
-(for profiling). ``--wait-reasons`` adds ``wait_by_size``: per size of job, its waits
+(for profiling). Every line gives the waits' tail too: ``wait_max_h`` (the longest
+wait of one job), ``waited_over_day`` and ``big_waited_over_day`` (jobs, and jobs over
+8 GPUs, that waited more than a day in all) and ``wait_beyond_day_h`` (what the waits
+beyond their first day add to the average). ``--wait-reasons`` adds ``wait_by_size``: per size of job, its waits
 and the part of the average it carries, split by the reason the engine gave its jobs
 while they waited (``scheduling.simulator.metrics.wait_by_size``), and ``wait_by_class``:
 the same per priority class, split by size (``wait_by_class``). ``--knob NAME=VALUE``
@@ -236,6 +239,10 @@ def replay_seed(args, trace, seed, read, knobs, one_pool, load, target) -> list[
                 "wait_first_avg_h": round(summary["wait_first_avg_s"] / 3600, 3),
                 "wait_big_avg_h": round(summary["wait_big_avg_s"] / 3600, 3),  # > 8 GPUs
                 "wait_p99_h": round(summary["wait_p99_s"] / 3600, 2),
+                "wait_max_h": round(summary["wait_max_s"] / 3600, 1),
+                "waited_over_day": summary["waited_over_day"],
+                "wait_beyond_day_h": round(summary["wait_beyond_day_s"] / 3600, 4),
+                "big_waited_over_day": summary["big_waited_over_day"],
                 "jain_daily": round(summary["fairness_daily"], 3),
                 "jain_hourly": round(summary["fairness_hourly"], 3),
                 "lost_share": round(summary["lost_share"], 4),
@@ -278,7 +285,14 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-SUMMED = ("wait_avg_h", "wait_first_avg_h", "wait_big_avg_h", "preemptions", "lost_share")
+SUMMED = (
+    "wait_avg_h",
+    "wait_first_avg_h",
+    "wait_big_avg_h",
+    "big_waited_over_day",
+    "preemptions",
+    "lost_share",
+)
 
 
 def seed_summaries(lines: list[dict]) -> list[dict]:

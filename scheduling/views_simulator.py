@@ -148,6 +148,8 @@ def _overall_rows(result: dict) -> list[tuple[str, str, str]]:
         ("average wait", "wait_avg_s", "time"),
         ("median wait", "wait_p50_s", "time"),
         ("95th percentile wait", "wait_p95_s", "time"),
+        ("longest wait", "wait_max_s", "time"),
+        ("jobs that waited more than a day", "waited_over_day", "count"),
         ("average wait for the first start", "wait_first_avg_s", "time"),
         ("average re-wait of a preempted job", "rewait_preempted_avg_s", "time"),
         ("average wait of jobs over 8 GPUs", "wait_big_avg_s", "time"),

@@ -30,6 +30,13 @@ Definitions (the README repeats them):
 - *waits by class* (:func:`wait_by_class`): the same per priority class (first wait,
   re-wait, preemptions, and the part of the average wait its jobs carry, split by size),
   the classes that carry most first: a class below others waits for what they leave;
+- *the tail* (``wait_max_s``, ``waited_over_day``, ``wait_beyond_day_s``): the longest
+  wait of a started job (re-waits counted), how many started jobs waited more than a
+  day in all, and what the waits beyond their first day add to the average wait (the
+  sum of each started job's wait less a day, where positive, over every started job):
+  an average can hide a few jobs that starve, and this says how many and how much
+  (``big_waited_over_day``: those of them over 8 GPUs); ``wait_by_size`` gives the
+  longest wait and the count per size (``longest_h``, ``over_day``);
 - *churn*: ``preempted_jobs`` preempted at least once, ``preempted_2_plus`` /
   ``preempted_5_plus`` at least twice / five times, ``max_preemptions`` the most
   preemptions of one job.
@@ -120,6 +127,10 @@ def summarize(result: ReplayResult) -> dict:
         "wait_first_p95_s": percentile(first_waits, 0.95),
         "wait_big_avg_s": _mean(
             [run.total_wait or 0.0 for run in started if run.job.gpus > BIG_JOB_GPUS]
+        ),
+        **_tail(waits),
+        "big_waited_over_day": sum(
+            1 for run in started if run.job.gpus > BIG_JOB_GPUS and (run.total_wait or 0.0) > DAY
         ),
         "rewait_avg_s": _mean(rewaits),
         "rewait_preempted_avg_s": _mean([run.rewait for run in preempted]),
@@ -311,6 +322,16 @@ def timeline(result: ReplayResult, buckets: int = 400) -> dict[str, list[float]]
 UNPLANNED = "UNPLANNED"
 
 
+def _tail(waits: Sequence[float]) -> dict[str, float]:
+    """``wait_max_s``, ``waited_over_day`` and ``wait_beyond_day_s`` of the waits of every
+    started job (see the module doc)."""
+    return {
+        "wait_max_s": max(waits, default=0.0),
+        "waited_over_day": sum(1 for wait in waits if wait > DAY),
+        "wait_beyond_day_s": _mean([max(wait - DAY, 0.0) for wait in waits]),
+    }
+
+
 def _first_and_rewait(ran: list[JobRun]) -> dict[str, float]:
     """``first_wait_h`` and ``rewait_h``: averages over the started jobs ``ran``."""
     return {
@@ -323,7 +344,9 @@ def wait_by_size(result: ReplayResult) -> dict[str, dict]:
     """Per size of job (:data:`SIZE_BUCKETS`, by total GPUs): ``jobs``,
     ``gpu_hours_share`` (of all the jobs' GPU-hours), ``first_wait_h`` and ``rewait_h``
     (averages over the size's started jobs), ``of_average_h`` (what its jobs add to the
-    replay's average wait: their waits over every started job of the replay) and, when
+    replay's average wait: their waits over every started job of the replay),
+    ``longest_h`` (the longest wait of its jobs), ``over_day`` (its jobs that waited more
+    than a day in all) and, when
     the replay recorded them, ``reasons_h``: ``of_average_h`` split by reason code
     (:data:`UNPLANNED` for the rest, largest first)."""
     runs = result.runs
@@ -336,7 +359,8 @@ def wait_by_size(result: ReplayResult) -> dict[str, dict]:
         if not mine:
             continue
         ran = [run for run in mine if run.first_start is not None]
-        waited = sum(run.total_wait or 0.0 for run in ran)
+        waits = [run.total_wait or 0.0 for run in ran]
+        waited = sum(waits)
         entry: dict = {
             "jobs": len(mine),
             "gpu_hours_share": round(
@@ -344,6 +368,8 @@ def wait_by_size(result: ReplayResult) -> dict[str, dict]:
             ),
             **_first_and_rewait(ran),
             "of_average_h": round(waited / per_job, 4),
+            "longest_h": round(max(waits, default=0.0) / HOUR, 3),
+            "over_day": sum(1 for wait in waits if wait > DAY),
         }
         if result.wait_reasons:
             reasons = {

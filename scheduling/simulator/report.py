@@ -17,6 +17,8 @@ TABLE_COLUMNS = [
     ("p50", "wait_p50_s", None),
     ("p95", "wait_p95_s", None),
     ("p99", "wait_p99_s", None),
+    ("longest", "wait_max_s", None),
+    (">1 d", "waited_over_day", lambda v: f"{v:,}"),
     ("1st wait", "wait_first_avg_s", None),
     (">8 GPUs", "wait_big_avg_s", None),
     ("JCT avg", "jct_avg_s", None),
@@ -45,6 +47,10 @@ CSV_COLUMNS = [
     "wait_p50_s",
     "wait_p95_s",
     "wait_p99_s",
+    "wait_max_s",
+    "waited_over_day",
+    "wait_beyond_day_s",
+    "big_waited_over_day",
     "wait_first_avg_s",
     "wait_first_p50_s",
     "wait_first_p95_s",
@@ -97,8 +103,22 @@ def table(summaries: list[dict]) -> str:
 def size_table(entries: list[dict]) -> str:
     """Waits by job size (``wait_by_size``), one line per policy and size: the jobs, their
     share of the GPU-hours, their average first wait and re-wait, what they add to the
-    average wait, and the three reasons that carry most of it (with ``--wait-reasons``)."""
-    rows = [["policy", "GPUs", "jobs", "GPU-h", "1st wait", "re-wait", "of avg", "mostly"]]
+    average wait, their longest wait, how many waited more than a day, and the three
+    reasons that carry most of the average (with ``--wait-reasons``)."""
+    rows = [
+        [
+            "policy",
+            "GPUs",
+            "jobs",
+            "GPU-h",
+            "1st wait",
+            "re-wait",
+            "of avg",
+            "longest",
+            ">1 d",
+            "mostly",
+        ]
+    ]
     for entry in entries:
         for size, figures in entry["wait_by_size"].items():
             reasons = list(figures.get("reasons_h", {}).items())[:3]
@@ -111,6 +131,8 @@ def size_table(entries: list[dict]) -> str:
                     duration(figures["first_wait_h"] * 3600),
                     duration(figures["rewait_h"] * 3600),
                     duration(figures["of_average_h"] * 3600),
+                    duration(figures["longest_h"] * 3600),
+                    f"{figures['over_day']:,}",
                     ", ".join(f"{code} {duration(hours * 3600)}" for code, hours in reasons),
                 ]
             )

@@ -104,7 +104,12 @@ def test_the_bench_reports_the_peak_and_the_time_weighted_mean_of_jobs_waiting()
 
 
 def _line(policy: str, seed: int, wait: float, **more) -> dict:
-    figures = {"wait_first_avg_h": wait, "wait_big_avg_h": 2 * wait, "preemptions": seed}
+    figures = {
+        "wait_first_avg_h": wait,
+        "wait_big_avg_h": 2 * wait,
+        "big_waited_over_day": 2 * seed,
+        "preemptions": seed,
+    }
     return {"policy": policy, "seed": seed, "wait_avg_h": wait, "lost_share": 0.0} | (
         figures | more
     )
@@ -128,6 +133,7 @@ def test_the_bench_sums_up_several_seeds_per_policy():
     assert sluice["wait_avg_h_mean"] == 0.35
     assert sluice["wait_big_avg_h_mean"] == 0.7
     assert sluice["preemptions"] == [1, 2] and sluice["preemptions_mean"] == 1.5
+    assert sluice["big_waited_over_day"] == [2, 4] and sluice["big_waited_over_day_mean"] == 3
     assert sluice["vs_fifo"] == [10.0, 6.0]
     assert sluice["vs_fifo_of_means"] == round(2.5 / 0.35, 2)
     # Without FIFO for every seed of a policy there is no ratio.

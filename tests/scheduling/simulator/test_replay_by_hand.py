@@ -256,3 +256,42 @@ def test_wait_reasons_split_each_wait_by_the_engines_reason():
         1.0, abs=1e-3
     )
     assert "reasons_h" not in wait_by_size(plain)["1"]
+
+
+def test_the_tail_counts_the_jobs_that_waited_more_than_a_day():
+    # One 4-GPU node under FIFO: job1 holds it for 30 h, job2 (4 GPUs) waits 30 h - 10 s
+    # behind it, job3 (1 GPU, 1 h) 31 h - 20 s behind both.
+    jobs = [
+        sim_job(1, 0, 30 * 3600, 4),
+        sim_job(2, 10, 3600, 4),
+        sim_job(3, 20, 3600, 1),
+    ]
+    result = replay(scenario(jobs), POLICIES["fifo"], EXACT)
+    summary = summarize(result)
+
+    waits = [30 * 3600 - 10, 31 * 3600 - 20]
+    assert summary["wait_max_s"] == pytest.approx(waits[1])
+    assert summary["waited_over_day"] == 2
+    assert summary["big_waited_over_day"] == 0  # none over 8 GPUs
+    assert summary["wait_beyond_day_s"] == pytest.approx(sum(w - 86400 for w in waits) / 3)
+    by_size = wait_by_size(result)
+    assert by_size["2-4"]["over_day"] == 1 and by_size["1"]["over_day"] == 1
+    assert by_size["1"]["longest_h"] == pytest.approx(waits[1] / 3600, abs=1e-3)
+    assert by_size["2-4"]["longest_h"] == pytest.approx(waits[0] / 3600, abs=1e-3)
+
+
+def test_the_tail_of_jobs_over_8_gpus_is_counted_apart():
+    # Three 4-GPU nodes: two 12-GPU gangs one after the other; the second waits 25 h.
+    jobs = [sim_job(1, 0, 25 * 3600, 4, nodes=3), sim_job(2, 5, 3600, 4, nodes=3)]
+    summary = summarize(replay(scenario(jobs, nodes=3), POLICIES["fifo"], EXACT))
+
+    assert summary["wait_max_s"] == pytest.approx(25 * 3600 - 5)
+    assert summary["waited_over_day"] == summary["big_waited_over_day"] == 1
+
+
+def test_a_replay_without_a_long_wait_has_no_tail():
+    summary = summarize(replay(scenario(BACKFILL_TRACE), SUBMIT_ORDER["sluice"], EXACT))
+
+    assert summary["wait_max_s"] == pytest.approx(197)
+    assert summary["waited_over_day"] == 0
+    assert summary["wait_beyond_day_s"] == 0
