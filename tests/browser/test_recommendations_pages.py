@@ -165,6 +165,9 @@ def test_recommendations_pages_as_platform_admin(
     page.click("#rec-simulate")
     page.wait_for_url("**/simulate/*/")
     expect(page.locator("#simulation-status")).to_contain_text("Per tenant", timeout=60_000)
+    # The tail next to the averages: how long the longest wait was, before and after.
+    expect(page.locator("#simulation-status")).to_contain_text("longest wait")
+    page.screenshot(path=str(folder / "simulation-run.png"), full_page=True)
     page.goto(f"/recommendations/{lower.pk}/")
     expect(page.locator("#rec-effect")).to_contain_text("vision: guaranteed GPUs")
     page.screenshot(path=str(folder / "recommendation-detail.png"), full_page=True)
