@@ -377,9 +377,10 @@ SLUICE_USAGE_HALF_LIFE_SECONDS = env_int("SLUICE_USAGE_HALF_LIFE_SECONDS", 7 * 2
 #   later ties with it). 6 h measured best on the ITP trace: 1 h made the order nearly
 #   FIFO in long backlogs (see README, "Who goes first").
 # - SLUICE_MAX_WAIT_SECONDS (12 h): a job that has waited this long since its submission
-#   goes before every job of its class and band that has waited less, whatever its size:
-#   its start is guaranteed. Each workload policy sets its own (max_wait_seconds); this one
-#   applies to workload types without a policy.
+#   goes before every job of its class and band that has waited less, whatever its size
+#   (higher classes and lower fair-share bands still go first: an order, not a bound on
+#   the wait). Each workload policy sets its own (max_wait_seconds); this one applies to
+#   workload types without a policy.
 SLUICE_SIZE_ORDER = env_bool("SLUICE_SIZE_ORDER", True)
 SLUICE_SIZE_HALVING_SECONDS = env_int("SLUICE_SIZE_HALVING_SECONDS", 6 * 3600)
 SLUICE_MAX_WAIT_SECONDS = env_int("SLUICE_MAX_WAIT_SECONDS", 12 * 3600)

@@ -20,8 +20,11 @@ big as another one submitted ``size_halving_seconds`` later ties with it. Becaus
 terms are fixed once a job is submitted, the order between two waiting jobs never
 changes over time; a job that has waited its *maximum wait* (``max_wait_seconds`` of the
 job's workload policy, else the snapshot's) goes before every job of its class and band
-that has waited less, oldest first: a big or long job's start is guaranteed that way,
-whatever small work keeps arriving. Between bands the lowest share goes first as before.
+that has waited less, oldest first: small work that keeps arriving in its class and band
+no longer passes a big or long job. Between bands the lowest share goes first as before.
+The maximum wait is an order, not a bound on the wait: higher classes and lower bands
+still go first, and a job at its preemption limit waits for room inside its tenant's
+guarantee (measured in the README, *Where the big jobs' wait sits*).
 
 With ``size_order`` off, inside a class the lowest share goes first, then submit time.
 Then id, always.
