@@ -17,10 +17,10 @@ the pools of any trace; ``--max-jobs N`` replays only the first N jobs by submit
 (for profiling). Every line gives the waits' tail too: ``wait_max_h`` (the longest
 wait of one job), ``waited_over_day`` and ``big_waited_over_day`` (jobs, and jobs over
 8 GPUs, that waited more than a day in all) and ``wait_beyond_day_h`` (what the waits
-beyond their first day add to the average). ``--wait-reasons`` adds ``wait_by_size``: per size of job, its waits
-and the part of the average it carries, split by the reason the engine gave its jobs
-while they waited (``scheduling.simulator.metrics.wait_by_size``), and ``wait_by_class``:
-the same per priority class, split by size (``wait_by_class``). ``--knob NAME=VALUE``
+beyond their first day add to the average). ``--wait-reasons`` adds ``wait_by_size``:
+per size of job, its waits and the part of the average it carries, split by the reason
+the engine gave its jobs while they waited (``scheduling.simulator.metrics.wait_by_size``),
+and ``wait_by_class``: the same per priority class, split by size (``wait_by_class``). ``--knob NAME=VALUE``
 sets an engine setting of every policy but FIFO (e.g.
 ``preemption_min_gain_seconds=3600``) and ``--workload FIELD=VALUE`` a field of the
 scenario's workload policy (e.g. ``min_runtime_before_preemption=1800``), to measure a

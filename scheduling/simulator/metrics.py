@@ -99,6 +99,7 @@ def summarize(result: ReplayResult) -> dict:
     runs = result.runs
     started = [run for run in runs if run.first_start is not None]
     waits = sorted(run.total_wait or 0.0 for run in started)
+    big_waits = [run.total_wait or 0.0 for run in started if run.job.gpus > BIG_JOB_GPUS]
     first_waits = sorted(run.first_wait or 0.0 for run in started)
     rewaits = [run.rewait for run in started]
     preempted = [run for run in runs if run.preemptions]
@@ -125,13 +126,11 @@ def summarize(result: ReplayResult) -> dict:
         "wait_first_avg_s": _mean(first_waits),
         "wait_first_p50_s": percentile(first_waits, 0.50),
         "wait_first_p95_s": percentile(first_waits, 0.95),
-        "wait_big_avg_s": _mean(
-            [run.total_wait or 0.0 for run in started if run.job.gpus > BIG_JOB_GPUS]
-        ),
-        **_tail(waits),
-        "big_waited_over_day": sum(
-            1 for run in started if run.job.gpus > BIG_JOB_GPUS and (run.total_wait or 0.0) > DAY
-        ),
+        "wait_big_avg_s": _mean(big_waits),
+        "wait_max_s": max(waits, default=0.0),
+        "waited_over_day": _over_day(waits),
+        "wait_beyond_day_s": _mean([max(wait - DAY, 0.0) for wait in waits]),
+        "big_waited_over_day": _over_day(big_waits),
         "rewait_avg_s": _mean(rewaits),
         "rewait_preempted_avg_s": _mean([run.rewait for run in preempted]),
         "jct_avg_s": _mean([run.finish - run.job.submit for run in ends]),
@@ -322,14 +321,9 @@ def timeline(result: ReplayResult, buckets: int = 400) -> dict[str, list[float]]
 UNPLANNED = "UNPLANNED"
 
 
-def _tail(waits: Sequence[float]) -> dict[str, float]:
-    """``wait_max_s``, ``waited_over_day`` and ``wait_beyond_day_s`` of the waits of every
-    started job (see the module doc)."""
-    return {
-        "wait_max_s": max(waits, default=0.0),
-        "waited_over_day": sum(1 for wait in waits if wait > DAY),
-        "wait_beyond_day_s": _mean([max(wait - DAY, 0.0) for wait in waits]),
-    }
+def _over_day(waits: Sequence[float]) -> int:
+    """How many of ``waits`` (seconds) are longer than a day."""
+    return sum(1 for wait in waits if wait > DAY)
 
 
 def _first_and_rewait(ran: list[JobRun]) -> dict[str, float]:
@@ -369,7 +363,7 @@ def wait_by_size(result: ReplayResult) -> dict[str, dict]:
             **_first_and_rewait(ran),
             "of_average_h": round(waited / per_job, 4),
             "longest_h": round(max(waits, default=0.0) / HOUR, 3),
-            "over_day": sum(1 for wait in waits if wait > DAY),
+            "over_day": _over_day(waits),
         }
         if result.wait_reasons:
             reasons = {
