@@ -29,6 +29,10 @@ seed and ends with a ``summary`` line per policy: each figure per seed and its m
 with ``fifo`` among the policies the ratio of FIFO's average wait to the policy's (a
 lever is judged on several seeds: one seed to the next moves a figure by up to a quarter).
 ``--class-mix high=0.1,normal=0.9`` draws the classes of jobs without one with other weights.
+``--reference sjf,sjf-classes,srtf,srtf-limited`` (one pool only) adds a line per reference
+scheduler on the same scenario (``scheduling.simulator.reference``: real runtimes known, no
+quotas, no reservations; what a kind of scheduler can reach, for scale, not a policy),
+counted in the seed summaries like a policy (``ref-`` before its name).
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from scheduling.simulator.model import WorkloadSpec  # noqa: E402
 from scheduling.simulator.parallel import replay_split  # noqa: E402
 from scheduling.simulator.policies import KNOBS  # noqa: E402
 from scheduling.simulator.readers import load_trace  # noqa: E402
+from scheduling.simulator.reference import parse_references, run_reference  # noqa: E402
 from scheduling.simulator.scenario import (  # noqa: E402
     DEFAULT_CLASS_MIX,
     DEFAULT_TARGET_LOAD,
@@ -145,6 +150,13 @@ def main() -> None:
         "wait_by_class (per priority class, split by size)",
     )
     parser.add_argument(
+        "--reference",
+        type=references,
+        default=[],
+        help="reference schedulers to replay too, one pool only (sjf, sjf-classes, srtf, "
+        "srtf-limited; scheduling.simulator.reference)",
+    )
+    parser.add_argument(
         "--knob",
         action="append",
         default=[],
@@ -163,6 +175,8 @@ def main() -> None:
     knobs = parse_knobs(args.knob)
     cluster = "cluster01" if args.quick else args.cluster
     one_pool = args.one_pool or args.deep
+    if args.reference and not one_pool:
+        parser.error("--reference needs one pool (--one-pool or --deep)")
     load = args.load if args.load is not None else DEEP_LOAD if args.deep else DEFAULT_TARGET_LOAD
     target = DEEP_TARGET_SECONDS if args.deep else TARGET_SECONDS
     loaded = time.perf_counter()
@@ -263,13 +277,46 @@ def replay_seed(args, trace, seed, read, knobs, one_pool, load, target) -> list[
             line["wait_by_class"] = wait_by_class(result)
         print(json.dumps(line), flush=True)
         lines.append(line)
+    for reference in args.reference:
+        line = reference_line(run_reference(scenario, reference), scenario.name, load, seed)
+        print(json.dumps(line), flush=True)
+        lines.append(line)
     return lines
+
+
+def reference_line(result, trace: str, load: float, seed: int) -> dict:
+    """A reference scheduler's figures, named and rounded as a policy's are."""
+    return {
+        "trace": trace,
+        "policy": f"ref-{result.reference.name}",
+        "reference": result.reference.description,
+        "jobs": result.jobs,
+        "load": load,
+        "seed": seed,
+        "wall_s": round(result.wall_seconds, 2),
+        "wait_avg_h": round(result.wait_avg_s / 3600, 3),
+        "wait_first_avg_h": round(result.wait_first_avg_s / 3600, 3),
+        "wait_big_avg_h": round(result.wait_big_avg_s / 3600, 3),
+        "wait_max_h": round(result.wait_max_s / 3600, 1),
+        "big_waited_over_day": result.big_waited_over_day,
+        "preemptions": result.preemptions,
+        "max_preemptions": result.max_preemptions,
+        "lost_share": round(result.lost_share, 4),
+    }
 
 
 def class_mix(text: str) -> tuple[tuple[str, float], ...]:
     """``--class-mix`` (:func:`~scheduling.simulator.scenario.parse_class_mix`)."""
     try:
         return parse_class_mix(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def references(text: str):
+    """``--reference`` (:func:`~scheduling.simulator.reference.parse_references`)."""
+    try:
+        return parse_references(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
 

@@ -14,6 +14,7 @@ import pytest
 from scheduling.engine import QuotaInfo
 from scheduling.simulator import POLICIES, SimConfig, Trace, TraceJob, WorkloadSpec, build_scenario
 from scheduling.simulator.cli import add_arguments, run
+from scheduling.simulator.reference import REFERENCES, run_reference
 from scheduling.simulator.scenario import DEFAULT_POOL, ScenarioOptions, merge_pools
 from scheduling.simulator.simulation import INF, WAKE, Replay, _may_stop, stoppable_times
 
@@ -139,6 +140,20 @@ def test_the_bench_sums_up_several_seeds_per_policy():
     # Without FIFO for every seed of a policy there is no ratio.
     (alone,) = bench.seed_summaries([_line("sluice", 1, 0.2), _line("sluice", 2, 0.5)])
     assert "vs_fifo" not in alone
+
+
+def test_a_reference_scheduler_line_is_summed_up_with_its_ratio_to_fifo():
+    bench = _bench()
+    # srtf on one node of 4: B (1 GPU x 10 s at 5) stops A (4 x 1000 s), which waits 10 s.
+    jobs = [sim_job(1, 0, 1000, 4), sim_job(2, 5, 10, 1)]
+    result = run_reference(scenario(jobs), REFERENCES["srtf"], tick=0)
+
+    line = bench.reference_line(result, "hand-made", 0.85, 1)
+    (_, summary) = bench.seed_summaries([_line("fifo", 1, 0.01), line])
+
+    assert line["policy"] == "ref-srtf" and line["reference"].startswith("preemptive")
+    assert (line["wait_avg_h"], line["preemptions"], line["max_preemptions"]) == (0.001, 1, 1)
+    assert summary["summary"] == "ref-srtf" and summary["vs_fifo"] == [10.0]
 
 
 def test_the_bench_takes_one_seed_or_several():
