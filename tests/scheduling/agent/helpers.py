@@ -164,6 +164,14 @@ def waiting_job(trigger: Path) -> list[str]:
     return [PYTHON, "-c", WAIT_FOR_FILE, str(trigger)]
 
 
+def release(trigger: Path, exit_code: str = "0") -> None:
+    """Let a :func:`waiting_job` end with ``exit_code``. The file appears whole (written
+    beside it, then renamed): written in place, the job may find it still empty and exit 0."""
+    written = trigger.with_name(trigger.name + ".part")
+    written.write_text(exit_code)
+    written.replace(trigger)
+
+
 #: A job that ignores SIGTERM and says so once the handler is in place.
 IGNORES_SIGTERM = (
     "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "

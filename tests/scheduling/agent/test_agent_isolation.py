@@ -33,6 +33,7 @@ from tests.scheduling.agent.helpers import (
     NOT_ROOT_REASON,
     launch,
     python_job,
+    release,
     waiting_job,
 )
 
@@ -224,7 +225,7 @@ def test_modes_and_owners_of_the_job_directory(make_agent, tmp_path, job_account
         h.send(launch(6, waiting_job(trigger), checkpoint_dir="run/ckpt"))
         h.wait_report("started", 6)
         h.wait_for(lambda: h.log_text(6) == "waiting\n")
-        trigger.write_text("0")
+        release(trigger)
         assert h.wait_report("exited", 6)["exit_code"] == 0
     finally:
         os.umask(old)

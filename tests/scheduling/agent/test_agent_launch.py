@@ -6,7 +6,15 @@ from pathlib import Path
 
 from scheduling.agent.protocol import validate_report
 from scheduling.agent.runner import SYSTEM_JOB_PATH
-from tests.scheduling.agent.helpers import IS_ROOT, PYTHON, launch, python_job, stop, waiting_job
+from tests.scheduling.agent.helpers import (
+    IS_ROOT,
+    PYTHON,
+    launch,
+    python_job,
+    release,
+    stop,
+    waiting_job,
+)
 
 SHOW_ENV = """
 import os
@@ -155,7 +163,7 @@ def test_duplicate_launch_starts_nothing_new(make_agent, tmp_path):
     h.wait_for(lambda: len(h.of_type("started", 10)) == 2)
     assert {r["pid"] for r in h.of_type("started", 10)} == {first["pid"]}
 
-    trigger.write_text("0")
+    release(trigger)
     h.wait_report("exited", 10)
     h.send(message)  # after the end: the exit is repeated, nothing is started
     h.wait_for(lambda: len(h.of_type("exited", 10)) == 2)

@@ -3,7 +3,7 @@
 import json
 
 from scheduling.agent.protocol import log_truncated_marker
-from tests.scheduling.agent.helpers import PYTHON, launch, python_job
+from tests.scheduling.agent.helpers import PYTHON, launch, python_job, release
 
 #: Prints ``n`` bytes, waits for a file, prints more, writes "done" in its workspace.
 TALKER = """
@@ -29,7 +29,7 @@ def test_output_beyond_the_cap_is_cut_with_a_marker_and_the_job_goes_on(make_age
     h.wait_for(lambda: any(d == marker for _, d in _logs(h, 1)))
     # Once the marker is out the node keeps no more than the cap on disk either.
     h.wait_for(lambda: h.paths(1).log.stat().st_size == 1000)
-    trigger.write_text("")
+    release(trigger, "")
     exited = h.wait_report("exited", 1)
     assert (exited["exit_code"], exited["stop_reason"]) == (0, None)  # not killed
     assert (h.workspace(1) / "done").read_text() == "still ran"
@@ -74,7 +74,7 @@ def test_a_restarted_agent_does_not_resume_shipping(make_agent, tmp_path):
     first.agent.close()
 
     second = make_agent(work_dir=work)
-    trigger.write_text("")
+    release(trigger, "")
     assert second.wait_report("exited", 5)["exit_code"] == 0
     assert not second.of_type("log", 5)
 

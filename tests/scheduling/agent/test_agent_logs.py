@@ -3,7 +3,7 @@
 import pytest
 
 from scheduling.agent.agent import Outbox, utf8_complete_length
-from tests.scheduling.agent.helpers import launch, python_job, waiting_job
+from tests.scheduling.agent.helpers import launch, python_job, release, waiting_job
 
 
 @pytest.mark.parametrize(
@@ -45,7 +45,7 @@ def test_output_is_shipped_while_the_job_runs(make_agent, tmp_path):
     h.send(launch(2, waiting_job(tmp_path / "go")))
     h.wait_for(lambda: h.log_text(2) == "waiting\n")
     assert not h.of_type("exited", 2)
-    (tmp_path / "go").write_text("0")
+    release(tmp_path / "go")
     h.wait_report("exited", 2)
     assert h.log_text(2) == "waiting\n"
 

@@ -10,6 +10,7 @@ from tests.scheduling.agent.helpers import (
     IGNORES_SIGTERM,
     launch,
     python_job,
+    release,
     stop,
     wait_until,
     waiting_job,
@@ -32,7 +33,7 @@ def test_restarted_agent_adopts_a_running_job_and_reports_its_exit(make_agent, t
         {"job_id": 1, "attempt": 1, "pid": started["pid"], "running": True, "stop_reason": None}
     ]
     assert second.of_type("heartbeat")[0]["jobs"][0]["running"] is True
-    trigger.write_text("4")
+    release(trigger, "4")
     exited = second.wait_report("exited", 1)
     # The wrapper wrote the exit code down, so it survives the change of agent.
     assert (exited["exit_code"], exited["signal"]) == (4, None)
@@ -48,7 +49,7 @@ def test_job_that_ended_while_the_agent_was_down_is_reported_once(make_agent, tm
     first.send(launch(2, waiting_job(trigger)))
     first.wait_report("started", 2)
     first.agent.close()
-    trigger.write_text("0")
+    release(trigger)
     exit_file = first.paths(2).exit
     wait_until(exit_file.exists)
 

@@ -11,7 +11,7 @@ import pytest
 from scheduling.agent import agent as agent_module
 from scheduling.agent import wakeups
 from scheduling.agent.protocol import stop_message
-from tests.scheduling.agent.helpers import launch, python_job, stop, waiting_job
+from tests.scheduling.agent.helpers import launch, python_job, release, stop, waiting_job
 
 NEEDS_PIDFD = pytest.mark.skipif(
     not wakeups.pidfds_supported(), reason="the kernel gives no pidfds"
@@ -32,7 +32,7 @@ def running_job(h, trigger, job_id: int = 1) -> None:
 
 def ended_pass(h, trigger) -> float:
     """End the job waiting on ``trigger``; how long the next pass (timeout 5 s) took."""
-    trigger.write_text("3")
+    release(trigger, "3")
     return timed_tick(h)
 
 
@@ -85,7 +85,7 @@ def test_without_any_signal_an_exit_is_found_by_polling(make_agent, tmp_path, mo
     trigger = tmp_path / "go"
     running_job(h, trigger)
     assert h.agent._wait_time() <= 0.05  # polled: the wait is capped by poll_seconds
-    trigger.write_text("0")
+    release(trigger)
     assert h.wait_report("exited", 1)["exit_code"] == 0
 
 
@@ -177,7 +177,7 @@ def test_an_agent_stopped_before_the_wrapper_answered_never_starts_the_job_twice
     second.agent.tick(0)
     assert len(second.of_type("started", 1)) == 2
     assert second.agent.jobs[(1, 1)].pid == pid
-    trigger.write_text("0")
+    release(trigger)
     assert second.wait_report("exited", 1)["exit_code"] == 0
 
 
