@@ -1,29 +1,34 @@
-"""Reference schedulers: what a kind of scheduler can reach on a scenario, for scale.
+"""Reference schedulers: how far a kind of scheduler gets on a scenario, for scale.
 
 None of these is Sluice's engine or a policy a platform team could pick. Each knows every
 job's real runtime (Sluice knows only the declared limit and what it learnt from finished
 jobs), ignores tenants, quotas and fair share, starts a job the moment a dispatch tick
 finds it room (no reservations, so nothing keeps a big job from starving) and, where it
-preempts, stops a job at once, without a grace period. They answer one question about a
-target such as "the average wait 10x below FIFO's": can any scheduler of this kind reach
-it on these jobs and this cluster, and at what cost to big jobs and to lost work?
+preempts, stops a job at once, without a grace period. Each is one strong heuristic of its
+kind, not an optimum (greedy list scheduling with multi-GPU jobs is not optimal for the
+average wait). They answer a question about a target such as "the average wait 10x below
+FIFO's": how near does a scheduler of this kind, freed of what Sluice does not know and
+of the rules it keeps, get on these jobs and this cluster, and at what cost to big jobs
+and to lost work?
 
 - ``sjf``: non-preemptive; the waiting jobs, smallest GPU-time (GPUs x runtime) first,
-  start wherever they fit on the nodes as they are (best fit: the node with the fewest
-  GPUs free that still fit). The order Sluice's size key approximates (``log2(GPUs) +
+  start wherever they fit on the nodes as they are (best fit: a node with the fewest GPUs
+  free that still fit). The order Sluice's size key approximates (``log2(GPUs) +
   log2(runtime)`` inside a class and fair-share band), with the true runtimes.
 - ``sjf-classes``: the same, a higher priority class first.
 - ``srtf``: preemptive shortest-remaining-GPU-time first, the kind of scheduler the
   literature's 10-50x come from (Tiresias, SRTF on Philly-like traces): at every tick the
-  running and the waiting jobs are laid out again, in that order, over the GPUs as if
-  any job could move to any node for free; a running job left out is stopped and loses
-  nothing. An upper bound for preemptive schedulers, not a schedule one could run.
-- ``srtf-limited``: ``srtf`` with Sluice's costs and limits: a higher class first, a job
-  runs 5 minutes before it may be stopped, stopped at most 3 times (then it runs to its
-  end), and a stop loses the work since its last checkpoint (every 30 minutes of a run).
+  running and the waiting jobs are laid out again, in that order, as if any job could move
+  to any node for free; a running job left out is stopped and loses nothing. Not a
+  schedule one could run.
+- ``srtf-limited``: ``srtf`` with costs and limits like Sluice's defaults: a higher class
+  first, a job runs 5 minutes before it may be stopped and is stopped at most 3 times (a
+  job it may not stop stays on its nodes, the others are laid out around it), and a stop
+  loses the work since the job's last checkpoint (every 30 minutes of a run).
 
-A job runs its trace duration, cut at its declared limit as in the replay (each stop
-counts its elapsed run against that total). Waits count every re-wait after a stop, as
+A job's work is its trace duration cut at its declared limit (the replay kills each run at
+the limit; here the limit caps the job's total work, and work lost at a stop is done
+again). Waits count every re-wait after a stop, as
 :func:`scheduling.simulator.metrics.summarize` does. The dispatch tick is the replay's
 (5 s): arrivals and ends are acted on at the next multiple of it.
 """
@@ -34,6 +39,7 @@ import heapq
 import math
 import time
 from dataclasses import dataclass
+from itertools import islice
 
 from .model import Scenario, SimJob
 
@@ -117,25 +123,68 @@ def parse_references(text: str) -> list[Reference]:
     return [REFERENCES[name] for name in dict.fromkeys(names)]
 
 
-class _State:
-    """Per-job state of one reference run, in lists indexed like the sorted jobs."""
+def run_reference(scenario: Scenario, reference: Reference, tick: float = 5.0) -> ReferenceResult:
+    """Replay ``scenario`` under ``reference``; see the module docstring. Raises
+    ValueError for a scenario of several pools or GPU models, or a job no node set fits."""
+    began = time.perf_counter()
+    runner = _Preemptive if reference.preemptive else _Greedy
+    run = runner(scenario, reference, tick)
+    run.loop()
+    return run.result(time.perf_counter() - began)
 
-    def __init__(self, scenario: Scenario, reference: Reference) -> None:
-        pools = {node.pool for node in scenario.nodes}
-        if len(pools) != 1 or len({node.model for node in scenario.nodes}) != 1:
+
+class _Nodes:
+    """Free GPUs per node, with the nodes grouped by how many they have free (best fit)."""
+
+    def __init__(self, sizes: list[int]) -> None:
+        self.free = list(sizes)
+        self.largest = max(sizes, default=0)
+        self.by_free: list[set[int]] = [set() for _ in range(self.largest + 1)]
+        for node, size in enumerate(sizes):
+            self.by_free[size].add(node)
+
+    def find(self, per_node: int, nodes: int) -> list[int] | None:
+        """``nodes`` nodes with ``per_node`` GPUs free each, those with the fewest free
+        first; None if there are not that many."""
+        chosen: list[int] = []
+        for free in range(per_node, self.largest + 1):
+            group = self.by_free[free]
+            if group:
+                chosen.extend(islice(group, nodes - len(chosen)))
+                if len(chosen) == nodes:
+                    return chosen
+        return None
+
+    def take(self, node: int, gpus: int) -> None:
+        """``gpus`` GPUs of ``node`` are taken (``-gpus``: given back)."""
+        self.by_free[self.free[node]].discard(node)
+        self.free[node] -= gpus
+        self.by_free[self.free[node]].add(node)
+
+
+class _Run:
+    """One replay under a reference: the jobs' state in lists indexed like the jobs sorted
+    by submit time, and the event loop; the subclasses decide at each tick."""
+
+    def __init__(self, scenario: Scenario, reference: Reference, tick: float) -> None:
+        if len({node.pool for node in scenario.nodes}) != 1 or (
+            len({node.model for node in scenario.nodes}) != 1
+        ):
             raise ValueError(
                 "reference schedulers take a scenario of one pool and one GPU model "
                 "(bench/simulate.py --one-pool or --deep)"
             )
         self.reference = reference
+        self.tick = tick
+        self.sizes = [node.gpus for node in scenario.nodes]
         self.jobs: list[SimJob] = sorted(scenario.jobs, key=lambda job: (job.submit, job.id))
-        ranks = {
-            name: rank
-            for rank, name in enumerate(
-                sorted(scenario.classes, key=lambda name: -scenario.classes[name].value)
-            )
-        }
-        self.rank = [ranks.get(job.priority_class, len(ranks)) for job in self.jobs]
+        for job in self.jobs:
+            if sum(1 for size in self.sizes if size >= job.gpus_per_node) < job.nodes:
+                raise ValueError(f"job {job.name} needs more nodes than the scenario has")
+        # A higher class ranks first (a lower rank); a class the scenario does not name, last.
+        values = {name: spec.value for name, spec in scenario.classes.items()}
+        lowest = min(values.values(), default=0) - 1
+        self.rank = [-values.get(job.priority_class, lowest) for job in self.jobs]
         self.work = [
             float(min(job.duration, job.limit) if job.limit > 0 else job.duration)
             for job in self.jobs
@@ -149,19 +198,58 @@ class _State:
         self.started = [0.0] * count
         self.end = [0.0] * count
         self.stops = [0] * count
+        self.placed: dict[int, list[int]] = {}  # running job -> its nodes
+        self.waiting: list[int] = []
         self.lost_gpu_seconds = 0.0
+        self._ends: list[tuple[float, int, int]] = []  # (end, stops then, job)
+        self._wakes: list[float] = []
+        self._arrived = 0
 
-    def start(self, index: int, now: float, ends: list[tuple[float, int, int]]) -> None:
-        """``index`` starts (or starts again) at ``now``; its end goes on the heap."""
+    def loop(self) -> None:
+        """Every event (arrival, end, wake-up), acted on at the next tick."""
+        jobs, ends, wakes = self.jobs, self._ends, self._wakes
+        while self._arrived < len(jobs) or ends:
+            upcoming = min(
+                jobs[self._arrived].submit if self._arrived < len(jobs) else math.inf,
+                ends[0][0] if ends else math.inf,
+                wakes[0] if wakes else math.inf,
+            )
+            now = math.ceil(upcoming / self.tick) * self.tick if self.tick > 0 else upcoming
+            while wakes and wakes[0] <= now:
+                heapq.heappop(wakes)
+            while ends and ends[0][0] <= now:
+                _, stops, index = heapq.heappop(ends)
+                if index in self.placed and stops == self.stops[index]:
+                    self.ended(index)
+            while self._arrived < len(jobs) and jobs[self._arrived].submit <= now:
+                self.waiting.append(self._arrived)
+                self._arrived += 1
+            if self.waiting:
+                self.dispatch(now)
+
+    def dispatch(self, now: float) -> None:
+        """Start (and, where the reference preempts, stop) jobs at tick ``now``."""
+        raise NotImplementedError
+
+    def ended(self, index: int) -> None:
+        """Job ``index`` ended: its GPUs are free."""
+        del self.placed[index]
+
+    def start(self, index: int, now: float, nodes: list[int]) -> None:
+        """``index`` starts (or starts again) at ``now`` on ``nodes``."""
         self.waited[index] += now - self.waiting_since[index]
         if self.first_wait[index] is None:
             self.first_wait[index] = self.waited[index]
         self.started[index] = now
         self.end[index] = now + self.remaining[index]
-        heapq.heappush(ends, (self.end[index], self.stops[index], index))
+        self.placed[index] = nodes
+        heapq.heappush(self._ends, (self.end[index], self.stops[index], index))
+        if self.reference.min_runtime_seconds > 0:
+            heapq.heappush(self._wakes, now + self.reference.min_runtime_seconds)
 
     def stop(self, index: int, now: float) -> None:
-        """``index`` is stopped at ``now``: it keeps the work up to its last checkpoint."""
+        """``index`` is stopped at ``now``: it keeps the work up to its last checkpoint
+        and waits again."""
         elapsed = now - self.started[index]
         interval = self.reference.checkpoint_seconds
         kept = elapsed if interval is None else elapsed // interval * interval
@@ -169,6 +257,8 @@ class _State:
         self.lost_gpu_seconds += (elapsed - kept) * self.gpus[index]
         self.stops[index] += 1
         self.waiting_since[index] = now
+        del self.placed[index]
+        self.waiting.append(index)
 
     def result(self, wall: float) -> ReferenceResult:
         """The figures of the run."""
@@ -191,187 +281,90 @@ class _State:
         )
 
 
-class _Nodes:
-    """Free GPUs per node, with the nodes grouped by how many they have free (best fit)."""
-
-    def __init__(self, sizes: list[int]) -> None:
-        self.free = list(sizes)
-        self.largest = max(sizes, default=0)
-        self.by_free: list[set[int]] = [set() for _ in range(self.largest + 1)]
-        for node, size in enumerate(sizes):
-            self.by_free[size].add(node)
-
-    def find(self, per_node: int, nodes: int) -> list[int] | None:
-        """``nodes`` nodes with ``per_node`` GPUs free each, the fullest first; None if
-        there are not that many."""
-        chosen: list[int] = []
-        for free in range(per_node, self.largest + 1):
-            group = self.by_free[free]
-            if group:
-                chosen.extend(sorted(group)[: nodes - len(chosen)])
-                if len(chosen) == nodes:
-                    return chosen
-        return None
-
-    def take(self, node: int, gpus: int) -> None:
-        """``gpus`` GPUs of ``node`` are taken (``-gpus``: given back)."""
-        self.by_free[self.free[node]].discard(node)
-        self.free[node] -= gpus
-        self.by_free[self.free[node]].add(node)
-
-
-def run_reference(scenario: Scenario, reference: Reference, tick: float = 5.0) -> ReferenceResult:
-    """Replay ``scenario`` under ``reference``; see the module docstring."""
-    began = time.perf_counter()
-    state = _State(scenario, reference)
-    sizes = [node.gpus for node in scenario.nodes]
-    if reference.preemptive:
-        _run_preemptive(state, sizes, tick)
-    else:
-        _run_greedy(state, sizes, tick)
-    return state.result(time.perf_counter() - began)
-
-
-def _next_tick(when: float, tick: float) -> float:
-    return math.ceil(when / tick) * tick if tick > 0 else when
-
-
-def _run_greedy(state: _State, sizes: list[int], tick: float) -> None:
+class _Greedy(_Run):
     """Non-preemptive: at each tick the waiting jobs, in order, start where they fit."""
-    jobs, rank, work, classes = state.jobs, state.rank, state.work, state.reference.classes
-    nodes = _Nodes(sizes)
-    placed: dict[int, list[int]] = {}
-    ends: list[tuple[float, int, int]] = []
-    waiting: list[int] = []
-    arrived = 0
-    total_free = sum(sizes)
 
-    def order(index: int) -> tuple[int, float, int]:
-        area = work[index] * jobs[index].gpus
-        return (rank[index] if classes else 0, area, index)
+    def __init__(self, scenario: Scenario, reference: Reference, tick: float) -> None:
+        super().__init__(scenario, reference, tick)
+        self.nodes = _Nodes(self.sizes)
+        self.idle = sum(self.sizes)
 
-    while arrived < len(jobs) or ends:
-        upcoming = min(
-            jobs[arrived].submit if arrived < len(jobs) else math.inf,
-            ends[0][0] if ends else math.inf,
+    def ended(self, index: int) -> None:
+        for node in self.placed[index]:
+            self.nodes.take(node, -self.jobs[index].gpus_per_node)
+        self.idle += self.gpus[index]
+        super().ended(index)
+
+    def dispatch(self, now: float) -> None:
+        classes = self.reference.classes
+        self.waiting.sort(
+            key=lambda i: (self.rank[i] if classes else 0, self.work[i] * self.gpus[i], i)
         )
-        now = _next_tick(upcoming, tick)
-        while ends and ends[0][0] <= now:
-            _, _, index = heapq.heappop(ends)
-            for node in placed.pop(index):
-                nodes.take(node, -jobs[index].gpus_per_node)
-            total_free += jobs[index].gpus
-        while arrived < len(jobs) and jobs[arrived].submit <= now:
-            waiting.append(arrived)
-            arrived += 1
-        if not waiting:
-            continue
-        waiting.sort(key=order)
         still: list[int] = []
-        for index in waiting:
-            job = jobs[index]
-            found = nodes.find(job.gpus_per_node, job.nodes) if job.gpus <= total_free else None
+        for index in self.waiting:
+            job = self.jobs[index]
+            found = None
+            if job.gpus <= self.idle:
+                found = self.nodes.find(job.gpus_per_node, job.nodes)
             if found is None:
                 still.append(index)
                 continue
             for node in found:
-                nodes.take(node, job.gpus_per_node)
-            total_free -= job.gpus
-            placed[index] = found
-            state.start(index, now, ends)
-        waiting = still
+                self.nodes.take(node, job.gpus_per_node)
+            self.idle -= job.gpus
+            self.start(index, now, found)
+        self.waiting = still
 
 
-def _run_preemptive(state: _State, sizes: list[int], tick: float) -> None:
-    """Preemptive, free migration: at each tick where a job waits, the running and the
-    waiting jobs are laid out afresh over the nodes' GPUs (only how many GPUs each node
-    has free matters then), protected jobs first (biggest per node first, so that they
-    fit again), then by class and remaining GPU-time; running jobs left out stop."""
-    reference = state.reference
-    jobs, rank, remaining, gpus = state.jobs, state.rank, state.remaining, state.gpus
-    largest = max(sizes, default=0)
-    empty = [0] * (largest + 1)
-    for size in sizes:
-        empty[size] += 1
-    ends: list[tuple[float, int, int]] = []
-    running: set[int] = set()
-    waiting: set[int] = set()
-    arrived = 0
-    limit = reference.max_preemptions
+class _Preemptive(_Run):
+    """Preemptive, free migration: at each tick where a job waits, the running jobs that
+    may not be stopped stay where they are and every other job, running or waiting, is
+    laid out afresh around them by class (where the reference has them) and remaining
+    GPU-time; running jobs left out stop."""
 
-    def protected(index: int, now: float) -> bool:
-        if index not in running:
-            return False
-        if limit and state.stops[index] >= limit:
+    def dispatch(self, now: float) -> None:
+        nodes = _Nodes(self.sizes)
+        movable: list[int] = []
+        for index, where in self.placed.items():
+            if self._protected(index, now):
+                for node in where:
+                    nodes.take(node, self.jobs[index].gpus_per_node)
+            else:
+                movable.append(index)
+        movable.extend(self.waiting)
+        movable.sort(key=lambda i: self._priority(i, now))
+        idle = sum(nodes.free)
+        chosen: dict[int, list[int]] = {}
+        for index in movable:
+            job = self.jobs[index]
+            found = nodes.find(job.gpus_per_node, job.nodes) if job.gpus <= idle else None
+            if found is not None:
+                for node in found:
+                    nodes.take(node, job.gpus_per_node)
+                idle -= job.gpus
+                chosen[index] = found
+        self._apply(chosen, now)
+
+    def _protected(self, index: int, now: float) -> bool:
+        """A running job this reference may not stop now (its limit, its minimum run)."""
+        limit = self.reference.max_preemptions
+        if limit and self.stops[index] >= limit:
             return True
-        return now - state.started[index] < reference.min_runtime_seconds
+        return now - self.started[index] < self.reference.min_runtime_seconds
 
-    # When a running job's minimum runtime is over: it may be stopped from then on, so
-    # a waiting job is looked at again then (as the replay wakes for it).
-    wakes: list[float] = []
-    while arrived < len(jobs) or ends:
-        upcoming = min(
-            jobs[arrived].submit if arrived < len(jobs) else math.inf,
-            ends[0][0] if ends else math.inf,
-            wakes[0] if wakes else math.inf,
-        )
-        now = _next_tick(upcoming, tick)
-        while wakes and wakes[0] <= now:
-            heapq.heappop(wakes)
-        while ends and ends[0][0] <= now:
-            _, stops, index = heapq.heappop(ends)
-            if index in running and stops == state.stops[index]:
-                running.discard(index)
-        while arrived < len(jobs) and jobs[arrived].submit <= now:
-            waiting.add(arrived)
-            arrived += 1
-        if not waiting:
-            continue
-        kept = [i for i in running if protected(i, now)]
-        kept.sort(key=lambda i: -jobs[i].gpus_per_node)
-        others = [i for i in running if not protected(i, now)] + list(waiting)
-        others.sort(
-            key=lambda i: (
-                rank[i] if reference.classes else 0,
-                (state.end[i] - now if i in running else remaining[i]) * gpus[i],
-                i,
-            )
-        )
-        counts = list(empty)  # counts[f]: nodes with f GPUs free
-        free = sum(sizes)
-        chosen: set[int] = set()
-        for index in kept + others:
-            job = jobs[index]
-            if job.gpus > free:
-                continue
-            if _fit(counts, job.gpus_per_node, job.nodes):
-                chosen.add(index)
-                free -= job.gpus
-        for index in [i for i in running if i not in chosen]:
-            running.discard(index)
-            state.stop(index, now)
-            waiting.add(index)
-        for index in [i for i in waiting if i in chosen]:
-            waiting.discard(index)
-            running.add(index)
-            state.start(index, now, ends)
-            if reference.min_runtime_seconds > 0:
-                heapq.heappush(wakes, now + reference.min_runtime_seconds)
+    def _priority(self, index: int, now: float) -> tuple[int, float, int]:
+        left = self.end[index] - now if index in self.placed else self.remaining[index]
+        return (self.rank[index] if self.reference.classes else 0, left * self.gpus[index], index)
 
-
-def _fit(counts: list[int], per_node: int, nodes: int) -> bool:
-    """Take ``nodes`` x ``per_node`` GPUs from the fullest nodes that have them (counts
-    of nodes by GPUs free, changed in place); False, and nothing taken, if they lack."""
-    have = sum(counts[per_node:])
-    if have < nodes:
-        return False
-    needed = nodes
-    for free in range(per_node, len(counts)):
-        take = min(counts[free], needed)
-        if take:
-            counts[free] -= take
-            counts[free - per_node] += take
-            needed -= take
-            if not needed:
-                break
-    return True
+    def _apply(self, chosen: dict[int, list[int]], now: float) -> None:
+        """Stop the movable running jobs left out, move the others (free), start the
+        waiting jobs chosen."""
+        for index in [i for i in self.placed if not self._protected(i, now)]:
+            if index in chosen:
+                self.placed[index] = chosen[index]
+            else:
+                self.stop(index, now)
+        starting = [i for i in self.waiting if i in chosen]
+        self.waiting = [i for i in self.waiting if i not in chosen]
+        for index in starting:
+            self.start(index, now, chosen[index])

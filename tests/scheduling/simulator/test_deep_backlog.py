@@ -144,15 +144,16 @@ def test_the_bench_sums_up_several_seeds_per_policy():
 
 def test_a_reference_scheduler_line_is_summed_up_with_its_ratio_to_fifo():
     bench = _bench()
-    # srtf on one node of 4: B (1 GPU x 10 s at 5) stops A (4 x 1000 s), which waits 10 s.
-    jobs = [sim_job(1, 0, 1000, 4), sim_job(2, 5, 10, 1)]
+    # srtf on one node of 4: B (1 GPU x 1 h at 5 s) stops A (4 x 100,000 s), which waits
+    # 1 h: 0.5 h on average.
+    jobs = [sim_job(1, 0, 100_000, 4), sim_job(2, 5, 3600, 1)]
     result = run_reference(scenario(jobs), REFERENCES["srtf"], tick=0)
 
     line = bench.reference_line(result, "hand-made", 0.85, 1)
-    (_, summary) = bench.seed_summaries([_line("fifo", 1, 0.01), line])
+    (_, summary) = bench.seed_summaries([_line("fifo", 1, 5.0), line])
 
     assert line["policy"] == "ref-srtf" and line["reference"].startswith("preemptive")
-    assert (line["wait_avg_h"], line["preemptions"], line["max_preemptions"]) == (0.001, 1, 1)
+    assert (line["wait_avg_h"], line["preemptions"], line["max_preemptions"]) == (0.5, 1, 1)
     assert summary["summary"] == "ref-srtf" and summary["vs_fifo"] == [10.0]
 
 

@@ -55,14 +55,95 @@ def test_srtf_stops_a_long_job_for_a_short_one_and_counts_its_re_wait():
 def test_srtf_lays_a_gang_out_over_whole_nodes_before_a_longer_small_job():
     # Two nodes of 4. A: 1 GPU x 100 s at 0. B: 2 nodes x 4 GPUs x 10 s at 1 (GPU-time 80
     # against A's remaining 99): B needs both whole nodes, so A stops at 1 and starts
-    # again at 11. The 8-GPU gang is no "job over 8 GPUs".
+    # again at 11.
     jobs = [sim_job(1, 0, 100, 1), sim_job(2, 1, 10, 4, nodes=2)]
 
     result = run_reference(scenario(jobs, nodes=2), REFERENCES["srtf"], tick=0)
 
     assert result.wait_avg_s == pytest.approx((10 + 0) / 2)
     assert result.preemptions == 1
-    assert result.wait_big_avg_s == 0
+
+
+def test_srtf_takes_a_running_job_by_what_it_has_left_not_by_its_whole_length():
+    # A: 4 GPUs x 100 s at 0. B: 4 x 60 s at 50, GPU-time 240 against A's 50 s left x 4 =
+    # 200: A runs on, B starts at 100.
+    jobs = [sim_job(1, 0, 100, 4), sim_job(2, 50, 60, 4)]
+
+    result = run_reference(scenario(jobs), REFERENCES["srtf"], tick=0)
+
+    assert result.preemptions == 0
+    assert result.wait_avg_s == pytest.approx((0 + 50) / 2)
+
+
+def test_srtf_limited_keeps_the_work_up_to_the_last_checkpoint():
+    # A: 4 GPUs x 4000 s at 0. B (1 x 10 s) at 2000 stops A, which keeps its first 1800 s
+    # (one 30-minute checkpoint) and loses 200 s on 4 GPUs; A runs again 2010-4210.
+    jobs = [sim_job(1, 0, 4000, 4), sim_job(2, 2000, 10, 1)]
+
+    result = run_reference(scenario(jobs), REFERENCES["srtf-limited"], tick=0)
+
+    assert result.wait_avg_s == pytest.approx((10 + 0) / 2)
+    assert result.lost_share == pytest.approx(800 / (4000 * 4 + 10 + 800))
+
+
+def test_srtf_limited_never_stops_a_job_it_may_not_stop_to_fit_the_others_around_it():
+    # Two nodes of 7 GPUs filled at 0 by 2, 2, 3 and 2, 2, 3 GPUs (priority order), which
+    # largest-first would not fit again. C (1 GPU) at 10: every job has run under 5 minutes,
+    # so nothing is stopped and nothing moves; C starts at 300, when the 3-GPU job of 300 s
+    # ends and the others may be stopped (no need: C fits).
+    jobs = [
+        sim_job(1, 0, 400, 2),
+        sim_job(2, 0, 410, 2),
+        sim_job(3, 0, 300, 3),
+        sim_job(4, 0, 500, 2),
+        sim_job(5, 0, 510, 2),
+        sim_job(6, 0, 400, 3),
+        sim_job(7, 10, 10, 1),
+    ]
+
+    result = run_reference(scenario(jobs, nodes=2, gpus=7), REFERENCES["srtf-limited"], tick=0)
+
+    assert result.preemptions == 0
+    assert result.wait_avg_s == pytest.approx(290 / 7)
+
+
+def test_sjf_puts_a_job_on_the_fullest_node_it_fits():
+    # Two nodes of 4. A (3 GPUs) at 0; B (1 GPU) at 1 goes beside A, so C (4 GPUs) at 2
+    # finds a whole node and starts at once.
+    jobs = [sim_job(1, 0, 100, 3), sim_job(2, 1, 100, 1), sim_job(3, 2, 100, 4)]
+
+    result = run_reference(scenario(jobs, nodes=2), REFERENCES["sjf"], tick=0)
+
+    assert result.wait_avg_s == 0
+
+
+def test_sjf_starts_a_gang_only_on_as_many_nodes_with_room_each():
+    # Two nodes of 4. A (2 GPUs) at 0. B (2 nodes x 3 GPUs) at 1: 6 GPUs are idle, but only
+    # one node has 3 of them: B waits for A's end at 100.
+    jobs = [sim_job(1, 0, 100, 2), sim_job(2, 1, 50, 3, nodes=2)]
+
+    result = run_reference(scenario(jobs, nodes=2), REFERENCES["sjf"], tick=0)
+
+    assert result.wait_avg_s == pytest.approx((0 + 99) / 2)
+
+
+def test_only_jobs_over_8_gpus_count_as_big():
+    # Three nodes of 4. A (1 GPU x 100 s) at 0. B (3 nodes x 4, 12 GPUs x 10 s) at 1 needs
+    # every node. C (2 x 4 x 50 s) at 2 fits two whole nodes now. D (2 x 4 x 10 s) at 3
+    # waits for C's end at 52 and goes before B (GPU-time 80 against 120). B starts when A
+    # ends at 100. Waits: A 0, B 99, C 0, D 49; only B is over 8 GPUs.
+    jobs = [
+        sim_job(1, 0, 100, 1),
+        sim_job(2, 1, 10, 4, nodes=3),
+        sim_job(3, 2, 50, 4, nodes=2),
+        sim_job(4, 3, 10, 4, nodes=2),
+    ]
+
+    result = run_reference(scenario(jobs, nodes=3), REFERENCES["sjf"], tick=0)
+
+    assert result.wait_avg_s == pytest.approx((0 + 99 + 0 + 49) / 4)
+    assert result.wait_big_avg_s == 99
+    assert result.big_waited_over_day == 0
 
 
 def test_srtf_limited_waits_out_the_minimum_runtime_loses_work_since_the_checkpoint_and_stops_at_the_limit():
@@ -82,14 +163,19 @@ def test_srtf_limited_waits_out_the_minimum_runtime_loses_work_since_the_checkpo
     assert result.lost_share == pytest.approx(lost / (1000 * 4 + 10 + 10 + lost))
 
 
-def test_a_tick_delays_every_start_to_the_next_multiple():
-    # sjf with a 5 s tick: A (1 GPU) submitted at 1 starts at 5; B (4 GPUs) at 2 fits
-    # the 3 GPUs left only when A ends at 105, acted on at 105 (a multiple of 5).
-    jobs = [sim_job(1, 1, 100, 1), sim_job(2, 2, 50, 4)]
+def test_a_tick_delays_every_start_and_end_to_the_next_multiple():
+    # sjf with a 5 s tick: A (1 GPU x 101 s) submitted at 1 starts at 5 and ends at 106,
+    # seen at 110; B (4 GPUs) at 2 starts then.
+    jobs = [sim_job(1, 1, 101, 1), sim_job(2, 2, 50, 4)]
 
     result = run_reference(scenario(jobs), REFERENCES["sjf"], tick=5)
 
-    assert result.wait_avg_s == pytest.approx((4 + 103) / 2)
+    assert result.wait_avg_s == pytest.approx((4 + 108) / 2)
+
+
+def test_a_job_no_set_of_nodes_fits_is_refused():
+    with pytest.raises(ValueError, match="job job1 needs more nodes"):
+        run_reference(scenario([sim_job(1, 0, 100, 4, nodes=2)]), REFERENCES["sjf"])
 
 
 def test_a_scenario_of_several_pools_is_refused():
