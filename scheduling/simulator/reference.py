@@ -41,10 +41,8 @@ import time
 from dataclasses import dataclass
 from itertools import islice
 
+from .metrics import BIG_JOB_GPUS, DAY
 from .model import Scenario, SimJob
-
-BIG_JOB_GPUS = 8  # "jobs over 8 GPUs", as in metrics.summarize
-DAY = 86400.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +136,7 @@ class _Nodes:
 
     def __init__(self, sizes: list[int]) -> None:
         self.free = list(sizes)
+        self.idle = sum(sizes)
         self.largest = max(sizes, default=0)
         self.by_free: list[set[int]] = [set() for _ in range(self.largest + 1)]
         for node, size in enumerate(sizes):
@@ -155,10 +154,22 @@ class _Nodes:
                     return chosen
         return None
 
+    def place(self, per_node: int, nodes: int) -> list[int] | None:
+        """Take ``per_node`` GPUs on each of ``nodes`` nodes found by :meth:`find`; the
+        nodes, or None (nothing taken) if they are not there."""
+        if per_node * nodes > self.idle:
+            return None
+        found = self.find(per_node, nodes)
+        if found is not None:
+            for node in found:
+                self.take(node, per_node)
+        return found
+
     def take(self, node: int, gpus: int) -> None:
         """``gpus`` GPUs of ``node`` are taken (``-gpus``: given back)."""
         self.by_free[self.free[node]].discard(node)
         self.free[node] -= gpus
+        self.idle -= gpus
         self.by_free[self.free[node]].add(node)
 
 
@@ -287,12 +298,10 @@ class _Greedy(_Run):
     def __init__(self, scenario: Scenario, reference: Reference, tick: float) -> None:
         super().__init__(scenario, reference, tick)
         self.nodes = _Nodes(self.sizes)
-        self.idle = sum(self.sizes)
 
     def ended(self, index: int) -> None:
         for node in self.placed[index]:
             self.nodes.take(node, -self.jobs[index].gpus_per_node)
-        self.idle += self.gpus[index]
         super().ended(index)
 
     def dispatch(self, now: float) -> None:
@@ -303,16 +312,11 @@ class _Greedy(_Run):
         still: list[int] = []
         for index in self.waiting:
             job = self.jobs[index]
-            found = None
-            if job.gpus <= self.idle:
-                found = self.nodes.find(job.gpus_per_node, job.nodes)
+            found = self.nodes.place(job.gpus_per_node, job.nodes)
             if found is None:
                 still.append(index)
-                continue
-            for node in found:
-                self.nodes.take(node, job.gpus_per_node)
-            self.idle -= job.gpus
-            self.start(index, now, found)
+            else:
+                self.start(index, now, found)
         self.waiting = still
 
 
@@ -333,15 +337,11 @@ class _Preemptive(_Run):
                 movable.append(index)
         movable.extend(self.waiting)
         movable.sort(key=lambda i: self._priority(i, now))
-        idle = sum(nodes.free)
         chosen: dict[int, list[int]] = {}
         for index in movable:
             job = self.jobs[index]
-            found = nodes.find(job.gpus_per_node, job.nodes) if job.gpus <= idle else None
+            found = nodes.place(job.gpus_per_node, job.nodes)
             if found is not None:
-                for node in found:
-                    nodes.take(node, job.gpus_per_node)
-                idle -= job.gpus
                 chosen[index] = found
         self._apply(chosen, now)
 
