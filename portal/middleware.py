@@ -1,7 +1,24 @@
-"""Request context (request id, source address) for audit rows written during a request."""
+"""Request context (request id, client address) for audit rows written during a request,
+and the one place that decides a request's client address.
+
+The client address is the connection's peer (``REMOTE_ADDR``) unless that peer is one of
+``SLUICE_TRUSTED_PROXIES``. Only then is ``X-Forwarded-For`` read, from the right: each hop a
+trusted proxy appended is skipped, and the first hop no trusted proxy vouches for is the
+client. Hops to the left of it were written by the client and may say anything. Addresses
+are parsed by python-ipware (the library behind django-ipware): ports, brackets and
+IPv4-mapped IPv6 forms are understood, malformed hops are not trusted.
+"""
+
+from __future__ import annotations
 
 import contextvars
+import ipaddress
 import uuid
+from functools import lru_cache
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from python_ipware.modern.parsers import parse_ip
 
 _request_context: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
     "sluice_request_context", default=None
@@ -13,17 +30,60 @@ def current_request_context() -> dict:
     return _request_context.get() or {"request_id": "", "source_address": None}
 
 
+@lru_cache(maxsize=8)
+def _trusted_networks(entries: tuple[str, ...]) -> tuple:
+    networks = []
+    for entry in entries:
+        try:
+            networks.append(ipaddress.ip_network(entry.strip(), strict=False))
+        except ValueError:
+            raise ImproperlyConfigured(
+                f"SLUICE_TRUSTED_PROXIES: {entry!r} is not an IP address or network"
+            ) from None
+    return tuple(networks)
+
+
+def trusted_proxy_networks() -> tuple:
+    """``SLUICE_TRUSTED_PROXIES`` as networks (an address alone is a /32 or /128)."""
+    return _trusted_networks(tuple(getattr(settings, "SLUICE_TRUSTED_PROXIES", ()) or ()))
+
+
+def _is_trusted(address, networks) -> bool:
+    return any(address.version == net.version and address in net for net in networks)
+
+
+def client_address(request) -> str | None:
+    """The client's address: the peer, or the right-most hop no trusted proxy vouches for.
+
+    Every place that records where a request came from (audit events, the sign-in lockout)
+    uses this, so they agree and none of them believes a header a client wrote itself.
+    """
+    remote = request.META.get("REMOTE_ADDR") or None
+    networks = trusted_proxy_networks()
+    peer = parse_ip(remote) if remote else None
+    if peer is None or not networks or not _is_trusted(peer, networks):
+        return str(peer) if peer is not None else remote
+    forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "")
+    client = peer
+    for hop in reversed(forwarded.split(",")):
+        address = parse_ip(hop)
+        if address is None:
+            # A hop that is not an address cannot be vouched for; the last good one stands.
+            break
+        client = address
+        if not _is_trusted(address, networks):
+            break
+    return str(client)
+
+
 class RequestContextMiddleware:
     def __init__(self, get_response):
         self.get_response = get_response
 
     def __call__(self, request):
         request_id = request.headers.get("X-Request-ID") or uuid.uuid4().hex
-        # The proxy in front of gunicorn is trusted to set X-Forwarded-For; the first hop is the client.
-        forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "")
-        address = forwarded.split(",")[0].strip() if forwarded else request.META.get("REMOTE_ADDR")
         token = _request_context.set(
-            {"request_id": request_id[:64], "source_address": address or None}
+            {"request_id": request_id[:64], "source_address": client_address(request)}
         )
         try:
             response = self.get_response(request)

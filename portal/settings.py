@@ -5,6 +5,7 @@ variable; the README lists them all. The embedded default needs no external serv
 SQLite file and a filesystem message broker, both under ``var/``.
 """
 
+import ipaddress
 import os
 from datetime import timedelta
 from pathlib import Path
@@ -190,8 +191,21 @@ AXES_RESET_ON_SUCCESS = True
 # Attempts while locked do not restart the cool-off, so "try again in N minutes" holds.
 AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
 AXES_LOCKOUT_CALLABLE = "portal.accounts.lockout.lockout_response"
-# The proxy in front is trusted for X-Forwarded-For, as for the audit log's source address.
+# The client address axes records is the audit log's (portal.middleware.client_address):
+# X-Forwarded-For counts only when the peer is one of SLUICE_TRUSTED_PROXIES.
 AXES_CLIENT_IP_CALLABLE = "portal.accounts.lockout.client_ip_address"
+# Addresses or networks of the reverse proxies in front of the portal (comma-separated, e.g.
+# "127.0.0.1,10.0.0.0/24"). Empty (the default): the connection's peer is the client and
+# X-Forwarded-For is ignored. Listed: X-Forwarded-For is read from the right, skipping hops
+# of listed proxies; the first other hop is the client.
+SLUICE_TRUSTED_PROXIES = env_list("SLUICE_TRUSTED_PROXIES", [])
+for _proxy in SLUICE_TRUSTED_PROXIES:
+    try:
+        ipaddress.ip_network(_proxy, strict=False)
+    except ValueError:
+        raise ImproperlyConfigured(
+            f"SLUICE_TRUSTED_PROXIES: {_proxy!r} is not an IP address or network"
+        ) from None
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = env_str("TIME_ZONE", "UTC")
@@ -199,12 +213,17 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "staticfiles"
+# Where `collectstatic` gathers the static files and whitenoise serves them from (DEBUG=0).
+STATIC_ROOT = Path(env_str("STATIC_ROOT", str(BASE_DIR / "staticfiles")))
 STATICFILES_DIRS = [BASE_DIR / "static"]
+# Production (DEBUG=0) serves hashed, compressed copies named by a manifest that
+# `collectstatic` writes: a page naming a static file missing from it is a 500, so every
+# static file must be collected first (docs/operator/production.md).
+PRODUCTION_STATICFILES_BACKEND = "whitenoise.storage.CompressedManifestStaticFilesStorage"
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {
-        "BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        "BACKEND": PRODUCTION_STATICFILES_BACKEND
         if not DEBUG
         else "django.contrib.staticfiles.storage.StaticFilesStorage"
     },

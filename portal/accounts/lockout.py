@@ -17,7 +17,7 @@ from django.db.models import Max
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 
-from portal.middleware import current_request_context
+from portal.middleware import client_address
 
 from . import services
 
@@ -42,7 +42,7 @@ def lockout_message(username: str | None) -> str:
 
 def client_ip_address(request) -> str | None:
     """``AXES_CLIENT_IP_CALLABLE``: the address the audit log records for this request."""
-    return current_request_context()["source_address"] or request.META.get("REMOTE_ADDR")
+    return client_address(request)
 
 
 def is_locked_out(request) -> bool:
