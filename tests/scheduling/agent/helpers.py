@@ -33,11 +33,14 @@ def _runnable_by_others(path: str) -> bool:
 
 def _job_python() -> str:
     """A Python the job accounts can run: the test's own may live under a private home
-    (pyenv in /root), which only the agent (the wrapper) may use."""
+    (pyenv in /root, or a virtual environment in a clone under /root whose ``python`` is a
+    link to /usr/bin/python3.11), which only the agent (the wrapper) may use. The path is
+    the resolved one: the link's own directory may be closed to the job accounts."""
     if not IS_ROOT:
         return sys.executable
     candidates = (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3")
-    return next((p for p in candidates if _runnable_by_others(p)), sys.executable)
+    found = next((p for p in candidates if _runnable_by_others(p)), sys.executable)
+    return os.path.realpath(found)
 
 
 #: The Python of test jobs (standard library only).
