@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import json
 import math
 import os
@@ -53,6 +54,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -120,27 +122,35 @@ class Backend:
 
 
 def _postgres_answers(base: str) -> bool:
-    try:
-        import psycopg
+    import psycopg
 
+    try:
         with psycopg.connect(f"{base}/postgres", connect_timeout=3):
             return True
-    except Exception:
+    except (psycopg.Error, OSError):
         return False
 
 
 def _free_redis_db(url: str) -> int | None:
     """An empty Redis database number (15 down to 1), or None when Redis does not answer."""
-    try:
-        import redis
+    import redis
 
+    try:
         for number in range(15, 0, -1):
             client = redis.Redis.from_url(f"{url}/{number}", socket_timeout=3)
             if client.dbsize() == 0:
                 return number
-    except Exception:
+    except (redis.RedisError, OSError, ValueError):
         return None
     return None
+
+
+def _database_errors() -> tuple[type[Exception], ...]:
+    """The errors of PostgreSQL and Redis clients (a server that went away, a refusal)."""
+    import psycopg
+    import redis
+
+    return (psycopg.Error, redis.RedisError)
 
 
 def choose_backend(choice: str, postgres: str, redis_url: str) -> Backend:
@@ -205,10 +215,12 @@ class Vacuumer:
             self.runs += 1
 
     def _loop(self) -> None:
+        import psycopg
+
         while not self._stop.wait(self.every):
             try:
                 self.now()
-            except Exception as exc:  # the database is being dropped, or restarts
+            except (psycopg.Error, OSError) as exc:  # the database is being dropped, or restarts
                 log(f"vacuum failed: {exc}")
 
     def start(self) -> None:
@@ -456,9 +468,9 @@ class Cluster:
     def drop(self) -> None:
         if self.backend.name == "embedded":
             return
-        with contextlib.suppress(Exception):
-            import redis
+        import redis
 
+        with contextlib.suppress(redis.RedisError, OSError):
             redis.Redis.from_url(self.backend.redis_url).flushdb()
         if self.database_created:
             import psycopg
@@ -538,38 +550,105 @@ def seed() -> dict:
 # --- the API client ---------------------------------------------------------------------------
 
 
+class ApiError(BenchError):
+    """The API answered with an unexpected status."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+#: What a call to the API may raise when the server is not answering yet, answers an
+#: error status, or answers something that is not JSON: the benches' waiting loops and
+#: client threads catch these, never ``Exception`` (which would hide an ImportError or a
+#: NameError as "the server did not answer").
+API_ERRORS: tuple[type[Exception], ...] = (
+    OSError,
+    http.client.HTTPException,
+    ValueError,
+    ApiError,
+)
+
+
 class Api:
-    """A thin client; one requests.Session per thread."""
+    """A thin JSON client on the standard library: one kept-alive connection per thread."""
 
     def __init__(self, url: str, token: str) -> None:
-        self.url = url.rstrip("/") + "/api/v1"
+        parts = urllib.parse.urlsplit(url.rstrip("/"))
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        self.https = parts.scheme == "https"
+        self.prefix = parts.path.rstrip("/") + "/api/v1"
+        self.url = f"{url.rstrip('/')}/api/v1"
         self.token = token
         self._local = threading.local()
 
-    @property
-    def session(self):
-        session = getattr(self._local, "session", None)
-        if session is None:
-            import requests
+    def _connection(self, timeout: float) -> http.client.HTTPConnection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
+            conn = cls(self.host, self.port, timeout=timeout)
+            self._local.conn = conn
+        conn.timeout = timeout
+        if conn.sock is not None:
+            conn.sock.settimeout(timeout)
+        return conn
 
-            session = requests.Session()
-            session.headers.update(
-                {"Authorization": f"Token {self.token}", "Accept": "application/json"}
-            )
-            self._local.session = session
-        return session
+    def _drop_connection(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+    def request(
+        self, method: str, target: str, body: dict | None = None, timeout: float = 60
+    ) -> tuple[int, bytes]:
+        """(status, body) of one request; ``target`` is a path under the API, or a full URL
+        (a page's ``next``). A kept-alive connection the server closed is opened again once."""
+        if target.startswith(("http://", "https://")):
+            parts = urllib.parse.urlsplit(target)
+            path = parts.path + (f"?{parts.query}" if parts.query else "")
+        else:
+            path = f"{self.prefix}/{target}"
+        headers = {"Authorization": f"Token {self.token}", "Accept": "application/json"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        for attempt in (1, 2):
+            conn = self._connection(timeout)
+            try:
+                conn.request(method, path, body=data, headers=headers)
+                response = conn.getresponse()
+                payload = response.read()
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                self._drop_connection()
+                if attempt == 2:
+                    raise
+                continue
+            except BaseException:
+                self._drop_connection()
+                raise
+            if response.will_close:
+                self._drop_connection()
+            return response.status, payload
+        raise AssertionError("unreachable")
 
     def get(self, path: str, **params) -> Any:
-        response = self.session.get(f"{self.url}/{path}", params=params, timeout=60)
-        if response.status_code != 200:
-            raise BenchError(f"GET {path}: {response.status_code} {response.text[:500]}")
-        return response.json()
+        if params:
+            path = f"{path}?{urllib.parse.urlencode(params, doseq=True)}"
+        status, payload = self.request("GET", path, timeout=60)
+        if status != 200:
+            raise ApiError(f"GET {path}: {status} {payload[:500].decode(errors='replace')}", status)
+        return json.loads(payload)
 
     def post(self, path: str, body: dict) -> Any:
-        response = self.session.post(f"{self.url}/{path}", json=body, timeout=600)
-        if response.status_code not in (200, 201):
-            raise BenchError(f"POST {path}: {response.status_code} {response.text[:500]}")
-        return response.json()
+        status, payload = self.request("POST", path, body, timeout=600)
+        if status not in (200, 201):
+            raise ApiError(
+                f"POST {path}: {status} {payload[:500].decode(errors='replace')}", status
+            )
+        return json.loads(payload)
 
     def count(self, **params) -> int:
         return self.get("jobs/", page_size=1, **params)["count"]
@@ -666,7 +745,7 @@ class Bench:
                 ready = [n for n in nodes["results"] if n.get("state") == "ready"]
                 if len(ready) >= NODES:
                     return
-            except Exception:  # the web server is still starting
+            except API_ERRORS:  # the web server is still starting
                 pass
             time.sleep(0.5)
         raise BenchError(f"the {NODES} nodes did not register within {timeout:.0f} s")
@@ -704,7 +783,7 @@ class Bench:
             ids += [job["id"] for job in page["results"]]
             if not page.get("next"):
                 break
-            page = self.api.session.get(page["next"], timeout=60).json()
+            page = self.api.get(page["next"])
         todo = iter(ids)
         lock = threading.Lock()
 
@@ -714,7 +793,7 @@ class Bench:
                     job = next(todo, None)
                 if job is None:
                     return
-                with contextlib.suppress(Exception):
+                with contextlib.suppress(*API_ERRORS):
                     self.api.post(f"jobs/{job}/cancel", {"reason": "drain timed out"})
 
         threads = [threading.Thread(target=canceller, daemon=True) for _ in range(SINGLE_THREADS)]
@@ -837,7 +916,7 @@ class Bench:
                         return
                 try:
                     self.api.post("jobs/", spec)
-                except Exception as exc:
+                except API_ERRORS as exc:
                     errors.append(str(exc)[:200])
 
         threads = [threading.Thread(target=client, daemon=True) for _ in range(SINGLE_THREADS)]
@@ -957,7 +1036,7 @@ class Bench:
                     t = time.monotonic()
                     try:
                         call()
-                    except Exception as exc:
+                    except API_ERRORS as exc:
                         errors.append(f"{kind}: {str(exc)[:200]}")
                         continue
                     (submit_s if kind == "submit" else list_s).append(time.monotonic() - t)
@@ -996,7 +1075,7 @@ class Bench:
         )
         if errors:
             log(f"client errors (first): {errors[0]}")
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(*API_ERRORS):
             self.api.post(f"jobs/{blocker['id']}/cancel", {"reason": "benchmark over"})
 
     def table(self) -> str:
@@ -1120,7 +1199,8 @@ def main() -> int:
     except KeyboardInterrupt:
         log("interrupted")
         status = 130
-    except Exception as exc:
+    except (BenchError, *API_ERRORS, subprocess.SubprocessError) as exc:
+        # Anything else (a bug, a missing module) ends with its traceback, after the clean-up.
         log(f"FAILED: {exc}")
         print(cluster.log_tails(), file=sys.stderr)
     finally:
@@ -1132,7 +1212,7 @@ def main() -> int:
         cluster.stop()
         try:
             cluster.drop()
-        except Exception as exc:
+        except (OSError, *_database_errors()) as exc:
             log(f"could not drop the database: {exc}")
         if args.keep:
             log(f"logs kept in {tmp}")

@@ -74,7 +74,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.e2e import Api, BenchError, Cluster, choose_backend  # noqa: E402
+from bench.e2e import API_ERRORS, Api, BenchError, Cluster, choose_backend  # noqa: E402
 
 POOL = "inference"
 NODES = 2
@@ -295,7 +295,7 @@ class Run:
             second = int(time.monotonic() - self.t0)
             try:
                 rows = self.api.get(f"services/{self.service_id}/endpoints")
-            except Exception:
+            except API_ERRORS:
                 rows = None
             if rows is not None:
                 live = [e for e in rows if e["state"] in ("PENDING", "ADMITTED", "RUNNING")]
@@ -319,7 +319,7 @@ class Run:
                 response.read()
                 conn.close()
                 ok = response.status == 200
-            except OSError:
+            except (OSError, http.client.HTTPException):
                 ok = False
         elapsed = time.monotonic() - started
         with self.lock:
@@ -381,7 +381,7 @@ class TrainingArrivals:
                 rows = self.api.get(
                     "jobs/", project=self.world["training_project"], state="PENDING", page_size=500
                 )["results"]
-            except Exception:  # noqa: BLE001 - a missed sample
+            except API_ERRORS:  # a missed sample
                 continue
             for row in rows:
                 if row.get("pending_reason"):
@@ -410,7 +410,7 @@ class TrainingArrivals:
             }
             try:
                 job = self.api.post("jobs/", spec)
-            except Exception as exc:  # noqa: BLE001 - reported in the summary
+            except API_ERRORS as exc:  # reported in the summary
                 self.errors.append(str(exc)[:300])
                 log(f"training job {i + 1} refused: {exc}")
                 continue
@@ -419,7 +419,7 @@ class TrainingArrivals:
         if stop.wait(max(0.0, t0 + self.profile.ramp_length - time.monotonic())):
             return
         for arrival in self.jobs:  # the step starts on a pool without training
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(*API_ERRORS):
                 if self.api.get(f"jobs/{arrival['id']}")["state"] in LIVE:
                     self.api.post(f"jobs/{arrival['id']}/cancel", {"reason": "ramp ended"})
                     self.cancelled.append(arrival["id"])
@@ -815,7 +815,7 @@ def main() -> int:
         while True:  # the web answers and the agents have registered their GPUs
             try:
                 gpus = api.get("gpus/", page_size=1)["count"]
-            except Exception:
+            except API_ERRORS:  # the web server is still starting
                 gpus = 0
             if gpus >= NODES * GPUS_PER_NODE:
                 break
