@@ -49,10 +49,12 @@ from django.utils import timezone
 
 from scheduling.choices import (
     FINAL_STATES,
+    STOP_REASON_END_STATE,
     WAITING_STATES,
     GpuHealth,
     JobState,
     NodeState,
+    StopReason,
 )
 from scheduling.models import (
     Allocation,
@@ -296,11 +298,22 @@ def waiting_by_queue(queue_ids=None) -> dict[int, QueueWaiting]:
     return dict(found)
 
 
+#: Why a job ended, for ``sluice_jobs_finished_total``: the stop asked for, else what its
+#: end state says (a job can reach PREEMPTED, RECLAIMED, TIMED_OUT or LOST only by a stop of
+#: that kind, even when no ``stop_reason`` was recorded), else how its process exited; a job
+#: cancelled after it started was stopped by the cancel. ``not_started`` is left for jobs
+#: that ended without ever running (cancelled while pending, a launch that failed).
 _OUTCOME_REASON = Case(
     When(~Q(stop_reason=""), then=F("stop_reason")),
     When(state=JobState.SUCCEEDED, then=Value("completed")),
+    *(
+        When(state=state, then=Value(reason))
+        for reason, state in STOP_REASON_END_STATE.items()
+        if state != JobState.CANCELLED
+    ),
     When(exit_signal__isnull=False, then=Value("signal")),
     When(exit_code__isnull=False, then=Value("exit_code")),
+    When(state=JobState.CANCELLED, started_at__isnull=False, then=Value(StopReason.CANCELLED)),
     default=Value("not_started"),
     output_field=CharField(),
 )
@@ -456,8 +469,11 @@ class Family:
         return self.name[: -len("_total")] if self.kind == "counter" else self.name
 
     def render(self) -> str:
+        # The text format 0.0.4 names a counter's HELP and TYPE by its sample name, with
+        # ``_total`` (as prometheus-client writes it): a family named without it leaves the
+        # samples a metric of their own, untyped and without help (promtool: "no help text").
         help_text = self.help.replace("\\", "\\\\").replace("\n", "\\n")
-        head = f"# HELP {self.family_name} {help_text}\n# TYPE {self.family_name} {self.kind}\n"
+        head = f"# HELP {self.name} {help_text}\n# TYPE {self.name} {self.kind}\n"
         name = self.name
         return head + "".join(
             [f"{name}{{{labels}}} {_number(value)}\n" for labels, value in self.samples]
@@ -574,8 +590,9 @@ FAMILIES: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     (
         "sluice_jobs_finished_total",
         "counter",
-        "Jobs that ended, by outcome (their end state) and reason (why they were stopped, or "
-        "how they exited: completed, exit_code, signal, not_started), from the database.",
+        "Jobs that ended, by outcome (their end state) and reason (the stop that ended them: "
+        "cancelled, preempted, timed_out, reclaimed, lost; or how they exited: completed, "
+        "exit_code, signal; not_started: ended without running), from the database.",
         ("pool", "tenant", "workload_type", "outcome", "reason"),
     ),
     (
@@ -795,7 +812,9 @@ class _EventFamily:
 
     def render(self, name: str) -> str:
         help_text = self.help.replace("\\", "\\\\").replace("\n", "\\n")
-        lines = [f"# HELP {name} {help_text}\n# TYPE {name} {self.kind}\n"]
+        # A counter's samples are ``<name>_total``: its HELP and TYPE name them so (0.0.4).
+        head = f"{name}_total" if self.kind == "counter" else name
+        lines = [f"# HELP {head} {help_text}\n# TYPE {head} {self.kind}\n"]
         if self.kind == "counter":
             for (sample, labels), value in sorted(self.values.items()):
                 lines.append(f"{sample}{{{labels}}} {_number(value)}\n")
