@@ -31,7 +31,7 @@ from django.db.models import (
     Value,
 )
 from django.db.models.fields.json import KeyTextTransform
-from django.db.models.functions import Cast, Coalesce, Floor, TruncDate, TruncHour
+from django.db.models.functions import Cast, Coalesce, Floor, Greatest, TruncDate, TruncHour
 from django.utils import timezone
 
 from inference.choices import BlockedReason
@@ -557,8 +557,10 @@ def failures(scope: Scope, window: Window) -> dict:
 
 
 def idle_gpus(scope: Scope, now: datetime) -> list[dict]:
-    """The GPUs idle now, longest first (since their last busy sample). A tenant admin sees
-    the idle GPUs their tenants' jobs hold; a platform admin every idle GPU, held or not."""
+    """The GPUs idle now, longest first. A GPU is idle since its last busy sample (or since
+    it was first seen idle), but never since before the job that holds it started: a job's
+    GPUs cannot have been idle in its hands before it had them. A tenant admin sees the idle
+    GPUs their tenants' jobs hold; a platform admin every idle GPU, held or not."""
     qs = GpuActivity.objects.filter(idle_since__isnull=False).select_related(
         "gpu", "gpu__node", "gpu__node__pool"
     )
@@ -567,10 +569,17 @@ def idle_gpus(scope: Scope, now: datetime) -> list[dict]:
             gpu__allocations__released_at__isnull=True,
             gpu__allocations__job__tenant_id__in=scope.tenant_ids,
         )
+    # When the holding job started (its allocation's grant while it is still launching).
+    held_since = Subquery(
+        Allocation.objects.filter(gpu_id=OuterRef("gpu_id"), released_at__isnull=True)
+        .annotate(start=Coalesce("job__started_at", "granted_at"))
+        .order_by("-granted_at")
+        .values("start")[:1]
+    )
     activities = list(
-        qs.annotate(since=Coalesce("busy_at", "idle_since")).order_by("since", "gpu_id")[
-            :TABLE_ROWS
-        ]
+        qs.annotate(seen=Coalesce("busy_at", "idle_since"), held_since=held_since)
+        .annotate(since=Greatest("seen", Coalesce("held_since", "seen")))
+        .order_by("since", "gpu_id")[:TABLE_ROWS]
     )
     holders = {
         a.gpu_id: a
@@ -586,7 +595,10 @@ def idle_gpus(scope: Scope, now: datetime) -> list[dict]:
                 "gpu": a.gpu,
                 "since": a.since,
                 "idle_seconds": max((now - a.since).total_seconds(), 0.0),
-                "never_busy": a.busy_at is None,
+                # No busy sample in the holder's hands (or ever, for a GPU nobody holds).
+                "never_busy": a.busy_at is None
+                or (a.held_since is not None and a.busy_at < a.held_since),
+                "held_since": a.held_since,
                 "allocation": held,
                 "job_visible": held is not None and scope.covers(held.job.tenant_id),
             }

@@ -170,13 +170,26 @@ def test_failing_commands_projects_and_exit_codes(world, client):
     del now
 
 
+def started_ago(job, ago: timedelta):
+    """``job`` (placed now) granted its GPUs and started ``ago`` earlier."""
+    from scheduling.models import Allocation, Job
+
+    at = timezone.now() - ago
+    Job.objects.filter(pk=job.pk).update(admitted_at=at, started_at=at)
+    Allocation.objects.filter(job=job).update(granted_at=at)
+
+
 def test_idle_gpus_longest_first_and_scoped(world, client):
     now = timezone.now()
     g1, g2, g3 = (world.nodes[0].gpus.get(index=i) for i in (0, 1, 2))
-    f.placed_job(gpus=[g1], queue=world.queue, project=world.project, submitted_by=world.member)
-    f.placed_job(
+    nlp_job = f.placed_job(
+        gpus=[g1], queue=world.queue, project=world.project, submitted_by=world.member
+    )
+    vision_job = f.placed_job(
         gpus=[g2], queue=world.other_queue, project=world.other_project, submitted_by=world.outsider
     )
+    started_ago(nlp_job, timedelta(days=1))
+    started_ago(vision_job, timedelta(days=1))
     h.idle_gpu(g1, now, idle_for=timedelta(hours=5))
     h.idle_gpu(g2, now, idle_for=timedelta(hours=9))
     h.idle_gpu(g3, now, idle_for=timedelta(days=2), busy=False)
@@ -193,6 +206,35 @@ def test_idle_gpus_longest_first_and_scoped(world, client):
     idle = rows(nlp_body, "table-idle")
     assert len(idle) == 1 and idle[0].startswith("1 gpu-01:0")
     assert 'href="/nodes/#node-gpu-01"' in table(nlp_body, "table-idle")
+
+
+def test_a_held_gpu_is_idle_at_most_since_its_job_started(world, client):
+    """A GPU idle (and never busy) for 16 minutes, taken by a job 2 minutes ago: idle for
+    2 minutes, not busy since the job started; one busy until the job's start an hour ago
+    and idle since then: an hour. A GPU nobody holds keeps its own idle time."""
+    now = timezone.now()
+    g1, g2, g3 = (world.nodes[0].gpus.get(index=i) for i in (0, 1, 2))
+    fresh = f.placed_job(
+        gpus=[g1], queue=world.queue, project=world.project, submitted_by=world.member
+    )
+    started_ago(fresh, timedelta(minutes=2))
+    h.idle_gpu(g1, now, idle_for=timedelta(minutes=16), busy=False)
+    older = f.placed_job(
+        gpus=[g2], queue=world.queue, project=world.project, submitted_by=world.member
+    )
+    started_ago(older, timedelta(hours=1))
+    h.idle_gpu(g2, now, idle_for=timedelta(hours=3))  # last busy under the previous job
+    h.idle_gpu(g3, now, idle_for=timedelta(minutes=16), busy=False)
+
+    _, body = get(client, world.platform_admin)
+    idle = rows(body, "table-idle")
+    assert idle[0].startswith("1 gpu-01:1") and "1 h" in idle[0]
+    assert "(not busy since the job started)" in idle[0]
+    assert idle[1].startswith("2 gpu-01:2") and "16 min" in idle[1] and "(never busy)" in idle[1]
+    assert idle[2].startswith("3 gpu-01:0") and "2 min" in idle[2] and "16 min" not in idle[2]
+    assert "(not busy since the job started)" in idle[2]
+    hours = chart(body, "chart-idle")["data"]["datasets"][0]["data"]
+    assert hours == [1.0, 0.3, 0.0]
 
 
 def test_reclaimed_and_preempted_gpu_hours(world, client):
