@@ -1,12 +1,12 @@
 from django.contrib.auth.signals import user_logged_in
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
-from rest_framework.permissions import AllowAny
+from rest_framework.permissions import AllowAny, IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from portal.api.views import validated
-from portal.errors import PermissionDeniedError
+from portal.errors import BusinessError, PermissionDeniedError
 
 from .. import selectors, services
 from ..models import ApiToken
@@ -25,12 +25,27 @@ class TokenView(APIView):
     hash is stored); it expires after ``expires_in_days`` (default 90). Failed attempts
     count towards the sign-in lockout: a locked account answers 429, also with the right
     password.
+
+    DELETE with ``Authorization: Token <key>`` revokes that token (a logout): no need to
+    look up its id first.
     """
 
-    authentication_classes: list = []
-    permission_classes = [AllowAny]
+    def _signs_in(self) -> bool:
+        # Called before DRF wraps the request (and with none while the schema is built).
+        return getattr(self.request, "method", None) == "POST"
 
-    @extend_schema(request=s.TokenObtainSerializer, responses={200: s.ApiTokenCreatedSerializer})
+    def get_authenticators(self):
+        # Signing in takes no credentials; a logout needs the token it ends.
+        return [] if self._signs_in() else super().get_authenticators()
+
+    def get_permissions(self):
+        return [AllowAny()] if self._signs_in() else [IsAuthenticated()]
+
+    @extend_schema(
+        request=s.TokenObtainSerializer,
+        responses={200: s.ApiTokenCreatedSerializer},
+        auth=[],
+    )
     def post(self, request):
         data = validated(s.TokenObtainSerializer, request.data, context={"request": request})
         user = data["user"]
@@ -40,6 +55,26 @@ class TokenView(APIView):
         # As a form login does: last_login, and axes clears the failures counted so far.
         user_logged_in.send(sender=user.__class__, request=request, user=user)
         return Response(_created(token, key), status=status.HTTP_200_OK)
+
+    @extend_schema(
+        request=None,
+        responses={
+            204: OpenApiResponse(description="The token is revoked; it stops working at once."),
+        },
+        description="Revoke the API token that authenticates this request (a logout). "
+        "A browser session has no such token: it revokes a token with "
+        "DELETE /api/v1/auth/tokens/{id}.",
+    )
+    def delete(self, request):
+        if not isinstance(request.auth, ApiToken):
+            raise BusinessError(
+                "This request is not authenticated by an API token, so there is none to "
+                "revoke: send Authorization: Token <key>, or revoke a token by its id "
+                "with DELETE /api/v1/auth/tokens/{id}.",
+                code="no_token",
+            )
+        services.api_token_revoke(actor=request.user, token=request.auth, reason="logout")
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class ApiTokenViewSet(
