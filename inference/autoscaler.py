@@ -14,13 +14,21 @@ out, with the state to hand to the next call. Modelled on Knative's KPA:
   panic window and never scales down, until a stable window has passed without a panic
   trigger.
 * **Ceilings** (extra scale-up signals, each optional): the p95 latency of the panic
-  window above ``latency_slo_ms``, the error rate of the panic window above
+  window above ``latency_slo_ms`` (see *Latency* below), the error rate of the panic window above
   ``error_rate_max`` (with at least ``MIN_REQUESTS_FOR_ERROR_RATE`` requests in it), the
   replicas' mean GPU utilization above ``gpu_util_max``. A breached ceiling asks for one
   replica more than the current count, and only once every current replica is ready (so
   that the previous step is serving before the next is asked for: latency does not fall
   while new replicas load their model); while any is breached the service does not scale
   down.
+* **Scale-down floor**: outside panic, a scale-down never goes below what the panic
+  window asks for (the stable window's mean lags a load step by up to a window; the
+  panic window's does not).
+* **Replicas not started yet** (``decide(started=...)``: those still waiting to be placed
+  by the scheduler): the panic hold, the scale-down delay and the step limit keep replicas
+  that serve, not replicas that wait. When the count is above what the load asks for now,
+  the waiting ones beyond that ask are no longer wanted: a replica is launched only if the
+  current load still asks for it when it can start.
 * **Rate limits**: a scale-up adds at most ``scale_up_max_step`` replicas at a time (0: no
   limit); a scale-down happens only once the recommendation has been lower for
   ``scale_down_delay_s`` (the decision takes the highest recommendation of that window,
@@ -29,6 +37,15 @@ out, with the state to hand to the next call. Modelled on Knative's KPA:
   its minimum) nor above ``max_replicas``. With ``scale_to_zero`` (``min_replicas`` 0) the
   floor is 1 until the service has seen no request and no ongoing request for
   ``scale_to_zero_grace_s``.
+
+**Latency**: the p95 comes from the replicas' cumulative histograms (Prometheus buckets),
+so it is known only to the bucket it falls in. When the SLO is one of the bucket
+boundaries (the service passes it to its replicas as ``SERVE_LATENCY_SLO_SECONDS``; a
+model server that adds it to its boundaries is exact) the share of requests within the
+SLO is counted exactly and the SLO is breached when it is under 95 %; otherwise the bucket
+bounds decide when the SLO lies outside the p95's bucket, and only an SLO inside the
+bucket falls back to Prometheus' linear interpolation. ``Decision.inputs`` says which
+(``p95_method``) with the bucket's bounds.
 
 Scaling up from zero needs a signal from outside the replicas (Knative's activator: the
 requests queued at the load balancer): ``decide(gateway_waiting=...)`` takes it; nothing
@@ -45,6 +62,8 @@ from dataclasses import dataclass, field, replace
 #: Errors of a window count only with at least this many requests in it (1 of 3 failing
 #: says little).
 MIN_REQUESTS_FOR_ERROR_RATE = 10
+#: The quantile a latency SLO is about.
+SLO_QUANTILE = 0.95
 #: A replica's sample stands for its load this long (the agent scrapes every ~2 s).
 SAMPLE_HOLD_S = 5.0
 #: ``ceil(2.0000000001)`` is 3: load this close to a whole number of replicas rounds down.
@@ -63,6 +82,7 @@ class Reason:
     GPU_UTIL = "gpu_util"
     SCALE_DOWN = "scale_down"
     SCALE_DOWN_DELAYED = "scale_down_delayed"
+    WAITING_NOT_NEEDED = "waiting_not_needed"
     STEP_LIMITED = "step_limited"
     MIN_REPLICAS = "min_replicas"
     MAX_REPLICAS = "max_replicas"
@@ -156,9 +176,12 @@ class Observation:
     stable_concurrency: float | None = None
     panic_concurrency: float | None = None
     request_rate: float | None = None  # requests/s over the stable window
+    recent_request_rate: float | None = None  # requests/s over the panic window
     panic_requests: float = 0.0  # requests counted in the panic window
     error_rate: float | None = None  # errors / requests over the panic window
-    p95_ms: float | None = None  # over the panic window
+    p95_ms: float | None = None  # over the panic window (interpolated inside its bucket)
+    p95_bucket_ms: tuple[float, float] | None = None  # the bucket the p95 falls in (hi: inf)
+    slo_share: float | None = None  # share of requests within the SLO, when it is a bound
     gpu_util: float | None = None  # percent, mean of the replicas' latest
     replicas_reporting: int = 0
 
@@ -286,6 +309,39 @@ def histogram_quantile(q: float, buckets: dict[float, float]) -> float | None:
     return prev_le
 
 
+def quantile_bucket(q: float, buckets: dict[float, float]) -> tuple[float, float] | None:
+    """(lower, upper) bounds (seconds) of the bucket the ``q`` quantile falls in: all a
+    histogram knows of it (upper ``inf`` above the highest finite bound). None without
+    observations."""
+    if not buckets:
+        return None
+    bounds = sorted(buckets)
+    total = buckets[bounds[-1]]
+    if total <= 0:
+        return None
+    rank = q * total
+    prev_le = 0.0
+    for le in bounds:
+        if buckets[le] >= rank:
+            return prev_le, le
+        prev_le = le
+    return prev_le, math.inf
+
+
+def share_within(le: float, buckets: dict[float, float]) -> float | None:
+    """The share of observations at most ``le`` seconds when ``le`` is a bucket bound (to a
+    microsecond), else None: exact, no interpolation."""
+    if not buckets:
+        return None
+    total = buckets[max(buckets)]
+    if total <= 0:
+        return None
+    for bound, count in buckets.items():
+        if not math.isinf(bound) and abs(bound - le) < 1e-6:
+            return count / total
+    return None
+
+
 def observe(
     samples: Iterable[Sample],
     now: float,
@@ -304,18 +360,26 @@ def observe(
             rate += inc[0] / inc[1]
             rate_seen = True
     panic_requests, panic_errors, errors_seen = 0.0, 0.0, False
+    recent_rate, recent_seen = 0.0, False
     merged: dict[float, float] = {}
     for rows in panic.values():
         req = _increase(rows, "requests_total")
         if req is not None:
             panic_requests += req[0]
+            if req[1] > 0:
+                recent_rate += req[0] / req[1]
+                recent_seen = True
         err = _increase(rows, "errors_total")
         if err is not None:
             panic_errors += err[0]
             errors_seen = True
         for le, n in _histogram_increase(rows).items():
             merged[le] = merged.get(le, 0.0) + n
-    p95 = histogram_quantile(0.95, merged)
+    p95 = histogram_quantile(SLO_QUANTILE, merged)
+    bucket = quantile_bucket(SLO_QUANTILE, merged)
+    slo_share = None
+    if policy.latency_slo_ms:
+        slo_share = share_within(policy.latency_slo_ms / 1000.0, merged)
     error_rate = None
     if errors_seen and panic_requests >= MIN_REQUESTS_FOR_ERROR_RATE:
         error_rate = panic_errors / panic_requests
@@ -328,9 +392,12 @@ def observe(
         stable_concurrency=_concurrency(samples, now - policy.stable_window_s, now, live),
         panic_concurrency=_concurrency(samples, now - policy.panic_window_s, now, live),
         request_rate=rate if rate_seen else None,
+        recent_request_rate=recent_rate if recent_seen else None,
         panic_requests=panic_requests,
         error_rate=error_rate,
         p95_ms=None if p95 is None else p95 * 1000.0,
+        p95_bucket_ms=None if bucket is None else (bucket[0] * 1000.0, bucket[1] * 1000.0),
+        slo_share=slo_share,
         gpu_util=sum(utils) / len(utils) if utils else None,
         replicas_reporting=len(stable),
     )
@@ -358,6 +425,38 @@ def _fmt(value: float | None, unit: str = "", digits: int = 1) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}{unit}"
 
 
+def _ms(value: float) -> str:
+    return "+Inf" if math.isinf(value) else f"{value:g} ms"
+
+
+def latency_verdict(obs: Observation, slo_ms: float | None) -> tuple[bool, str, str] | None:
+    """(breached, method, words): the panic window's p95 against the SLO, and how it was
+    obtained. ``method``: ``slo_bound`` (the SLO is a bucket bound: the share of requests
+    within it, exact), ``bucket`` (the SLO lies outside the p95's bucket: its bounds
+    decide), ``interpolated`` (the SLO lies inside the p95's bucket: Prometheus' linear
+    estimate decides). None without an SLO or without requests."""
+    if not slo_ms or obs.p95_ms is None:
+        return None
+    lo, hi = obs.p95_bucket_ms or (obs.p95_ms, obs.p95_ms)
+    if obs.slo_share is not None:
+        breached = obs.slo_share < SLO_QUANTILE
+        words = (
+            f"{100 * obs.slo_share:.1f} % of requests within the SLO {slo_ms:g} ms "
+            f"(a bound of the replicas' histogram: exact)"
+        )
+        return breached, "slo_bound", words
+    if hi <= slo_ms:
+        return False, "bucket", f"p95 ≤ {_ms(hi)} (bucket {lo:g}–{_ms(hi)}) ≤ SLO {slo_ms:g} ms"
+    if lo >= slo_ms:
+        return True, "bucket", f"p95 > {lo:g} ms (bucket {lo:g}–{_ms(hi)}) ≥ SLO {slo_ms:g} ms"
+    return (
+        obs.p95_ms > slo_ms,
+        "interpolated",
+        f"p95 ≈ {obs.p95_ms:.0f} ms, interpolated inside the bucket {lo:g}–{_ms(hi)} that "
+        f"holds the SLO {slo_ms:g} ms",
+    )
+
+
 def decide(
     *,
     now: float,
@@ -368,6 +467,7 @@ def decide(
     state: State | None = None,
     gateway_waiting: float = 0.0,
     live: Collection[int] | None = None,
+    started: int | None = None,
 ) -> Decision:
     """The desired replica count of a service now, with its reason, inputs and next state.
 
@@ -376,7 +476,8 @@ def decide(
     at least the last stable window; ``gateway_waiting``: requests waiting in front of
     the service for a replica (scale from zero; 0 when unknown); ``live``: the ids of
     the replicas the service has now (the samples may include replicas that left during
-    the window; None: all reporting replicas are live).
+    the window; None: all reporting replicas are live); ``started``: the replicas placed
+    by the scheduler (the others wait to start; None: all have started).
     """
     state = state or State()
     obs = observe(samples, now, policy, live)
@@ -429,13 +530,20 @@ def decide(
             )
     else:
         recommended = stable_desired
+        if recommended < current and panic_desired > recommended:
+            # The stable window lags a load step by up to its length: never below what
+            # the panic window asks for.
+            recommended = min(panic_desired, current)
+            message = (
+                f"{message}; the panic window's {_fmt(obs.panic_concurrency)} ongoing "
+                f"requests need {panic_desired}: no scale-down below {recommended}"
+            )
 
     # Ceilings: one more replica once every replica is serving; no scale-down meanwhile.
     breached = []
-    if policy.latency_slo_ms and obs.p95_ms is not None and obs.p95_ms > policy.latency_slo_ms:
-        breached.append(
-            (Reason.LATENCY, f"p95 {obs.p95_ms:.0f} ms > SLO {policy.latency_slo_ms:g} ms")
-        )
+    latency = latency_verdict(obs, policy.latency_slo_ms)
+    if latency is not None and latency[0]:
+        breached.append((Reason.LATENCY, latency[2]))
     if policy.error_rate_max is not None and (obs.error_rate or 0.0) > policy.error_rate_max:
         breached.append(
             (
@@ -478,13 +586,34 @@ def decide(
     if desired > current and policy.scale_up_max_step > 0:
         desired = min(desired, current + policy.scale_up_max_step)
     desired = min(max(desired, floor), policy.max_replicas)
+
+    # Replicas not started yet are kept only as far as the load asks for them now.
+    waiting_cut = None
+    if started is not None and desired > started:
+        ask = panic_desired if in_panic else stable_desired
+        if code == Reason.NO_METRICS:
+            ask = current
+        if breached:
+            ask = max(ask, started + 1)
+        ask_now = min(max(ask, floor), policy.max_replicas)
+        if desired > max(started, ask_now):
+            waiting_cut = (desired, max(started, ask_now))
+            desired = waiting_cut[1]
+
     if recs and desired > current and desired > bounded:
         # A scale-up the window made (a step-limited one catching up with an older
         # recommendation) holds for the whole delay from now, as any other scale-up.
         recs, _ = _window_max(recs, now, desired, policy.scale_down_delay_s)
 
     # The reason shown: what made the final number differ from the load's.
-    if desired > current:
+    if waiting_cut is not None and desired < current:
+        code = Reason.WAITING_NOT_NEEDED
+        message = (
+            f"{current - started} replica(s) not started yet; the load now asks for "
+            f"{waiting_cut[1]} (the holds would keep {waiting_cut[0]}): the waiting ones "
+            "beyond that are no longer needed"
+        )
+    elif desired > current:
         if recommended > policy.max_replicas and desired == policy.max_replicas:
             code = Reason.MAX_REPLICAS
             message = f"{message}; capped at max_replicas {policy.max_replicas}"
@@ -532,8 +661,17 @@ def decide(
         "stable_concurrency": obs.stable_concurrency,
         "panic_concurrency": obs.panic_concurrency,
         "request_rate": obs.request_rate,
+        "recent_request_rate": obs.recent_request_rate,
         "error_rate": obs.error_rate,
         "p95_ms": obs.p95_ms,
+        # JSON has no infinity: an open top bucket's upper bound is null.
+        "p95_bucket_ms": None
+        if obs.p95_bucket_ms is None
+        else [None if math.isinf(b) else b for b in obs.p95_bucket_ms],
+        "slo_share": obs.slo_share,
+        "p95_method": None if latency is None else latency[1],
+        "p95_words": None if latency is None else latency[2],
+        "started": started,
         "gpu_util": obs.gpu_util,
         "replicas_reporting": obs.replicas_reporting,
         "gateway_waiting": gateway_waiting,

@@ -65,6 +65,10 @@ SCALING_FIELDS = (
     "scale_to_zero_grace_s",
 )
 EDITABLE_FIELDS = SPEC_FIELDS + SCALING_FIELDS
+#: The replicas' environment carries the service's latency SLO (seconds) under this name,
+#: for a model server to make it one of its histogram's bucket bounds (the sample model
+#: server does): the share of requests within the SLO is then exact, not interpolated.
+SLO_ENV = "SERVE_LATENCY_SLO_SECONDS"
 #: Job field names that the service calls otherwise (errors of the dry-run submission).
 _JOB_FIELD_NAMES = {"gpu_model": "gpu_models", "serve": "health_path", "nodes": "gpus_per_node"}
 
@@ -154,6 +158,17 @@ def _check_scaling(values: dict) -> None:
             _fail(name, f"{name} must be a URL path starting with '/', without spaces.")
 
 
+def _replica_env(values: dict):
+    """The service's env, with its latency SLO for the model server (unless set there)."""
+    env = values["env"]
+    if not isinstance(env, dict):
+        return env  # refused by the job's checks, with the field named
+    env = dict(env)
+    if values.get("latency_slo_ms") and SLO_ENV not in env:
+        env[SLO_ENV] = f"{values['latency_slo_ms'] / 1000:g}"
+    return env
+
+
 def _replica_spec(values: dict, *, name: str, version: int, runtime: int | None) -> JobSpec:
     return JobSpec(
         queue=values["queue"],
@@ -163,7 +178,7 @@ def _replica_spec(values: dict, *, name: str, version: int, runtime: int | None)
         command=list(values["command"])
         if isinstance(values["command"], list)
         else values["command"],
-        env=dict(values["env"]) if isinstance(values["env"], dict) else values["env"],
+        env=_replica_env(values),
         working_dir=values["working_dir"],
         gpus_per_node=values["gpus_per_node"],
         gpu_models=list(values["gpu_models"]),
@@ -435,6 +450,11 @@ def _is_ready(job: Job) -> bool:
     return job.state == JobState.RUNNING and bool(job.serve_ready)
 
 
+def _is_waiting(job: Job) -> bool:
+    """Not placed by the scheduler yet: it holds no GPU."""
+    return job.state in (JobState.PENDING, JobState.HELD)
+
+
 def _live(service: Service) -> list[ServiceReplica]:
     return list(
         service.replicas.filter(retired_at__isnull=True).select_related("job").order_by("id")
@@ -448,6 +468,7 @@ def service_autoscale(*, service: Service, now: datetime | None = None) -> autos
     replicas = [r for r in _live(service) if r.job.state in LIVE_JOB_STATES]
     current = len(replicas)
     ready = sum(1 for r in replicas if _is_ready(r.job))
+    started = sum(1 for r in replicas if not _is_waiting(r.job))
     job_ids = [r.job_id for r in replicas]
     since = now - timedelta(seconds=service.stable_window_s)
     # Replicas retired during the window carried load then: their samples count up to
@@ -473,6 +494,7 @@ def service_autoscale(*, service: Service, now: datetime | None = None) -> autos
             policy=_policy_of(service),
             state=autoscaler.State.from_json(service.autoscaler_state),
             live=job_ids,
+            started=started,
         )
     service.desired_replicas = decision.desired
     service.autoscaler_state = decision.state.to_json()
@@ -492,6 +514,7 @@ class Reconciled:
     submitted: list[int] = field(default_factory=list)
     cancelled: list[int] = field(default_factory=list)
     retired: list[int] = field(default_factory=list)
+    taken_back: list[int] = field(default_factory=list)  # draining replicas back in service
     blocked_code: str = ""
     blocked_message: str = ""
     at_quota: bool = False
@@ -531,7 +554,31 @@ def _quota_room(service: Service, waiting_gpus: int) -> tuple[int, str]:
 
 
 def _newest_not_ready_first(replicas: list[ServiceReplica]) -> list[ServiceReplica]:
-    return sorted(replicas, key=lambda r: (_is_ready(r.job), -r.pk))
+    """The order replicas leave in: waiting to start, then starting, then serving; newest
+    first within each."""
+    return sorted(replicas, key=lambda r: (_is_ready(r.job), not _is_waiting(r.job), -r.pk))
+
+
+def _take_back_draining(service: Service, count: int) -> list[ServiceReplica]:
+    """Up to ``count`` replicas of the current version draining after a scale-down, back
+    in service: they serve now, with the GPUs and quota they still hold, where a new
+    replica would wait for their quota and load its model."""
+    draining = list(
+        service.replicas.filter(
+            retired_at__isnull=False,
+            drain_until__isnull=False,
+            spec_version=service.spec_version,
+            job__state=JobState.RUNNING,
+        )
+        .select_related("job")
+        .order_by("-job__serve_ready", "id")[: max(count, 0)]
+    )
+    for replica in draining:
+        replica.retired_at = None
+        replica.retire_reason = ""
+        replica.drain_until = None
+        replica.save(update_fields=["retired_at", "retire_reason", "drain_until"])
+    return draining
 
 
 def _cancel(replica: ServiceReplica, reason: str, now: datetime, *, drain: bool = True) -> None:
@@ -660,8 +707,17 @@ def service_reconcile(
             out.cancelled.append(replica.job_id)
         new = [r for r in new if r.retired_at is None]
 
-    # Missing replicas of the current version, within the quota.
+    # Missing replicas of the current version: first those still draining (they hold
+    # their GPUs and the tenant's quota until their drain ends), then new ones within
+    # the quota.
     missing = desired - len(new)
+    if missing > 0 and service.state == ServiceState.ACTIVE:
+        back = _take_back_draining(service, missing)
+        out.taken_back.extend(r.job_id for r in back)
+        new.extend(back)
+        live.extend(back)
+        missing -= len(back)
+        ready_new = sum(1 for r in new if _is_ready(r.job))
     if missing > 0:
         waiting = [r for r in live if r.retired_at is None and r.job.state in ("PENDING", "HELD")]
         per_replica = max(service.gpus_per_node, 0)
@@ -732,6 +788,7 @@ def _record(
         or result.submitted
         or result.cancelled
         or result.retired
+        or result.taken_back
         or service.decided_at is None
         or now - service.decided_at >= every
     )
@@ -740,6 +797,9 @@ def _record(
         reason = decision.reason
         if result.retired:
             reason += f"; replaced ended replica job(s) {', '.join(map(str, result.retired))}"
+        if result.taken_back:
+            jobs = ", ".join(map(str, result.taken_back))
+            reason += f"; draining replica job(s) {jobs} back in service"
         row = ScaleDecision.objects.create(
             service=service,
             at=now,
@@ -753,6 +813,7 @@ def _record(
                 "submitted": result.submitted,
                 "cancelled": result.cancelled,
                 "retired": result.retired,
+                "taken_back": result.taken_back,
                 "near_capacity": near,
             },
             blocked_reason_code=result.blocked_code,

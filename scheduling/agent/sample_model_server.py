@@ -11,7 +11,9 @@ does, under Sluice's own metric names::
 - ``GET /metrics``: Prometheus text: ``sluice_requests_running``,
   ``sluice_requests_waiting`` (gauges), ``sluice_requests_total``,
   ``sluice_request_errors_total`` (counters), ``sluice_request_duration_seconds``
-  (histogram of the time from arrival to answer, buckets 0.005 s to 10 s);
+  (histogram of the time from arrival to answer, buckets 0.005 s to 10 s, plus the
+  service's latency SLO from ``SERVE_LATENCY_SLO_SECONDS`` when set, so that the share of
+  requests within the SLO is exact);
 - ``POST /v1/completions`` (an OpenAI-like answer) and ``GET /infer``: one request;
   ``--error-rate`` of them fail with a 500 after their service time. Before the warm-up is
   over they are refused with 503 (not counted).
@@ -35,6 +37,18 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
+def buckets_with_slo(slo_seconds: str | None) -> tuple[float, ...]:
+    """BUCKETS with the SLO (seconds, as the service passes it) among them; a value that is
+    not a positive number is ignored."""
+    try:
+        slo = float(slo_seconds or "")
+    except ValueError:
+        return BUCKETS
+    if not 0 < slo < float("inf"):
+        return BUCKETS
+    return tuple(sorted(set(BUCKETS) | {slo}))
+
+
 class ModelStats:
     """The server's counters; every change under one lock."""
 
@@ -44,7 +58,8 @@ class ModelStats:
         self.waiting = 0
         self.requests = 0
         self.errors = 0
-        self.bucket_counts = [0] * len(BUCKETS)
+        self.buckets = buckets_with_slo(os.environ.get("SERVE_LATENCY_SLO_SECONDS"))
+        self.bucket_counts = [0] * len(self.buckets)
         self.duration_sum = 0.0
 
     def observe(self, seconds: float, failed: bool) -> None:
@@ -52,7 +67,7 @@ class ModelStats:
             self.requests += 1
             self.errors += failed
             self.duration_sum += seconds
-            for i, le in enumerate(BUCKETS):
+            for i, le in enumerate(self.buckets):
                 if seconds <= le:
                     self.bucket_counts[i] += 1
 
@@ -74,7 +89,7 @@ class ModelStats:
                 "# HELP sluice_request_duration_seconds Time from arrival to answer.",
                 "# TYPE sluice_request_duration_seconds histogram",
             ]
-            for le, count in zip(BUCKETS, self.bucket_counts, strict=True):
+            for le, count in zip(self.buckets, self.bucket_counts, strict=True):
                 lines.append(f'sluice_request_duration_seconds_bucket{{le="{le}"}} {count}')
             lines.append(f'sluice_request_duration_seconds_bucket{{le="+Inf"}} {self.requests}')
             lines.append(f"sluice_request_duration_seconds_sum {self.duration_sum}")
