@@ -376,6 +376,10 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 SLUICE_AUDIT_KEY = env_str("SLUICE_AUDIT_KEY", "")
 # Where audit_verify keeps the verified head; somewhere the database's users cannot write.
 SLUICE_AUDIT_ANCHOR = Path(env_str("SLUICE_AUDIT_ANCHOR", str(VAR_DIR / "audit-anchor.json")))
+# A second copy of the anchor, checked against the log too (empty: none). Put it where whoever
+# can write the database and SLUICE_AUDIT_ANCHOR still cannot: another host's share, or a
+# root-owned file kept by a verification run as root (docs/operator/security.md).
+SLUICE_AUDIT_ANCHOR_COPY = env_str("SLUICE_AUDIT_ANCHOR_COPY", "") or None
 
 # --- Sluice behaviour ---
 # Fair share: a tenant's past GPU use counts half after this many seconds (the usage history

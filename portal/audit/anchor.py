@@ -9,6 +9,15 @@ unchanged and that the log did not shrink.
 The file is written atomically (a temporary file in the same folder, then a rename) and is
 readable by its owner only. Put it where the database's users cannot write (another volume,
 another host's mount); the default under ``var/`` suits a demo.
+
+``SLUICE_AUDIT_ANCHOR_COPY`` names a second file with the same content, meant for a place
+that whoever can change the database and the first file still cannot write: another
+host's share, or a root-owned file that a verification run as root keeps (see
+docs/operator/security.md). Verification checks the log against both; one missing while
+the other is there, or one the log no longer matches, is reported.
+
+An empty log that never held an event is anchored at its start (``Anchor.genesis``), after
+``migrate`` and by ``audit_verify``; from then on a missing anchor is a problem.
 """
 
 from __future__ import annotations
@@ -40,12 +49,25 @@ class Anchor:
     hash: str
     verified_at: str  # ISO 8601, UTC
 
+    @classmethod
+    def genesis(cls, verified_at: str) -> Anchor:
+        """The anchor of an empty log: nothing before it, every later log extends it."""
+        return cls(last_id=0, count=0, hash=chain.GENESIS_HASH, verified_at=verified_at)
+
     def describe(self) -> str:
+        if self.count == 0:
+            return f"the empty log's start (verified {self.verified_at})"
         return f"event {self.last_id} ({self.count} events, verified {self.verified_at})"
 
 
 def anchor_path() -> Path:
     return Path(settings.SLUICE_AUDIT_ANCHOR)
+
+
+def anchor_copy_path() -> Path | None:
+    """``SLUICE_AUDIT_ANCHOR_COPY``, or None when no copy is kept."""
+    configured = getattr(settings, "SLUICE_AUDIT_ANCHOR_COPY", None)
+    return Path(configured) if configured else None
 
 
 def anchor_read(path: Path | None = None) -> Anchor | None:

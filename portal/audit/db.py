@@ -77,3 +77,32 @@ def append_only_guard_missing(connection) -> list[str]:
         else:
             return []
     return [name for name in expected if name not in present]
+
+
+def highest_id_ever_used(connection) -> int:
+    """The highest event id the database ever handed out, also for events since deleted.
+
+    SQLite keeps it in ``sqlite_sequence`` (the id column is AUTOINCREMENT), PostgreSQL in
+    the id's sequence. An empty log whose ids were used once had its events deleted; one
+    that could also reset the counter could also have deleted the anchor's copy, which is
+    why the copy belongs somewhere else.
+    """
+    if not _table_exists(connection):
+        return 0
+    with connection.cursor() as cursor:
+        if connection.vendor == "sqlite":
+            cursor.execute("SELECT name FROM sqlite_master WHERE name = 'sqlite_sequence'")
+            if cursor.fetchone() is None:
+                return 0
+            cursor.execute("SELECT seq FROM sqlite_sequence WHERE name = %s", [TABLE])
+            row = cursor.fetchone()
+            return int(row[0]) if row and row[0] else 0
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT pg_get_serial_sequence(%s, 'id')", [TABLE])
+            sequence = cursor.fetchone()[0]
+            if not sequence:
+                return 0
+            cursor.execute(f"SELECT last_value, is_called FROM {sequence}")
+            last_value, is_called = cursor.fetchone()
+            return int(last_value) if is_called else 0
+    return 0

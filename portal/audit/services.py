@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from django.core.cache import cache
@@ -16,8 +17,15 @@ from portal.middleware import current_request_context
 from portal.sqlrows import ModelInsert
 
 from . import chain
-from .anchor import Anchor, AnchorError, anchor_path, anchor_read, anchor_write
-from .db import append_only_guard_missing
+from .anchor import (
+    Anchor,
+    AnchorError,
+    anchor_copy_path,
+    anchor_path,
+    anchor_read,
+    anchor_write,
+)
+from .db import append_only_guard_missing, highest_id_ever_used
 from .models import AuditEvent
 
 log = logging.getLogger(__name__)
@@ -112,11 +120,11 @@ class _ChainWalk:
     head: AuditEvent | None = None
     broken: AuditEvent | None = None
     why: str = ""
-    # (position, hash) of the anchored event, when the walk met it.
-    anchored_seen: tuple[int, str] | None = None
+    # (position, hash) of each anchored event the walk met, by id.
+    anchored_seen: dict[int, tuple[int, str]] = field(default_factory=dict)
 
 
-def _walk_chain(anchored_id: int | None = None) -> _ChainWalk:
+def _walk_chain(anchored_ids: frozenset[int] = frozenset()) -> _ChainWalk:
     """Recompute every event's hash and link, oldest first; stop at the first broken one."""
     walk = _ChainWalk()
     prev = GENESIS_HASH
@@ -124,8 +132,8 @@ def _walk_chain(anchored_id: int | None = None) -> _ChainWalk:
     last_plain = None
     for event in AuditEvent.objects.order_by("id").iterator(chunk_size=2000):
         walk.checked += 1
-        if event.pk == anchored_id:
-            walk.anchored_seen = (walk.checked, event.hash)
+        if event.pk in anchored_ids:
+            walk.anchored_seen[event.pk] = (walk.checked, event.hash)
         problem = ""
         if event.prev_hash != prev:
             problem = "prev_hash does not match the previous event's hash (deleted or reordered)"
@@ -178,6 +186,9 @@ class AuditVerification:
     notes: list[str] = field(default_factory=list)
     anchor_before: Anchor | None = None
     anchor_written: Anchor | None = None
+    # The same for the copy (SLUICE_AUDIT_ANCHOR_COPY), when one is kept.
+    anchor_copy_before: Anchor | None = None
+    anchor_copy_written: Anchor | None = None
 
     @property
     def ok(self) -> bool:
@@ -201,8 +212,11 @@ class AuditVerification:
 
 def _anchor_problems(anchor: Anchor, walk: _ChainWalk) -> list[str]:
     """What the anchor says was there and is not any more."""
+    if anchor.count == 0:
+        return []  # the empty log's start: every log extends it
     head_id = walk.head.pk if walk.head else None
-    if walk.anchored_seen is None:
+    seen = walk.anchored_seen.get(anchor.last_id)
+    if seen is None:
         if walk.broken is not None and walk.broken.pk <= anchor.last_id:
             return []  # the walk stopped before reaching it; the chain problem says why
         if walk.broken is None and (head_id is None or head_id < anchor.last_id):
@@ -212,7 +226,7 @@ def _anchor_problems(anchor: Anchor, walk: _ChainWalk) -> list[str]:
                 f"but {anchor.describe()} was there"
             ]
         return [f"the anchored event {anchor.last_id} is gone: {anchor.describe()} was there"]
-    position, stored_hash = walk.anchored_seen
+    position, stored_hash = seen
     problems = []
     if stored_hash != anchor.hash:
         problems.append(f"the anchored event {anchor.last_id} was replaced (its hash changed)")
@@ -224,45 +238,105 @@ def _anchor_problems(anchor: Anchor, walk: _ChainWalk) -> list[str]:
     return problems
 
 
+def _read_anchor(path: Path) -> tuple[Anchor | None, str]:
+    try:
+        return anchor_read(path), ""
+    except AnchorError as exc:
+        return None, str(exc)
+
+
+def _same_head(a: Anchor, b: Anchor) -> bool:
+    return (a.last_id, a.count, a.hash) == (b.last_id, b.count, b.hash)
+
+
+def _missing_anchor_problems(result: AuditVerification, walk: _ChainWalk) -> list[str]:
+    """A log that has events (or had: its ids were used) must have an anchor; the copy and
+    the file must both be there when a copy is kept."""
+    primary, copy, copy_path = result.anchor_before, result.anchor_copy_before, anchor_copy_path()
+    reset_hint = (
+        "look into it (restore the events and the anchor from a backup), then accept the log "
+        'as it is with "manage.py audit_verify --reset-anchor REASON"'
+    )
+    if primary is None and copy is not None:
+        return [
+            f"the anchor file {anchor_path()} is missing but its copy {copy_path} holds "
+            f"{copy.describe()}: the file was deleted or replaced; {reset_hint}"
+        ]
+    if primary is not None:
+        return []
+    if walk.checked:
+        return [
+            f"no anchor for a log of {walk.checked} events: the anchor file {anchor_path()} "
+            "is missing (deleted, perhaps with the newest events, or this log was never "
+            f"verified); {reset_hint}"
+        ]
+    used = highest_id_ever_used(connection)
+    if used:
+        return [
+            f"the log is empty and has no anchor, but event ids up to {used} were used: "
+            f"events and the anchor file {anchor_path()} were deleted; {reset_hint}"
+        ]
+    return []  # a new log: anchored at its start below
+
+
 def audit_verify(*, update_anchor: bool = True, reset_anchor_reason: str = "") -> AuditVerification:
     """Verify the whole log and move the anchor to the verified head.
 
-    Checks the hash chain (every event, oldest first), the anchor file (the anchored event is
-    still there with the same hash and position), and the database's append-only guard. The
-    anchor moves only when everything passed. ``reset_anchor_reason`` accepts the current log
-    as the new reference after an operator looked into a reported anchor problem; the reset is
+    Checks the hash chain (every event, oldest first), the anchor file and its copy (the
+    anchored event is still there with the same hash and position; an anchor exists at all
+    unless the log never held an event), and the database's append-only guard. The anchor
+    moves only when everything passed. ``reset_anchor_reason`` accepts the current log as
+    the new reference after an operator looked into a reported anchor problem; the reset is
     itself an audit event. The outcome is also kept for the audit page.
     """
     result = AuditVerification(verified_at=timezone.now())
-    try:
-        result.anchor_before = anchor_read()
-    except AnchorError as exc:
-        if not reset_anchor_reason:
-            result.problems.append(str(exc))
-        anchor_error = str(exc)
-    else:
-        anchor_error = ""
+    copy_path = anchor_copy_path()
+    result.anchor_before, file_error = _read_anchor(anchor_path())
+    copy_error = ""
+    if copy_path is not None:
+        result.anchor_copy_before, copy_error = _read_anchor(copy_path)
+        copy_error = copy_error and f"the anchor copy: {copy_error}"
     if reset_anchor_reason:
         audit_record(
             action="audit.anchor_reset",
             target_type="audit.anchor",
             target_label=str(anchor_path()),  # audit_record cuts it to the label's 255
-            before={"anchor": anchor_error or _anchor_dict(result.anchor_before)},
+            before={
+                "anchor": file_error or _anchor_dict(result.anchor_before),
+                "copy": copy_error or _anchor_dict(result.anchor_copy_before),
+            },
             reason=reset_anchor_reason,
         )
         result.notes.append("anchor reset: the log as it is now becomes the reference")
-        result.anchor_before = None
+        result.anchor_before = result.anchor_copy_before = None
+    else:
+        result.problems.extend(error for error in (file_error, copy_error) if error)
 
-    anchored_id = result.anchor_before.last_id if result.anchor_before else None
-    walk = _walk_chain(anchored_id)
+    anchors = [
+        (label, anchor)
+        for label, anchor in (
+            ("", result.anchor_before),
+            ("the anchor copy: ", result.anchor_copy_before),
+        )
+        if anchor is not None
+    ]
+    walk = _walk_chain(frozenset(anchor.last_id for _, anchor in anchors))
     result.checked, result.head, result.broken = walk.checked, walk.head, walk.broken
     if walk.broken is not None:
         result.problems.append(
             f"Audit chain broken at event {walk.broken.pk} "
             f"({walk.broken.created_at:%Y-%m-%d %H:%M:%S}, {walk.broken.action}): {walk.why}"
         )
-    if result.anchor_before is not None:
-        result.problems.extend(_anchor_problems(result.anchor_before, walk))
+    for label, anchor in anchors:
+        result.problems.extend(label + problem for problem in _anchor_problems(anchor, walk))
+    primary, copy = result.anchor_before, result.anchor_copy_before
+    if primary and copy and primary.last_id == copy.last_id and not _same_head(primary, copy):
+        result.problems.append(
+            f"the anchor file and its copy disagree: the file holds {primary.describe()}, "
+            f"the copy {copy.describe()}"
+        )
+    if not reset_anchor_reason and not file_error and not copy_error:
+        result.problems.extend(_missing_anchor_problems(result, walk))
     missing = append_only_guard_missing(connection)
     if missing:
         result.problems.append(
@@ -284,27 +358,71 @@ def _anchor_dict(anchor: Anchor | None) -> dict | None:
 
 
 def _anchor_move(result: AuditVerification, *, reset: bool) -> None:
+    verified_at = result.verified_at.isoformat(timespec="seconds")
     if result.head is None:
-        result.notes.append("the log is empty: nothing to anchor yet")
+        if result.anchor_before is not None and not reset:
+            result.notes.append("the log is empty")
+            return
+        anchor = Anchor.genesis(verified_at)
+        result.notes.append("a new, empty log: anchored at its start")
+    else:
+        anchor = Anchor(
+            last_id=result.head.pk,
+            count=result.checked,
+            hash=result.head.hash,
+            verified_at=verified_at,
+        )
+    if _anchor_write_forward(anchor, anchor_path(), reset=reset):
+        result.anchor_written = anchor
+    copy_path = anchor_copy_path()
+    if copy_path is None:
         return
-    if result.anchor_before is None and not reset:
-        result.notes.append(f"no anchor yet: anchoring at event {result.head.pk}")
+    if result.anchor_copy_before is None and not reset:
+        result.notes.append(f"no anchor copy yet: writing it to {copy_path}")
+    try:
+        if _anchor_write_forward(anchor, copy_path, reset=reset):
+            result.anchor_copy_written = anchor
+    except OSError as exc:
+        # A copy that this account may not write is kept by a verification run elsewhere
+        # (e.g. as root); this run still checked the log against it.
+        result.notes.append(f"the anchor copy {copy_path} was not updated: {exc}")
+
+
+def _anchor_write_forward(anchor: Anchor, path: Path, *, reset: bool) -> bool:
+    """Write ``anchor`` to ``path`` unless another run anchored further meanwhile: an anchor
+    never moves back (except on a reset)."""
     if not reset:
-        # Another run may have anchored further meanwhile; an anchor never moves back.
         try:
-            current = anchor_read()
+            current = anchor_read(path)
         except AnchorError:
             current = None
-        if current is not None and current.count > result.checked:
-            return
-    anchor = Anchor(
-        last_id=result.head.pk,
-        count=result.checked,
-        hash=result.head.hash,
-        verified_at=result.verified_at.isoformat(timespec="seconds"),
-    )
+        if current is not None and current.count > anchor.count:
+            return False
+    anchor_write(anchor, path)
+    return True
+
+
+def audit_anchor_new_log() -> Anchor | None:
+    """Anchor a log that never held an event at its start (after ``migrate``), so that from
+    the first event on a missing anchor is reported. Does nothing where an anchor exists or
+    the log has (or had) events."""
+    if AuditEvent.objects.exists() or highest_id_ever_used(connection):
+        return None
+    try:
+        if anchor_read() is not None:
+            return None
+    except AnchorError:
+        return None
+    anchor = Anchor.genesis(timezone.now().isoformat(timespec="seconds"))
     anchor_write(anchor)
-    result.anchor_written = anchor
+    copy_path = anchor_copy_path()
+    if copy_path is not None:
+        try:
+            if anchor_read(copy_path) is None:
+                anchor_write(anchor, copy_path)
+        except (AnchorError, OSError) as exc:
+            log.warning("audit anchor copy %s not written: %s", copy_path, exc)
+    return anchor
 
 
 def audit_last_verification() -> dict | None:

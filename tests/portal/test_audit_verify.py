@@ -154,11 +154,15 @@ def test_no_anchor_update_leaves_the_anchor_where_it_was(log):
     assert anchor_read().last_id == log[-1].pk
 
 
-def test_an_empty_log_verifies_and_anchors_nothing(db, capsys):
+def test_a_new_empty_log_verifies_and_is_anchored_at_its_start(db, capsys):
+    django_settings.SLUICE_AUDIT_ANCHOR.unlink()
+
     call_command("audit_verify")
 
-    assert "0 events verified" in capsys.readouterr().out
-    assert anchor_read() is None
+    out = capsys.readouterr().out
+    assert "0 events verified" in out
+    assert "a new, empty log: anchored at its start" in out
+    assert (anchor_read().last_id, anchor_read().count) == (0, 0)
 
 
 # --- events deleted: found by the anchor ----------------------------------------------------

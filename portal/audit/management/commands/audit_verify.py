@@ -1,14 +1,15 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from portal.audit.anchor import anchor_path
+from portal.audit.anchor import anchor_copy_path, anchor_path
 from portal.audit.services import audit_verify
 
 
 class Command(BaseCommand):
     help = (
         "Recompute the audit log's hash chain, check it against the anchor file outside the "
-        "database (events deleted after the last verification) and the database's append-only "
-        "guard; then move the anchor to the verified head. Exits non-zero on any problem."
+        "database and its copy (events deleted after the last verification; an anchor missing "
+        "for a log that has events) and the database's append-only guard; then move the anchor "
+        "to the verified head. Exits non-zero on any problem."
     )
 
     def add_arguments(self, parser):
@@ -23,7 +24,8 @@ class Command(BaseCommand):
             default="",
             help=(
                 "Accept the log as it is now as the new reference (after looking into a reported "
-                "anchor problem). Writes an audit event with REASON. The chain must still verify."
+                "anchor problem, or a log that has events and no anchor). Writes an audit event "
+                "with REASON. The chain must still verify."
             ),
         )
 
@@ -37,10 +39,15 @@ class Command(BaseCommand):
         if not result.ok:
             raise CommandError(
                 "; ".join(result.problems) + f". {result.checked} events read. "
-                f"Anchor file: {anchor_path()}."
+                f"Anchor file: {anchor_path()}{self._copy_note()}."
             )
         message = f"Audit chain intact: {result.checked} events verified."
         anchor = result.anchor_written or result.anchor_before
         if anchor is not None:
-            message += f" Anchor: {anchor.describe()} in {anchor_path()}."
+            message += f" Anchor: {anchor.describe()} in {anchor_path()}{self._copy_note()}."
         self.stdout.write(self.style.SUCCESS(message))
+
+    @staticmethod
+    def _copy_note() -> str:
+        copy = anchor_copy_path()
+        return f" (copy: {copy})" if copy else ""
