@@ -112,8 +112,13 @@ def _file_stem(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "trace"
 
 
-def run(options: dict, write: Callable[[str], None] = print) -> list[dict]:
-    """Run a comparison from parsed options; returns the summaries, one per policy."""
+def run(
+    options: dict,
+    write: Callable[[str], None] = print,
+    before_replay: Callable[[int, list], None] | None = None,
+) -> list[dict]:
+    """Run a comparison from parsed options; returns the summaries, one per policy.
+    ``before_replay(jobs, policies)`` is called once the scenario is built."""
     policies = parse_policies(options["policy"])
     trace = load_trace(
         options["trace"],
@@ -148,6 +153,8 @@ def run(options: dict, write: Callable[[str], None] = print) -> list[dict]:
     write(f"Replaying {trace.name}: {len(scenario.jobs):,} jobs on {scenario.capacity:,} GPUs")
     for note in scenario.notes:
         write(f"  {note}")
+    if before_replay is not None:
+        before_replay(len(scenario.jobs), policies)
     results, failures = [], []
     for policy in policies:
         try:
