@@ -311,15 +311,43 @@ def queue_series(window: Window, queue_ids: list[int]) -> dict[int, dict[str, li
 # --- 2. which teams use GPUs abnormally; utilization vs allocation ---------------------------
 
 
-def bucket_count(window: Window) -> int:
-    """How many buckets of the period hold pool rows: the divisor of the period's means (a
-    bucket where a tenant held nothing may have no row for it)."""
-    return (
+@dataclass(frozen=True)
+class Coverage:
+    """How much of the period the pool rows cover.
+
+    ``recorded``: the buckets that hold pool rows (a bucket where a tenant held nothing may
+    have no row for it); ``span``: the buckets from the period's start to the last recorded
+    one, the divisor of the period's means of GPUs allocated, used and idle. A mean over 30
+    days is the GPU-hours of the 30 days over their hours: before the first record nothing
+    was held (the backfill rebuilds every hour a recorded job held GPUs), so those hours
+    count, as 0. The buckets after the last record (the hour not rolled up yet, a writer
+    that stopped) are not known yet and do not count. Capacity is a mean over the recorded
+    buckets: a pool's GPUs do not drop to 0 where nothing was recorded."""
+
+    recorded: int = 0
+    span: int = 0
+
+    def covered_share(self) -> float | None:
+        return self.recorded / self.span if self.span else None
+
+
+def bucket_coverage(window: Window) -> Coverage:
+    """The period's :class:`Coverage`, in one query."""
+    found = (
         window.rollups(UsageRollup)
         .filter(tenant__isnull=True)
-        .aggregate(n=Count("bucket", distinct=True))["n"]
-        or 0
+        .aggregate(n=Count("bucket", distinct=True), last=Max("bucket"))
     )
+    if not found["n"]:
+        return Coverage()
+    bucket_seconds = window.period.bucket_hours * 3600
+    span = int((found["last"] - window.start).total_seconds() // bucket_seconds) + 1
+    return Coverage(recorded=found["n"], span=max(span, found["n"]))
+
+
+def bucket_count(window: Window) -> int:
+    """How many buckets of the period hold pool rows."""
+    return bucket_coverage(window).recorded
 
 
 def usage_totals(scope: Scope, window: Window) -> list[dict]:
@@ -354,8 +382,9 @@ def guarantees_of(scope: Scope) -> dict[tuple[int, int], dict]:
 def team_usage(
     scope: Scope, window: Window, totals: list[dict], buckets: int, guarantees: dict
 ) -> dict:
-    """Mean GPUs per tenant and pool over the period against the guarantee, and the ranked
-    list of those that look abnormal (idle while held, or far from their guarantee)."""
+    """Mean GPUs per tenant and pool over the period (``buckets``: its span, see
+    :class:`Coverage`) against the guarantee, and the ranked list of those that look
+    abnormal (idle while held, or far from their guarantee)."""
     if not buckets:
         # No pool history: nothing to judge a team by (not "0 % of its guarantee used").
         return {"rows": [], "per_tenant": [], "abnormal": []}
@@ -450,8 +479,9 @@ def pool_series(window: Window, pool_ids: list[int]) -> dict[int, dict[str, list
     return series
 
 
-def pool_summaries(totals: list[dict], buckets: int) -> list[dict]:
-    """Per pool: mean capacity, allocated, used and idle GPUs over the period."""
+def pool_summaries(totals: list[dict], coverage: Coverage) -> list[dict]:
+    """Per pool: mean capacity (over the recorded buckets), allocated, used and idle GPUs
+    (over the period: see :class:`Coverage`)."""
     per: dict[int, dict] = defaultdict(
         lambda: {"capacity": 0.0, "allocated": 0.0, "used": 0.0, "idle": 0.0}
     )
@@ -468,7 +498,8 @@ def pool_summaries(totals: list[dict], buckets: int) -> list[dict]:
     for pid, p in per.items():
         if pid not in pools:
             continue
-        mean = {k: _mean(v, buckets) for k, v in p.items()}
+        mean = {k: _mean(v, coverage.span) for k, v in p.items()}
+        mean["capacity"] = _mean(p["capacity"], coverage.recorded)
         mean["pool"] = pools[pid]
         mean["allocated_share"] = mean["allocated"] / mean["capacity"] if mean["capacity"] else None
         mean["used_share"] = mean["used"] / mean["capacity"] if mean["capacity"] else None
@@ -758,15 +789,17 @@ def insights_for(scope: Scope, period: Period, now: datetime | None = None) -> d
     depth_ranked = sorted(waits, key=lambda r: r["depth_mean"], reverse=True)
     chart_depth_ids = [r["queue"].pk for r in depth_ranked if r["depth_mean"]][:CHART_QUEUES]
     series = queue_series(window, list(dict.fromkeys(chart_wait_ids + chart_depth_ids)))
-    buckets = bucket_count(window)
+    coverage = bucket_coverage(window)
+    buckets = coverage.span
     totals = usage_totals(scope, window)
-    pools = pool_summaries(totals, buckets)
+    pools = pool_summaries(totals, coverage)
     chart_pool_ids = [p["pool"].pk for p in pools][:CHART_POOLS]
     guarantees = guarantees_of(scope)
     return {
         "window": window,
         "now": now,
-        "buckets": buckets,
+        "buckets": coverage.recorded,
+        "coverage": coverage,
         "queue_waits": waits,
         "wait_chart_queues": [r for r in waits if r["queue"].pk in chart_wait_ids],
         "depth_chart_queues": [r for r in depth_ranked if r["queue"].pk in chart_depth_ids],

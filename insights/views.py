@@ -260,6 +260,19 @@ def _charts(data) -> dict:
     }
 
 
+def _coverage_note(data) -> str:
+    """Where the history covers less than the period: how much, so that a mean diluted by
+    the hours before the first record reads as such."""
+    coverage, window = data["coverage"], data["window"]
+    period_hours = window.period.length.total_seconds() / 3600
+    recorded_hours = coverage.recorded * window.period.bucket_hours
+    if not coverage.recorded or recorded_hours >= period_hours - 3 * window.period.bucket_hours:
+        return ""
+    if period_hours > 48:
+        return f"History recorded for {recorded_hours / 24:.1f} of {period_hours / 24:.0f} days"
+    return f"History recorded for {recorded_hours:.1f} of {period_hours:.0f} hours"
+
+
 @login_required
 def insights(request):
     scope = insights_scope(request.user)
@@ -297,6 +310,7 @@ def insights(request):
         "totals": {
             key: sum(p[key] for p in data["pools"]) for key in ("capacity", "allocated", "used")
         },
+        "coverage_note": _coverage_note(data),
         "scope_tenants": [] if scope.platform else Tenant.objects.filter(pk__in=scope.tenant_ids),
         "idle_flag": round(IDLE_SHARE_FLAG * 100),
         "near_capacity": NEAR_CAPACITY,

@@ -121,17 +121,55 @@ def test_vision_admin_never_sees_nlp(world, client, history):
 
 
 def test_teams_ranked_by_abnormal_use(world, client, history):
-    _, body = get(client, world.platform_admin)
+    response, body = get(client, world.platform_admin)
 
+    # The last 10 h recorded, in a week: means are the GPU-hours over the period's hours
+    # (from its start to the last record), the hours before the first record held nothing.
+    span = response.context["coverage"].span
+    assert response.context["coverage"].recorded == 10 and 160 < span <= 168
     teams = rows(body, "table-teams")
-    # nlp: 8 held, 4 idle over 10 h = 40 idle GPU-h; vision: 2 of 8 guaranteed, 60 unused GPU-h
-    assert teams[0] == ("1 vision training 2.0 2.0 0.0 8 0.0 60.0 uses 25% of its guarantee")
-    assert teams[1] == "2 nlp training 8.0 3.0 4.0 8 40.0 0.0 50% of its GPUs held idle"
+    # nlp: 80 GPU-h held, 40 idle, 30 used; vision: 20 GPU-h of a guarantee of 8 GPUs.
+    assert teams[0] == (
+        f"1 vision training {20 / span:.1f} {20 / span:.1f} 0.0 8 0.0 {8 * span - 20:.1f} "
+        f"uses {20 / span / 8:.0%} of its guarantee"
+    )
+    assert teams[1] == (
+        f"2 nlp training {80 / span:.1f} {30 / span:.1f} {40 / span:.1f} 8 40.0 "
+        f"{8 * span - 80:.1f} 50% of its GPUs held idle; uses {80 / span / 8:.0%} of its guarantee"
+    )
     assert "/quotas/vision/" in table(body, "table-teams")
     tenants = chart(body, "chart-tenants")
     assert tenants["data"]["labels"] == ["nlp", "vision"]
-    assert tenants["data"]["datasets"][0]["data"] == [8.0, 2.0]
+    assert tenants["data"]["datasets"][0]["data"] == [round(80 / span, 2), round(20 / span, 2)]
     assert tenants["data"]["datasets"][3]["data"] == [8, 8]
+
+
+def stat(body: str, stat_id: str) -> str:
+    found = re.search(rf'<div class="stat" id="{stat_id}">(.*?)</div>', body, re.S)
+    assert found, f"no stat {stat_id}"
+    return found.group(1).strip()
+
+
+def test_the_30_day_mean_is_over_30_days_not_over_the_week_recorded(world, client):
+    """A week recorded (9.4 GPUs of 24 held every hour, 1,579 GPU-h): the 7-day card says
+    9.4 / 24, the 30-day card the same GPU-hours over its 30 days, 2.2 / 24, and says how
+    much of the period the history covers."""
+    with freeze_time("2026-03-04 10:30:00"):
+        now = timezone.now()
+        h.usage_hours(world.pool, now, 168, capacity=24, allocated=9.4, used=4.7, idle=0)
+        h.usage_hours(
+            world.pool, now, 168, tenant=world.tenant, capacity=8, allocated=9.4, used=4.7, idle=0
+        )
+        response, week = get(client, world.platform_admin, "/insights/?period=7d")
+        assert stat(week, "stat-allocated") == "9.4 / 24"
+        assert 'id="stat-coverage"' not in week
+        response, month = get(client, world.platform_admin, "/insights/?period=30d")
+    # 30 days from 2 Feb 12:00 to the last hour recorded (4 Mar 09:00): 718 hours.
+    assert stat(month, "stat-allocated") == f"{168 * 9.4 / 718:.1f} / 24" == "2.2 / 24"
+    assert response.context["coverage"].span == 718
+    assert "History recorded for 7.0 of 30 days" in month
+    (nlp,) = [r for r in rows(month, "table-teams") if " nlp training " in r]
+    assert " nlp training 2.2 1.1 0.0 8 " in nlp
 
 
 def test_failing_commands_projects_and_exit_codes(world, client):
@@ -280,11 +318,12 @@ def test_inference_pools_near_capacity(world, client):
     h.usage_hours(pool, now, 5, tenant=world.tenant, capacity=4, allocated=5, used=4, idle=0)
     h.usage_hours(pool, now, 5, tenant=world.other, capacity=0, allocated=4, used=4, idle=0)
 
-    _, body = get(client, world.tenant_admin)
+    response, body = get(client, world.tenant_admin)
 
+    span = response.context["coverage"].span  # 5 h recorded in a week: means over the week
     inference = rows(body, "table-inference")
-    assert inference[0] == "1 serving nlp 5.0 5 5 100 %"
-    assert inference[1] == "2 serving whole pool 9.0 9 10 90 %"
+    assert inference[0] == f"1 serving nlp {25 / span:.1f} 5 5 100 %"
+    assert inference[1] == f"2 serving whole pool {45 / span:.1f} 9 10 90 %"
     assert len(inference) == 2  # vision's quota is not nlp's business
     assert "Services near capacity now: " in body  # the services part comes first
 
