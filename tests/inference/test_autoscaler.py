@@ -434,3 +434,123 @@ def test_panic_reacts_within_one_panic_window_of_a_load_step(policy, base, facto
     )
     reacted = [t for t, cur, d in runs if t >= step_at and d.desired > cur]
     assert reacted and reacted[0] <= step_at + policy.panic_window_s
+
+
+# --- a load step, waiting replicas, the p95 against the SLO --------------------------------
+
+
+def _step_samples(step_at: int, now: int, low: float, high: float, per_request_s: float = 0.1):
+    """Two replicas sharing ``low`` requests/s until ``step_at``, ``high`` after; each
+    request ``per_request_s`` long (ongoing = rate × time), one sample a second each."""
+    samples, total = [], 0.0
+    for t in range(0, now + 1):
+        rate = low if t <= step_at else high
+        total += rate
+        for r in range(2):
+            samples.append(
+                Sample(replica=r, at=t, running=rate * per_request_s / 2, requests_total=total / 2)
+            )
+    return samples
+
+
+def test_a_scale_down_never_goes_below_the_panic_windows_ask():
+    """2 replicas after a quiet minute; the load jumps from 2 to 30 requests/s 5 s ago: the
+    stable window (60 s mean) asks for 1, the panic window for 3 (not 2 × 2: no panic)."""
+    policy = Policy(max_replicas=8, target_running_per_replica=1.4, scale_up_max_step=0)
+    samples = _step_samples(step_at=55, now=60, low=2, high=30)
+    d = decide(now=60, current=2, ready=2, samples=samples, policy=policy)
+    assert d.inputs["desired_stable"] == 1 and d.inputs["desired_panic"] >= 2
+    assert d.desired == 2 and not d.panic
+    assert "no scale-down below 2" in d.reason
+
+
+def test_the_recent_request_rate_keeps_up_with_a_step():
+    samples = _step_samples(step_at=55, now=60, low=2, high=30)
+    obs = observe(samples, 60, Policy())
+    assert obs.recent_request_rate == pytest.approx(30.0)
+    assert obs.request_rate < 5  # the stable window's mean still lags
+    d = decide(now=60, current=2, ready=2, samples=samples, policy=Policy(max_replicas=8))
+    assert d.inputs["recent_request_rate"] == pytest.approx(30.0)
+
+
+def test_replicas_not_started_yet_are_kept_only_as_far_as_the_load_asks():
+    """The panic hold and the scale-down delay keep 4 wanted after the load ended; 2 of
+    the 4 still wait for quota: they are no longer wanted (the 2 serving stay, held)."""
+    policy = Policy(max_replicas=8, target_running_per_replica=1, scale_down_delay_s=60)
+    now = 100.0
+    samples = [
+        Sample(replica=r, at=t, running=2.0 if t < 80 else 0.0)
+        for r in range(2)
+        for t in range(40, 101, 2)
+    ]
+    state = State(recommendations=((now - 10, 4),), panic_until=now + 30)
+    held = decide(
+        now=now, current=4, ready=2, samples=samples, policy=policy, state=state, live=[0, 1, 2, 3]
+    )
+    assert held.desired == 4  # without knowing which replicas started: the holds keep 4
+    d = decide(
+        now=now,
+        current=4,
+        ready=2,
+        samples=samples,
+        policy=policy,
+        state=state,
+        live=[0, 1, 2, 3],
+        started=2,
+    )
+    assert d.desired == 2 and d.reason_code == Reason.WAITING_NOT_NEEDED
+    assert "2 replica(s) not started yet" in d.reason
+    # While the load still asks for them, waiting replicas stay wanted.
+    busy = [Sample(replica=r, at=t, running=2.0) for r in range(2) for t in range(40, 101, 2)]
+    d = decide(now=now, current=4, ready=2, samples=busy, policy=policy, state=state, started=2)
+    assert d.desired == 4
+
+
+def _latency_samples(buckets_then, buckets_now):
+    return [
+        Sample(replica=0, at=95, running=1, requests_total=0, latency_buckets=buckets_then),
+        Sample(replica=0, at=100, running=1, requests_total=100, latency_buckets=buckets_now),
+    ]
+
+
+def test_p95_against_an_slo_that_is_a_bucket_bound_is_exact():
+    """A 100 ms model (every request 105-109 ms): with the SLO 150 ms among the bounds,
+    all requests are within it: no breach, and the decision says how it knows."""
+    zero = ((0.1, 0.0), (0.15, 0.0), (0.25, 0.0), (math.inf, 0.0))
+    now = ((0.1, 0.0), (0.15, 100.0), (0.25, 100.0), (math.inf, 100.0))
+    policy = Policy(max_replicas=4, target_running_per_replica=4, latency_slo_ms=150)
+    d = decide(now=100, current=1, ready=1, samples=_latency_samples(zero, now), policy=policy)
+    assert d.inputs["p95_method"] == "slo_bound" and d.inputs["slo_share"] == 1.0
+    assert d.inputs["p95_bucket_ms"] == [100.0, 150.0]
+    assert d.reason_code != Reason.LATENCY and d.desired == 1
+    assert "100.0 % of requests within the SLO 150 ms" in d.inputs["p95_words"]
+
+
+def test_p95_against_an_slo_outside_or_inside_its_bucket():
+    zero = ((0.1, 0.0), (0.25, 0.0), (math.inf, 0.0))
+    now = ((0.1, 0.0), (0.25, 100.0), (math.inf, 100.0))
+    samples = _latency_samples(zero, now)
+    # The SLO above the bucket: its upper bound says p95 ≤ 250 ms.
+    above = decide(now=100, current=1, ready=1, samples=samples, policy=Policy(latency_slo_ms=300))
+    assert above.inputs["p95_method"] == "bucket"
+    assert "p95 ≤ 250 ms" in above.inputs["p95_words"]
+    # The SLO inside the bucket: only the interpolation (242.5 ms) is left, and says so.
+    inside = decide(
+        now=100,
+        current=1,
+        ready=1,
+        samples=samples,
+        policy=Policy(latency_slo_ms=200, max_replicas=3),
+    )
+    assert inside.inputs["p95_method"] == "interpolated"
+    assert inside.inputs["p95_ms"] == pytest.approx(242.5)
+    assert inside.reason_code == Reason.LATENCY and "interpolated" in inside.reason
+    # An open top bucket: JSON has no infinity.
+    top = decide(
+        now=100,
+        current=1,
+        ready=1,
+        samples=_latency_samples(((0.1, 0.0), (math.inf, 0.0)), ((0.1, 0.0), (math.inf, 9.0))),
+        policy=Policy(latency_slo_ms=50),
+    )
+    assert top.inputs["p95_bucket_ms"] == [100.0, None]
