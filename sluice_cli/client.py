@@ -101,6 +101,9 @@ class Client:
         request.add_header("User-Agent", f"sluice-cli/{__version__}")
         if auth:
             if not self.token:
+                # "not logged in" would send the user to `sluice login`, which cannot help
+                # while the server does not answer: say that first.
+                self.check_reachable()
                 raise CliError("not logged in: run `sluice login`, or set SLUICE_TOKEN", EXIT_AUTH)
             request.add_header("Authorization", f"Token {self.token}")
         for name, value in (headers or {}).items():
@@ -115,8 +118,7 @@ class Client:
         except urllib.error.HTTPError as exc:
             raise self._http_error(exc, method, path) from None
         except (TimeoutError, urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise ApiError(f"cannot reach {self.url}: {reason}", EXIT_SERVER, None) from None
+            raise self._unreachable(exc) from None
         if not raw:
             return None
         try:
@@ -128,6 +130,23 @@ class Client:
                 EXIT_SERVER,
                 None,
             ) from None
+
+    def _unreachable(self, exc: BaseException) -> ApiError:
+        reason = getattr(exc, "reason", exc)
+        return ApiError(f"cannot reach {self.url}: {reason}", EXIT_SERVER, None)
+
+    def check_reachable(self) -> None:
+        """Raise ``cannot reach`` (exit 5) unless the server answers at all: any HTTP
+        status will do, nothing is sent but a GET of the API's root."""
+        request = urllib.request.Request(f"{self.url}/api/v1/", method="GET")
+        request.add_header("User-Agent", f"sluice-cli/{__version__}")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                response.read(0)
+        except urllib.error.HTTPError:
+            return
+        except (TimeoutError, urllib.error.URLError, OSError) as exc:
+            raise self._unreachable(exc) from None
 
     def _http_error(self, exc: urllib.error.HTTPError, method: str, path: str) -> ApiError:
         status = exc.code

@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import socket
 import sys
 import time
@@ -164,10 +165,19 @@ def _resolve(ctx: Context, kind: str, ref: Any, *, tenant: str | None = None) ->
 def cmd_login(ctx: Context, args: argparse.Namespace) -> int:
     import getpass
 
-    username = args.username or input("Username: ").strip()
+    username = (args.username or ctx.env.get("SLUICE_USERNAME") or "").strip()
     if args.password_stdin:
+        # stdin holds the password: the username cannot be asked for there too.
+        if not username:
+            raise UsageError(
+                "--password-stdin reads only the password: give the username with "
+                "--username NAME or SLUICE_USERNAME"
+            )
         password = sys.stdin.readline().rstrip("\r\n")
+        if not password:
+            raise UsageError("--password-stdin: no password on stdin")
     else:
+        username = username or input("Username: ").strip()
         password = getpass.getpass("Password: ")
     body: dict[str, Any] = {
         "username": username,
@@ -206,13 +216,19 @@ def cmd_login(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def _revoke_saved_token(stored: dict, *, quiet: bool) -> bool:
-    """Revoke the saved token on its server (best effort: an expired or revoked one is fine)."""
-    if not (stored.get("token") and stored.get("token_id") and stored.get("url")):
+    """Revoke the saved token on its server (best effort: an expired or revoked one is fine)
+    with ``DELETE /api/v1/auth/token``: the token ends itself."""
+    if not (stored.get("token") and stored.get("url")):
         return False
+    client = Client(stored["url"], stored["token"], timeout=10)
     try:
-        Client(stored["url"], stored["token"], timeout=10).delete(
-            f"auth/tokens/{stored['token_id']}"
-        )
+        try:
+            client.delete("auth/token")
+        except ApiError as exc:
+            # A portal older than that endpoint: revoke by the id saved at login.
+            if exc.status != 405 or not stored.get("token_id"):
+                raise
+            client.delete(f"auth/tokens/{stored['token_id']}")
     except ApiError as exc:
         if not quiet and exc.exit_code not in (EXIT_AUTH, EXIT_NOT_FOUND):
             print(f"warning: the token was not revoked: {exc.message}", file=sys.stderr)
@@ -230,6 +246,11 @@ def cmd_logout(ctx: Context, args: argparse.Namespace) -> int:
         stored.pop(key, None)
     config_save(ctx.settings.path, stored)
     print("Logged out" + (" (token revoked)." if revoked else "."))
+    if ctx.env.get("SLUICE_TOKEN"):
+        print(
+            "note: SLUICE_TOKEN is still set; it is not the saved token and still works",
+            file=sys.stderr,
+        )
     return EXIT_OK
 
 
@@ -386,13 +407,28 @@ def _job_body(ctx: Context, spec: dict) -> dict:
 
 
 def _default_project(ctx: Context, queue: dict) -> int:
-    """The queue's own project, else the tenant's only active project."""
+    """The queue's own project, else the tenant's only active project, else the project of
+    your latest job in this queue (or in its tenant); else a usage error naming the choices."""
     if queue.get("project"):
         return int(queue["project"])
     projects = list(ctx.client.paginate("projects", tenant__slug=queue["tenant"], active=True))
     if len(projects) == 1:
         return projects[0]["id"]
-    names = ", ".join(p["slug"] for p in projects) or "none"
+    active = {p["id"]: p["slug"] for p in projects}
+    where = f"{queue['tenant']}/{queue['name']}"
+    for params in ({"queue": queue["id"]}, {"tenant": queue["tenant"]}):
+        for job in ctx.client.paginate(
+            "jobs", limit=20, user=_username(ctx), ordering="-id", **params
+        ):
+            if job.get("project_id") in active:
+                slug = active[job["project_id"]]
+                scope = where if "queue" in params else f"tenant {queue['tenant']}"
+                print(
+                    f"note: project {slug}, as your latest job in {scope} (--project to choose)",
+                    file=sys.stderr,
+                )
+                return job["project_id"]
+    names = ", ".join(sorted(active.values())) or "none"
     raise UsageError(f"give the project: --project NAME (projects of {queue['tenant']}: {names})")
 
 
@@ -470,7 +506,7 @@ def _job_info(job: dict) -> str:
     if job.get("exit_code") is not None:
         parts.append(f"exit {job['exit_code']}")
     if job.get("exit_signal"):
-        parts.append(f"signal {job['exit_signal']}")
+        parts.append(_signal_name(job["exit_signal"]) or f"signal {job['exit_signal']}")
     if job.get("stop_reason"):
         parts.append(job["stop_reason"].lower())
     if not parts and job.get("failure_message"):
@@ -610,14 +646,9 @@ def _show_text(job: dict) -> str:
 
         ran = (parse_time(job["finished_at"]) - parse_time(job["started_at"])).total_seconds()
         add(("Ran", fmt_duration(ran)))
-    if job.get("exit_code") is not None or job.get("exit_signal"):
-        add(
-            (
-                "Exit",
-                f"code {job.get('exit_code')}"
-                + (f", signal {job['exit_signal']}" if job.get("exit_signal") else ""),
-            )
-        )
+    ending = _ending(job)
+    if ending:
+        add(("Ended", ending))
     if job.get("failure_message"):
         add(("Failure", job["failure_message"]))
     if job.get("requeue_count"):
@@ -632,6 +663,26 @@ def _show_text(job: dict) -> str:
     width = max(len(label) for label, _ in rows)
     title = f"Job {job['id']}" + (f"  {job['name']}" if job.get("name") else "")
     return "\n".join([title, *(f"  {label:<{width}}  {value}" for label, value in rows)])
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return ""
+
+
+def _ending(job: dict) -> str:
+    """How the job's process ended, as far as it is known: ``exit code 3``, ``stopped by
+    signal 15 (SIGTERM)``; empty while it runs or when it never started."""
+    code, number = job.get("exit_code"), job.get("exit_signal")
+    parts = []
+    if number:
+        name = _signal_name(number)
+        parts.append(f"stopped by signal {number}" + (f" ({name})" if name else ""))
+    if code is not None:
+        parts.append(f"exit code {code}")
+    return ", ".join(parts)
 
 
 def cmd_show(ctx: Context, args: argparse.Namespace) -> int:
@@ -1003,7 +1054,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Submit, watch and manage Sluice jobs through the REST API.",
         epilog="Exit codes: 0 ok, 1 the API refused (4xx), 2 usage error, 3 not found, "
         "4 not logged in or token refused, 5 server or network error. "
-        "Environment: SLUICE_URL, SLUICE_TOKEN, SLUICE_CONFIG.",
+        "Environment: SLUICE_URL, SLUICE_TOKEN, SLUICE_CONFIG, SLUICE_USERNAME (login).",
     )
     parser.add_argument("--version", action="version", version=f"sluice {__version__}")
     parser.add_argument("--json", action="store_true", default=False, help="print the API's JSON")
@@ -1019,9 +1070,13 @@ def _parser() -> argparse.ArgumentParser:
 
     p = command("login", cmd_login, "get a token with your username and password and save it")
     p.add_argument("--username", "-u")
-    p.add_argument("--password-stdin", action="store_true", help="read the password from stdin")
+    p.add_argument(
+        "--password-stdin",
+        action="store_true",
+        help="read the password from stdin (give --username or SLUICE_USERNAME)",
+    )
     p.add_argument("--days", type=int, help="token lifetime in days (default: the server's)")
-    command("logout", cmd_logout, "revoke the saved token and forget it")
+    command("logout", cmd_logout, "revoke the saved token (DELETE /auth/token) and forget it")
     command("whoami", cmd_whoami, "who the token belongs to")
 
     p = command(
@@ -1036,7 +1091,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--project",
         "-p",
-        help="project id or slug (default: the queue's, or the tenant's only one)",
+        help="project id or slug (default: the queue's, the tenant's only one, or that of "
+        "your latest job in the queue)",
     )
     p.add_argument("--name", "-n")
     p.add_argument("--gpus", "-g", type=int, help="GPUs per node")
@@ -1161,6 +1217,30 @@ def _split_command(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) -> int:
     """Run one command; returns the exit code (see the module docstring)."""
+    try:
+        code = _run(argv, env)
+        sys.stdout.flush()  # here, where a reader gone early (`| head`) can be caught
+        return code
+    except BrokenPipeError:
+        # The reader took what it wanted: end quietly, as other Unix tools do. Python would
+        # flush stdout once more at exit and complain: point it at /dev/null first.
+        _stdout_to_devnull()
+        return EXIT_OK
+
+
+def _stdout_to_devnull() -> None:
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (captured in tests)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
+def _run(argv: list[str] | None, env: Mapping[str, str] | None) -> int:
     env = os.environ if env is None else env
     argv = list(sys.argv[1:] if argv is None else argv)
     argv, command = _split_command(argv)
@@ -1190,6 +1270,3 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:  # `sluice ls | head`
-        sys.stderr.close()
-        return EXIT_OK

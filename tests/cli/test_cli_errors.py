@@ -93,3 +93,19 @@ def test_an_ambiguous_queue_name_asks_for_the_tenant(world, sluice, token_of):
     ok = sluice("submit", "-q", "vision/train", "--", "x", token=key)
     assert ok.code == 0, ok.err
     assert Job.objects.get().queue == world.other_queue
+
+
+def test_without_a_token_an_unreachable_server_is_said_first(world, sluice):
+    """No token and no server: `sluice login` cannot help, so the CLI says the server does
+    not answer (exit 5), not "not logged in" (exit 4)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+
+    for argv in (("ls",), ("queues",), ("submit", "-q", "train", "--", "x")):
+        run = sluice(*argv, env={"SLUICE_URL": url})
+
+        assert run.code == 5, (argv, run.err)
+        assert run.err.startswith(f"error: cannot reach {url}: "), run.err
+        assert "not logged in" not in run.err

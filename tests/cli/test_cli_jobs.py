@@ -1,5 +1,7 @@
 """`sluice ls`, `show`, `logs`, `cancel`, `hold`, `release` against the live server."""
 
+from datetime import timedelta
+
 import pytest
 from django.utils import timezone
 
@@ -180,3 +182,39 @@ def test_logs_follow_prints_new_output_until_the_job_ends(world, sluice, member_
     assert run.out == "start\nstep 1\ndone\n"
     assert f"job {job.pk} SUCCEEDED" in run.err
     assert len(sleeps) == 3
+
+
+@pytest.mark.parametrize(
+    ("state", "code", "signal", "shown"),
+    [
+        (JobState.CANCELLED, None, 15, "Ended          stopped by signal 15 (SIGTERM)"),
+        (JobState.FAILED, 3, None, "Ended          exit code 3"),
+        (JobState.SUCCEEDED, 0, None, "Ended          exit code 0"),
+    ],
+)
+def test_show_says_how_a_stopped_job_ended(world, sluice, member_key, state, code, signal, shown):
+    now = timezone.now()
+    job = _job(
+        world,
+        world.member,
+        state=state,
+        exit_code=code,
+        exit_signal=signal,
+        started_at=now - timedelta(minutes=5),
+        finished_at=now,
+    )
+
+    run = sluice("show", job.pk, token=member_key)
+
+    assert run.code == 0, run.err
+    assert shown in run.out
+    assert "None" not in run.out
+
+
+def test_show_of_a_job_cancelled_before_it_started_says_no_exit(world, sluice, member_key):
+    job = _job(world, world.member, state=JobState.CANCELLED, finished_at=timezone.now())
+
+    run = sluice("show", job.pk, token=member_key)
+
+    assert run.code == 0, run.err
+    assert "Ended" not in run.out and "None" not in run.out

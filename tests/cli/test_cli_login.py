@@ -6,6 +6,7 @@ import stat
 from pathlib import Path
 
 from portal.accounts.models import ApiToken
+from portal.audit.models import AuditEvent
 from tests.factories import PASSWORD
 
 
@@ -86,3 +87,56 @@ def test_a_saved_token_is_not_sent_to_another_server(world, sluice, cli_env, tok
 
     assert run.code == 4
     assert "not logged in" in run.err
+
+
+def test_password_stdin_without_a_username_is_a_usage_error(world, sluice, cli_env, monkeypatch):
+    """`echo PW | sluice login --password-stdin`: stdin holds the password, so it must not
+    be read as the username."""
+    stdin = io.StringIO(PASSWORD + "\n")
+    monkeypatch.setattr("sys.stdin", stdin)
+    monkeypatch.setattr("builtins.input", lambda prompt: stdin.readline().strip())
+
+    run = sluice("login", "--password-stdin")
+
+    assert run.code == 2
+    assert "--username NAME or SLUICE_USERNAME" in run.err
+    assert stdin.tell() == 0, "the password was read"
+    assert not ApiToken.objects.exists()
+    assert not Path(cli_env["SLUICE_CONFIG"]).exists()
+
+
+def test_password_stdin_takes_the_username_from_the_environment(world, sluice, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO(PASSWORD + "\n"))
+
+    run = sluice("login", "--password-stdin", env={"SLUICE_USERNAME": "nlp-viewer"})
+
+    assert run.code == 0, run.err
+    assert ApiToken.objects.get().user == world.viewer
+
+
+def test_an_empty_stdin_is_a_usage_error_not_a_blank_password(world, sluice, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+
+    run = sluice("login", "-u", "nlp-member", "--password-stdin")
+
+    assert run.code == 2
+    assert "no password on stdin" in run.err
+
+
+def test_logout_ends_the_token_itself_without_knowing_its_id(world, sluice, cli_env, api_token):
+    """A config that holds only the URL and the token (written by hand, or by a script that
+    made the token with POST /api/v1/auth/token): logout still revokes it, through
+    DELETE /api/v1/auth/token."""
+    token, key = api_token(world.member)
+    path = Path(cli_env["SLUICE_CONFIG"])
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"url": cli_env["SLUICE_URL"], "token": key}))
+
+    run = sluice("logout")
+
+    assert run.code == 0, run.err
+    assert "token revoked" in run.out
+    assert not ApiToken.objects.filter(pk=token.pk).exists()
+    event = AuditEvent.objects.get(action="token.revoke")
+    assert event.actor == world.member and event.reason == "logout"
+    assert "token" not in json.loads(path.read_text())

@@ -6,6 +6,7 @@ import pytest
 
 from scheduling.choices import JobState
 from scheduling.models import Job
+from tests import factories as f
 
 
 @pytest.fixture
@@ -148,3 +149,32 @@ def test_a_job_submitted_is_placed_and_shown_with_its_allocations(world, sluice,
     node = job.allocations.first().node.name
     indexes = ",".join(str(a.gpu.index) for a in job.allocations.order_by("gpu__index"))
     assert f"Allocations    {node}: GPU {indexes}" in run.out
+
+
+def test_the_project_defaults_to_that_of_my_latest_job_in_the_queue(world, sluice, member_key):
+    """A tenant of several projects (the demo's nlp has three): the project of your latest
+    job in the queue, said on stderr, instead of refusing to submit."""
+    other = f.ProjectFactory(tenant=world.tenant, slug="chat")
+    f.ProjectFactory(tenant=world.tenant, slug="eval")
+    f.JobFactory(queue=world.queue, project=world.project, submitted_by=world.member)
+    f.JobFactory(queue=world.queue, project=other, submitted_by=world.member)
+    # Someone else's later job does not count.
+    f.JobFactory(queue=world.queue, project=world.project, submitted_by=world.tenant_admin)
+
+    run = sluice("submit", "-q", "train", "--quiet", "--", "sleep", "1", token=member_key)
+
+    assert run.code == 0, run.err
+    job = Job.objects.get(pk=int(run.out))
+    assert job.project == other
+    assert "project chat, as your latest job in nlp/train (--project to choose)" in run.err
+
+
+def test_without_a_job_to_go_by_the_usage_error_lists_the_projects(world, sluice, member_key):
+    f.ProjectFactory(tenant=world.tenant, slug="chat")
+    f.ProjectFactory(tenant=world.tenant, slug="old", active=False)
+
+    run = sluice("submit", "-q", "train", "--", "sleep", "1", token=member_key)
+
+    assert run.code == 2
+    assert "--project NAME (projects of nlp: chat, llm)" in run.err
+    assert not Job.objects.exists()
