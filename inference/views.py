@@ -147,6 +147,13 @@ def service_charts(service, decisions) -> dict:
                     "data": [_round(i.get("request_rate")) for i in inputs],
                     "yAxisID": "rate",
                 },
+                {
+                    # The stable window's mean lags a load step by up to its length.
+                    "label": "requests/s, panic window (right axis)",
+                    "data": [_round(i.get("recent_request_rate")) for i in inputs],
+                    "yAxisID": "rate",
+                    "borderDash": [2, 2],
+                },
             ],
             y_title="ongoing requests",
         ),
@@ -193,6 +200,34 @@ def service_charts(service, decisions) -> dict:
     return charts
 
 
+#: What holds replicas back, by the waiting replica's reason code: (the limit, the advice).
+_LIMITS = {
+    "WAITING_FOR_QUOTA": ("the tenant's quota", "quota"),
+    "EXCEEDS_QUOTA_LIMIT": ("the tenant's quota", "quota"),
+    "RESERVED_FOR_HIGHER_PRIORITY": (
+        "jobs ahead of the replicas in the pool's priority order",
+        "priority",
+    ),
+    "WAITING_FOR_GPUS": ("the pool's GPUs", "gpus"),
+    "WAITING_FOR_PREEMPTION": ("the pool's GPUs", "gpus"),
+    "NO_MATCHING_NODES": ("the pool's nodes", "gpus"),
+    "SUBMIT_REFUSED": ("a refused submission", "submit"),
+}
+
+
+def capacity_advice(service) -> dict | None:
+    """What a service near capacity is held back by, in words: max replicas only when
+    every wanted replica runs; otherwise what its waiting replicas wait for (raising max
+    replicas would only add more waiting replicas)."""
+    if not service.near_capacity:
+        return None
+    code = service.blocked_reason_code
+    if code:
+        limit, kind = _LIMITS.get(code, (f"replicas waiting to start ({code})", "other"))
+        return {"limit": limit, "kind": kind, "code": code}
+    return {"limit": f"max replicas ({service.max_replicas})", "kind": "max_replicas", "code": ""}
+
+
 @login_required
 def service_detail(request, pk):
     service = _service_or_404(request.user, pk)
@@ -207,6 +242,8 @@ def service_detail(request, pk):
             "endpoints": selectors.service_endpoints(service),
             "decisions": list(selectors.service_decisions(service)[:50]),
             "charts": service_charts(service, recent),
+            "advice": capacity_advice(service),
+            "latest": recent[-1] if recent else None,
             "can_manage": selectors.can_manage_service(request.user, service),
         },
     )
