@@ -68,6 +68,7 @@ from scheduling.agent.protocol import (
     PROTOCOL_VERSION,
     REGISTER,
     STOP,
+    STOP_LOST,
     SUPERSEDED,
     ProtocolError,
     exited_report,
@@ -112,6 +113,7 @@ from scheduling.agent.serving import (
     ServeTarget,
 )
 from scheduling.agent.wakeups import LoopWaiter, Wakeup
+from scheduling.agent.workdir import WorkDirError, reachable_work_dir
 
 logger = logging.getLogger(__name__)
 
@@ -190,6 +192,17 @@ class AgentConfig:
     serve_scrape_seconds: float = DEFAULT_SCRAPE_SECONDS
     #: Seconds each GET of a scrape may take.
     serve_scrape_timeout: float = DEFAULT_SCRAPE_TIMEOUT
+    #: Where a root agent makes a work dir the job accounts can reach when ``work_dir`` is
+    #: not (a checkout in a 0700 home); None: refuse to start instead (a chosen work dir).
+    fallback_work_root: Path | None = None
+    #: File the agent appends the accounts and directories it creates on the host to
+    #: (see ledger.py), so that they can be removed again; None: no record.
+    created_ledger: Path | None = None
+    #: Stop every job (SIGTERM, then SIGKILL after ``exit_stop_grace_seconds``) when the
+    #: agent stops, instead of leaving them to the next agent: a demo's agents, whose jobs
+    #: and serving replicas must not outlive ``make run``.
+    stop_jobs_on_exit: bool = False
+    exit_stop_grace_seconds: float = 2.0
 
 
 class AgentStartError(RuntimeError):
@@ -503,8 +516,28 @@ class Agent:
 
     def _prepare_work_dir(self) -> None:
         """Work dir and ``jobs/`` 0711: job accounts pass through to their workspaces but
-        list nothing. A root agent refuses to start where they could not pass: every job
-        would fail, or run with paths it cannot use."""
+        list nothing. Where they could not pass (a checkout in a 0700 home), a root agent
+        moves its work dir to one they can reach (``fallback_work_root``), or refuses to
+        start: every job would fail, or run with paths it cannot use."""
+        if agent_is_root():
+            configured = self.config.work_dir
+            try:
+                work_dir = reachable_work_dir(
+                    configured,
+                    fallback_root=self.config.fallback_work_root,
+                    created_ledger=self.config.created_ledger,
+                )
+            except WorkDirError as exc:
+                raise AgentStartError(str(exc)) from None
+            if work_dir != configured:
+                logger.warning(
+                    "job accounts cannot reach %s (%s is private): job directories are in %s",
+                    configured,
+                    unreachable_parent(configured),
+                    work_dir,
+                )
+                self.config = replace(self.config, work_dir=work_dir)
+                self.jobs_dir = work_dir / "jobs"
         ensure_dir(self.config.work_dir, TRAVERSE_ONLY)
         ensure_dir(self.jobs_dir, TRAVERSE_ONLY)
         if not agent_is_root():
@@ -530,7 +563,8 @@ class Agent:
             logger.warning("isolation: %s", note)
 
     def run(self) -> None:
-        """Start, then loop until :meth:`request_stop`; jobs keep running afterwards."""
+        """Start, then loop until :meth:`request_stop`; jobs keep running afterwards
+        (unless ``stop_jobs_on_exit``)."""
         try:
             self.start()
             while not self._stop_requested:
@@ -539,8 +573,34 @@ class Agent:
                 except Exception:  # e.g. a full disk: keep supervising, do not spin
                     logger.exception("error in the agent loop")
                     time.sleep(1.0)
+            if self.config.stop_jobs_on_exit:
+                self.stop_all_jobs()
         finally:
             self.close()
+
+    def stop_all_jobs(self) -> None:
+        """Stop every job of this node as if it was lost (SIGTERM to each job's process
+        group, SIGKILL after ``exit_stop_grace_seconds``), wait for them to end and report
+        their exits; used on the way out by an agent whose jobs must not outlive it."""
+        grace = self.config.exit_stop_grace_seconds
+        records = list(self._active_records())
+        for record in records:
+            if record.waiting:
+                self._finish(
+                    record, None, None, "stopped (agent stopped) before it started", STOP_LOST
+                )
+            elif record.running:
+                self._begin_stop(record, STOP_LOST, grace)
+        deadline = time.monotonic() + grace + 2.0
+        while any(r.running for r in records) and time.monotonic() < deadline:
+            self.tick(0.05)
+        for record in records:
+            if record.running:
+                logger.warning(
+                    "job %s attempt %s did not end after SIGKILL", record.job_id, record.attempt
+                )
+        self._report_finished()
+        self._save_unsaved()
 
     def request_stop(self, *_: Any) -> None:
         """Ask the loop to end after the current pass (safe from a signal handler, and
@@ -829,6 +889,7 @@ class Agent:
                 run_as=message.get("run_as", ""),
                 tenant=tenant,
                 create=self.config.create_accounts,
+                created_ledger=self.config.created_ledger,
             )
             places = {
                 name: resolve_job_dir(

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from scheduling.agent.agent import Agent, AgentConfig, AgentStartError
 from scheduling.agent.gpus import select_backend
+from scheduling.agent.ledger import LEDGER_ENV, ledger_from_env
 from scheduling.agent.protocol import (
     DEFAULT_HEARTBEAT_SECONDS,
     DEFAULT_LOG_CAP_BYTES,
@@ -38,6 +39,7 @@ from scheduling.agent.protocol import (
 )
 from scheduling.agent.runner import SYSTEM_JOB_PATH
 from scheduling.agent.serving import DEFAULT_SCRAPE_SECONDS, DEFAULT_SERVE_PORTS, parse_port_range
+from scheduling.agent.workdir import FALLBACK_WORK_ROOT
 
 logger = logging.getLogger("scheduling.agent")
 
@@ -63,7 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SPEC",
         help="simulate GPUs instead of NVML, e.g. 8xH100-80GB or 4xA100-40GB,2xL4-24GB",
     )
-    parser.add_argument("--work-dir", help="job directories (default: var/agent/<node>)")
+    parser.add_argument(
+        "--work-dir",
+        help="job directories (default: var/agent/<node>; for a root agent whose job "
+        f"accounts cannot reach that, e.g. in a 0700 home: under {FALLBACK_WORK_ROOT})",
+    )
     parser.add_argument(
         "--heartbeat",
         type=float,
@@ -91,6 +97,20 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="as root: create a job's missing Unix account (useradd --system, no home, no "
         "login) instead of failing its launch",
+    )
+    parser.add_argument(
+        "--created-ledger",
+        metavar="FILE",
+        default=ledger_from_env(),
+        type=Path,
+        help="append the Unix accounts and directories this agent creates on the host to "
+        f"FILE, so that they can be removed again (default: ${LEDGER_ENV}, else no record)",
+    )
+    parser.add_argument(
+        "--stop-jobs-on-exit",
+        action="store_true",
+        help="stop every job (SIGTERM, SIGKILL 2 s later) when the agent stops, instead of "
+        "leaving them to the next agent (a demo's agents)",
     )
     parser.add_argument(
         "--allowed-root",
@@ -213,6 +233,10 @@ def _run(args: argparse.Namespace) -> int:
         node=args.node,
         pool=args.pool,
         work_dir=Path(args.work_dir or Path("var") / "agent" / args.node),
+        # A chosen work dir is never moved; the default one is, where jobs cannot reach it.
+        fallback_work_root=None if args.work_dir else FALLBACK_WORK_ROOT,
+        created_ledger=args.created_ledger,
+        stop_jobs_on_exit=args.stop_jobs_on_exit,
         heartbeat_seconds=args.heartbeat,
         retention_days=args.retention_days,
         create_accounts=args.create_accounts,
@@ -264,7 +288,7 @@ def _run_once(config: AgentConfig, backend, sender) -> int:
 
 def _install_signal_handlers(agent: Agent) -> None:
     """SIGTERM and SIGINT end the loop cleanly; jobs keep running and are adopted by the
-    next agent."""
+    next agent (unless --stop-jobs-on-exit)."""
     try:
         signal.signal(signal.SIGTERM, agent.request_stop)
         signal.signal(signal.SIGINT, agent.request_stop)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from scheduling.agent import ledger
 from scheduling.agent.protocol import ACCOUNT_NAME_RE, LIMIT_NAMES, TENANT_RE
 from scheduling.agent.runner import LaunchError
 
@@ -83,7 +84,9 @@ def default_account_name(tenant: str) -> str:
     return f"{ACCOUNT_PREFIX}{tenant}" if tenant else FALLBACK_ACCOUNT
 
 
-def job_account(*, run_as: str, tenant: str, create: bool) -> JobAccount:
+def job_account(
+    *, run_as: str, tenant: str, create: bool, created_ledger: Path | None = None
+) -> JobAccount:
     """The account a launch runs as; raises LaunchError (the message names ``run_as``)
     when it does not exist (and may not be created) or would be privileged.
 
@@ -107,7 +110,7 @@ def job_account(*, run_as: str, tenant: str, create: bool) -> JobAccount:
                 f"run_as: account {name!r} does not exist on this node (create it, or start "
                 "the agent with --create-accounts)"
             ) from None
-        entry = create_account(name)
+        entry = create_account(name, created_ledger=created_ledger)
     if entry.pw_uid == 0 or entry.pw_gid == 0 or entry.pw_uid == os.geteuid():
         raise LaunchError(
             f"run_as: account {name!r} is uid {entry.pw_uid} / gid {entry.pw_gid}: jobs never "
@@ -116,12 +119,13 @@ def job_account(*, run_as: str, tenant: str, create: bool) -> JobAccount:
     return JobAccount(name, entry.pw_uid, entry.pw_gid, switched=True)
 
 
-def create_account(name: str) -> pwd.struct_passwd:
-    """Create a system account for jobs (no home, no login shell, its own group).
+def create_account(name: str, *, created_ledger: Path | None = None) -> pwd.struct_passwd:
+    """Create a system account for jobs (no home, no login shell, its own group), and
+    record it in ``created_ledger`` when this call made it (see ledger.py).
 
     Serialized in this process by a lock; against other processes (another agent, a
     test worker) useradd locks the passwd files itself, and a name created meanwhile
-    counts as created.
+    counts as created (by the other process: only that one records it).
     """
     if not ACCOUNT_NAME_RE.match(name):
         raise LaunchError(f"run_as: {name!r} is not an account name this node accepts")
@@ -145,7 +149,11 @@ def create_account(name: str) -> pwd.struct_passwd:
             )
             if result.returncode == 0:
                 logger.info("created account %s for jobs", name)
-                return pwd.getpwnam(name)
+                entry = pwd.getpwnam(name)
+                ledger.record(
+                    created_ledger, ledger.ACCOUNT, name=name, uid=entry.pw_uid, gid=entry.pw_gid
+                )
+                return entry
             error = (result.stderr or result.stdout).strip() or f"status {result.returncode}"
             if result.returncode not in _USERADD_RETRY:
                 break

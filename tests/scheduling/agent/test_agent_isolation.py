@@ -352,7 +352,8 @@ def test_a_root_agent_refuses_a_work_dir_job_accounts_cannot_reach(make_agent, t
     private.chmod(0o700)
     with pytest.raises(AgentStartError, match=re.escape(f"{private} is not searchable by other")):
         make_agent(work_dir=private / "work")
-    assert unreachable_parent(private / "work") == private
+    assert not (private / "work").exists()  # refused before anything is made
+    assert unreachable_parent(private) == private
     assert unreachable_parent(tmp_path) is None
 
 
