@@ -15,9 +15,11 @@ import contextvars
 import ipaddress
 import uuid
 from functools import lru_cache
+from http import HTTPStatus
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.http import JsonResponse
 from python_ipware.modern.parsers import parse_ip
 
 _request_context: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
@@ -91,3 +93,51 @@ class RequestContextMiddleware:
             _request_context.reset(token)
         response["X-Request-ID"] = request_id[:64]
         return response
+
+
+API_PREFIX = "/api/"
+# Headers of an error answer that still mean something in its JSON form.
+_KEPT_HEADERS = ("Allow", "Retry-After", "WWW-Authenticate", "X-Request-ID", "Vary")
+
+
+def _is_json(response) -> bool:
+    return response.get("Content-Type", "").split(";")[0].strip() == "application/json"
+
+
+# The words DRF uses for the same answers.
+_DETAILS = {404: "Not found.", 500: "A server error occurred."}
+
+
+def _detail(status: int) -> str:
+    if status in _DETAILS:
+        return _DETAILS[status]
+    try:
+        return f"{HTTPStatus(status).phrase}."
+    except ValueError:
+        return "Error."
+
+
+class ApiJsonErrorsMiddleware:
+    """Every error under ``/api/`` answers in the API's one error shape, ``{"detail": ...,
+    "errors": {}}``, with its status: also those no API view wrote (a path that matches no
+    route, such as ``/api/v1/jobs/0.5/``, a CSRF refusal, an unhandled exception), which
+    Django answers with an HTML page (under DEBUG, its technical pages)."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        response = self.get_response(request)
+        if (
+            response.status_code < 400
+            or not request.path.startswith(API_PREFIX)
+            or _is_json(response)
+        ):
+            return response
+        answer = JsonResponse(
+            {"detail": _detail(response.status_code), "errors": {}}, status=response.status_code
+        )
+        for name in _KEPT_HEADERS:
+            if name in response:
+                answer[name] = response[name]
+        return answer
