@@ -28,7 +28,12 @@ $(VENV)/.installed-dev: requirements.txt requirements-dev.txt pyproject.toml | $
 	touch $(VENV)/.installed $@
 
 ## Start Sluice on its embedded default (SQLite, filesystem broker, simulated GPU nodes) at http://127.0.0.1:8000
+## The engine (and job wrapper) compiled first where a C compiler is found: `make native`.
 run: $(VENV)/.installed
+	@if command -v $(CC) >/dev/null 2>&1; then $(MAKE) --no-print-directory native || \
+	echo "make native failed: the scheduling engine runs as pure Python"; \
+	else echo "no C compiler ($(CC)): the scheduling engine runs as pure Python (trace replays" \
+	"about 2x slower); install one (apt-get install gcc python3-dev), then make native"; fi
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py seed_demo
 	$(PY) manage.py seed_service_demo
