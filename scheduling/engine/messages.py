@@ -116,20 +116,25 @@ def kept_for_preemptors(job_ids: list[int]) -> str:
     return f"GPUs being freed are kept for jobs {listed}, which preempted for them"
 
 
+#: What "higher priority" means in RESERVED_FOR_HIGHER_PRIORITY: ahead in the order the
+#: engine considers waiting jobs in (a higher class, or the same class ordered first).
+AHEAD = "ahead of this one in priority order (a higher class, or its class and ordered first)"
+
+
 def reserved_gpus(job: PendingJob, owners: list[tuple[int, float]], now: float) -> str:
     if owners:
         owner, start = owners[0]
         return (
-            f"the idle GPUs in pool {job.pool} are reserved (e.g. for job {owner}, "
-            f"starting in {duration(start - now)}) and this job would hold them longer"
+            f"the idle GPUs in pool {job.pool} are reserved for jobs {AHEAD} (e.g. job "
+            f"{owner}, starting in {duration(start - now)}) and this job would hold them longer"
         )
-    return f"the idle GPUs in pool {job.pool} are reserved for other jobs"
+    return f"the idle GPUs in pool {job.pool} are reserved for jobs {AHEAD}"
 
 
 def reserved_quota(account: Account) -> str:
     return (
         f"{account.tenant}'s {account.label} quota in pool {account.pool} is promised to "
-        f"its earlier waiting jobs"
+        f"its waiting jobs {AHEAD}"
     )
 
 
