@@ -30,7 +30,8 @@ import math
 import shlex
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime, time, timedelta
+from zoneinfo import ZoneInfo
 
 from django.conf import settings
 from django.db import transaction
@@ -38,6 +39,7 @@ from django.db.models import QuerySet
 from django.urls import reverse
 from django.utils import timezone
 
+from portal.audit.models import AuditEvent
 from portal.audit.services import audit_record
 from portal.errors import BusinessError, NotFoundError, PermissionDeniedError
 from scheduling.choices import (
@@ -852,11 +854,73 @@ def recommendations_compute(now: datetime | None = None) -> list[Proposal]:
     return [proposal for rule in RULES for proposal in rule(now)]
 
 
+#: The audit action of a run of the rules: the record of when they last ran.
+REFRESH_ACTION = "recommendations.refresh"
+#: The beat schedule's entry of the daily run (portal.settings).
+BEAT_ENTRY = "insights-recommendations"
+
+
 @transaction.atomic
-def recommendations_refresh(*, now: datetime | None = None) -> dict:
+def recommendations_refresh(*, now: datetime | None = None, user=None) -> dict:
     """Run the rules and bring the open recommendations in line (see the module docstring).
-    Returns counts: created, refreshed, held back (cooldown), closed."""
+    Returns counts: created, refreshed, held back (cooldown), closed. Each run is audited
+    (``recommendations.refresh``, by ``user`` when an admin asked for it, else by the
+    system): the record of when the recommendations were last computed."""
     now = now or timezone.now()
+    counts = _refresh(now)
+    audit_record(
+        action=REFRESH_ACTION,
+        target_type="insights.recommendation",
+        target_label="recommendations",
+        actor=user,
+        after={**counts, "computed_at": now.isoformat()},
+        reason="Run now by an admin" if user is not None else "The daily run",
+    )
+    return counts
+
+
+def recommendations_run_now(*, user) -> dict:
+    """Compute the recommendations now instead of waiting for the daily run (platform
+    admins: the rules read and change every tenant's recommendations)."""
+    config_services.require_platform_admin(user)
+    return recommendations_refresh(user=user)
+
+
+def recommendations_last_run() -> datetime | None:
+    """When the rules last ran (the daily run or an admin's), ``None`` if they never did."""
+    return (
+        AuditEvent.objects.filter(action=REFRESH_ACTION)
+        .order_by("-id")
+        .values_list("created_at", flat=True)
+        .first()
+    )
+
+
+def recommendations_schedule(now: datetime | None = None) -> dict | None:
+    """The daily run's time of day (``"05:17"``), its time zone and its next run after
+    ``now``, read from the beat schedule; ``None`` when the schedule has no such entry."""
+    entry = settings.CELERY_BEAT_SCHEDULE.get(BEAT_ENTRY)
+    schedule = entry and entry.get("schedule")
+    hours, minutes = getattr(schedule, "hour", None), getattr(schedule, "minute", None)
+    if not hours or not minutes:
+        return None
+    zone = ZoneInfo(settings.CELERY_TIMEZONE or "UTC")
+    local = (now or timezone.now()).astimezone(zone)
+    runs = sorted(
+        datetime.combine(local.date() + timedelta(days=d), time(h, m), tzinfo=zone)
+        for d in (0, 1)
+        for h in hours
+        for m in minutes
+    )
+    upcoming = next((r for r in runs if r > local), runs[0] + timedelta(days=1))
+    return {
+        "times": ", ".join(f"{h:02d}:{m:02d}" for h in sorted(hours) for m in sorted(minutes)),
+        "zone": zone.key,
+        "next": upcoming,
+    }
+
+
+def _refresh(now: datetime) -> dict:
     counts = Counter()
     proposed_keys = set()
     for proposal in recommendations_compute(now):

@@ -6,6 +6,7 @@ from . import views_recommendations as views
 
 urlpatterns = [
     path("recommendations/", views.recommendation_list, name="recommendations"),
+    path("recommendations/run", views.recommendations_run_now, name="recommendations-run"),
     path("recommendations/<int:pk>/", views.recommendation_detail, name="recommendation"),
     path(
         "recommendations/<int:pk>/simulate",

@@ -71,6 +71,8 @@ def recommendation_list(request):
             "state": state,
             "kinds": RecommendationKind.choices,
             "can_act": request.user.is_staff,
+            "last_run": recs.recommendations_last_run(),
+            "schedule": recs.recommendations_schedule(),
         },
         # A filter it does not know is a form error (shown), the list unfiltered below it.
         status=400 if form.is_bound and form.errors else 200,
@@ -188,3 +190,20 @@ def recommendation_dismiss(request, pk: int):
             return redirect("recommendation", pk=rec.pk)
     context = _detail_context(request, rec, dismiss_form=form)
     return render(request, "insights/recommendation.html", context, status=400)
+
+
+@login_required
+@require_POST
+def recommendations_run_now(request):
+    """Compute the recommendations now (platform admins), then back to the list."""
+    _check_access(request.user)
+    try:
+        counts = recs.recommendations_run_now(user=request.user)
+    except PermissionDeniedError as exc:
+        raise PermissionDenied(exc.message) from None
+    messages.success(
+        request,
+        "Recommendations computed: {created} new, {refreshed} refreshed, {held} held back by "
+        "their cooldown, {closed} closed.".format(**counts),
+    )
+    return redirect("recommendations")
