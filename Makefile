@@ -37,6 +37,7 @@ run: $(VENV)/.installed
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py seed_demo
 	$(PY) manage.py seed_service_demo
+	@$(PY) tools/preflight.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/honcho start -f Procfile
 
 ## Lint, Django checks, migrations check and the test suite (SQLite, eager tasks)
@@ -103,8 +104,10 @@ bench-reports: $(VENV)/.installed-dev
 bench-agent: $(VENV)/.installed-dev native
 	$(PY) bench/agent.py $(ARGS)
 
+## Remove what `make run` created: var/, and the job accounts and job folders its agents
+## made (recorded in var/created.jsonl; as root: sudo make demo-reset). Stop `make run` first.
 demo-reset:
-	rm -rf var/
+	@python3 tools/demo_reset.py
 
 clean:
 	rm -rf $(VENV) var staticfiles build scheduling/agent/sluice-job-wrapper scheduling/engine/*.so scheduling/engine/native.stamp sluice_engine__mypyc*.so

@@ -187,3 +187,41 @@ def token_client():
         return client
 
     return make
+
+
+# --- Unix accounts the test run creates (as root) -------------------------------------------
+
+
+def pytest_configure(config):
+    """Run as root, tests create job accounts (``sluice-test-a``, those of agents started
+    with ``--create-accounts``): each creation is recorded in a ledger named by
+    ``$SLUICE_CREATED_LEDGER``, set here once for the whole run (test workers and the agents
+    they start inherit it), and removed when the run ends. An account that existed before
+    the run is not recorded, so never removed."""
+    import os
+    import tempfile
+
+    from scheduling.agent.ledger import LEDGER_ENV
+
+    if os.geteuid() != 0 or hasattr(config, "workerinput") or os.environ.get(LEDGER_ENV):
+        return
+    folder = tempfile.mkdtemp(prefix="sluice-test-created-")
+    os.environ[LEDGER_ENV] = config._sluice_created_ledger = f"{folder}/created.jsonl"
+
+
+def pytest_unconfigure(config):
+    import os
+    import shutil
+    from pathlib import Path
+
+    from scheduling.agent.ledger import LEDGER_ENV, remove_created
+
+    created = getattr(config, "_sluice_created_ledger", None)
+    if created is None:
+        return
+    os.environ.pop(LEDGER_ENV, None)
+    problems = remove_created(Path(created))
+    for problem in problems:
+        print(f"\ntest accounts: {problem}")
+    if not problems:
+        shutil.rmtree(Path(created).parent, ignore_errors=True)

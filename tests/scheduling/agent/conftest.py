@@ -23,6 +23,7 @@ if str(ROOT) not in sys.path:
 
 from scheduling.agent.agent import Agent, AgentConfig, LocalMessageSource  # noqa: E402
 from scheduling.agent.gpus import SimulatedBackend  # noqa: E402
+from scheduling.agent.ledger import ledger_from_env  # noqa: E402
 from scheduling.agent.runner import signal_group  # noqa: E402
 from tests.scheduling.agent.helpers import (  # noqa: E402
     Harness,
@@ -75,6 +76,8 @@ def make_agent(tmp_path: Path) -> Iterator[Callable[..., Harness]]:
         config.setdefault("mounts_file", "/dev/null")
         config.setdefault("poll_seconds", 0.05)
         config.setdefault("log_interval_seconds", 0.1)
+        # Accounts an agent creates are removed when the test run ends (tests/conftest.py).
+        config.setdefault("created_ledger", ledger_from_env())
         source = LocalMessageSource()
         reports: list[dict[str, Any]] = []
         agent = Agent(

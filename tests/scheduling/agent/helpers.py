@@ -15,6 +15,7 @@ from typing import Any
 
 from scheduling.agent.agent import Agent, LocalMessageSource
 from scheduling.agent.isolation import create_account, unreachable_parent
+from scheduling.agent.ledger import ledger_from_env
 from scheduling.agent.protocol import launch_message, stop_message
 from scheduling.agent.runner import JobPaths
 
@@ -56,7 +57,11 @@ def ensure_test_accounts() -> dict[str, int]:
     the same time) and return their uids; nothing when not root."""
     if not IS_ROOT:
         return {}
-    return {name: create_account(name).pw_uid for name in (ACCOUNT_A, ACCOUNT_B)}
+    # Recorded where the run says (tests/conftest.py), to be removed when it ends.
+    created = ledger_from_env()
+    return {
+        name: create_account(name, created_ledger=created).pw_uid for name in (ACCOUNT_A, ACCOUNT_B)
+    }
 
 
 def traversable_temp_dir() -> Iterator[Path]:
