@@ -7,13 +7,15 @@ secret: the same people already see all of the tenant's jobs (``jobs_visible_to`
 which the hours follow; chargeback is per team, and a member who wants only their own
 hours filters by user. Another tenant's rows never appear, whatever the filters.
 
-The guarantee of a row is the tenant's ``Quota.guaranteed_gpus`` × the hours of the range
-(of the day, for rows grouped by day), summed over the quotas that match the row: its
-tenant (all tenants in scope when the rows are not grouped by tenant), its pool and GPU
-model when grouped so. Hours stop at the present: today counts the hours gone so far, a
-future day none. Quotas are today's (their history is in the audit log, not replayed here).
-A quota for "any model" (blank ``gpu_model``) matches no model row: grouped by GPU model it
-shows on a row of its own, model "any".
+The guarantee of a row is the GPU-hours the tenant was guaranteed over the hours of the
+range (of the day, for rows grouped by day): each hour billed against the quota in force
+then, from the quota history (``scheduling.models.QuotaChange``: a change made today does
+not rewrite the days before it), summed over the quotas that match the row: its tenant
+(all tenants in scope when the rows are not grouped by tenant), its pool and GPU model when
+grouped so. Hours stop at the present: today counts the hours gone so far, a future day
+none. A quota with no history (written before the history existed, or directly) counts as
+in force since the epoch. A quota for "any model" (blank ``gpu_model``) matches no model
+row: grouped by GPU model it shows on a row of its own, model "any".
 
 The cost does not follow the data: a report is one aggregate query (the database sums the
 rows), one for the totals and one for the quotas, whatever the range or the number of rows.
@@ -29,7 +31,7 @@ from dataclasses import dataclass, field
 from django.db.models import QuerySet, Sum
 from django.utils import timezone
 
-from scheduling.models import Quota
+from scheduling.models import Quota, QuotaChange
 from tenants.models import Membership
 from tenants.selectors import is_platform_admin
 
@@ -87,6 +89,16 @@ class UsageReport:
     rows: list[dict] = field(default_factory=list)
     totals: dict = field(default_factory=dict)
     hours: float = 0.0
+    guarantees: list[dict] = field(default_factory=list)
+
+    def guaranteed_by_day(self) -> list[float]:
+        """The GPU-hours guaranteed on each day of the range (whole days), as in force then."""
+        out = []
+        for i in range(self.query.days):
+            lo = _midnight(self.query.start + dt.timedelta(days=i))
+            hi = lo + dt.timedelta(days=1)
+            out.append(round(sum(guaranteed_gpu_hours(g, lo, hi) for g in self.guarantees), 3))
+        return out
 
 
 # --- input ------------------------------------------------------------------------------------
@@ -190,8 +202,16 @@ def _filtered(user, query: UsageQuery) -> QuerySet[UsageDay]:
     return qs
 
 
-def _filtered_quotas(user, query: UsageQuery) -> QuerySet[Quota]:
-    qs = _quotas_visible_to(user)
+def _quota_changes_visible_to(user) -> QuerySet[QuotaChange]:
+    if is_platform_admin(user):
+        return QuotaChange.objects.all()
+    if not (user and user.is_authenticated and user.is_active):
+        return QuotaChange.objects.none()
+    return QuotaChange.objects.filter(tenant_id__in=_member_tenant_ids(user))
+
+
+def _filtered_quotas(user, query: UsageQuery, qs: QuerySet | None = None) -> QuerySet:
+    qs = _quotas_visible_to(user) if qs is None else qs
     if query.tenants:
         qs = qs.filter(tenant__slug__in=query.tenants)
     if query.projects:
@@ -230,6 +250,7 @@ def usage_report(user, query: UsageQuery, *, now: dt.datetime | None = None) -> 
         rows=rows,
         totals=usage_totals(user, query, guarantees=guarantees, now=now),
         hours=round(hours_between(query.start, query.end, now), 3),
+        guarantees=guarantees,
     )
 
 
@@ -258,21 +279,21 @@ def usage_rows_iter(
     # A row's guarantee: the quotas matching its tenant, pool and model, as far as grouped
     # (a project's or a user's row is measured against its tenant's guarantee).
     dims = tuple(d for d in group_by if d in _QUOTA_DIMENSIONS)
-    gpus_by_key: dict[tuple, int] = defaultdict(int)
+    by_key: dict[tuple, list[dict]] = defaultdict(list)
     for g in guarantees:
-        gpus_by_key[tuple(g[d] for d in dims)] += g["gpus"]
-    range_hours = hours_between(query.start, query.end, now)
-    day_hours: dict[dt.date, float] = {}
+        by_key[tuple(g[d] for d in dims)].append(g)
+    range_bounds = _range_bounds(query.start, query.end, now)
+    guaranteed: dict[tuple, float] = {}  # (key, day or None): GPU-hours
     for values, allocated, used in keys:
         named = dict(zip(group_by, values, strict=True))
-        hours = range_hours
-        if "day" in named:
-            day = named["day"]
-            if day not in day_hours:
-                day_hours[day] = hours_between(day, day, now)
-            hours, named["day"] = day_hours[day], day.isoformat()
-        gpus = gpus_by_key.get(tuple(named[d] for d in dims), 0)
-        yield _row(named, allocated or 0.0, used or 0.0, gpus * hours)
+        key = tuple(named[d] for d in dims)
+        day = named.get("day")
+        if (key, day) not in guaranteed:
+            lo, hi = range_bounds if day is None else _range_bounds(day, day, now)
+            guaranteed[key, day] = sum(guaranteed_gpu_hours(g, lo, hi) for g in by_key.get(key, ()))
+        if day is not None:
+            named["day"] = day.isoformat()
+        yield _row(named, allocated or 0.0, used or 0.0, guaranteed[key, day])
 
 
 def usage_totals(
@@ -285,9 +306,9 @@ def usage_totals(
     sums = _filtered(user, query).aggregate(
         allocated=Sum("allocated_gpu_hours"), used=Sum("used_gpu_hours")
     )
-    gpus = sum(g["gpus"] for g in guarantees)
-    hours = hours_between(query.start, query.end, now)
-    return _row({}, sums["allocated"] or 0.0, sums["used"] or 0.0, gpus * hours)
+    lo, hi = _range_bounds(query.start, query.end, now)
+    guaranteed = sum(guaranteed_gpu_hours(g, lo, hi) for g in guarantees)
+    return _row({}, sums["allocated"] or 0.0, sums["used"] or 0.0, guaranteed)
 
 
 def usage_by_day(user, query: UsageQuery) -> list[dict]:
@@ -311,19 +332,67 @@ def usage_by_day(user, query: UsageQuery) -> list[dict]:
     ]
 
 
+_NEVER = dt.datetime.max.replace(tzinfo=dt.UTC)
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
 def guarantees_for(user, query: UsageQuery) -> list[dict]:
-    return [
-        {
-            "tenant": q["tenant__slug"],
-            "pool": q["pool__name"],
-            "gpu_model": q["gpu_model"] or ANY_MODEL,
-            "gpus": q["guaranteed_gpus"],
-        }
-        for q in _filtered_quotas(user, query)
-        .filter(guaranteed_gpus__gt=0)
-        .values("tenant__slug", "pool__name", "gpu_model", "guaranteed_gpus")
-        .order_by("tenant__slug", "pool__name", "gpu_model")
-    ]
+    """The quotas that guaranteed GPUs at some time of the range, matching the filters:
+    tenant, pool, GPU model ("any" for blank), ``gpus`` (the last value in force) and
+    ``periods``: ``(from, until, GPUs)`` in force, from the quota history; a quota without
+    history: its present value since the epoch."""
+    fields = ("tenant__slug", "pool__name", "gpu_model")
+    timelines: dict[tuple, list[list]] = {}
+    for tenant, pool, model, gpus, since in (
+        _filtered_quotas(user, query, _quota_changes_visible_to(user))
+        .values_list(*fields, "guaranteed_gpus", "effective_from")
+        .order_by(*fields, "effective_from", "id")
+    ):
+        periods = timelines.setdefault((tenant, pool, model), [])
+        if periods and periods[-1][0] == since:
+            periods[-1][2] = gpus  # two changes at the same moment: the later one holds
+            continue
+        if periods:
+            periods[-1][1] = since
+        periods.append([since, _NEVER, gpus])
+    for tenant, pool, model, gpus in _filtered_quotas(user, query).values_list(
+        *fields, "guaranteed_gpus"
+    ):
+        timelines.setdefault((tenant, pool, model), [[_EPOCH, _NEVER, gpus]])
+    lo, hi = _midnight(query.start), _midnight(query.end) + dt.timedelta(days=1)
+    out = []
+    for (tenant, pool, model), periods in sorted(timelines.items()):
+        if not any(gpus > 0 and since < hi and until > lo for since, until, gpus in periods):
+            continue
+        out.append(
+            {
+                "tenant": tenant,
+                "pool": pool,
+                "gpu_model": model or ANY_MODEL,
+                "gpus": periods[-1][2],
+                "periods": [tuple(p) for p in periods],
+            }
+        )
+    return out
+
+
+def guaranteed_gpu_hours(guarantee: dict, lo: dt.datetime, hi: dt.datetime) -> float:
+    """The GPU-hours ``guarantee`` (one of :func:`guarantees_for`) guaranteed from ``lo`` to
+    ``hi``: each hour at the GPUs in force then."""
+    total = 0.0
+    for since, until, gpus in guarantee["periods"]:
+        seconds = (min(until, hi) - max(since, lo)).total_seconds()
+        if gpus and seconds > 0:
+            total += gpus * seconds / 3600.0
+    return total
+
+
+def _range_bounds(
+    start: dt.date, end: dt.date, now: dt.datetime
+) -> tuple[dt.datetime, dt.datetime]:
+    """``start`` 00:00 UTC to the end of ``end``, stopping at ``now`` (see hours_between)."""
+    begin = _midnight(start)
+    return begin, max(min(_midnight(end) + dt.timedelta(days=1), now), begin)
 
 
 def _with_unused_guarantees(

@@ -84,8 +84,9 @@ def _display(column: str, value) -> str:
     return str(value)
 
 
-def _chart(days: list[dict], guarantee_per_day: float) -> dict:
-    """Daily allocated and used GPU-hours, and the guarantee as a line."""
+def _chart(days: list[dict], guaranteed: list[float]) -> dict:
+    """Daily allocated and used GPU-hours, and each day's guarantee (as in force that day)
+    as a line."""
     return {
         "type": "bar",
         "data": {
@@ -94,7 +95,7 @@ def _chart(days: list[dict], guarantee_per_day: float) -> dict:
                 {
                     "type": "line",
                     "label": "Guaranteed",
-                    "data": [guarantee_per_day] * len(days),
+                    "data": guaranteed,
                     "borderColor": "#141a26",
                     "borderDash": [4, 4],
                     "pointRadius": 0,
@@ -152,9 +153,6 @@ def usage_page(request):
     csv_params = params.copy()
     csv_params["format"] = "csv"
     days = usage.usage_by_day(request.user, query)
-    guarantee_per_day = (
-        report.totals["guaranteed_gpu_hours"] / report.hours * 24.0 if report.hours else 0.0
-    )
     return render(
         request,
         "insights/usage.html",
@@ -167,6 +165,6 @@ def usage_page(request):
             "page": page,
             "params": params.urlencode(),
             "csv_url": f"{reverse('api-usage')}?{csv_params.urlencode()}",
-            "chart": _chart(days, round(guarantee_per_day, 3)),
+            "chart": _chart(days, report.guaranteed_by_day()),
         },
     )

@@ -115,6 +115,20 @@ class QuotaAdmin(AuditedAdmin):
     ]
     list_filter = ["pool", "tenant"]
 
+    # The quota history (QuotaChange) follows edits made here too.
+    def save_model(self, request, obj, form, change):
+        from .services.config import quota_history_record, quota_scope
+
+        before = quota_scope(Quota.objects.get(pk=obj.pk)) if change else None
+        super().save_model(request, obj, form, change)
+        quota_history_record(before=before, after=quota_scope(obj))
+
+    def delete_model(self, request, obj):
+        from .services.config import quota_history_record, quota_scope
+
+        quota_history_record(before=quota_scope(obj), after=None)
+        super().delete_model(request, obj)
+
 
 @admin.register(ProjectQuota)
 class ProjectQuotaAdmin(AuditedAdmin):

@@ -247,6 +247,35 @@ class Quota(models.Model):
         return f"{self.tenant.slug}@{self.pool.name}:{self.gpu_model or 'any'}"
 
 
+class QuotaChange(models.Model):
+    """A tenant's quota in a pool for a GPU model (blank: any), as in force from
+    ``effective_from`` until the next change of the same scope: the history that usage bills
+    each day against. Written by the quota services on every change of the guarantee or
+    the borrow limit; a deleted quota (or one moved to another scope) ends with a change to
+    0 GPUs. Keyed by scope, not by quota row, so that it outlives a deleted quota."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    pool = models.ForeignKey(ResourcePool, on_delete=models.CASCADE, related_name="+")
+    gpu_model = models.CharField(max_length=40, blank=True)
+    guaranteed_gpus = models.PositiveIntegerField(default=0)
+    borrow_limit_gpus = models.PositiveIntegerField(default=0)
+    effective_from = models.DateTimeField()
+
+    class Meta:
+        ordering = ["tenant_id", "pool_id", "gpu_model", "effective_from", "id"]
+        indexes = [
+            models.Index(
+                fields=["tenant", "pool", "gpu_model", "effective_from"], name="quota_change_scope"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return (
+            f"{self.tenant_id}@{self.pool_id}:{self.gpu_model or 'any'} from "
+            f"{self.effective_from:%Y-%m-%d %H:%M}: {self.guaranteed_gpus} guaranteed"
+        )
+
+
 class ProjectQuota(models.Model):
     """An optional cap on a project's GPUs in a pool, inside its tenant's quota."""
 

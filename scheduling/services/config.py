@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, models, transaction
 from django.utils import timezone
@@ -12,7 +14,15 @@ from tenants.choices import Role
 from tenants.selectors import has_role, is_platform_admin
 
 from ..choices import NodeState
-from ..models import Node, PriorityClass, Queue, Quota, ResourcePool, WorkloadPolicy
+from ..models import (
+    Node,
+    PriorityClass,
+    Queue,
+    Quota,
+    QuotaChange,
+    ResourcePool,
+    WorkloadPolicy,
+)
 from .enqueue import dispatch_on_commit
 
 
@@ -53,6 +63,9 @@ def config_save(
     """Apply ``changes`` to a configuration object, validate, save and audit before/after."""
     creating = instance.pk is None
     before = None if creating else object_state(instance)
+    # A quota's GPUs go into its history (QuotaChange) whoever changes them: quota_save,
+    # an applied recommendation.
+    quota_before = quota_scope(instance) if isinstance(instance, Quota) and not creating else None
     for key, value in changes.items():
         setattr(instance, key, value)
     try:
@@ -65,6 +78,8 @@ def config_save(
             "This conflicts with an existing object (it must be unique).", code="duplicate"
         ) from None
     after = object_state(instance)
+    if isinstance(instance, Quota):
+        quota_history_record(before=quota_before, after=quota_scope(instance))
     for name, values in (m2m or {}).items():
         if before is not None:
             before[name] = sorted(str(v) for v in getattr(instance, name).all())
@@ -90,12 +105,18 @@ def config_delete(*, actor, instance: models.Model, action: str) -> None:
     audit_record(
         action=action, target=instance, actor=actor, tenant=_tenant_of(instance), before=before
     )
+    if isinstance(instance, Quota):
+        quota_history_record(before=quota_scope(instance), after=None)
     try:
         instance.delete()
     except models.ProtectedError:
         raise BusinessError(
             f"{instance} is still in use and cannot be deleted.", code="in_use"
         ) from None
+
+
+#: Where the history of a quota with no recorded start begins (see migration 0014).
+QUOTA_HISTORY_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def require_platform_admin(actor) -> None:
@@ -179,11 +200,64 @@ def node_remove(*, actor, node: Node) -> bool:
 
 
 def quota_save(*, actor, quota: Quota | None = None, **changes) -> Quota:
+    """Create or change a quota (platform admins), audited; ``config_save`` records the
+    guarantee and borrow limit in force from now on in the quota history."""
     require_platform_admin(actor)
     action = "quota.update" if quota else "quota.create"
     quota = config_save(actor=actor, instance=quota or Quota(), changes=changes, action=action)
     dispatch_on_commit()
     return quota
+
+
+def quota_scope(quota: Quota) -> dict:
+    return {
+        "tenant_id": quota.tenant_id,
+        "pool_id": quota.pool_id,
+        "gpu_model": quota.gpu_model,
+        "guaranteed_gpus": quota.guaranteed_gpus,
+        "borrow_limit_gpus": quota.borrow_limit_gpus,
+    }
+
+
+_SCOPE = ("tenant_id", "pool_id", "gpu_model")
+_GPUS = ("guaranteed_gpus", "borrow_limit_gpus")
+
+
+def quota_history_record(*, before: dict | None, after: dict | None, now=None) -> int:
+    """Write the quota history of a change from ``before`` to ``after`` (a quota's scope
+    and GPUs; ``None``: no quota there), in force from ``now``: the new values for the
+    scope of ``after``, 0 GPUs for the scope of ``before`` when the quota left it (deleted,
+    or moved to another tenant, pool or model). A scope without any history yet (a quota
+    written before the history existed, or directly) first gets its previous values as in
+    force since the epoch, so that the days before this change keep them. Returns the
+    rows written (0 when the GPUs did not change)."""
+    now = now or timezone.now()
+    rows: list[QuotaChange] = []
+
+    def change(scope: dict, gpus: dict, previous: dict | None) -> None:
+        key = {k: scope[k] for k in _SCOPE}
+        history = QuotaChange.objects.filter(**key)
+        last = history.order_by("-effective_from", "-id").values(*_GPUS).first()
+        if last is None and previous is not None:
+            rows.append(QuotaChange(**key, **previous, effective_from=QUOTA_HISTORY_EPOCH))
+            last = previous
+        if last is None and not any(gpus.values()):
+            return  # never held a quota: nothing to end
+        if last == gpus:
+            return
+        rows.append(QuotaChange(**key, **gpus, effective_from=now))
+
+    none = dict.fromkeys(_GPUS, 0)
+    same_scope = (
+        before is not None and after is not None and all(before[k] == after[k] for k in _SCOPE)
+    )
+    if before is not None and not same_scope:
+        change(before, none, {k: before[k] for k in _GPUS})
+    if after is not None:
+        previous = {k: before[k] for k in _GPUS} if same_scope else None
+        change(after, {k: after[k] for k in _GPUS}, previous)
+    QuotaChange.objects.bulk_create(rows)
+    return len(rows)
 
 
 # --- queues: tenant admins manage their own; pools they may bind are those with a quota ---------
