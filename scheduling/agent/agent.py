@@ -113,7 +113,7 @@ from scheduling.agent.serving import (
     ServeTarget,
 )
 from scheduling.agent.wakeups import LoopWaiter, Wakeup
-from scheduling.agent.workdir import WorkDirError, reachable_work_dir
+from scheduling.agent.workdir import WorkDirError, blocking_dir, reachable_work_dir
 
 logger = logging.getLogger(__name__)
 
@@ -533,7 +533,7 @@ class Agent:
                 logger.warning(
                     "job accounts cannot reach %s (%s is private): job directories are in %s",
                     configured,
-                    unreachable_parent(configured),
+                    blocking_dir(configured),
                     work_dir,
                 )
                 self.config = replace(self.config, work_dir=work_dir)

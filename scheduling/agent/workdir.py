@@ -26,6 +26,9 @@ from scheduling.agent.runner import TRAVERSE_ONLY, ensure_dir
 
 #: Where work dirs the job accounts can reach are made (``/var/lib`` is 0755 everywhere).
 FALLBACK_WORK_ROOT = Path("/var/lib/sluice")
+#: Where programs of the checkout that jobs run (the demo's sample model server) are
+#: copied when the job accounts cannot read them where they are.
+PROGRAMS_DIR_NAME = "programs"
 
 
 class WorkDirError(RuntimeError):
@@ -61,6 +64,40 @@ def reachable_work_dir(
             f"job accounts cannot reach the work dir {configured} ({why}), and {target} "
             f"cannot be used instead: {exc}; give --work-dir a directory they can reach"
         ) from None
+    return target
+
+
+def blocking_dir(path: Path) -> Path | None:
+    """The directory that keeps other users from ``path`` (or the part of it that
+    exists), or None."""
+    return unreachable_parent(_existing(path))
+
+
+def reachable_copy(
+    source: Path, *, created_ledger: Path | None = None, root: Path = FALLBACK_WORK_ROOT
+) -> Path:
+    """``source`` if the job accounts can read it, else (as root) a copy of it under
+    ``root``/programs (root-owned, world-readable), recorded in ``created_ledger``: the
+    demo's jobs run a script of the checkout, which a 0700 home hides from them. Without
+    root the jobs run as the same user, who can read it."""
+    readable = blocking_dir(source.parent) is None and os.stat(source).st_mode & stat.S_IROTH
+    if readable or os.geteuid() != 0:
+        return source
+    folder = root / PROGRAMS_DIR_NAME
+    if not root.exists():
+        ensure_dir(root, TRAVERSE_ONLY)
+        ledger.record(created_ledger, ledger.EMPTY_DIR, path=str(root))
+    _check_private(root)
+    if not folder.exists():
+        ensure_dir(folder, 0o755)
+        (folder / ledger.TREE_MARKER).write_text("programs of a Sluice checkout jobs run\n")
+        ledger.record(created_ledger, ledger.TREE, path=str(folder))
+    _check_private(folder)
+    target = folder / source.name
+    tmp = folder / f".{source.name}.tmp"
+    tmp.write_bytes(source.read_bytes())
+    tmp.chmod(0o644)
+    tmp.replace(target)
     return target
 
 

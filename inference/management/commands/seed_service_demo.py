@@ -23,6 +23,14 @@ from tenants.models import Project
 SERVER = settings.BASE_DIR / "scheduling" / "agent" / "sample_model_server.py"
 
 
+def _server():
+    """The server's path, or a copy the job accounts can read where they cannot read the
+    checkout (a 0700 home); the copy is removed by ``make demo-reset``."""
+    from scheduling.agent.workdir import reachable_copy
+
+    return reachable_copy(SERVER, created_ledger=settings.VAR_DIR / "created.jsonl")
+
+
 class Command(BaseCommand):
     help = "Create the demo's inference service (tenant nlp, queue serve) if it is missing."
 
@@ -45,7 +53,7 @@ class Command(BaseCommand):
             queue=queue,
             name="chat",
             description="Demo: the sample model server, 50 ms per request, 4 at once.",
-            command=["python3", str(SERVER), "--service-ms", "50", "--concurrency", "4"],
+            command=["python3", str(_server()), "--service-ms", "50", "--concurrency", "4"],
             min_replicas=1,
             max_replicas=2,
             target_running_per_replica=2,

@@ -20,12 +20,13 @@ from scheduling.agent.agent import AgentStartError
 from scheduling.agent.isolation import create_account
 from scheduling.agent.protocol import REPORTS_QUEUE, launch_message
 from scheduling.agent.transport import broker_connection, send_control_message
-from scheduling.agent.workdir import fallback_work_dir
+from scheduling.agent.workdir import fallback_work_dir, reachable_copy
 from tests.scheduling.agent.helpers import (
     ACCOUNT_A,
     IGNORES_SIGTERM,
     IS_ROOT,
     NOT_ROOT_REASON,
+    PYTHON,
     launch,
     python_job,
     release,
@@ -241,3 +242,22 @@ def test_the_demo_agents_stop_their_jobs_and_record_what_they_create():
     for line in agents:
         assert "--stop-jobs-on-exit" in line, line
         assert "--created-ledger var/created.jsonl" in line, line
+
+
+@root_only
+def test_a_program_in_a_private_checkout_is_copied_where_jobs_can_run_it(make_agent, tmp_path):
+    script = _private_dir(tmp_path) / "server.py"
+    script.write_text("print('serving')\n")
+    created = tmp_path / "created.jsonl"
+    copy = reachable_copy(script, created_ledger=created, root=tmp_path / "lib")
+    assert copy == tmp_path / "lib" / "programs" / "server.py"
+    assert stat.S_IMODE(os.stat(copy).st_mode) == 0o644
+    assert [e["kind"] for e in ledger.entries(created)] == ["dir", "tree"]
+    h = make_agent()
+    h.send(launch(1, [PYTHON, str(copy)]))
+    assert h.wait_report("exited", 1)["exit_code"] == 0
+    assert h.log_text(1) == "serving\n"
+    # Where the jobs can read it, it is used where it is.
+    (tmp_path / "open.py").write_text("")
+    assert reachable_copy(tmp_path / "open.py", root=tmp_path / "lib2") == tmp_path / "open.py"
+    assert ledger.remove_created(created) == [] and not (tmp_path / "lib").exists()
