@@ -66,7 +66,7 @@ def _serves(port: int) -> bool:
 
 
 def _keep(command: list[str]) -> str:
-    return shlex.join([sys.executable, str(KEEP_RUNNING), "--", *command])
+    return "exec " + shlex.join([sys.executable, str(KEEP_RUNNING), "--", *command])
 
 
 @pytest.mark.skipif(not HONCHO.exists(), reason="honcho is not installed in this environment")
@@ -135,4 +135,5 @@ def test_the_demo_runs_every_process_under_the_wrapper():
     assert len(lines) >= 4
     for line in lines:
         name, command = line.split(":", 1)
-        assert command.split()[:3] == ["python", "tools/keep_running.py", "--name"], line
+        # exec: honcho's pid is the wrapper's, not a shell's that a SIGTERM ends at once.
+        assert command.split()[:4] == ["exec", "python", "tools/keep_running.py", "--name"], line
