@@ -145,6 +145,9 @@ class UsageDay(models.Model):
     gpu_model = models.CharField(max_length=64)
     allocated_gpu_hours = models.FloatField(default=0.0)
     used_gpu_hours = models.FloatField(default=0.0)
+    #: The allocated GPU-hours with a known utilization sample: where it is 0, the used
+    #: GPU-hours say nothing (no samples), not 0 % used.
+    sampled_gpu_hours = models.FloatField(default=0.0)
 
     class Meta:
         constraints = [

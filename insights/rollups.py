@@ -658,7 +658,7 @@ class _Writer:
 
     def _write_usage_days(self) -> int:
         lo, hi = self.window
-        totals: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        totals: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
         for held in self.held:
             gpu = self.gpus.get(held.gpu_id)
             if gpu is None:
@@ -680,13 +680,15 @@ class _Writer:
                 entry[0] += seconds / 3600.0
                 if held.released_at is None and gpu.utilization is not None:
                     entry[1] += seconds * gpu.utilization / 100.0 / 3600.0
+                    entry[2] += seconds / 3600.0
         return usage_days_add(totals)
 
 
 def usage_days_add(totals: dict[tuple, list[float]], *, replace_allocated: bool = False) -> int:
-    """Add ``[allocated, used]`` GPU-hours to the ``UsageDay`` rows of their keys (day,
-    tenant, project, user, workload type, pool, GPU model), found then updated (nulls
-    match nulls); ``replace_allocated``: set allocated instead (the backfill)."""
+    """Add ``[allocated, used, sampled]`` GPU-hours (sampled: allocated with a known
+    utilization sample; absent: 0) to the ``UsageDay`` rows of their keys (day, tenant,
+    project, user, workload type, pool, GPU model), found then updated (nulls match
+    nulls); ``replace_allocated``: set allocated instead (the backfill)."""
     if not totals:
         return 0
     days = {key[0] for key in totals}
@@ -712,7 +714,9 @@ def usage_days_add(totals: dict[tuple, list[float]], *, replace_allocated: bool 
         )
     }
     created, updated = [], []
-    for key, (allocated, used) in totals.items():
+    for key, figures in totals.items():
+        allocated, used = figures[0], figures[1]
+        sampled = figures[2] if len(figures) > 2 else 0.0
         day, tenant_id, project_id, user_id, workload_type, pool_id, model = key
         pk = existing.get(key)
         if pk is None:
@@ -727,19 +731,27 @@ def usage_days_add(totals: dict[tuple, list[float]], *, replace_allocated: bool 
                     gpu_model=model,
                     allocated_gpu_hours=allocated,
                     used_gpu_hours=used,
+                    sampled_gpu_hours=sampled,
                 )
             )
         else:
-            updated.append([pk, allocated, used, 1 if replace_allocated else 0])
+            updated.append([pk, allocated, used, sampled, 1 if replace_allocated else 0])
     UsageDay.objects.bulk_create(created, batch_size=1000)
     _update_from_values(
         UsageDay,
         updated,
-        columns=[("id", "bigint"), ("alloc", "float8"), ("used", "float8"), ("replace", "int")],
+        columns=[
+            ("id", "bigint"),
+            ("alloc", "float8"),
+            ("used", "float8"),
+            ("sampled", "float8"),
+            ("replace", "int"),
+        ],
         assignments={
             "allocated_gpu_hours": "CASE WHEN {replace} = 1 THEN {alloc} "
             "ELSE allocated_gpu_hours + {alloc} END",
             "used_gpu_hours": "used_gpu_hours + {used}",
+            "sampled_gpu_hours": "sampled_gpu_hours + {sampled}",
         },
     )
     return len(created) + len(updated)

@@ -269,10 +269,17 @@ def usage_rows_iter(
     qs = (
         _filtered(user, query)
         .values(*sources)
-        .annotate(allocated=Sum("allocated_gpu_hours"), used=Sum("used_gpu_hours"))
+        .annotate(
+            allocated=Sum("allocated_gpu_hours"),
+            used=Sum("used_gpu_hours"),
+            sampled=Sum("sampled_gpu_hours"),
+        )
         .order_by(*sources)
     )
-    keys = ((tuple(r[s] for s in sources), r["allocated"], r["used"]) for r in qs.iterator(2000))
+    keys = (
+        (tuple(r[s] for s in sources), r["allocated"], (r["used"], r["sampled"]))
+        for r in qs.iterator(2000)
+    )
     if set(group_by) <= _QUOTA_DIMENSIONS:
         # Few rows (at most one per quota and model used): merge in the unused guarantees.
         keys = iter(_with_unused_guarantees(list(keys), group_by, guarantees))
@@ -284,7 +291,7 @@ def usage_rows_iter(
         by_key[tuple(g[d] for d in dims)].append(g)
     range_bounds = _range_bounds(query.start, query.end, now)
     guaranteed: dict[tuple, float] = {}  # (key, day or None): GPU-hours
-    for values, allocated, used in keys:
+    for values, allocated, (used, sampled) in keys:
         named = dict(zip(group_by, values, strict=True))
         key = tuple(named[d] for d in dims)
         day = named.get("day")
@@ -293,7 +300,7 @@ def usage_rows_iter(
             guaranteed[key, day] = sum(guaranteed_gpu_hours(g, lo, hi) for g in by_key.get(key, ()))
         if day is not None:
             named["day"] = day.isoformat()
-        yield _row(named, allocated or 0.0, used or 0.0, guaranteed[key, day])
+        yield _row(named, allocated or 0.0, used or 0.0, guaranteed[key, day], sampled or 0.0)
 
 
 def usage_totals(
@@ -304,11 +311,15 @@ def usage_totals(
     if guarantees is None:
         guarantees = guarantees_for(user, query)
     sums = _filtered(user, query).aggregate(
-        allocated=Sum("allocated_gpu_hours"), used=Sum("used_gpu_hours")
+        allocated=Sum("allocated_gpu_hours"),
+        used=Sum("used_gpu_hours"),
+        sampled=Sum("sampled_gpu_hours"),
     )
     lo, hi = _range_bounds(query.start, query.end, now)
     guaranteed = sum(guaranteed_gpu_hours(g, lo, hi) for g in guarantees)
-    return _row({}, sums["allocated"] or 0.0, sums["used"] or 0.0, guaranteed)
+    return _row(
+        {}, sums["allocated"] or 0.0, sums["used"] or 0.0, guaranteed, sums["sampled"] or 0.0
+    )
 
 
 def usage_by_day(user, query: UsageQuery) -> list[dict]:
@@ -405,16 +416,30 @@ def _with_unused_guarantees(
         values = tuple(g[d] for d in group_by)
         if values not in seen:
             seen.add(values)
-            keys.append((values, 0.0, 0.0))
+            keys.append((values, 0.0, (0.0, 0.0)))
     return sorted(keys, key=lambda k: tuple("" if v is None else str(v) for v in k[0]))
 
 
-def _row(named: dict, allocated: float, used: float, guaranteed: float) -> dict:
+#: ``utilization_note`` of a row whose utilization is not a number.
+NO_SAMPLES = "no samples"
+NOTHING_ALLOCATED = "nothing allocated"
+
+
+def _row(
+    named: dict, allocated: float, used: float, guaranteed: float, sampled: float = 0.0
+) -> dict:
+    # GPU-hours held without a single utilization sample say nothing about use: "no
+    # samples", not 0 % (GPU-hours used with no sampled hours recorded: rows written before
+    # the samples were counted, which had them).
+    known = sampled > 0 or used > 0
+    note = NOTHING_ALLOCATED if allocated <= 0 else (None if known else NO_SAMPLES)
     return {
         **named,
         "allocated_gpu_hours": round(allocated, 3),
         "used_gpu_hours": round(used, 3),
-        "utilization_pct": _pct(used, allocated),
+        "sampled_gpu_hours": round(sampled, 3),
+        "utilization_pct": _pct(used, allocated) if known else None,
+        "utilization_note": note,
         "guaranteed_gpu_hours": round(guaranteed, 3),
         "guarantee_allocated_pct": _pct(allocated, guaranteed),
         "guarantee_used_pct": _pct(used, guaranteed),
@@ -433,4 +458,7 @@ FIGURE_COLUMNS = (
     "guaranteed_gpu_hours",
     "guarantee_allocated_pct",
     "guarantee_used_pct",
+    # Added later, at the end: a CSV read by position keeps its columns.
+    "sampled_gpu_hours",
+    "utilization_note",
 )

@@ -129,9 +129,22 @@ class UsageRowSerializer(serializers.Serializer):
     gpu_model = serializers.CharField(required=False)
     allocated_gpu_hours = serializers.FloatField()
     used_gpu_hours = serializers.FloatField()
-    utilization_pct = serializers.FloatField(allow_null=True, help_text="used / allocated")
+    sampled_gpu_hours = serializers.FloatField(
+        help_text="Allocated GPU-hours with a known utilization sample."
+    )
+    utilization_pct = serializers.FloatField(
+        allow_null=True,
+        help_text="used / allocated; null when nothing was allocated or nothing was sampled "
+        "(see utilization_note).",
+    )
+    utilization_note = serializers.CharField(
+        allow_null=True,
+        help_text='Why utilization_pct is null: "no samples" (GPU-hours held, no utilization '
+        'sample: not 0 % used) or "nothing allocated"; null when it is a number.',
+    )
     guaranteed_gpu_hours = serializers.FloatField(
-        help_text="Guaranteed GPUs of the matching quotas × the hours of the range (or day)."
+        help_text="GPU-hours guaranteed by the matching quotas over the range (or day), each "
+        "hour at the quota in force then (quota history)."
     )
     guarantee_allocated_pct = serializers.FloatField(allow_null=True)
     guarantee_used_pct = serializers.FloatField(allow_null=True)

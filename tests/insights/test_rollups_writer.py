@@ -290,9 +290,12 @@ def test_usage_day_hours_by_owner(busy_world):
     )
     assert row.allocated_gpu_hours == pytest.approx(2 * 240 / 3600)
     assert row.used_gpu_hours == pytest.approx(2 * 60 * 1.42 / 3600)
+    # Of its 4 GPUs × 120 s, the one with a stale sample is not sampled hours.
+    assert row.sampled_gpu_hours == pytest.approx(3 * 120 / 3600)
     vision = UsageDay.objects.get(tenant=world.other)
     assert vision.workload_type == "interactive"
     assert vision.allocated_gpu_hours == pytest.approx((60 + 120) / 3600)
+    assert vision.sampled_gpu_hours == pytest.approx((60 + 120) / 3600)
 
 
 def test_an_allocation_released_inside_the_window_is_billed_exactly(world):

@@ -4,12 +4,14 @@ share, CSV, bad input, scoping (nlp vs vision) and constant query counts."""
 from __future__ import annotations
 
 import csv
+import datetime as dt
 import io
 
 import pytest
 from freezegun import freeze_time
 
 from insights import usage
+from insights.models import UsageDay
 from tests import factories as f
 from tests.insights.usage_helpers import busy_range, query_count, usage_day, world_usage
 
@@ -60,6 +62,8 @@ def test_exact_hours_and_guarantee_per_tenant(api, history):
         "guaranteed_gpu_hours": 1920.0,  # 8 guaranteed GPUs × 240 h
         "guarantee_allocated_pct": 50.0,
         "guarantee_used_pct": 25.0,
+        "sampled_gpu_hours": 0.0,  # rows written by hand: used, so sampled
+        "utilization_note": None,
     }
     assert (vision["allocated_gpu_hours"], vision["used_gpu_hours"]) == (192.0, 48.0)
     assert (vision["utilization_pct"], vision["guarantee_allocated_pct"]) == (25.0, 10.0)
@@ -266,7 +270,10 @@ def test_csv_export(api, history):
     )
     lines = _csv(response)
     assert lines[0] == ["day", "tenant", *usage.FIGURE_COLUMNS]
-    assert lines[1] == ["2026-11-01", "nlp", "600.0", "300.0", "50.0", "192.0", "312.5", "156.2"]
+    assert lines[1] == [
+        *["2026-11-01", "nlp", "600.0", "300.0", "50.0", "192.0", "312.5", "156.2"],
+        *["0.0", ""],  # sampled GPU-hours (rows written by hand), no note: a number
+    ]
     assert [line[:2] for line in lines[1:-1]] == [
         ["2026-11-01", "nlp"],
         ["2026-11-02", "nlp"],
@@ -339,3 +346,44 @@ def test_schema_documents_the_endpoint(api, world):
     names = {p["name"] for p in operation["parameters"]}
     assert {"start", "end", "group_by", "tenant", "project", "pool", "user", "format"} <= names
     assert "text/csv" in operation["responses"]["200"]["content"]
+
+
+@freeze_time(NOW)
+def test_hours_held_without_samples_say_no_samples_not_0_percent(api, world):
+    """GPU-hours allocated with no utilization sample (a history rebuilt from the jobs, a
+    node whose agent sends none): the API, the CSV and the page say "no samples", not 0 %;
+    sampled hours at 0 % used are 0 %."""
+    day = dt.date(2026, 11, 5)
+    UsageDay.objects.create(
+        day=day,
+        tenant=world.tenant,
+        workload_type="training",
+        pool=world.pool,
+        gpu_model="H100-80GB",
+        allocated_gpu_hours=1052.0,
+    )
+    UsageDay.objects.create(
+        day=day,
+        tenant=world.other,
+        workload_type="training",
+        pool=world.pool,
+        gpu_model="H100-80GB",
+        allocated_gpu_hours=10.0,
+        sampled_gpu_hours=10.0,
+    )
+    body = get(api, world.platform_admin).json()
+    nlp, vision = rows_by(body, "tenant")["nlp"], rows_by(body, "tenant")["vision"]
+    assert (nlp["utilization_pct"], nlp["utilization_note"]) == (None, "no samples")
+    assert (vision["utilization_pct"], vision["utilization_note"]) == (0.0, None)
+    assert (body["totals"]["utilization_pct"], body["totals"]["utilization_note"]) == (0.0, None)
+
+    lines = _csv(get(api, world.platform_admin, format="csv"))
+    nlp_line = next(line for line in lines if line[0] == "nlp")
+    assert nlp_line[-1] == "no samples" and nlp_line[3] == ""
+
+    from django.test import Client
+
+    client = Client()
+    client.force_login(world.platform_admin)
+    page = client.get("/usage/", {"start": "2026-11-01", "end": "2026-11-10"}).content.decode()
+    assert "no samples" in page
