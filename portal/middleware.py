@@ -28,8 +28,9 @@ _request_context: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
 
 
 def current_request_context() -> dict:
-    """The id and source address of the request being served, or empty values outside one."""
-    return _request_context.get() or {"request_id": "", "source_address": None}
+    """The id and source address of the request being served, or empty values outside one;
+    ``query`` is the request's query string (``request.GET``), see portal.api.strict."""
+    return _request_context.get() or {"request_id": "", "source_address": None, "query": None}
 
 
 @lru_cache(maxsize=8)
@@ -85,7 +86,11 @@ class RequestContextMiddleware:
     def __call__(self, request):
         request_id = request.headers.get("X-Request-ID") or uuid.uuid4().hex
         token = _request_context.set(
-            {"request_id": request_id[:64], "source_address": client_address(request)}
+            {
+                "request_id": request_id[:64],
+                "source_address": client_address(request),
+                "query": request.GET,
+            }
         )
         try:
             response = self.get_response(request)
