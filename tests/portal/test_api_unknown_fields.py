@@ -8,8 +8,8 @@ objects, the nested cases below) from a platform admin, on objects that exist.
 from datetime import timedelta
 
 import pytest
-from drf_spectacular.generators import SchemaGenerator
 from django.utils import timezone
+from drf_spectacular.generators import SchemaGenerator
 
 from insights.models import Recommendation
 from portal.api.strict import UNKNOWN_FIELD
