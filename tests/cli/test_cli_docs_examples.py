@@ -6,8 +6,9 @@ with the ids starting at 1 as in a fresh demo. Then, in order:
 - every ``sluice`` line of the ``sh`` blocks of docs/user/cli.md goes through
   ``main(argv, env)``; ``42`` (``43``, ...) stands for the first (second, ...) job a
   ``submit`` line printed; ``-f job.yaml`` reads the page's ``yaml`` block;
-- every ``curl`` example of the README's *Using it* and of docs/user/api.md runs in bash,
-  the server's address aside; ``$TOKEN`` is the key the README's token example returned.
+- every ``curl`` example of docs/user/api.md runs in bash, the server's address aside;
+- the README's *A first job* runs in bash as written, with the installed ``sluice``
+  (``SLUICE_URL`` names the test server; a fresh ``SLUICE_CONFIG``).
 
 The examples are read from the files, so that a change to them that no longer works fails
 here.
@@ -65,14 +66,14 @@ def cli_lines() -> list[list[str]]:
 
 
 def curl_examples() -> list[str]:
-    """Shell snippets holding ``curl``: the README's *Using it* (its sh blocks and inline
-    code) and docs/user/api.md's sh blocks."""
-    using = section(README.read_text(), "Using it")
-    snippets = [code for code in re.findall(r"`([^`\n]+)`", using) if code.startswith("curl ")]
-    snippets += [b for b in fenced(using, "sh") if "curl " in b]
-    if API_PAGE.exists():
-        snippets += [b for b in fenced(API_PAGE.read_text(), "sh") if "curl " in b]
-    return snippets
+    """Shell snippets holding ``curl``: docs/user/api.md's sh blocks."""
+    return [b for b in fenced(API_PAGE.read_text(), "sh") if "curl " in b]
+
+
+def readme_first_job() -> str:
+    blocks = fenced(section(README.read_text(), "A first job"), "sh")
+    assert len(blocks) == 1, "README's *A first job* has one sh block"
+    return blocks[0]
 
 
 def json_documents(text: str) -> list:
@@ -155,5 +156,27 @@ def test_every_curl_example_runs_as_written_against_the_demo(demo, live_server):
                 job = Job.objects.get(pk=answer["id"])
                 assert job.submitted_by.username == "nlp-member"
 
-    assert token, "no example made a token"
+    assert token or ApiToken.objects.filter(user__username="nlp-member").exists(), (
+        "no example made a token"
+    )
     assert Job.objects.count() > jobs_before, "no example submitted a job"
+
+
+@pytest.mark.django_db(transaction=True, reset_sequences=True)
+def test_the_readme_first_job_runs_as_written_against_the_demo(demo, live_server, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
+    env.update(SLUICE_URL=live_server.url, SLUICE_CONFIG=str(tmp_path / "config.json"))
+    result = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", readme_first_job()],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    job = Job.objects.get(name="hello")
+    assert job.submitted_by.username == "nlp-member"
+    assert (job.queue.name, job.gpus_per_node) == ("train", 2)
+    assert "hello" in result.stdout  # sluice ls lists it
