@@ -137,3 +137,33 @@ def test_the_demo_runs_every_process_under_the_wrapper():
         name, command = line.split(":", 1)
         # exec: honcho's pid is the wrapper's, not a shell's that a SIGTERM ends at once.
         assert command.split()[:4] == ["exec", "python", "tools/keep_running.py", "--name"], line
+
+
+#: Starts a child in its own process group that writes its pid, then waits.
+LEAVES_A_CHILD = (
+    "import subprocess, sys, time; "
+    "subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[2]]); time.sleep(600)"
+)
+
+
+def test_what_a_killed_command_left_running_is_ended_before_it_starts_again(tmp_path):
+    pids = tmp_path / "pids"
+    wrapper = subprocess.Popen(
+        [sys.executable, str(KEEP_RUNNING), "--name", "worker", "--"]
+        + [sys.executable, "-c", LEAVES_A_CHILD, RECORDS_PID, str(pids)],
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        first_child = _wait(lambda: _pids(pids))[0]
+        command = int(Path(f"/proc/{first_child}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        os.kill(command, signal.SIGKILL)  # a celery worker killed, its pool child left behind
+        second_child = _wait(lambda: _pids(pids)[1:])[0]
+        assert not _alive(first_child)
+        assert _alive(second_child)
+        wrapper.send_signal(signal.SIGTERM)
+        assert wrapper.wait(timeout=10) == 0
+        _wait(lambda: not _alive(second_child), timeout=5)
+    finally:
+        if wrapper.poll() is None:
+            wrapper.kill()
+            wrapper.wait()

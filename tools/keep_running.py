@@ -2,13 +2,15 @@
 
 ``make run`` starts every process of the Procfile through this under honcho:
 
-    worker: python tools/keep_running.py -- celery -A portal worker ...
+    worker: exec python tools/keep_running.py --name worker -- celery -A portal worker ...
 
 honcho stops the whole stack as soon as one process ends; with this wrapper between
 honcho and each process, a process that crashes (or is killed) is started again after a
 short pause and the others never notice. Ctrl-C still stops everything: honcho sends
-SIGTERM to each wrapper's process group (the command is in it too), the wrapper passes it
-on, waits for the command and exits without restarting it.
+SIGTERM to each wrapper's process group, the wrapper passes it on to the command's own
+process group, waits for the command (SIGKILL after a few seconds)
+and exits without restarting it. Whenever the command ends, what it left running in its
+process group is killed, so that a restarted worker never runs beside its old children.
 
 A command that keeps failing right after it starts (a configuration problem: a port in
 use, an agent that cannot start) is given up after ``--max-quick-failures`` tries in a row,
@@ -21,6 +23,7 @@ Standard library only.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
@@ -31,8 +34,9 @@ import time
 BACKOFF_SECONDS = (1.0, 2.0, 4.0, 8.0)
 #: A run shorter than this is a quick failure (it counts towards giving up).
 QUICK_SECONDS = 10.0
-#: Seconds the command has to exit after SIGTERM before it gets SIGKILL.
-STOP_TIMEOUT = 10.0
+#: Seconds the command has to exit after SIGTERM before it gets SIGKILL: under honcho's
+#: own (5 s), after which honcho kills the wrapper and could no longer clean up.
+STOP_TIMEOUT = 4.0
 
 
 class Supervisor:
@@ -52,9 +56,14 @@ class Supervisor:
     def stop(self, signum: int, _frame: object = None) -> None:
         self.stopping = True
         if self.child is not None and self.child.poll() is None:
-            # The command in this process group got it from honcho already; a signal
-            # sent to the wrapper alone must reach it too (twice is harmless: a stop).
-            self.child.send_signal(signal.SIGTERM)
+            self._signal_group(signal.SIGTERM)
+
+    def _signal_group(self, signum: int) -> None:
+        """Signal the command's process group: the command and what it started (gunicorn's
+        and celery's workers, celery's beat), which must not outlive it."""
+        if self.child is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.child.pid, signum)
 
     def _orphaned(self) -> bool:
         return os.getppid() != self.parent
@@ -75,10 +84,10 @@ class Supervisor:
                     continue
                 if stop_seen is None:
                     stop_seen = time.monotonic()
-                    self.child.send_signal(signal.SIGTERM)
+                    self._signal_group(signal.SIGTERM)
                 elif time.monotonic() - stop_seen > STOP_TIMEOUT:
                     self.say(f"still running {STOP_TIMEOUT:g} s after SIGTERM: SIGKILL")
-                    self.child.kill()
+                    self._signal_group(signal.SIGKILL)
 
     def _sleep(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -93,12 +102,15 @@ class Supervisor:
         while not self.stopping:
             began = time.monotonic()
             try:
-                self.child = subprocess.Popen(self.command)
+                # Its own process group: what it leaves behind when it dies (a celery pool
+                # child, the beat) can be found and ended before it starts again.
+                self.child = subprocess.Popen(self.command, process_group=0)
             except OSError as exc:
                 self.say(f"cannot start {self.command[0]}: {exc.strerror or exc}")
                 status = 127
             else:
                 status = self._wait_child()
+                self._signal_group(signal.SIGKILL)
             if self.stopping:
                 break
             ran = time.monotonic() - began
