@@ -750,8 +750,12 @@ def usage_days_add(totals: dict[tuple, list[float]], *, replace_allocated: bool 
         assignments={
             "allocated_gpu_hours": "CASE WHEN {replace} = 1 THEN {alloc} "
             "ELSE allocated_gpu_hours + {alloc} END",
-            "used_gpu_hours": "used_gpu_hours + {used}",
-            "sampled_gpu_hours": "sampled_gpu_hours + {sampled}",
+            # The backfill (replace) fills in used and sampled hours only where the row has
+            # none sampled: the writer's samples stay, a second backfill adds nothing.
+            "used_gpu_hours": "CASE WHEN {replace} = 0 THEN used_gpu_hours + {used} "
+            "WHEN sampled_gpu_hours = 0 THEN {used} ELSE used_gpu_hours END",
+            "sampled_gpu_hours": "CASE WHEN {replace} = 0 THEN sampled_gpu_hours + {sampled} "
+            "WHEN sampled_gpu_hours = 0 THEN {sampled} ELSE sampled_gpu_hours END",
         },
     )
     return len(created) + len(updated)
@@ -1032,7 +1036,24 @@ class _HourSums:
     pending: dict = field(default_factory=lambda: defaultdict(lambda: [0.0, 0.0]))
     waits: dict = field(default_factory=lambda: defaultdict(list))
     usage: dict = field(default_factory=lambda: defaultdict(float))
-    days: dict = field(default_factory=lambda: defaultdict(lambda: [0.0, 0.0]))
+    used: dict = field(default_factory=lambda: defaultdict(float))
+    days: dict = field(default_factory=lambda: defaultdict(lambda: [0.0, 0.0, 0.0]))
+
+
+def series_utilization(points: list) -> tuple[float, float] | None:
+    """(mean utilization %, share of the samples known) of a job's series points; ``None``
+    when it holds no known sample."""
+    known = total = 0
+    summed = 0.0
+    for point in points or ():
+        for value in point[1] or ():
+            total += 1
+            if value is not None:
+                known += 1
+                summed += float(value)
+    if not known:
+        return None
+    return summed / known, known / total
 
 
 def _spread(start: datetime, end: datetime, lo: datetime, hi: datetime):
@@ -1064,11 +1085,14 @@ def rollups_backfill(*, days: int, now: datetime | None = None, replace: bool = 
       (else the pool's most common one).
     - Capacity: the pool's schedulable GPUs and the tenants' guarantees as they are now
       (their past values are not recorded).
-    - Used and idle GPUs: 0 (utilization is not recorded in the past).
+    - Used GPUs: from the job's recorded GPU series (``JobGpuSeries``: its mean
+      utilization over its known samples, on the share of its samples that are known), 0
+      for a job without one (utilization is not recorded otherwise). Idle GPUs: 0.
 
     Hours that already have rows are kept unless ``replace``. ``UsageDay``: the allocated
     GPU-hours of each day from the first day to the last minute the writer billed are
-    set (used GPU-hours are kept)."""
+    set; used and sampled GPU-hours are set from the series where the row has no sampled
+    hours yet (the writer's own samples are kept, a second backfill adds nothing)."""
     now = now or timezone.now()
     end = floor_hour(now)
     start = end - timedelta(days=days)
@@ -1127,6 +1151,13 @@ def rollups_backfill(*, days: int, now: datetime | None = None, replace: bool = 
             pk__in=allocations.values("job_id")
         ).values_list("id", "tenant_id", "project_id", "submitted_by_id", "workload_type")
     }
+    held_jobs = set(jobs) | set(owners)
+    utilization = {
+        job_id: series_utilization(points)
+        for job_id, points in JobGpuSeries.objects.filter(job_id__in=held_jobs)
+        .values_list("job_id", "points")
+        .iterator(500)
+    }
     for job_id, granted, released, pool_id, model in allocations.values_list(
         "job_id", "granted_at", "released_at", "gpu__node__pool_id", "gpu__model"
     ):
@@ -1143,6 +1174,7 @@ def rollups_backfill(*, days: int, now: datetime | None = None, replace: bool = 
             end,
             day_start,
             day_end,
+            utilization.get(job_id),
         )
 
     for row in jobs.values():
@@ -1193,6 +1225,7 @@ def rollups_backfill(*, days: int, now: datetime | None = None, replace: bool = 
                         end,
                         day_start,
                         day_end,
+                        utilization.get(job_id),
                     )
 
     hours = [start + i * HOUR for i in range(days * 24)]
@@ -1239,8 +1272,9 @@ def rollups_backfill(*, days: int, now: datetime | None = None, replace: bool = 
             )
             if tenant_id is not None and not allocated and not cap:
                 continue
+            used = sums.used.get((hour, pool_id, model, tenant_id), 0.0)
             usage_rows.append(
-                _usage_hour_row(hour, pool_id, model, tenant_id, float(cap), allocated)
+                _usage_hour_row(hour, pool_id, model, tenant_id, float(cap), allocated, used)
             )
     QueueRollup.objects.bulk_create(queue_rows, batch_size=2000, ignore_conflicts=True)
     UsageRollup.objects.bulk_create(usage_rows, batch_size=2000, ignore_conflicts=True)
@@ -1259,15 +1293,24 @@ def _admission(sums: _HourSums, queue_id, moment: datetime, wait: float, start, 
         sums.waits[(floor_hour(moment), queue_id)].append(wait)
 
 
-def _add_held(sums, owner, pool_id, model, gpus, begin, finish, start, end, day_start, day_end):
-    """GPUs held from ``begin`` to ``finish``: hour sums (pool and tenant) and days."""
+def _add_held(
+    sums, owner, pool_id, model, gpus, begin, finish, start, end, day_start, day_end, util=None
+):
+    """GPUs held from ``begin`` to ``finish``: hour sums (pool and tenant) and days; ``util``
+    (mean %, share sampled) of the job's series, when it has one, bills used GPU-hours."""
     tenant, project, user, wtype = owner
+    mean, share = util if util is not None else (0.0, 0.0)
     for hour, seconds in _spread(begin, finish, start, end):
-        sums.usage[(hour, pool_id, model, None)] += gpus * seconds / 3600
-        sums.usage[(hour, pool_id, model, tenant)] += gpus * seconds / 3600
+        held = gpus * seconds / 3600
+        sums.usage[(hour, pool_id, model, None)] += held
+        sums.usage[(hour, pool_id, model, tenant)] += held
+        sums.used[(hour, pool_id, model, None)] += held * share * mean / 100.0
+        sums.used[(hour, pool_id, model, tenant)] += held * share * mean / 100.0
     for day, lo, hi in day_segments(max(begin, day_start), min(finish, day_end)):
         seconds = overlap_seconds(begin, finish, lo, hi)
         if seconds > 0:
-            sums.days[(day, tenant, project, user, wtype, pool_id, model)][0] += (
-                gpus * seconds / 3600
-            )
+            entry = sums.days[(day, tenant, project, user, wtype, pool_id, model)]
+            held = gpus * seconds / 3600
+            entry[0] += held
+            entry[1] += held * share * mean / 100.0
+            entry[2] += held * share

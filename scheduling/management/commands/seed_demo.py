@@ -10,6 +10,7 @@ from datetime import timedelta
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from scheduling.choices import Environment, JobState, NodeState, PoolPurpose, WorkloadType
@@ -518,9 +519,17 @@ class Command(BaseCommand):
         self._recent(classes)
         self._history(classes)  # fitted around the recent jobs' GPUs
         self._raises(classes)
-        # The insights' hourly history of the demo's week (kept hours stay as they are).
+        # The insights' hourly history of the demo's week (kept hours stay as they are),
+        # with the GPU utilization samples of the jobs stored here (none ran on an agent).
+        from insights.demo import demo_utilization_series
         from insights.rollups import rollups_backfill
 
+        demo_utilization_series(
+            Job.objects.filter(
+                Q(name__startswith=HISTORY_PREFIX) | Q(name__in=[r[0] for r in RECENT_JOBS]),
+                finished_at__isnull=False,
+            )
+        )
         rollups_backfill(days=HISTORY_DAYS)
         self.stdout.write(
             self.style.SUCCESS(f"Demo data ready. Logins (password for all: {DEMO_PASSWORD}):")
