@@ -10,7 +10,7 @@ class Command(BaseCommand):
     help = (
         "Rebuild the hour rollups (queue depth and waits, GPUs allocated per pool, model and "
         "tenant) and the allocated GPU-hours per day from the recorded jobs and allocations. "
-        "Utilization is not recorded in the past: used GPUs stay 0."
+        "Used GPU-hours come from the jobs' recorded GPU series; jobs without one count 0 used."
     )
 
     def add_arguments(self, parser):
