@@ -31,6 +31,14 @@ def lockout_ends_at(username: str | None) -> datetime | None:
     return last["last"] + cool_off if last["last"] else None
 
 
+def lockout_retry_after(username: str | None) -> int | None:
+    """Seconds until the lockout ends (a 429's ``Retry-After``); None without a cool-off."""
+    ends = lockout_ends_at(username)
+    if ends is None:
+        return None
+    return max(1, math.ceil((ends - timezone.now()).total_seconds()))
+
+
 def lockout_message(username: str | None) -> str:
     ends = lockout_ends_at(username)
     if ends is None:
@@ -56,13 +64,19 @@ def lockout_response(
     """``AXES_LOCKOUT_CALLABLE``: 429 with the message, in the API's error shape under
     ``/api/``; on pages the login form as rendered (it shows the message itself, see
     ``forms.LockoutAwareLoginMixin``), with status 429."""
-    message = lockout_message(get_client_username(request, credentials))
+    username = get_client_username(request, credentials)
+    message = lockout_message(username)
     if request.path.startswith("/api/"):
-        return JsonResponse({"detail": message, "errors": {}}, status=429)
-    if original_response is not None and original_response.status_code == 200:
+        response = JsonResponse({"detail": message, "errors": {}}, status=429)
+    elif original_response is not None and original_response.status_code == 200:
         original_response.status_code = 429
-        return original_response
-    return HttpResponse(message, status=429, content_type="text/plain; charset=utf-8")
+        response = original_response
+    else:
+        response = HttpResponse(message, status=429, content_type="text/plain; charset=utf-8")
+    wait = lockout_retry_after(username)
+    if wait is not None:
+        response["Retry-After"] = str(wait)
+    return response
 
 
 def on_user_locked_out(sender, request=None, username=None, **kwargs) -> None:

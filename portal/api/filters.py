@@ -14,6 +14,7 @@ import django_filters
 from django import forms
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.utils import extend_schema_field
+from rest_framework.exceptions import ValidationError
 
 from portal.errors import NotFoundError
 from portal.text import BAD_TEXT
@@ -45,10 +46,39 @@ def check_query_text(request, view) -> None:
     raise_for_bad_text(query_dict_errors(request.query_params))
 
 
+# What django-filter's boolean filters understand (any case); anything else, "null" or
+# "maybe", it turns into "no filter" and the list answers unfiltered.
+BOOLEAN_VALUES = frozenset({"true", "false", "1", "0", ""})
+BOOLEAN_MESSAGE = "Give true or false."
+
+
+def check_boolean_filters(filterset) -> None:
+    """400 naming each boolean filter given a value that is not true or false."""
+    if filterset is None:
+        return
+    errors = {}
+    for name, filter_ in filterset.filters.items():
+        if not isinstance(filter_, django_filters.BooleanFilter):
+            continue
+        for value in filterset.data.getlist(name) if hasattr(filterset.data, "getlist") else []:
+            if value.lower() not in BOOLEAN_VALUES:
+                errors[name] = [BOOLEAN_MESSAGE]
+    if errors:
+        raise ValidationError(errors)
+
+
 class FilterBackend(DjangoFilterBackend):
+    """The filter backend of every API list: NUL refused (above), and every filter strict:
+    a value a filter cannot read is a 400 naming it, never a list left unfiltered."""
+
     def filter_queryset(self, request, queryset, view):
         check_query_text(request, view)
         return super().filter_queryset(request, queryset, view)
+
+    def get_filterset(self, request, queryset, view):
+        filterset = super().get_filterset(request, queryset, view)
+        check_boolean_filters(filterset)
+        return filterset
 
 
 def path_id(value, message: str = "Not found.") -> int:

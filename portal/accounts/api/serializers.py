@@ -2,7 +2,7 @@ from django.contrib.auth import authenticate
 from rest_framework import exceptions, serializers
 
 from ..constants import token_max_days
-from ..lockout import is_locked_out, lockout_message
+from ..lockout import is_locked_out, lockout_message, lockout_retry_after
 from ..models import ApiToken
 
 # The name a token made by POST /api/v1/auth/token gets when the client sends none.
@@ -15,6 +15,11 @@ class SignInLockedOut(exceptions.APIException):
     status_code = 429
     default_detail = "Too many failed sign-ins for this account."
     default_code = "locked_out"
+
+    def __init__(self, detail=None, *, wait: int | None = None):
+        super().__init__(detail)
+        # DRF's exception handler turns it into the answer's Retry-After (seconds).
+        self.wait = wait
 
 
 class ApiTokenSerializer(serializers.ModelSerializer):
@@ -73,7 +78,10 @@ class TokenObtainSerializer(serializers.Serializer):
         user = authenticate(request=request, username=attrs["username"], password=attrs["password"])
         if user is None:
             if is_locked_out(request):
-                raise SignInLockedOut(lockout_message(attrs["username"]))
+                raise SignInLockedOut(
+                    lockout_message(attrs["username"]),
+                    wait=lockout_retry_after(attrs["username"]),
+                )
             raise serializers.ValidationError(
                 "Unable to log in with provided credentials.", code="authorization"
             )
