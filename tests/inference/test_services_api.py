@@ -155,7 +155,9 @@ def test_patch_changes_the_spec_version_and_checks_combined_bounds(api, world, s
     response = client.patch(detail, {"min_replicas": 9}, format="json")
     assert response.status_code == 400 and "min_replicas" in response.json()["errors"]
     response = client.patch(detail, {"project": 1, "name": "x"}, format="json")
-    assert response.status_code == 200  # not changeable: ignored
+    # Not changeable: refused and named, never silently dropped.
+    assert response.status_code == 400
+    assert set(response.json()["errors"]) == {"project", "name"}
     service.refresh_from_db()
     assert service.name == "chat"
 
