@@ -963,7 +963,7 @@ def cmd_usage(ctx: Context, args: argparse.Namespace) -> int:
             *label,
             f"{row['allocated_gpu_hours']:.1f}",
             f"{row['used_gpu_hours']:.1f}",
-            percent(row.get("utilization_pct")),
+            row.get("utilization_note") or percent(row.get("utilization_pct")),
             f"{row['guaranteed_gpu_hours']:.0f}",
             percent(row.get("guarantee_allocated_pct")),
         ]

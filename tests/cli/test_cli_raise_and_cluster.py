@@ -129,3 +129,26 @@ def test_usage_against_the_guarantee(world, sluice, token_of):
     assert data["group_by"] == ["tenant"] and data["totals"]["allocated_gpu_hours"] == 30.0
     bad = sluice("usage", "--start", "yesterday", token=token)
     assert bad.code == 1 and "start" in bad.err
+
+
+def test_usage_without_samples_says_so_not_0_percent(world, sluice, token_of):
+    from datetime import date
+
+    from insights.models import UsageDay
+
+    UsageDay.objects.create(
+        day=date.today(),
+        tenant=world.tenant,
+        project=world.project,
+        user=world.member,
+        workload_type="training",
+        pool=world.pool,
+        gpu_model="H100-80GB",
+        allocated_gpu_hours=12.0,
+        used_gpu_hours=0.0,
+        sampled_gpu_hours=0.0,
+    )
+    run = sluice("usage", "--by", "user", token=token_of(world.member))
+    assert run.code == 0, run.err
+    row = next(line for line in run.out.splitlines() if line.startswith("nlp-member"))
+    assert row.split()[1:5] == ["12.0", "0.0", "no", "samples"]  # not "0%" nor "-"
