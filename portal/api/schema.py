@@ -68,10 +68,25 @@ def error_codes(method: str, operation: dict, default_security: list) -> list[st
     return codes
 
 
+def _close_request_bodies(schemas: dict) -> None:
+    """Request bodies take no field they do not name (portal.api.strict refuses unknown
+    ones): ``additionalProperties: false`` on each request object. Free-form objects
+    (``env``, ``parameters``) are properties with their own schema and stay open."""
+    for name, schema in schemas.items():
+        if (
+            name.endswith("Request")
+            and schema.get("type") == "object"
+            and "properties" in schema
+            and "additionalProperties" not in schema
+        ):
+            schema["additionalProperties"] = False
+
+
 def document_error_responses(result, generator, request, public):
     """Postprocessing hook (SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"])."""
     schemas = result.setdefault("components", {}).setdefault("schemas", {})
     schemas[ERROR_COMPONENT] = ERROR_SCHEMA
+    _close_request_bodies(schemas)
     reference = {"$ref": f"#/components/schemas/{ERROR_COMPONENT}"}
     default_security = result.get("security", [])
     for path_item in result.get("paths", {}).values():

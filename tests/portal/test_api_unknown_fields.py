@@ -209,3 +209,12 @@ def test_query_strings_keep_their_leniency(api, world):
     response = api(world.member).get(f"/api/v1/jobs/{job.pk}/logs/?tail=10&colour=blue")
 
     assert response.status_code != 400 or "colour" not in response.json()["errors"]
+
+
+def test_the_schema_says_request_bodies_take_no_other_fields():
+    schemas = SchemaGenerator().get_schema(request=None, public=True)["components"]["schemas"]
+
+    assert schemas["JobSubmitRequest"]["additionalProperties"] is False
+    assert schemas["PatchedServiceChangeRequest"]["additionalProperties"] is False
+    # Free-form objects inside stay open.
+    assert schemas["JobSubmitRequest"]["properties"]["env"]["additionalProperties"]
