@@ -77,13 +77,16 @@ def reachable_copy(
     source: Path, *, created_ledger: Path | None = None, root: Path = FALLBACK_WORK_ROOT
 ) -> Path:
     """``source`` if the job accounts can read it, else (as root) a copy of it under
-    ``root``/programs (root-owned, world-readable), recorded in ``created_ledger``: the
-    demo's jobs run a script of the checkout, which a 0700 home hides from them. Without
+    ``root`` (root-owned, world-readable), recorded in ``created_ledger``: the
+    demo's jobs run a script of the checkout, which a 0700 home hides from them. The
+    folder is per checkout (``programs-<hash of the source's folder>``). Without
     root the jobs run as the same user, who can read it."""
     readable = blocking_dir(source.parent) is None and os.stat(source).st_mode & stat.S_IROTH
     if readable or os.geteuid() != 0:
         return source
-    folder = root / PROGRAMS_DIR_NAME
+    # One folder per checkout: another checkout's demo-reset must not take this copy away.
+    digest = hashlib.sha256(os.fsencode(source.parent)).hexdigest()[:12]
+    folder = root / f"{PROGRAMS_DIR_NAME}-{digest}"
     if not root.exists():
         ensure_dir(root, TRAVERSE_ONLY)
         ledger.record(created_ledger, ledger.EMPTY_DIR, path=str(root))

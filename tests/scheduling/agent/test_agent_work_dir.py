@@ -6,6 +6,7 @@ from __future__ import annotations
 import grp
 import os
 import pwd
+import shutil
 import signal
 import stat
 import subprocess
@@ -250,7 +251,14 @@ def test_a_program_in_a_private_checkout_is_copied_where_jobs_can_run_it(make_ag
     script.write_text("print('serving')\n")
     created = tmp_path / "created.jsonl"
     copy = reachable_copy(script, created_ledger=created, root=tmp_path / "lib")
-    assert copy == tmp_path / "lib" / "programs" / "server.py"
+    assert copy.parent.parent == tmp_path / "lib" and copy.name == "server.py"
+    assert copy.parent.name.startswith("programs-")
+    (tmp_path / "other").mkdir()
+    other_checkout = _private_dir(tmp_path / "other") / "server.py"
+    other_checkout.write_text("")
+    other_copy = reachable_copy(other_checkout, root=tmp_path / "lib")
+    assert other_copy.parent != copy.parent  # its own folder
+    shutil.rmtree(other_copy.parent)
     assert stat.S_IMODE(os.stat(copy).st_mode) == 0o644
     assert [e["kind"] for e in ledger.entries(created)] == ["dir", "tree"]
     h = make_agent()
