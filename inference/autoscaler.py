@@ -30,9 +30,14 @@ out, with the state to hand to the next call. Modelled on Knative's KPA:
   the waiting ones beyond that ask are no longer wanted: a replica is launched only if the
   current load still asks for it when it can start.
 * **Rate limits**: a scale-up adds at most ``scale_up_max_step`` replicas at a time (0: no
-  limit); a scale-down happens only once the recommendation has been lower for
-  ``scale_down_delay_s`` (the decision takes the highest recommendation of that window,
-  Knative's scale-down-delay): a scale-up is never undone within the delay, no flapping.
+  limit); a scale-down happens only once the load has asked for fewer replicas for
+  ``scale_down_delay_s`` (Knative's scale-down-delay): the decision takes the highest of
+  the window's scale-ups and of the panic window's asks, and never goes below the stable
+  window's recommendation, so a scale-up is never undone within the delay (no flapping).
+  The window remembers the panic window's ask rather than the recommendation: the stable
+  window's mean trails a falling load by half a window and the panic hold keeps its count
+  for a stable window, and holding either for the delay added the delay to that lag
+  (replicas left a ramp-down half a stable window late).
 * **Bounds**: never below ``min_replicas`` (the step limit does not hold a service below
   its minimum) nor above ``max_replicas``. With ``scale_to_zero`` (``min_replicas`` 0) the
   floor is 1 until the service has seen no request and no ongoing request for
@@ -576,11 +581,19 @@ def decide(
         floor = max(policy.min_replicas, 0)
     bounded = min(max(recommended, floor), policy.max_replicas)
 
-    # Scale-down delay: the highest recommendation of the delay window.
+    # Scale-down delay: the highest of what the load asked for in the delay window.
     recs: tuple[tuple[float, int], ...] = ()
     held = bounded
     if policy.scale_down_delay_s > 0:
-        recs, held = _window_max(state.recommendations, now, bounded, policy.scale_down_delay_s)
+        remembered = bounded
+        if bounded <= current and not breached and code != Reason.NO_METRICS:
+            # Not a scale-up: the window remembers what the load asks for now (the panic
+            # window's ask), not the stable window's mean, which trails a falling load by
+            # half a window, nor the panic hold's count: the delay then counts from when
+            # the load fell, and is not added to those lags.
+            remembered = min(bounded, max(min(panic_desired, policy.max_replicas), floor))
+        recs, held = _window_max(state.recommendations, now, remembered, policy.scale_down_delay_s)
+        held = max(held, bounded)
 
     desired = held
     if desired > current and policy.scale_up_max_step > 0:
@@ -640,7 +653,7 @@ def decide(
         if held > bounded and held >= current and bounded < current:
             code = Reason.SCALE_DOWN_DELAYED
             message = (
-                f"{message}; scale-down delayed: a recommendation of {held} in the last "
+                f"{message}; scale-down delayed: the load asked for {held} in the last "
                 f"{policy.scale_down_delay_s:g} s"
             )
         elif recommended > policy.max_replicas and current >= policy.max_replicas:

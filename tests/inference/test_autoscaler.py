@@ -242,8 +242,11 @@ def test_scale_down_waits_for_the_delay():
     )
     runs = simulate(policy, step(10, 2, 50), seconds=150, start=10)
     down = next(t for t, cur, d in runs if d.desired < cur)
-    # The stable window forgets the old load ~10 s after the drop; the delay adds 30 s.
-    assert down >= 50 + 30
+    # The last sample of the old load is at 49 s: the delay counts from there, not from
+    # when the stable window forgot it (~10 s later: the delay is not added to that lag).
+    assert down >= 49 + 30
+    settled = next(t for t, _cur, d in runs if d.desired == 2)
+    assert settled <= 49 + 30 + 2
     delayed = [
         d for t, _, d in runs if 50 < t < down and d.reason_code == Reason.SCALE_DOWN_DELAYED
     ]
@@ -554,3 +557,98 @@ def test_p95_against_an_slo_outside_or_inside_its_bucket():
         policy=Policy(latency_slo_ms=50),
     )
     assert top.inputs["p95_bucket_ms"] == [100.0, None]
+
+
+# --- scale-down after a ramp ---------------------------------------------------------------
+
+RAMP_POLICY = Policy(
+    max_replicas=8,
+    target_running_per_replica=1.4,
+    stable_window_s=30,
+    panic_window_s=6,
+    scale_down_delay_s=30,
+    scale_up_max_step=0,
+)
+
+
+def _ramp_down(t: float) -> float:
+    """6 ongoing requests (5 replicas at 1.4) until 60 s, down to 0.5 (1 replica) at 100 s."""
+    if t < 60:
+        return 6.0
+    if t < 100:
+        return 6.0 - 5.5 * (t - 60) / 40
+    return 0.5
+
+
+def test_replicas_leave_as_the_load_falls():
+    """A linear ramp-down: each replica leaves the scale-down delay (plus the panic
+    window's lag and a tick) after the load stopped needing it. Holding the stable
+    window's recommendation for the delay added half a stable window to that: 3
+    replicas were still there 17 s after the load had fallen to 1 replica's worth."""
+    policy = RAMP_POLICY
+    runs = simulate(policy, _ramp_down, seconds=200, start=5)
+    counts = {t: d.desired for t, _cur, d in runs}
+    ticks = sorted(counts)
+    for k in (5, 4, 3, 2):
+        # first second the load fits in k - 1 replicas
+        fits = next(
+            t for t in ticks if _ramp_down(t) <= (k - 1) * policy.target_running_per_replica
+        )
+        left = next(t for t in ticks if counts[t] < k)
+        assert fits + policy.scale_down_delay_s <= left, (k, fits, left)
+        assert left <= fits + policy.scale_down_delay_s + policy.panic_window_s + 1, (k, fits, left)
+    # the first replica leaves during the ramp-down, the last extra one a delay after it
+    assert next(t for t in ticks if counts[t] < 5) < 100
+    assert counts[100 + policy.scale_down_delay_s] == 1
+    downs = [t for t, cur, d in runs if d.desired < cur]
+    ups = [t for t, cur, d in runs if d.desired > cur and t > 0]
+    assert downs and not ups
+
+
+def test_after_a_panic_the_delay_holds_what_the_load_asks_not_the_panic_count():
+    """A step from 4 to 16 ongoing requests for 10 s panics to 16 replicas; the load then
+    settles at 8. When the panic ends (a stable window after its trigger) the service
+    goes to 8 once the stable window agrees, instead of holding 16 for one more delay."""
+    policy = Policy(
+        max_replicas=40,
+        target_running_per_replica=1,
+        stable_window_s=30,
+        panic_window_s=6,
+        scale_down_delay_s=30,
+        scale_up_max_step=0,
+    )
+
+    def load(t):
+        return 4 if t < 30 else (16 if t < 40 else 8)
+
+    runs = simulate(policy, load, seconds=150, start=4)
+    assert max(d.desired for _t, _cur, d in runs) == 16
+    last_panic = max(t for t, _cur, d in runs if d.panic)
+    # the stable window forgets the 16 ongoing requests 30 s after 40 s
+    settled = next(t for t, _cur, d in runs if d.desired == 8)
+    assert settled <= max(last_panic, 40 + policy.stable_window_s) + 5
+    for t, cur, d in runs:
+        if t > settled:
+            assert d.desired == 8 and cur == 8
+
+
+@pytest.mark.parametrize("level", [2.6, 4.5, 7.2])
+def test_a_noisy_flat_load_does_not_flap(level):
+    """Ongoing requests around a flat level (a new random value every second, ± 0.4):
+    after the first minute the count never changes, so no scale-down is undone."""
+    import random
+
+    rng = random.Random(int(level * 10))
+    noise = [rng.uniform(-0.4, 0.4) for _ in range(701)]
+    policy = Policy(
+        max_replicas=20,
+        target_running_per_replica=1,
+        stable_window_s=30,
+        panic_window_s=6,
+        scale_down_delay_s=30,
+        scale_up_max_step=0,
+    )
+    runs = simulate(policy, lambda t: level + noise[int(t)], seconds=700, start=1)
+    changes = [(t, cur, d.desired) for t, cur, d in runs if d.desired != cur and t > 60]
+    assert not changes
+    assert runs[-1][2].desired == math.ceil(level)
