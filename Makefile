@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 export DEBUG ?= 1
 
-.PHONY: run test lint check migrations-check pytest integration browser bench bench-api bench-e2e bench-reports bench-agent native demo-reset clean
+.PHONY: run test lint check migrations-check docs pytest integration browser bench bench-api bench-e2e bench-reports bench-agent native demo-reset clean
 
 # The interpreter .venv is made with: the Python 3.11 on the PATH built for speed, where
 # there is one (tools/pick_python.py; `make PYTHON=python3 ...` to choose another). Worked
@@ -41,7 +41,7 @@ run: $(VENV)/.installed
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/honcho start -f Procfile
 
 ## Lint, Django checks, migrations check and the test suite (SQLite, eager tasks)
-test: $(VENV)/.installed-dev lint check migrations-check pytest
+test: $(VENV)/.installed-dev lint check migrations-check docs pytest
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .
@@ -66,6 +66,10 @@ scheduling/engine/native.stamp: $(ENGINE_SOURCES) tools/build_native.py $(VENV)/
 	@mkdir -p build
 	@if $(PY) tools/build_native.py > build/native.log 2>&1; then tail -1 build/native.log; \
 	else tail -20 build/native.log; echo "engine NOT compiled (see build/native.log): it runs as pure Python"; fi
+
+## The manual (docs/, mkdocs.yml) built into site/; strict: a broken link fails
+docs: $(VENV)/.installed-dev
+	$(VENV)/bin/mkdocs build --strict --quiet
 
 check: $(VENV)/.installed-dev
 	$(PY) manage.py check
@@ -110,4 +114,4 @@ demo-reset:
 	@python3 tools/demo_reset.py
 
 clean:
-	rm -rf $(VENV) var staticfiles build scheduling/agent/sluice-job-wrapper scheduling/engine/*.so scheduling/engine/native.stamp sluice_engine__mypyc*.so
+	rm -rf $(VENV) var staticfiles site build scheduling/agent/sluice-job-wrapper scheduling/engine/*.so scheduling/engine/native.stamp sluice_engine__mypyc*.so
