@@ -1,7 +1,7 @@
 """Sluice settings, read from the environment (12-factor).
 
 Every setting that differs between a laptop demo and production comes from an environment
-variable; the README lists them all. The embedded default needs no external service: a
+variable; docs/operator/settings.md lists them all. The embedded default needs no external service: a
 SQLite file and a filesystem message broker, both under ``var/``.
 """
 
@@ -123,7 +123,7 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env_boo
 ):
     # Parameters bound by the server, and a statement a connection runs a fifth time
     # prepared (psycopg's prepare_threshold): PostgreSQL then skips parsing and planning
-    # it, which halved its CPU per job submission (issue 21, README "End-to-end
+    # it, which halved its CPU per job submission (docs/benchmarks.md, "End-to-end
     # benchmark"). Off behind a pooler that cannot keep prepared statements (PgBouncer in
     # transaction mode before 1.21).
     DATABASES["default"].setdefault("OPTIONS", {}).update(
@@ -387,7 +387,7 @@ SLUICE_AUDIT_ANCHOR_COPY = env_str("SLUICE_AUDIT_ANCHOR_COPY", "") or None
 # Fair share: a tenant's past GPU use counts half after this many seconds (the usage history
 # the engine orders tenants by inside a priority class).
 SLUICE_USAGE_HALF_LIFE_SECONDS = env_int("SLUICE_USAGE_HALF_LIFE_SECONDS", 7 * 24 * 3600)
-# Order inside a priority class (issue 17): the engine's Snapshot knobs, handed over by the
+# Order inside a priority class: the engine's Snapshot knobs, handed over by the
 # dispatch loop each cycle; see scheduling/engine/order.py.
 # - SLUICE_FAIR_SHARE_BAND (0.25): tenants whose fair shares (decayed usage over guaranteed
 #   GPUs) lie within a factor 1 + this of each other, on a log scale, form one band and are
@@ -400,7 +400,7 @@ SLUICE_USAGE_HALF_LIFE_SECONDS = env_int("SLUICE_USAGE_HALF_LIFE_SECONDS", 7 * 2
 # - SLUICE_SIZE_HALVING_SECONDS (6 h): the aging of that order: every this many seconds a
 #   job has waited count as halving its size (a job twice as big as one submitted 6 h
 #   later ties with it). 6 h measured best on the ITP trace: 1 h made the order nearly
-#   FIFO in long backlogs (see README, "Who goes first").
+#   FIFO in long backlogs (docs/concepts/order.md).
 # - SLUICE_MAX_WAIT_SECONDS (12 h): a job that has waited this long since its submission
 #   goes before every job of its class and band that has waited less, whatever its size
 #   (higher classes and lower fair-share bands still go first: an order, not a bound on
@@ -420,7 +420,7 @@ if not 0 <= SLUICE_FAIR_SHARE_BAND < float("inf"):
 #   running at least this much sooner than waiting, both for the GPUs running jobs free by
 #   their limits and for its chosen victims' predicted ends (their owners' runtime
 #   history, scheduling/runtime_prediction.py). 14400 measured best on the ITP trace (fewer
-#   preemptions and less work lost, waits no longer; README, "One pool at 85 %"); off by
+#   preemptions and less work lost, waits no longer; docs/decisions/); off by
 #   default, because it makes a higher class wait for a lower one expected to end soon.
 SLUICE_PREEMPTION_MIN_GAIN_SECONDS = env_int("SLUICE_PREEMPTION_MIN_GAIN_SECONDS", 0)
 if SLUICE_PREEMPTION_MIN_GAIN_SECONDS < 0:
@@ -428,7 +428,7 @@ if SLUICE_PREEMPTION_MIN_GAIN_SECONDS < 0:
 # - SLUICE_GANG_BORROWER_RESERVE_SECONDS (0: off): a borrower (beyond its tenant's
 #   guarantee) reserves no GPUs before its maximum wait; a job of several whole nodes
 #   that has waited this long reserves them like guaranteed work, instead of waiting for
-#   all its nodes to be idle at once (README, "Trace-driven simulator").
+#   all its nodes to be idle at once (docs/simulator.md).
 SLUICE_GANG_BORROWER_RESERVE_SECONDS = env_int("SLUICE_GANG_BORROWER_RESERVE_SECONDS", 0)
 if SLUICE_GANG_BORROWER_RESERVE_SECONDS < 0:
     raise ImproperlyConfigured("SLUICE_GANG_BORROWER_RESERVE_SECONDS must be 0 or more.")
@@ -438,7 +438,7 @@ if SLUICE_GANG_BORROWER_RESERVE_SECONDS < 0:
 #   in the pool has room for it (low-class work that has waited competes with normal work
 #   by size and share on its tenant's own GPUs; it gains no preemption rights). On the
 #   ITP trace 3600 cut the average wait of a pool at 85 % load by 3-8 % and lengthened
-#   that of a saturated one (95 %) by 5-6 % (README, "Class aging"): off by default.
+#   that of a saturated one (95 %) by 5-6 % (docs/decisions/): off by default.
 SLUICE_CLASS_AGING_SECONDS = env_int("SLUICE_CLASS_AGING_SECONDS", 0)
 if SLUICE_CLASS_AGING_SECONDS < 0:
     raise ImproperlyConfigured("SLUICE_CLASS_AGING_SECONDS must be 0 or more.")
@@ -455,12 +455,12 @@ SLUICE_JOB_ACCOUNT = env_str("SLUICE_JOB_ACCOUNT", "sluice-{tenant}")
 SLUICE_JOB_PATH_ROOTS = env_list("SLUICE_JOB_PATH_ROOTS", [])
 SLUICE_RUNTIME_WARNINGS = [float(x) for x in env_list("SLUICE_RUNTIME_WARNINGS", ["0.8", "0.95"])]
 SLUICE_RETENTION_CLEANUP_SECONDS = env_int("SLUICE_RETENTION_CLEANUP_SECONDS", 3600)
-# Serving jobs' scraped samples (scheduling.ServeSample, issue 18) are kept this long.
+# Serving jobs' scraped samples (scheduling.ServeSample) are kept this long.
 SLUICE_SERVE_SAMPLE_RETENTION_HOURS = env_float("SLUICE_SERVE_SAMPLE_RETENTION_HOURS", 24.0)
 # "broker" sends node messages through the broker; "memory" keeps them in a list (tests).
 SLUICE_NODE_TRANSPORT = env_str("SLUICE_NODE_TRANSPORT", "broker")
 
-# --- Insights and metrics (issue 20) ---
+# --- Insights and metrics ---
 # Rollups: one row per queue and per pool/model/tenant each minute, kept this many days;
 # hourly rows (means of the minutes) kept this many days. The writer runs every
 # SLUICE_ROLLUP_INTERVAL seconds (a beat task on the control queue).
@@ -511,7 +511,7 @@ CELERY_BEAT_SCHEDULE.update(
     }
 )
 
-# --- Inference services (issue 18) ---
+# --- Inference services ---
 # The services' control loop (autoscale + reconcile, one leader) runs every this many
 # seconds; a service's timeline gets a line when something changes and at least every
 # SLUICE_SERVICE_DECISION_EVERY_S (the chart's points); lines are kept this many days.

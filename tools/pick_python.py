@@ -14,7 +14,7 @@ executable rather than loaded as a shared library (Debian's and Ubuntu's own
 ``python3.11``, built with profile-guided and link-time optimisation). pyenv's default
 build is neither, and the difference is not small: on the same 2-core machine the deep
 backlog replay took 170 s under pyenv's 3.11.7 and 137 s under Debian's 3.11.2, same code,
-same decisions (README, *The interpreter*). Run with any Python 3; uses only the standard
+same decisions (docs/decisions/). Run with any Python 3; uses only the standard
 library. Should the chosen one still fail to make the environment (a Debian python3.11
 without the python3.11-venv package can import ``ensurepip`` but has no pip to install),
 the Makefile falls back to ``python3``.

@@ -1,6 +1,6 @@
 """Figures of a replay: waits, completion times, makespan, utilization, fairness, preemptions.
 
-Definitions (the README repeats them):
+Definitions (docs/simulator.md repeats them):
 
 - *queueing delay* (wait, ``wait_*``): all the time a job waited, over the jobs that
   started: first start - submit, plus each re-wait after a preemption (from the

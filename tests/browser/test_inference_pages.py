@@ -4,7 +4,7 @@ nlp's ``chat`` at its max replicas (near capacity, p95 over its SLO at the peak)
 ``summarize`` held at the tenant's quota. List, detail (charts, endpoints, decisions), the
 create and edit forms with an error, and the insights' services near capacity. Every page
 is checked for console errors; the PNGs go to $SLUICE_SCREENSHOTS, else a temporary folder
-(``services``, ``service-detail`` and ``service-form`` are the README's).
+(``services``, ``service-detail`` and ``service-form`` are in docs/tour.md).
 """
 
 import io

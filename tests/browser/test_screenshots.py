@@ -1,4 +1,4 @@
-"""The README's screenshots: the main pages of the demo (``seed_demo``) as each role sees
+"""The screenshots of docs/tour.md: the main pages of the demo (``seed_demo``) as each role sees
 them, with jobs running and waiting. Every page is checked for console errors; the PNGs go
 to $SLUICE_SCREENSHOTS (``make screenshots`` sets docs/screenshots), else a temporary folder.
 """

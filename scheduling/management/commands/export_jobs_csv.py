@@ -1,6 +1,6 @@
 """`manage.py export_jobs_csv [--days N] [--out FILE]`: Sluice's finished jobs as a trace.
 
-Writes the jobs that ran and ended in the simulator's plain CSV format (see the README),
+Writes the jobs that ran and ended in the simulator's plain CSV format (docs/simulator.md),
 so that ``manage.py simulate --trace FILE`` replays the cluster's own history.
 """
 
