@@ -69,6 +69,7 @@ INSTALLED_APPS = [
     "portal.audit",
     "portal.accounts",
     "tenants",
+    "identity",
     "scheduling",
     "inference",
     "insights",
@@ -143,7 +144,8 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AUTHENTICATION_BACKENDS = [
     # First: refuses a locked-out account before any password is checked.
     "axes.backends.AxesStandaloneBackend",
-    "django.contrib.auth.backends.ModelBackend",
+    # Django's password check, refusing robot accounts (they work through tokens only).
+    "portal.accounts.backends.LocalAccountBackend",
     "guardian.backends.ObjectPermissionBackend",
 ]
 PASSWORD_HASHERS = [
