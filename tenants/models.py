@@ -4,7 +4,7 @@ from django.conf import settings
 from django.core.validators import RegexValidator
 from django.db import models
 
-from .choices import Role
+from .choices import MembershipSource, Role
 
 slug_validator = RegexValidator(
     r"^[a-z0-9](?:[a-z0-9-]{0,48}[a-z0-9])?$",
@@ -35,6 +35,11 @@ class Tenant(models.Model):
         validators=[unix_account_validator],
         help_text="Unix account its jobs run as on the nodes; blank: the site default "
         "(sluice-<tenant> unless SLUICE_JOB_ACCOUNT says otherwise).",
+    )
+    cancel_jobs_of_leavers = models.BooleanField(
+        default=False,
+        help_text="When the directory disables a user, cancel their waiting and running jobs "
+        "in this tenant (off: their jobs run to the end).",
     )
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -76,13 +81,20 @@ class Project(models.Model):
 
 
 class Membership(models.Model):
-    """A user's role in one tenant."""
+    """A user's role in one tenant, added by hand (local) or synced from the directory."""
 
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
     )
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
     role = models.CharField(max_length=10, choices=Role.choices, default=Role.MEMBER)
+    source = models.CharField(
+        max_length=10,
+        choices=MembershipSource.choices,
+        default=MembershipSource.LOCAL,
+        help_text="Directory memberships are synced from the directory's groups at each "
+        "sign-in; only local ones are edited in Sluice.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

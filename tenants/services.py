@@ -12,7 +12,7 @@ from portal.accounts.services import api_tokens_revoke_all
 from portal.audit.services import audit_record, snapshot_fields
 from portal.errors import BusinessError, PermissionDeniedError
 
-from .choices import Role
+from .choices import MembershipSource, Role
 from .models import Membership, Project, Tenant
 from .selectors import has_role, is_platform_admin
 
@@ -255,6 +255,17 @@ def _check_role(role: str) -> None:
         )
 
 
+def _require_local(membership: Membership) -> None:
+    if membership.source == MembershipSource.DIRECTORY:
+        raise BusinessError(
+            f"{membership.user.username}'s role in {membership.tenant.slug} comes from the "
+            "directory's groups and is synced at each sign-in; change the groups in the "
+            "directory, or the group mapping.",
+            field="role",
+            code="directory_membership",
+        )
+
+
 def _keeps_an_admin(tenant: Tenant, excluding: Membership) -> bool:
     return (
         Membership.objects.filter(tenant=tenant, role=Role.ADMIN).exclude(pk=excluding.pk).exists()
@@ -287,6 +298,7 @@ def membership_add(*, actor, tenant: Tenant, user: User, role: str) -> Membershi
 @transaction.atomic
 def membership_change_role(*, actor, membership: Membership, role: str) -> Membership:
     _require_tenant_admin(actor, membership.tenant)
+    _require_local(membership)
     _check_role(role)
     before = {"user": membership.user.username, "role": membership.role}
     if (
@@ -312,6 +324,7 @@ def membership_change_role(*, actor, membership: Membership, role: str) -> Membe
 @transaction.atomic
 def membership_remove(*, actor, membership: Membership) -> None:
     _require_tenant_admin(actor, membership.tenant)
+    _require_local(membership)
     if membership.role == Role.ADMIN and not _keeps_an_admin(membership.tenant, membership):
         raise BusinessError("A tenant must keep at least one admin.", field="role")
     before = {"user": membership.user.username, "role": membership.role}

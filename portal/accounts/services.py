@@ -71,8 +71,13 @@ def api_token_create(
 
 @transaction.atomic
 def api_token_revoke(*, actor, token: ApiToken, reason: str = "") -> None:
-    """Revoke a token: it stops working at once. Its owner or a platform admin may do this."""
-    if token.user_id != getattr(actor, "pk", None) and not is_platform_admin(actor):
+    """Revoke a token: it stops working at once. Its owner or a platform admin may do this;
+    ``actor=None`` is the system itself (a directory sync disabling a leaver)."""
+    if (
+        actor is not None
+        and token.user_id != getattr(actor, "pk", None)
+        and not is_platform_admin(actor)
+    ):
         raise PermissionDeniedError("Only the token's owner or a platform admin may revoke it.")
     before = _token_snapshot(token)
     label = f"{token.name} ({token.prefix}…)"
