@@ -43,3 +43,11 @@ class ApiTokenCreateForm(forms.Form):
         field.validators.append(MaxValueValidator(token_max_days()))
         field.widget.attrs["max"] = token_max_days()
         field.help_text = f"At most {token_max_days()} days."
+
+
+class RobotCreateForm(forms.Form):
+    name = forms.SlugField(
+        max_length=40, help_text="Lower-case letters, digits and dashes, e.g. “ci”."
+    )
+    role = forms.ChoiceField(choices=[("member", "Member"), ("viewer", "Viewer")])
+    description = forms.CharField(max_length=200, required=False)

@@ -1,5 +1,6 @@
-"""API tokens, stored as a hash (django-rest-knox's scheme with our own model)."""
+"""API tokens, stored as a hash (django-rest-knox's scheme with our own model), and robot accounts."""
 
+from django.conf import settings
 from django.db import models
 from knox.models import AbstractAuthToken
 from knox.settings import CONSTANTS
@@ -31,3 +32,38 @@ class ApiToken(AbstractAuthToken):
     def prefix(self) -> str:
         """The first characters of the key: enough for its owner to tell tokens apart."""
         return self.token_key[:8]
+
+
+class RobotAccount(models.Model):
+    """A service account of one tenant, for a pipeline (CI, an orchestrator).
+
+    Its ``user`` has no usable password and is refused by every sign-in form (the pages,
+    the admin, ``POST /api/v1/auth/token``); it works only through the API tokens a tenant
+    admin makes for it. Its role (member or viewer) is an ordinary membership of ``tenant``,
+    so it may do exactly what a person with that role may. Deleting a robot deactivates
+    its user (its jobs keep their submitter), revokes its tokens and ends its membership.
+    """
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="robot"
+    )
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="robots")
+    name = models.SlugField(max_length=40, help_text="Unique in its tenant, e.g. “ci”.")
+    description = models.CharField(max_length=200, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["tenant__slug", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name"], name="robot_unique_tenant_name")
+        ]
+
+    def __str__(self) -> str:
+        return f"robot {self.name} of {self.tenant.slug}"
