@@ -164,6 +164,35 @@ LOGOUT_REDIRECT_URL = "login"
 GUARDIAN_RAISE_403 = False
 ANONYMOUS_USER_NAME = None
 
+# --- Sign-in through an OIDC provider (Keycloak, Entra ID, Okta, Dex...): identity.oidc ---
+# Off unless SLUICE_OIDC_ISSUER is set; the endpoints come from the issuer's discovery
+# document. docs/operator/identity.md explains every setting.
+SLUICE_OIDC_ISSUER = env_str("SLUICE_OIDC_ISSUER", "").strip()
+SLUICE_OIDC_GROUPS_CLAIM = env_str("SLUICE_OIDC_GROUPS_CLAIM", "groups")
+SLUICE_OIDC_USERNAME_CLAIM = env_str("SLUICE_OIDC_USERNAME_CLAIM", "preferred_username")
+SLUICE_OIDC_UNIX_CLAIM = env_str("SLUICE_OIDC_UNIX_CLAIM", "")
+SLUICE_OIDC_BUTTON_LABEL = env_str("SLUICE_OIDC_BUTTON_LABEL", "Sign in with your organization")
+SLUICE_OIDC_DISCOVERY_TTL = env_int("SLUICE_OIDC_DISCOVERY_TTL", 3600)
+# Signed out (sent to the provider again) this long after their last OIDC sign-in.
+SLUICE_OIDC_MAX_SESSION_AGE = env_int("SLUICE_OIDC_MAX_SESSION_AGE", 12 * 3600)
+# Off: the login page shows only the provider's button; local passwords still sign in
+# platform admins (break-glass) through /login/?local.
+SLUICE_LOCAL_LOGIN = env_bool("SLUICE_LOCAL_LOGIN", True)
+OIDC_RP_CLIENT_ID = env_str("SLUICE_OIDC_CLIENT_ID", "")
+OIDC_RP_CLIENT_SECRET = env_str("SLUICE_OIDC_CLIENT_SECRET", "")
+OIDC_RP_SIGN_ALGO = env_str("SLUICE_OIDC_SIGN_ALGO", "RS256")
+OIDC_RP_SCOPES = env_str("SLUICE_OIDC_SCOPES", "openid email profile")
+OIDC_USE_PKCE = True
+OIDC_PKCE_CODE_CHALLENGE_METHOD = "S256"
+OIDC_STORE_ID_TOKEN = True  # the id_token_hint of the provider's end-session
+OIDC_TIMEOUT = env_int("SLUICE_OIDC_TIMEOUT", 10)
+OIDC_VERIFY_SSL = env_bool("SLUICE_OIDC_VERIFY_TLS", True)
+OIDC_AUTHENTICATION_CALLBACK_URL = "oidc_authentication_callback"
+if SLUICE_OIDC_ISSUER:
+    if not OIDC_RP_CLIENT_ID:
+        raise ImproperlyConfigured("SLUICE_OIDC_ISSUER is set: set SLUICE_OIDC_CLIENT_ID too.")
+    AUTHENTICATION_BACKENDS.append("identity.oidc.SluiceOIDCBackend")
+
 # --- Credentials: hashed API tokens (django-rest-knox), sign-in lockout (django-axes) ---
 # A token lasts SLUICE_API_TOKEN_DAYS unless its owner asks for another lifetime, never
 # more than SLUICE_API_TOKEN_MAX_DAYS. Only a SHA-512 hash of its key is stored.
@@ -536,6 +565,12 @@ CELERY_BEAT_SCHEDULE.update(
         },
     }
 )
+
+# OIDC users signed in longer ago than SLUICE_OIDC_MAX_SESSION_AGE are signed out.
+CELERY_BEAT_SCHEDULE["identity-oidc-sessions-expire"] = {
+    "task": "identity.oidc_sessions_expire",
+    "schedule": schedule(timedelta(seconds=300)),
+}
 
 # --- REST API ---
 REST_FRAMEWORK = {

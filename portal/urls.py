@@ -1,9 +1,9 @@
 from django.contrib import admin
-from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from portal.accounts.forms import AdminLoginForm, LoginForm
+from identity import views as identity_views
+from portal.accounts.forms import AdminLoginForm
 
 from . import views
 
@@ -22,14 +22,11 @@ admin.site.login_form = AdminLoginForm
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
-    path(
-        "login/",
-        auth_views.LoginView.as_view(
-            authentication_form=LoginForm, redirect_authenticated_user=True
-        ),
-        name="login",
-    ),
-    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    # The local form and the OIDC provider's button (identity.views); logout ends the
+    # provider's session too when it offers end-session.
+    path("login/", identity_views.LoginView.as_view(), name="login"),
+    path("logout/", identity_views.logout, name="logout"),
+    path("", include("identity.urls")),
     path("admin/", admin.site.urls),
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
