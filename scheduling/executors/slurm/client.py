@@ -1,0 +1,346 @@
+"""A small client over the Slurm controller's commands, and the parsing of what they print.
+
+Slurm 22.05 (Debian 12) prints JSON from ``sinfo --json`` and ``squeue --json`` (data
+parser openapi/v0.0.38); ``scontrol show`` has no JSON there. Submission and signals go
+through ``sbatch --parsable`` and ``scancel``. The Python bindings on PyPI follow newer Slurm
+releases, so the commands are the stable surface. Pure standard library.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import subprocess
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+#: What Sluice writes into a job's ``--comment``: ``sluice:<job_id>:<attempt>``.
+COMMENT_RE = re.compile(r"^sluice:(\d+):(\d+)$")
+#: Slurm job states of a job that has not ended yet.
+ACTIVE_STATES = frozenset(
+    {
+        "PENDING",
+        "CONFIGURING",
+        "RUNNING",
+        "COMPLETING",
+        "SUSPENDED",
+        "REQUEUED",
+        "RESIZING",
+        "SIGNALING",
+        "STAGE_OUT",
+        "STOPPED",
+        "RESV_DEL_HOLD",
+        "REQUEUE_FED",
+        "REQUEUE_HOLD",
+    }
+)
+#: States in which the job's command runs (or ran and is being cleaned up).
+STARTED_STATES = frozenset({"RUNNING", "COMPLETING", "SUSPENDED", "SIGNALING", "STAGE_OUT"})
+#: What each end state means, in words, for the job's message (empty: the job's own exit).
+END_MESSAGES = {
+    "COMPLETED": "",
+    "FAILED": "",
+    "CANCELLED": "cancelled in Slurm",
+    "TIMEOUT": "Slurm's time limit was reached",
+    "NODE_FAIL": "the Slurm node failed",
+    "OUT_OF_MEMORY": "killed by Slurm: out of memory",
+    "PREEMPTED": "preempted by Slurm",
+    "BOOT_FAIL": "the Slurm node failed to boot",
+    "DEADLINE": "Slurm's deadline was reached",
+    "REVOKED": "revoked by Slurm (federation)",
+    "SPECIAL_EXIT": "held by Slurm after a special exit",
+}
+
+
+class SlurmError(RuntimeError):
+    """A Slurm command failed or printed what could not be read."""
+
+
+def sluice_ids(comment: str) -> tuple[int, int] | None:
+    """``(job_id, attempt)`` from a Slurm job's comment, or None for a job not Sluice's."""
+    match = COMMENT_RE.match((comment or "").strip())
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def decode_wait_status(status: int | None) -> tuple[int | None, int | None]:
+    """``(exit_code, signal)`` from Slurm's ``exit_code`` (a wait(2) status: the exit code in
+    the high byte, a terminating signal in the low seven bits)."""
+    if status is None:
+        return None, None
+    if status & 0x7F:
+        return None, status & 0x7F
+    return (status >> 8) & 0xFF, None
+
+
+def expand_indices(text: str) -> list[int]:
+    """``0-2,5`` → ``[0, 1, 2, 5]``."""
+    indices: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "-" in part:
+            low, high = part.split("-", 1)
+            indices.extend(range(int(low), int(high) + 1))
+        else:
+            indices.append(int(part))
+    return indices
+
+
+_GRES_RE = re.compile(
+    r"^(?P<name>[^:(]+)(?::(?P<type>[^:(]+))?:(?P<count>\d+)(?:\((?P<extra>[^)]*)\))?$"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Gres:
+    """One entry of a Gres string: ``gpu:h100:8`` or ``gpu:h100:2(IDX:0-1)``."""
+
+    name: str
+    type: str
+    count: int
+    indices: tuple[int, ...] = ()
+
+
+def parse_gres(text: str) -> list[Gres]:
+    """Parse a node's ``gres`` / ``gres_used`` or a job's ``gres_detail`` entry. Entries are
+    separated by commas outside parentheses; ``(null)`` and empty give nothing."""
+    entries, depth, current = [], 0, ""
+    for char in text or "":
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+        if char == "," and depth == 0:
+            entries.append(current)
+            current = ""
+        else:
+            current += char
+    entries.append(current)
+    result = []
+    for entry in entries:
+        entry = entry.strip()
+        if not entry or entry == "(null)":
+            continue
+        match = _GRES_RE.match(entry)
+        if not match:
+            continue
+        extra = match.group("extra") or ""
+        indices: tuple[int, ...] = ()
+        if extra.startswith("IDX:") and extra[4:] != "N/A":
+            indices = tuple(expand_indices(extra[4:]))
+        gres_type = match.group("type") or ""
+        count = int(match.group("count"))
+        result.append(Gres(match.group("name"), gres_type, count, indices))
+    return result
+
+
+@dataclasses.dataclass(frozen=True)
+class SlurmNode:
+    """A node of the partition as ``sinfo --json`` describes it."""
+
+    name: str
+    hostname: str
+    state: str
+    cpus: int
+    memory_mb: int
+    partitions: tuple[str, ...]
+    gpus: int
+    gpu_type: str
+    gpus_used: tuple[int, ...]
+    reason: str = ""
+
+    @property
+    def usable(self) -> bool:
+        """False for a node Slurm will not start jobs on (down, drained, failing)."""
+        bad = ("down", "drain", "fail", "unknown", "future", "maint", "not_responding")
+        return not any(word in self.state.lower() for word in bad)
+
+
+@dataclasses.dataclass(frozen=True)
+class SlurmJob:
+    """A job of the controller as ``squeue --json`` describes it."""
+
+    job_id: str
+    name: str
+    state: str
+    partition: str
+    user: str
+    nodes: str
+    comment: str
+    exit_status: int | None
+    state_reason: str
+    gpu_indices: tuple[int, ...]
+    gpus_requested: int
+    start_time: int
+    end_time: int
+    standard_output: str
+    required_nodes: str = ""
+
+    @property
+    def node(self) -> str:
+        """The node it runs on, or the one it is pinned to while pending."""
+        return self.nodes or self.required_nodes
+
+    @property
+    def sluice(self) -> tuple[int, int] | None:
+        return sluice_ids(self.comment)
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE_STATES
+
+    @property
+    def started(self) -> bool:
+        return self.state in STARTED_STATES or (not self.active and self.start_time > 0)
+
+
+def _load(text: str, what: str) -> Mapping[str, Any]:
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise SlurmError(f"{what} printed what is not JSON: {text[:200]!r}") from exc
+    if not isinstance(data, dict):
+        raise SlurmError(f"{what} printed {type(data).__name__}, not an object")
+    errors = [e for e in data.get("errors") or [] if e]
+    if errors:
+        raise SlurmError(f"{what}: {errors}")
+    return data
+
+
+def _gpu_gres(entries: Sequence[Gres]) -> list[Gres]:
+    return [g for g in entries if g.name == "gpu"]
+
+
+def parse_sinfo(text: str) -> list[SlurmNode]:
+    """The nodes of ``sinfo --json`` (each node once, with its GPU Gres)."""
+    nodes = {}
+    for item in _load(text, "sinfo --json").get("nodes") or []:
+        gres = _gpu_gres(parse_gres(item.get("gres") or ""))
+        used = _gpu_gres(parse_gres(item.get("gres_used") or ""))
+        state = str(item.get("state") or "")
+        flags = item.get("state_flags") or []
+        if flags:
+            state = "+".join([state, *(str(f) for f in flags)])
+        node = SlurmNode(
+            name=str(item["name"]),
+            hostname=str(item.get("hostname") or item["name"]),
+            state=state,
+            cpus=int(item.get("cpus") or 0),
+            memory_mb=int(item.get("real_memory") or 0),
+            partitions=tuple(item.get("partitions") or ()),
+            gpus=sum(g.count for g in gres),
+            gpu_type=next((g.type for g in gres if g.type), ""),
+            gpus_used=tuple(sorted(i for g in used for i in g.indices)),
+            reason=str(item.get("reason") or ""),
+        )
+        nodes[node.name] = node
+    return list(nodes.values())
+
+
+def _gpus_requested(item: Mapping[str, Any]) -> int:
+    total = 0
+    for field in ("tres_per_node", "tres_per_job"):
+        for part in str(item.get(field) or "").split(","):
+            # gres:gpu:2, gres:gpu:h100:2, gpu:2
+            pieces = part.split(":")
+            if "gpu" in pieces and pieces[-1].isdigit():
+                total += int(pieces[-1])
+    return total
+
+
+def parse_squeue(text: str) -> list[SlurmJob]:
+    """The jobs of ``squeue --json`` (running, pending and recently ended ones)."""
+    jobs = []
+    for item in _load(text, "squeue --json").get("jobs") or []:
+        detail = [g for d in item.get("gres_detail") or [] for g in _gpu_gres(parse_gres(d))]
+        jobs.append(
+            SlurmJob(
+                job_id=str(item["job_id"]),
+                name=str(item.get("name") or ""),
+                state=str(item.get("job_state") or ""),
+                partition=str(item.get("partition") or ""),
+                user=str(item.get("user_name") or ""),
+                nodes=str(item.get("nodes") or ""),
+                comment=str(item.get("comment") or ""),
+                exit_status=item.get("exit_code"),
+                state_reason=str(item.get("state_reason") or ""),
+                gpu_indices=tuple(i for g in detail for i in g.indices),
+                gpus_requested=_gpus_requested(item),
+                start_time=int(item.get("start_time") or 0),
+                end_time=int(item.get("end_time") or 0),
+                standard_output=str(item.get("standard_output") or ""),
+                required_nodes=str(item.get("required_nodes") or ""),
+            )
+        )
+    return jobs
+
+
+def end_message(job: SlurmJob) -> str:
+    """A clear reason for how a Slurm job ended, in words ("" for an ordinary exit)."""
+    message = END_MESSAGES.get(job.state, f"ended in Slurm state {job.state}")
+    killed = job.exit_status is not None and job.exit_status & 0x7F
+    if (
+        job.state == "FAILED"
+        and not killed
+        and job.state_reason not in ("", "None", "NonZeroExitCode")
+    ):
+        message = f"failed in Slurm ({job.state_reason})"
+    return message
+
+
+class SlurmClient:
+    """Runs the controller's commands for one partition; ``conf`` is the slurm.conf to use
+    (``SLURM_CONF``; None: Slurm's default)."""
+
+    def __init__(self, *, partition: str, conf: str | None = None, timeout: float = 30.0):
+        self.partition = partition
+        self.timeout = timeout
+        self.env = dict(os.environ)
+        if conf:
+            self.env["SLURM_CONF"] = conf
+
+    def run(self, args: Sequence[str], *, stdin: str | None = None) -> str:
+        try:
+            result = subprocess.run(
+                list(args),
+                input=stdin,
+                env=self.env,
+                capture_output=True,
+                text=True,
+                timeout=self.timeout,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise SlurmError(f"{args[0]}: {exc}") from exc
+        if result.returncode != 0:
+            detail = (result.stderr or result.stdout).strip().splitlines()
+            raise SlurmError(f"{args[0]} failed: {detail[-1] if detail else result.returncode}")
+        return result.stdout
+
+    def nodes(self) -> list[SlurmNode]:
+        """The partition's nodes."""
+        nodes = parse_sinfo(self.run(["sinfo", "--json"]))
+        return [n for n in nodes if self.partition in n.partitions]
+
+    def jobs(self) -> list[SlurmJob]:
+        """The partition's jobs the controller still knows (ended ones for ``MinJobAge``)."""
+        jobs = parse_squeue(self.run(["squeue", "--json", "--states=all"]))
+        return [j for j in jobs if j.partition == self.partition]
+
+    def submit(self, script: str, options: Sequence[str]) -> str:
+        """``sbatch --parsable`` the script; the Slurm job id."""
+        out = self.run(["sbatch", "--parsable", *options], stdin=script).strip()
+        job_id = out.split(";", 1)[0]
+        if not job_id.isdigit():
+            raise SlurmError(f"sbatch printed {out!r}, not a job id")
+        return job_id
+
+    def signal(self, job_id: str, signal_name: str) -> None:
+        """Send a signal to the batch script and its children (``--full``)."""
+        self.run(["scancel", "--full", f"--signal={signal_name}", job_id])
+
+    def cancel(self, job_id: str) -> None:
+        self.run(["scancel", job_id])

@@ -1,0 +1,599 @@
+"""The Slurm executor: Sluice decides who runs where; a Slurm controller runs it.
+
+A placed job becomes one Slurm batch job pinned to the chosen node (``--nodelist``) with the
+chosen GPU count (``--gres=gpu:<n>``; Slurm binds the GPUs and sets ``CUDA_VISIBLE_DEVICES``),
+named ``sluice-<job>-<attempt>`` with the comment ``sluice:<job>:<attempt>`` (how it is
+found again after a restart). State, exit code and signal come from the controller
+(``squeue --json``); output from the ``--output`` file, which the bridge reads (the jobs'
+folder must be shared with the nodes, or the bridge run on the node). A stop is
+``scancel --full --signal=TERM``, then ``scancel --signal=KILL`` and ``scancel`` after the
+grace period. Jobs of the partition that are not Sluice's are reported as capacity in use
+"outside Sluice" (``outside_jobs``). See docs/operator/executor-slurm.md.
+
+Pure standard library: the bridge runs where Slurm's client commands are, without Django.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+import os
+import pwd
+import shlex
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from scheduling.agent import protocol
+from scheduling.executors.base import (
+    SLURM,
+    Capabilities,
+    Event,
+    Executor,
+    Exited,
+    GpuSample,
+    LogChunk,
+    NodeInfo,
+    Running,
+    Started,
+)
+from scheduling.executors.slurm.client import (
+    SlurmClient,
+    SlurmError,
+    SlurmJob,
+    decode_wait_status,
+    end_message,
+)
+
+logger = logging.getLogger(__name__)
+
+#: The PATH a job starts with (the node's usual directories).
+JOB_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: How often the controller is asked for the jobs' states, at most (seconds).
+DEFAULT_REFRESH_SECONDS = 1.0
+#: A tracked job the controller no longer lists is ended after this many refreshes.
+MISSING_REFRESHES = 3
+GPU_MEMORY_MB = 81559  # an H100 80GB; Slurm's Gres does not say a GPU's memory
+NO_PYXIS_MESSAGE = (
+    "this Slurm pool cannot run container images (no pyxis/enroot declared): "
+    "run the job without an image or on a pool that has them"
+)
+
+
+def job_name(job_id: int, attempt: int) -> str:
+    return f"sluice-{job_id}-{attempt}"
+
+
+def job_comment(job_id: int, attempt: int) -> str:
+    return f"sluice:{job_id}:{attempt}"
+
+
+@dataclasses.dataclass
+class _Tracked:
+    """A Sluice job this executor submitted (or adopted after a restart)."""
+
+    job_id: int
+    attempt: int
+    node: str
+    slurm_id: str
+    output: Path
+    log_cap: int
+    started: bool = False
+    ended: bool = False
+    shipped: int = 0  # bytes of output shipped (the next chunk's offset)
+    capped: bool = False
+    stop_reason: str = ""
+    kill_at: float | None = None
+    killed: bool = False
+    missing: int = 0
+    gpu_indices: tuple[int, ...] = ()
+
+
+class SlurmExecutor(Executor):
+    """Runs Sluice's placed jobs as Slurm batch jobs of one partition."""
+
+    kind = SLURM
+
+    def __init__(
+        self,
+        *,
+        client: SlurmClient,
+        work_dir: Path | str,
+        pyxis: bool = False,
+        refresh_seconds: float = DEFAULT_REFRESH_SECONDS,
+        default_log_cap: int = protocol.DEFAULT_LOG_CAP_BYTES,
+        clock: Callable[[], float] = time.time,
+    ):
+        self.client = client
+        self.work_dir = Path(work_dir)
+        self.pyxis = pyxis
+        self.refresh_seconds = refresh_seconds
+        self.default_log_cap = default_log_cap
+        self.clock = clock
+        self._tracked: dict[tuple[int, int], _Tracked] = {}
+        self._events: list[Event] = []
+        self._jobs: list[SlurmJob] = []
+        self._refreshed_at = -math.inf
+        self._adopted = False
+
+    # --- what it offers ---------------------------------------------------------------
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            images=self.pyxis,
+            gpu_isolation="Slurm's GRES binding (CUDA_VISIBLE_DEVICES; device cgroups where "
+            "the site's cgroup.conf constrains devices)",
+            run_as="the tenant's Unix account (sbatch --uid/--gid; the bridge runs as root)",
+            limits=("cpus", "memory_mb", "runtime"),
+            serving=False,
+            notes=(
+                "Slurm chooses which GPU indices of the chosen node a job gets; the count "
+                "and the node are Sluice's",
+                "GPU utilisation comes from an observe-only agent on each node, not from Slurm",
+                "jobs of the partition that are not Sluice's are reported as capacity in use "
+                "outside Sluice",
+                "the pids limit is not enforced",
+            ),
+        )
+
+    def nodes(self) -> list[NodeInfo]:
+        result = []
+        for node in self.client.nodes():
+            gpus = [
+                {
+                    "index": i,
+                    "uuid": f"slurm-{node.name}-gpu{i}",
+                    "model": node.gpu_type.upper() or "GPU",
+                    "name": node.gpu_type or "gpu",
+                    "memory_mb": GPU_MEMORY_MB,
+                }
+                for i in range(node.gpus)
+            ]
+            labels = {"slurm.partition": self.client.partition, "slurm.state": node.state}
+            result.append(NodeInfo(name=node.name, gpus=gpus, labels=labels))
+        return result
+
+    def register_fields(self, node: str) -> dict[str, Any]:
+        fields = super().register_fields(node)
+        info = next((n for n in self.client.nodes() if n.name == node), None)
+        if info is not None:
+            fields.update(hostname=info.hostname, cpus=info.cpus, memory_mb=info.memory_mb)
+        return fields
+
+    def heartbeat_fields(self, node: str) -> tuple[dict[str, Any], Callable[[], None] | None]:
+        fields, after = super().heartbeat_fields(node)
+        fields["outside_jobs"] = self.outside_jobs(node)
+        return fields, after
+
+    def outside_jobs(self, node: str | None = None) -> list[dict[str, Any]]:
+        """Jobs of the partition that are not Sluice's and hold GPUs now: capacity in use,
+        labelled "outside Sluice" (one entry per Slurm job and node)."""
+        self._refresh()
+        result = []
+        for job in self._jobs:
+            if job.sluice is not None or job.state not in ("RUNNING", "COMPLETING", "SUSPENDED"):
+                continue
+            if node is not None and job.nodes != node:
+                continue
+            result.append(
+                {
+                    "slurm_job_id": job.job_id,
+                    "node": job.nodes,
+                    "user": job.user,
+                    "name": job.name,
+                    "gpu_indices": list(job.gpu_indices),
+                    "gpus": len(job.gpu_indices) or job.gpus_requested,
+                    "label": "outside Sluice",
+                }
+            )
+        return result
+
+    # --- launch -----------------------------------------------------------------------
+
+    def launch(self, node: str, message: Mapping[str, Any]) -> None:
+        key = (message["job_id"], message["attempt"])
+        tracked = self._tracked.get(key)
+        if tracked is not None:
+            # A repeated launch: say again what is known; the next poll says the rest.
+            if tracked.started and not tracked.ended:
+                self._events.append(self._started(tracked))
+            return
+        if message.get("image") and not self.pyxis:
+            self._launch_failed(node, message, NO_PYXIS_MESSAGE)
+            return
+        try:
+            script, options, output = self._submission(node, message)
+            slurm_id = self.client.submit(script, options)
+        except (SlurmError, LaunchRefused) as exc:
+            self._launch_failed(node, message, str(exc))
+            return
+        cap = message.get("log_cap_bytes") or self.default_log_cap
+        self._tracked[key] = _Tracked(
+            job_id=key[0], attempt=key[1], node=node, slurm_id=slurm_id, output=output, log_cap=cap
+        )
+        # A newer attempt supersedes an older one of the same job still running.
+        for other in list(self._tracked.values()):
+            if other.job_id == key[0] and other.attempt < key[1] and not other.ended:
+                self._stop(other, protocol.SUPERSEDED, float(message["grace_seconds"]))
+        self._refreshed_at = -math.inf
+
+    def _launch_failed(self, node: str, message: Mapping[str, Any], text: str) -> None:
+        self._events.append(
+            Exited(
+                job_id=message["job_id"],
+                attempt=message["attempt"],
+                node=node,
+                exit_code=None,
+                signal=None,
+                reason=protocol.LAUNCH_FAILED,
+                message=text,
+            )
+        )
+
+    def _account(self, message: Mapping[str, Any]) -> pwd.struct_passwd | None:
+        """The Unix account the job runs as: its ``run_as``, else ``sluice-<tenant>``; None
+        when the bridge is not root (jobs then run as the bridge's user)."""
+        if os.geteuid() != 0:
+            return None
+        tenant = message.get("tenant", "")
+        name = message.get("run_as") or (f"sluice-{tenant}" if tenant else "")
+        if not name:
+            raise LaunchRefused("the job names no account to run as (no tenant, no run_as)")
+        try:
+            return pwd.getpwnam(name)
+        except KeyError:
+            raise LaunchRefused(
+                f"the account {name!r} does not exist on the bridge's host; Slurm pools run "
+                "jobs as the tenants' existing Unix accounts (the same on every node)"
+            ) from None
+
+    def _submission(self, node: str, message: Mapping[str, Any]) -> tuple[str, list[str], Path]:
+        job_id, attempt = message["job_id"], message["attempt"]
+        account = self._account(message)
+        job_dir = self.work_dir / "jobs" / f"{job_id}-{attempt}"
+        workspace = job_dir / "workspace"
+        job_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(job_dir, 0o711)
+        workspace.mkdir(exist_ok=True)
+        output = job_dir / "output.log"
+        # The job writes its output file but cannot replace it with a link (the folder is
+        # the bridge's), so reading it never reads another file.
+        fd = os.open(output, os.O_CREAT | os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        os.close(fd)
+        if account is not None:
+            os.chown(workspace, account.pw_uid, account.pw_gid)
+            os.chown(output, account.pw_uid, account.pw_gid)
+        os.chmod(workspace, 0o700)
+        cwd = self._job_path(workspace, message["working_dir"], "working_dir")
+        checkpoints = self._job_path(
+            workspace, message["checkpoint_dir"] or "checkpoints", "checkpoint_dir"
+        )
+        user = account.pw_name if account else pwd.getpwuid(os.geteuid()).pw_name
+        env = self._environment(
+            message, node=node, home=workspace, user=user, checkpoints=checkpoints
+        )
+        gpus = len(message["gpu_indices"])
+        options = [
+            f"--job-name={job_name(job_id, attempt)}",
+            f"--comment={job_comment(job_id, attempt)}",
+            f"--partition={self.client.partition}",
+            f"--nodelist={node}",
+            "--nodes=1",
+            "--ntasks=1",
+            "--no-requeue",
+            f"--output={output}",
+            f"--chdir={workspace}",
+        ]
+        if gpus:
+            options.append(f"--gres=gpu:{gpus}")
+        limits = message.get("limits") or {}
+        if limits.get("cpus"):
+            options.append(f"--cpus-per-task={math.ceil(limits['cpus'])}")
+        if limits.get("memory_mb"):
+            options.append(f"--mem={int(limits['memory_mb'])}M")
+        runtime = message.get("runtime_limit_seconds")
+        if runtime:
+            # Sluice stops the job at its limit (with warnings and grace); Slurm's limit is
+            # the backstop, a grace period later.
+            minutes = math.ceil((runtime + float(message["grace_seconds"])) / 60) + 1
+            options.append(f"--time={minutes}")
+        if account is not None:
+            options += [f"--uid={account.pw_uid}", f"--gid={account.pw_gid}"]
+        if message.get("image"):
+            options.append(f"--container-image={message['image']}")
+        script = self._script(message, env, cwd=cwd, checkpoints=checkpoints, account=account)
+        return script, options, output
+
+    @staticmethod
+    def _job_path(workspace: Path, path: str, field: str) -> Path:
+        if not path:
+            return workspace
+        candidate = Path(path)
+        if candidate.is_absolute():
+            return candidate
+        if ".." in candidate.parts:
+            raise LaunchRefused(f"{field} must not contain '..'")
+        return workspace / candidate
+
+    def _environment(
+        self, message: Mapping[str, Any], *, node: str, home: Path, user: str, checkpoints: Path
+    ) -> dict[str, str]:
+        env = {"PATH": JOB_PATH, "PYTHONUNBUFFERED": "1"}
+        env.update(
+            {k: v for k, v in message["env"].items() if not protocol.is_reserved_env_name(k)}
+        )
+        env.update(
+            {
+                "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+                "HOME": str(home),
+                "USER": user,
+                "LOGNAME": user,
+                "SLUICE_JOB_ID": str(message["job_id"]),
+                "SLUICE_ATTEMPT": str(message["attempt"]),
+                "SLUICE_JOB_NAME": message["name"],
+                "SLUICE_NODE": node,
+                "SLUICE_CHECKPOINT_DIR": str(checkpoints),
+            }
+        )
+        if message.get("array_index") is not None:
+            env["SLUICE_ARRAY_INDEX"] = str(message["array_index"])
+        return env
+
+    @staticmethod
+    def _script(
+        message: Mapping[str, Any],
+        env: Mapping[str, str],
+        *,
+        cwd: Path,
+        checkpoints: Path,
+        account: pwd.struct_passwd | None,
+    ) -> str:
+        lines = ["#!/bin/sh", f"# {job_name(message['job_id'], message['attempt'])}"]
+        lines += [f"export {name}={shlex.quote(value)}" for name, value in sorted(env.items())]
+        # CUDA_VISIBLE_DEVICES is Slurm's (GRES binding); container runtimes read this name.
+        lines.append('export NVIDIA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-none}"')
+        lines.append(f"mkdir -p {shlex.quote(str(checkpoints))} {shlex.quote(str(cwd))}")
+        lines.append(f"cd {shlex.quote(str(cwd))} || exit 126")
+        command = list(message["command"])
+        if message["shell"]:
+            command = ["/bin/sh", "-c", command[0], message["name"], *command[1:]]
+        # exec: the command is the batch step's process, so Slurm's signals reach it.
+        lines.append("exec " + " ".join(shlex.quote(arg) for arg in command))
+        return "\n".join(lines) + "\n"
+
+    # --- stop -------------------------------------------------------------------------
+
+    def stop(self, node: str, message: Mapping[str, Any]) -> None:
+        key = (message["job_id"], message["attempt"])
+        tracked = self._tracked.get(key) or self._adopt_one(key)
+        if tracked is None or tracked.ended:
+            if tracked is None:
+                self._events.append(
+                    Exited(
+                        job_id=key[0],
+                        attempt=key[1],
+                        node=node,
+                        exit_code=None,
+                        signal=None,
+                        reason=message["reason"],
+                        message=protocol.NOT_RUNNING_MESSAGE,
+                    )
+                )
+            return
+        if tracked.stop_reason:
+            return  # stopping already
+        self._stop(tracked, message["reason"], float(message["grace_seconds"]))
+
+    def _stop(self, tracked: _Tracked, reason: str, grace: float) -> None:
+        tracked.stop_reason = reason
+        try:
+            if not tracked.started:
+                self._refresh(force=True)
+                job = self._job_of(tracked)
+                if job is None or not job.started:
+                    self.client.cancel(tracked.slurm_id)  # never started: nothing to warn
+                    tracked.killed = True
+                    return
+                tracked.started = True
+            self.client.signal(tracked.slurm_id, "TERM")
+        except SlurmError as exc:
+            logger.warning(
+                "stopping Slurm job %s: %s (retried at the deadline)", tracked.slurm_id, exc
+            )
+        tracked.kill_at = self.clock() + grace
+
+    # --- the loop ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._adopt()
+
+    def work(self) -> None:
+        now = self.clock()
+        for tracked in self._tracked.values():
+            if tracked.ended or tracked.killed or tracked.kill_at is None or now < tracked.kill_at:
+                continue
+            # It may have ended meanwhile, or the controller be away: scancel below says.
+            with contextlib.suppress(SlurmError):
+                self.client.signal(tracked.slurm_id, "KILL")
+            try:
+                self.client.cancel(tracked.slurm_id)
+                tracked.killed = True
+            except SlurmError as exc:
+                logger.warning("cancelling Slurm job %s: %s", tracked.slurm_id, exc)
+
+    def due_in(self) -> float:
+        return min(self.refresh_seconds, 1.0)
+
+    def poll(self) -> Iterable[Event]:
+        if not self._adopted:
+            self._adopt()
+        self.work()
+        if self._refresh():
+            self._observe()
+        for tracked in self._tracked.values():
+            if tracked.started and not tracked.ended:
+                self._ship_output(tracked)
+        self._forget_ended()
+        events, self._events = self._events, []
+        return events
+
+    def _refresh(self, *, force: bool = False) -> bool:
+        """Ask the controller for the partition's jobs (at most every ``refresh_seconds``);
+        False when it did not answer (then nothing is concluded from silence)."""
+        if not force and self.clock() - self._refreshed_at < self.refresh_seconds:
+            return False
+        try:
+            self._jobs = self.client.jobs()
+        except SlurmError as exc:
+            logger.warning("the Slurm controller did not answer: %s", exc)
+            return False
+        self._refreshed_at = self.clock()
+        return True
+
+    def _job_of(self, tracked: _Tracked) -> SlurmJob | None:
+        return next((j for j in self._jobs if j.job_id == tracked.slurm_id), None)
+
+    def _observe(self) -> None:
+        for tracked in self._tracked.values():
+            if tracked.ended:
+                continue
+            job = self._job_of(tracked)
+            if job is None:
+                tracked.missing += 1
+                if tracked.missing >= MISSING_REFRESHES:
+                    self._end(tracked, None, f"Slurm no longer knows job {tracked.slurm_id}")
+                continue
+            tracked.missing = 0
+            if job.started and not tracked.started:
+                tracked.started = True
+                tracked.gpu_indices = job.gpu_indices
+                self._events.append(self._started(tracked))
+            if not job.active:
+                self._end(tracked, job, end_message(job))
+
+    def _end(self, tracked: _Tracked, job: SlurmJob | None, message: str) -> None:
+        if job is not None and job.started and not tracked.started:
+            tracked.started = True
+            self._events.append(self._started(tracked))
+        if tracked.started:
+            self._ship_output(tracked, final=True)
+        exit_code, sig = decode_wait_status(job.exit_status if job else None)
+        if job is not None and not job.started:
+            exit_code = sig = None  # it never ran (cancelled while pending)
+        if job is not None and job.state == "CANCELLED" and not tracked.stop_reason:
+            message = "cancelled in Slurm, not by Sluice (scancel behind Sluice's back)"
+        if tracked.stop_reason and job is not None and job.state == "CANCELLED":
+            message = ""  # Sluice's own stop: the reason says it
+        tracked.ended = True
+        self._events.append(
+            Exited(
+                job_id=tracked.job_id,
+                attempt=tracked.attempt,
+                node=tracked.node,
+                exit_code=exit_code,
+                signal=sig,
+                reason=tracked.stop_reason,
+                message=message,
+            )
+        )
+
+    def _started(self, tracked: _Tracked) -> Started:
+        return Started(
+            job_id=tracked.job_id,
+            attempt=tracked.attempt,
+            node=tracked.node,
+            pid=None,
+            external_id=tracked.slurm_id,
+        )
+
+    def _ship_output(self, tracked: _Tracked, *, final: bool = False) -> None:
+        if tracked.capped:
+            return
+        try:
+            fd = os.open(tracked.output, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            return
+        with os.fdopen(fd, "rb") as handle:
+            handle.seek(tracked.shipped)
+            while not tracked.capped:
+                want = min(protocol.LOG_CHUNK_BYTES, tracked.log_cap - tracked.shipped)
+                data = handle.read(want) if want > 0 else b""
+                if data:
+                    self._events.append(
+                        LogChunk(
+                            tracked.job_id, tracked.attempt, tracked.node, tracked.shipped, data
+                        )
+                    )
+                    tracked.shipped += len(data)
+                if tracked.shipped >= tracked.log_cap and handle.read(1):
+                    marker = protocol.log_truncated_marker(tracked.log_cap).encode()
+                    self._events.append(
+                        LogChunk(
+                            tracked.job_id, tracked.attempt, tracked.node, tracked.log_cap, marker
+                        )
+                    )
+                    tracked.capped = True
+                if len(data) < want or not data:
+                    break
+
+    def _forget_ended(self) -> None:
+        for key in [k for k, t in self._tracked.items() if t.ended]:
+            del self._tracked[key]
+
+    # --- reconciliation ---------------------------------------------------------------
+
+    def _adopt(self) -> None:
+        """Take over the Sluice jobs the controller runs (after a bridge restart)."""
+        if not self._refresh(force=True):
+            return
+        self._adopted = True
+        for job in self._jobs:
+            ids = job.sluice
+            if ids is None or ids in self._tracked or not job.active:
+                continue
+            self._tracked[ids] = self._tracked_from(job, ids)
+
+    def _adopt_one(self, key: tuple[int, int]) -> _Tracked | None:
+        if not self._refresh(force=True):
+            return None
+        for job in self._jobs:
+            if job.sluice == key and job.active:
+                self._tracked[key] = self._tracked_from(job, key)
+                return self._tracked[key]
+        return None
+
+    def _tracked_from(self, job: SlurmJob, ids: tuple[int, int]) -> _Tracked:
+        output = Path(job.standard_output.replace("%j", job.job_id))
+        return _Tracked(
+            job_id=ids[0],
+            attempt=ids[1],
+            node=job.node,
+            slurm_id=job.job_id,
+            output=output,
+            log_cap=self.default_log_cap,
+        )
+
+    def running(self) -> list[Running]:
+        if not self._refresh(force=True):
+            # The controller is away: what this bridge knows is the best answer.
+            return [
+                Running(t.job_id, t.attempt, t.node, t.slurm_id)
+                for t in self._tracked.values()
+                if not t.ended
+            ]
+        return [
+            Running(job.sluice[0], job.sluice[1], job.node, job.job_id)
+            for job in self._jobs
+            if job.sluice is not None and job.active
+        ]
+
+    def gpu_samples(self) -> list[GpuSample]:
+        # Slurm has no per-GPU utilisation; an observe-only agent on each node reports it.
+        return []
+
+
+class LaunchRefused(Exception):
+    """A launch this executor cannot submit; the message says why."""
