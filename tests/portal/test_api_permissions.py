@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from portal.accounts import robots
 from scheduling.choices import JobState
 from scheduling.models import WorkloadPolicy
 from tests import factories as f
@@ -42,6 +43,7 @@ QUEUE_BODY = {
     "max_self_service_class": "normal",
 }
 JOB_BODY = {"workload_type": "training", "command": ["python", "train.py"]}
+ROBOTS = "/api/v1/tenants/nlp/robots"
 
 CASES = {
     # users
@@ -184,6 +186,21 @@ CASES = {
     "jobs-cancel": Case("post", "/api/v1/jobs/{job}/cancel", (200, 200, 200, 403, 404)),
     "jobs-hold": Case("post", "/api/v1/jobs/{job}/hold", (200, 200, 200, 403, 404)),
     "jobs-release": Case("post", "/api/v1/jobs/{held_job}/release", (200, 200, 200, 403, 404)),
+    # robot accounts: tenant admins manage their tenant's
+    "robots-list": Case("get", ROBOTS, SEEN_BY_TENANT),
+    "robots-detail": Case("get", f"{ROBOTS}/ci", SEEN_BY_TENANT),
+    "robots-create": Case(
+        "post", ROBOTS, (201, 201, 403, 403, 404), {"name": "deploy", "role": "member"}
+    ),
+    "robots-update": Case("patch", f"{ROBOTS}/ci", (200, 200, 403, 403, 404), {"description": "x"}),
+    "robots-delete": Case("delete", f"{ROBOTS}/ci", (204, 204, 403, 403, 404)),
+    "robot-tokens-list": Case("get", f"{ROBOTS}/ci/tokens", SEEN_BY_TENANT),
+    "robot-tokens-create": Case(
+        "post", f"{ROBOTS}/ci/tokens", (201, 201, 403, 403, 404), {"name": "ci"}
+    ),
+    "robot-tokens-revoke": Case(
+        "delete", f"{ROBOTS}/ci/tokens/{{robot_token}}", (204, 204, 403, 403, 404)
+    ),
 }
 
 
@@ -197,6 +214,10 @@ def objects(world) -> dict:
         tenant=world.tenant, name="spare", pool=world.pool, default_priority_class=world.normal
     )
     own = {"queue": world.queue, "project": world.project, "submitted_by": world.member}
+    robot = robots.robot_create(
+        actor=world.tenant_admin, tenant=world.tenant, name="ci", role="member"
+    )
+    robot_token, _ = robots.robot_token_create(actor=world.tenant_admin, robot=robot, name="t")
     return {
         "member": world.member.pk,
         "project": world.project.pk,
@@ -206,6 +227,7 @@ def objects(world) -> dict:
         "spare_queue": spare_queue.pk,
         "job": f.JobFactory(**own).pk,
         "held_job": f.JobFactory(state=JobState.HELD, **own).pk,
+        "robot_token": robot_token.pk,
     }
 
 
