@@ -18,3 +18,19 @@ def directory_identity_of(user) -> DirectoryIdentity | None:
     if user is None or not getattr(user, "pk", None):
         return None
     return DirectoryIdentity.objects.filter(user=user).first()
+
+
+def unix_user_names(user_ids) -> dict[int, str]:
+    """The name ``{user}`` stands for in ``SLUICE_JOB_ACCOUNT``, per user: the Unix account
+    the directory gives them (a claim, LDAP ``uid``), else their Sluice user name. Never
+    anything a user typed: directory users cannot change either."""
+    from django.contrib.auth import get_user_model
+
+    ids = list(user_ids)
+    names = dict(get_user_model().objects.filter(pk__in=ids).values_list("pk", "username"))
+    names.update(unix_accounts_of(ids))
+    return names
+
+
+def unix_user_name(user) -> str:
+    return unix_user_names([user.pk]).get(user.pk, user.get_username())

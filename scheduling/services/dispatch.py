@@ -14,7 +14,6 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.core.cache import cache
 from django.db import connection, transaction
 from django.utils import timezone
@@ -512,10 +511,9 @@ def job_accounts(jobs: list[Job]) -> dict[int, str]:
     site maps accounts per user)."""
     usernames: dict[int, str] = {}
     if "{user}" in settings.SLUICE_JOB_ACCOUNT:
-        user_ids = {j.submitted_by_id for j in jobs}
-        usernames = dict(
-            get_user_model().objects.filter(pk__in=user_ids).values_list("pk", "username")
-        )
+        from identity.selectors import unix_user_names
+
+        usernames = unix_user_names({j.submitted_by_id for j in jobs})
     return {
         j.id: job_unix_account(tenant=j.tenant, username=usernames.get(j.submitted_by_id, ""))
         for j in jobs

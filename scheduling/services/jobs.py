@@ -428,10 +428,12 @@ def _check_node_paths(spec: JobSpec) -> None:
 
 
 def _check_unix_account(user, spec: JobSpec, lookups: Lookups) -> None:
+    from identity.selectors import unix_user_name
+
     tenant = spec.project.tenant
     account = lookups.get(
         ("unix_account", tenant.pk, user.pk),
-        lambda: job_unix_account(tenant=tenant, username=user.get_username()),
+        lambda: job_unix_account(tenant=tenant, username=unix_user_name(user)),
     )
     if not account:
         _fail(
