@@ -2,18 +2,25 @@
 
 The routes come from the OpenAPI schema (every operation the API serves), so a route added
 later is walked too. Each gets ``{"zz_unknown": 1}`` (and, where the schema shows nested
-objects, the nested cases below) from a platform admin, on objects that exist.
+objects, the nested cases below) from a platform admin, on objects that exist. Write
+operations that take no body (deletes, ``notifications/{id}/read``, ...) are walked too:
+any field sent to them is unknown, and nothing happens.
 """
 
 from datetime import timedelta
 
 import pytest
+from django.apps import apps
 from django.utils import timezone
 from drf_spectacular.generators import SchemaGenerator
+from rest_framework.test import APIClient
 
 from insights.models import Recommendation
-from portal.api.strict import UNKNOWN_FIELD
-from scheduling.models import Job
+from portal.accounts.models import ApiToken
+from portal.accounts.services import api_token_create
+from portal.api.strict import NO_BODY, NO_BODY_DETAIL, UNKNOWN_FIELD
+from scheduling.choices import NotificationKind
+from scheduling.models import Job, Notification
 from scheduling.services import limits
 from tests import factories as f
 from tests.inference.factories import ServiceFactory
@@ -24,19 +31,22 @@ pytestmark = pytest.mark.django_db
 
 UNKNOWN = "zz_unknown"
 WRITES = ("post", "put", "patch")
+WRITES_WITHOUT_BODY = ("post", "put", "patch", "delete")
 
 
-def _write_operations():
+def _write_operations(*, with_body: bool):
     schema = SchemaGenerator().get_schema(request=None, public=True)
+    methods = WRITES if with_body else WRITES_WITHOUT_BODY
     out = []
     for path, item in schema["paths"].items():
         for method, operation in item.items():
-            if method in WRITES and "requestBody" in operation:
+            if method in methods and ("requestBody" in operation) == with_body:
                 out.append((method, path))
     return out
 
 
-OPERATIONS = _write_operations()
+OPERATIONS = _write_operations(with_body=True)
+NO_BODY_OPERATIONS = _write_operations(with_body=False)
 # Refused whatever the body says (a 400 that names no field): nodes register themselves.
 REFUSED_ANYWAY = {("post", "/api/v1/nodes/")}
 
@@ -82,6 +92,13 @@ def objects(world):
         updated_at=now,
     )
     quota = world.tenant.quotas.first()
+    notification = Notification.objects.create(
+        user=world.platform_admin,
+        created_at=now,
+        kind=NotificationKind.RAISE_REQUESTED,
+        message="a raise waits",
+    )
+    token, _ = api_token_create(user=world.platform_admin, name="walk")
     return {
         "/jobs/": job.pk,
         "/runtime-extensions/": extension.pk,
@@ -96,10 +113,27 @@ def objects(world):
         "/pools/": world.pool.name,
         "/priority-classes/": world.normal.name,
         "/workload-policies/": job.workload_type,
+        "/notifications/": notification.pk,
+        "/auth/tokens/": token.pk,
+        **_robot_objects(world),
         "{slug}": world.tenant.slug,
         "{tenant_slug}": world.tenant.slug,
         "{username}": world.member.username,
     }
+
+
+def _robot_objects(world) -> dict:
+    """A robot account of the tenant and a token of it, where the API serves robots (after
+    ``/auth/tokens/`` above: ``/tokens/`` here is the robot's)."""
+    if not any("/robots/" in path for _, path in OPERATIONS + NO_BODY_OPERATIONS):
+        return {}
+    from portal.accounts import robots
+
+    robot = robots.robot_create(
+        actor=world.platform_admin, tenant=world.tenant, name="ci", role=robots.ROBOT_ROLES[0]
+    )
+    token, _ = robots.robot_token_create(actor=world.platform_admin, robot=robot, name="walk")
+    return {"/robots/": robot.name, "/tokens/": token.pk}
 
 
 def _fill(path: str, objects: dict) -> str:
@@ -128,6 +162,144 @@ def test_an_unknown_field_is_refused_on_every_write_route(api, world, objects, m
     if (method, path) in REFUSED_ANYWAY:
         return
     assert data["errors"].get(UNKNOWN) == [UNKNOWN_FIELD], data
+
+
+def test_the_walk_sees_the_write_routes_without_a_body():
+    assert ("delete", "/api/v1/auth/tokens/{id}/") in NO_BODY_OPERATIONS
+    assert ("post", "/api/v1/notifications/read-all/") in NO_BODY_OPERATIONS
+    assert ("post", "/api/v1/users/{id}/deactivate/") in NO_BODY_OPERATIONS
+    assert len(NO_BODY_OPERATIONS) >= 10
+
+
+def _rows() -> dict:
+    """Every row of every table: what a refused request must leave as it was."""
+    return {
+        model._meta.label: list(model._base_manager.order_by("pk").values())
+        for model in apps.get_models()
+    }
+
+
+@pytest.fixture
+def spare(world, objects):
+    """``objects`` where nothing else uses them, so each operation without a body succeeds:
+    the walk checks that a body stops what would otherwise happen."""
+    queue = f.QueueFactory(
+        tenant=world.tenant, name="spare", pool=world.pool, default_priority_class=world.normal
+    )
+    now = timezone.now()
+    recommendation = Recommendation.objects.create(
+        kind=Recommendation._meta.get_field("kind").choices[0][0],
+        key="walk-apply",
+        title="tell the member",
+        evidence={"period": {"start": now.isoformat(), "end": now.isoformat(), "days": 7}},
+        change={
+            "action": "notify",
+            "users": [world.member.pk],
+            "message": "hello",
+            "whatif": {"days": 7},
+        },
+        created_at=now,
+        updated_at=now,
+    )
+    return {
+        **objects,
+        "/recommendations/": recommendation.pk,
+        "/queues/": queue.pk,
+        "/nodes/": f.NodeFactory(name="spare-01", pool=world.pool).name,
+        "/pools/": f.PoolFactory(name="spare").name,
+        "/priority-classes/": f.PriorityClassFactory(name="spare").name,
+    }
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    NO_BODY_OPERATIONS,
+    ids=[f"{m.upper()} {p}" for m, p in NO_BODY_OPERATIONS],
+)
+def test_a_field_is_refused_where_no_body_is_taken_and_nothing_happens(world, spare, method, path):
+    url = _fill(path, spare)
+    _, key = api_token_create(user=world.platform_admin, name="the walk's credentials")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+    client.get("/api/v1/auth/tokens/")  # the token's last use is now: no later request moves it
+    before = _rows()
+
+    response = getattr(client, method)(url, {UNKNOWN: 1, "reason": "x"}, format="json")
+
+    assert response.status_code == 400, (url, response.content)
+    assert response.json() == {
+        "detail": NO_BODY_DETAIL,
+        "code": "no_body",
+        "errors": {UNKNOWN: [UNKNOWN_FIELD], "reason": [UNKNOWN_FIELD]},
+    }
+    assert _rows() == before
+    # Without the body the same request does what it does.
+    answer = getattr(client, method)(url)
+    assert answer.status_code < 300, (url, answer.content)
+    assert _rows() != before
+
+
+@pytest.mark.parametrize(
+    "body",
+    [None, {}, {"csrfmiddlewaretoken": "t"}],
+    ids=["nothing", "empty object", "only the form's CSRF token"],
+)
+def test_no_body_is_still_fine(api, world, objects, body):
+    url = _fill("/api/v1/users/{id}/deactivate/", objects)
+    client = api(world.platform_admin)
+
+    if body is None:
+        response = client.post(url)
+    elif "csrfmiddlewaretoken" in body:
+        response = client.post(url, body)  # a form body
+    else:
+        response = client.post(url, body, format="json")
+
+    assert response.status_code == 200, response.content
+    world.member.refresh_from_db()
+    assert not world.member.is_active
+
+
+def test_a_form_field_is_refused_where_no_body_is_taken(api, world, objects):
+    url = _fill("/api/v1/users/{id}/deactivate/", objects)
+
+    response = api(world.platform_admin).post(url, {"csrfmiddlewaretoken": "t", "why": "x"})
+
+    assert response.status_code == 400
+    assert response.json()["errors"] == {"why": [UNKNOWN_FIELD]}
+    world.member.refresh_from_db()
+    assert world.member.is_active
+
+
+@pytest.mark.parametrize("body", [[1], "yes", 0], ids=["list", "string", "number"])
+def test_a_body_that_is_no_object_is_refused_where_no_body_is_taken(api, world, body):
+    response = api(world.platform_admin).delete(
+        f"/api/v1/queues/{world.queue.pk}/", body, format="json"
+    )
+
+    assert response.status_code == 400
+    assert response.json()["errors"] == {"non_field_errors": [NO_BODY]}
+    assert type(world.queue).objects.filter(pk=world.queue.pk).exists()
+
+
+def test_logout_with_a_body_keeps_the_token(world):
+    token, key = api_token_create(user=world.member, name="laptop")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+
+    response = client.delete("/api/v1/auth/token", {"all": True}, format="json")
+
+    assert response.status_code == 400
+    assert response.json()["errors"] == {"all": [UNKNOWN_FIELD]}
+    assert ApiToken.objects.filter(pk=token.pk).exists()
+    assert client.delete("/api/v1/auth/token").status_code == 204
+    assert not ApiToken.objects.filter(pk=token.pk).exists()
+
+
+def test_credentials_come_before_the_body(api, world):
+    response = api().post("/api/v1/notifications/read-all/", {UNKNOWN: 1}, format="json")
+
+    assert response.status_code in (401, 403)
 
 
 def test_the_issue_case_a_misspelt_gpu_model_stores_no_job(api, world):
