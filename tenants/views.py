@@ -9,7 +9,7 @@ from portal.errors import BusinessError, NotFoundError
 from portal.forms import add_business_error
 
 from . import selectors, services
-from .choices import Role
+from .choices import MembershipSource, Role
 from .forms import MemberAddForm, MemberRoleForm, ProjectForm
 
 User = get_user_model()
@@ -50,12 +50,14 @@ def tenant_detail(request, slug):
                 return redirect("tenant-detail", slug=tenant.slug)
             except BusinessError as exc:
                 add_business_error(add_form, exc)
+    memberships = list(selectors.memberships_of_tenant(request.user, tenant))
     context = {
         "tenant": tenant,
         "is_admin": is_admin,
         "my_role": selectors.role_in(request.user, tenant)
         or ("platform admin" if request.user.is_staff else None),
-        "memberships": selectors.memberships_of_tenant(request.user, tenant),
+        "memberships": memberships,
+        "has_directory_members": any(m.source == MembershipSource.DIRECTORY for m in memberships),
         "projects": tenant.projects.all(),
         "add_form": add_form,
         "project_form": project_form,
