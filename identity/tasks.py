@@ -13,3 +13,14 @@ def oidc_sessions_expire() -> int:
     return oidc_stale_sessions_end(
         now=timezone.now(), max_age=timedelta(seconds=settings.SLUICE_OIDC_MAX_SESSION_AGE)
     )
+
+
+@shared_task(name="identity.ldap_sync", ignore_result=True)
+def ldap_sync() -> dict:
+    """The LDAP leavers sync (every SLUICE_LDAP_SYNC_SECONDS): disabled or gone users are
+    deactivated, their sessions ended and tokens revoked; the others' roles synced."""
+    from .ldap import ldap_sync_all
+
+    if not settings.SLUICE_LDAP_ENABLED:
+        return {}
+    return vars(ldap_sync_all())

@@ -14,6 +14,7 @@ import dj_database_url
 from celery.schedules import crontab, schedule
 from django.core.exceptions import ImproperlyConfigured
 
+from identity.ldap_config import ldap_settings
 from portal.env import env_bool, env_int, env_list, env_str
 from portal.varfiles import persistent_secret_key, secure_var_dir
 
@@ -192,6 +193,18 @@ if SLUICE_OIDC_ISSUER:
     if not OIDC_RP_CLIENT_ID:
         raise ImproperlyConfigured("SLUICE_OIDC_ISSUER is set: set SLUICE_OIDC_CLIENT_ID too.")
     AUTHENTICATION_BACKENDS.append("identity.oidc.SluiceOIDCBackend")
+
+# --- Sign-in through LDAP / Active Directory (django-auth-ldap): identity.ldap ---
+# Off unless SLUICE_LDAP_URI is set. SLUICE_LDAP_BIND_DN/_PASSWORD, _USER_SEARCH_BASE,
+# _USER_FILTER ("(uid=%(user)s)"), _GROUP_SEARCH_BASE, _GROUP_TYPE (groupOfNames, ad-nested,
+# ...), _START_TLS (on for ldap://), _CA_FILE, _DISABLED_FILTER, _UNIX_ATTR ("uid"),
+# _UID_NUMBER_ATTR ("uidNumber"); ldap:// without StartTLS needs SLUICE_LDAP_ALLOW_PLAIN=1.
+# Every SLUICE_LDAP_SYNC_SECONDS the leavers sync looks each LDAP user up again.
+# docs/operator/identity.md explains every setting, with an Active Directory example.
+globals().update(ldap_settings(os.environ))
+SLUICE_LDAP_SYNC_SECONDS = env_int("SLUICE_LDAP_SYNC_SECONDS", 900)
+if SLUICE_LDAP_ENABLED:  # noqa: F821 (set by ldap_settings)
+    AUTHENTICATION_BACKENDS.append("identity.ldap.SluiceLDAPBackend")
 
 # --- Credentials: hashed API tokens (django-rest-knox), sign-in lockout (django-axes) ---
 # A token lasts SLUICE_API_TOKEN_DAYS unless its owner asks for another lifetime, never
@@ -565,6 +578,13 @@ CELERY_BEAT_SCHEDULE.update(
         },
     }
 )
+
+# LDAP leavers: disabled or gone from the directory → deactivated, tokens revoked.
+if SLUICE_LDAP_ENABLED:  # noqa: F821 (set by ldap_settings)
+    CELERY_BEAT_SCHEDULE["identity-ldap-sync"] = {
+        "task": "identity.ldap_sync",
+        "schedule": schedule(timedelta(seconds=SLUICE_LDAP_SYNC_SECONDS)),
+    }
 
 # OIDC users signed in longer ago than SLUICE_OIDC_MAX_SESSION_AGE are signed out.
 CELERY_BEAT_SCHEDULE["identity-oidc-sessions-expire"] = {

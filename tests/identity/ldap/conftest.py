@@ -28,3 +28,48 @@ def slapd(tmp_path):
     server = Slapd(tmp_path / "slapd").start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def ldap_on(slapd, settings, db):
+    """Sluice configured for the test slapd as an operator would (SLUICE_LDAP_* through
+    identity.ldap_config), with group mappings for tenant nlp and platform admin."""
+    from identity.choices import GrantedRole, MappingSource
+    from identity.ldap_config import ldap_settings
+    from identity.models import DirectoryGroupRole
+    from tests import factories as f
+
+    from .slapd import BASE, BIND_DN, BIND_PASSWORD, DISABLED_FILTER, GROUPS, PEOPLE, group_dn
+
+    env = {
+        "SLUICE_LDAP_URI": slapd.uri,
+        "SLUICE_LDAP_BIND_DN": BIND_DN,
+        "SLUICE_LDAP_BIND_PASSWORD": BIND_PASSWORD,
+        "SLUICE_LDAP_USER_SEARCH_BASE": PEOPLE,
+        "SLUICE_LDAP_GROUP_SEARCH_BASE": GROUPS,
+        "SLUICE_LDAP_CA_FILE": str(slapd.ca_file),
+        "SLUICE_LDAP_DISABLED_FILTER": DISABLED_FILTER,
+    }
+    for name, value in ldap_settings(env).items():
+        setattr(settings, name, value)
+    settings.AUTHENTICATION_BACKENDS = [
+        *settings.AUTHENTICATION_BACKENDS,
+        "identity.ldap.SluiceLDAPBackend",
+    ]
+    tenant = f.TenantFactory(slug="nlp", name="Language")
+    for group, role in [
+        ("nlp-admins", GrantedRole.ADMIN),
+        ("nlp-users", GrantedRole.MEMBER),
+        ("nlp-viewers", GrantedRole.VIEWER),
+    ]:
+        DirectoryGroupRole.objects.create(
+            source=MappingSource.LDAP, group=group_dn(group), tenant=tenant, role=role
+        )
+    DirectoryGroupRole.objects.create(
+        source=MappingSource.LDAP,
+        group=group_dn("platform-admins").upper(),  # DNs match case-insensitively
+        role=GrantedRole.PLATFORM_ADMIN,
+    )
+    slapd.base = BASE
+    slapd.tenant = tenant
+    return slapd
