@@ -167,3 +167,19 @@ def test_what_a_killed_command_left_running_is_ended_before_it_starts_again(tmp_
         if wrapper.poll() is None:
             wrapper.kill()
             wrapper.wait()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is Linux's")
+def test_a_command_never_outlives_its_wrapper_killed_by_sigkill(tmp_path):
+    # `pkill -9 -f celery` matches the wrapper too (its command line names the command):
+    # the command must not be left running unsupervised, holding honcho's pipe open.
+    pids = tmp_path / "pids"
+    wrapper = subprocess.Popen(
+        [sys.executable, str(KEEP_RUNNING), "--name", "worker", "--"]
+        + [sys.executable, "-c", RECORDS_PID, str(pids)],
+        stderr=subprocess.DEVNULL,
+    )
+    command = _wait(lambda: _pids(pids))[0]
+    wrapper.kill()
+    wrapper.wait()
+    _wait(lambda: not _alive(command), timeout=5)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
@@ -37,6 +38,17 @@ QUICK_SECONDS = 10.0
 #: Seconds the command has to exit after SIGTERM before it gets SIGKILL: under honcho's
 #: own (5 s), after which honcho kills the wrapper and could no longer clean up.
 STOP_TIMEOUT = 4.0
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the command, before it runs: SIGTERM when this wrapper dies, even by SIGKILL
+    (Linux), so that a killed wrapper never leaves its command running unsupervised,
+    holding honcho's output pipe open."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class Supervisor:
@@ -104,7 +116,9 @@ class Supervisor:
             try:
                 # Its own process group: what it leaves behind when it dies (a celery pool
                 # child, the beat) can be found and ended before it starts again.
-                self.child = subprocess.Popen(self.command, process_group=0)
+                self.child = subprocess.Popen(
+                    self.command, process_group=0, preexec_fn=_die_with_parent
+                )
             except OSError as exc:
                 self.say(f"cannot start {self.command[0]}: {exc.strerror or exc}")
                 status = 127
