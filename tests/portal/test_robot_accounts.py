@@ -216,3 +216,11 @@ def test_robots_page_refuses_writes_of_non_admins(world, client, who, status):
 
     assert response.status_code == status
     assert not RobotAccount.objects.exists()
+
+
+def test_tenant_page_links_to_its_robots(world, client):
+    client.force_login(world.viewer)
+
+    page = client.get("/tenants/nlp/")
+
+    assert 'href="/tenants/nlp/robots/"' in page.content.decode()
