@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from scheduling.agent import agent as agent_module  # noqa: E402
+from scheduling.agent import jobstore as agent_module  # noqa: E402
 from scheduling.agent.agent import Agent, AgentConfig, LocalMessageSource  # noqa: E402
 from scheduling.agent.gpus import SimulatedBackend  # noqa: E402
 from scheduling.agent.protocol import launch_message  # noqa: E402

@@ -41,6 +41,13 @@ serializer ``json``); see :func:`node_queue_name` and
     ``http://127.0.0.1:<port><health_path>`` and ``<metrics_path>`` every
     ``--serve-scrape`` seconds (``serve_metrics`` reports).
 
+    Container, optional: ``image`` str (a reference such as
+    ``registry.example.com/team/img:tag`` or ``...@sha256:<digest>``), ``image_pull_policy``
+    str (``Always`` | ``IfNotPresent`` | ``Never``, "" = the executor's default),
+    ``image_pull_secret`` str (a secret's name, "" = none). Only executors that run images
+    get them (Kubernetes, Slurm with pyxis); the node agent fails such a launch
+    (``launch_failed``): it runs bare host processes.
+
     The job runs in its own process group as ``run_as`` (when the agent runs as root; a
     non-root agent runs jobs as itself and says so in ``register``'s ``isolation``). Its
     directory ``<work>/jobs/<job_id>-<attempt>/`` (mode 0711, the agent's) holds the agent's
@@ -92,7 +99,8 @@ accepts those. Every report is a dict with ``type``, ``node``, ``sent_at`` (unix
     a cgroup v2 with the limits below), ``cgroup_controllers`` [str] (of cpu, memory, pids),
     ``device_isolation`` bool (always false: GPUs are hidden through
     ``CUDA_VISIBLE_DEVICES`` only), ``proc_hidden`` bool (/proc mounted with hidepid),
-    ``notes`` [str] (what is not enforced and why, in words)}.
+    ``notes`` [str] (what is not enforced and why, in words)}; optional ``labels``
+    {str: str} (what the node says of itself: topology, rack, partition), kept on the node.
 ``heartbeat`` (every ``--heartbeat`` seconds)
     ``gpus`` [{index, uuid, utilization (0-100 | None), memory_used_mb, temperature_c,
     power_w, processes: [{pid, memory_mb}]}] (sample values are None where the GPU does
@@ -336,6 +344,11 @@ _OPTIONAL_CONTROL_FIELDS: dict[str, dict[str, str]] = {
         "limits": "dict",
         "log_cap_bytes": "int?",
         "serve": "dict",
+        # A container job (executors that run images; the agent refuses none: the control
+        # side never places an image on an agent pool).
+        "image": "str",
+        "image_pull_policy": "str",
+        "image_pull_secret": "str",
     },
 }
 
@@ -367,7 +380,7 @@ _REPORT_FIELDS: dict[str, dict[str, str]] = {
 
 # Report fields an older agent leaves out; checked when present.
 _OPTIONAL_REPORT_FIELDS: dict[str, dict[str, str]] = {
-    REGISTER: {"isolation": "dict"},
+    REGISTER: {"isolation": "dict", "labels": "str_dict"},
     STARTED: {"isolation": "dict", "port": "int"},
 }
 
@@ -540,6 +553,9 @@ def launch_message(
     limits: Mapping[str, float | int | None] | None = None,
     log_cap_bytes: int | None = None,
     serve: Mapping[str, str] | None = None,
+    image: str = "",
+    image_pull_policy: str = "",
+    image_pull_secret: str = "",
     sent_at: float | None = None,
 ) -> dict[str, Any]:
     """Build and validate a ``launch`` message (``retention_days`` only when given, and
@@ -548,6 +564,10 @@ def launch_message(
     optional: dict[str, Any] = {} if retention_days is None else {"retention_days": retention_days}
     if serve:
         optional["serve"] = {key: serve.get(key, default) for key, default in SERVE_PATHS.items()}
+    if image:
+        optional.update(
+            image=image, image_pull_policy=image_pull_policy, image_pull_secret=image_pull_secret
+        )
     limits = dict(limits or {})
     unknown = set(limits) - set(LIMIT_NAMES)
     if unknown:

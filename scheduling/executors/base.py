@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 #: The executor kinds a pool may name (``ResourcePool.executor``).
@@ -53,6 +53,9 @@ class Started:
     node: str
     pid: int | None = None  # the agent's process group; None where the executor has none
     external_id: str = ""  # Slurm job id, Pod name
+    started_at: float | None = None  # when the command started (None: when reported)
+    isolation: Mapping[str, Any] | None = None  # how it runs (``started`` report's field)
+    port: int | None = None  # a serving job's port
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +67,7 @@ class Exited:
     signal: int | None
     reason: str = ""  # one of protocol.EXIT_STOP_REASONS, or "" for an exit of its own
     message: str = ""  # a clear reason for a failure the executor saw (image pull, OOM, ...)
+    finished_at: float | None = None  # when it ended (None: when reported)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +98,15 @@ class Running:
     external_id: str = ""
 
 
-Event = Started | Exited | LogChunk
+@dataclasses.dataclass(frozen=True)
+class ServeSamples:
+    """One scrape round of a node's serving jobs (``serve_metrics`` report's samples)."""
+
+    node: str
+    samples: Sequence[Mapping[str, Any]]
+
+
+Event = Started | Exited | LogChunk | ServeSamples
 
 
 class Executor(abc.ABC):
@@ -142,3 +154,82 @@ class Executor(abc.ABC):
     def close(self) -> None:
         """Release what the executor holds (connections, threads); jobs keep running."""
         return None
+
+    # --- optional hooks of the runtime's loop (the defaults suit a simple executor) ---
+
+    def attach(self, waiter: Any, *, backlog: Callable[[], int], exits_wake: bool) -> None:
+        """Called once by the runtime before :meth:`start`: ``waiter`` is the runtime's
+        :class:`scheduling.agent.wakeups.LoopWaiter` (an executor may add descriptors to it
+        that wake the loop), ``backlog()`` the number of reports waiting to be delivered
+        (output stays where it is while it is high), ``exits_wake`` whether descriptors
+        added to the waiter wake the loop at all (else the executor is polled)."""
+        return None
+
+    def start(self) -> None:
+        """Prepare, and take over what a previous run left (called once, before the nodes
+        register); events it finds (adopted starts) come from the next :meth:`poll`."""
+        return None
+
+    def work(self) -> None:
+        """Do what is due in this pass of the loop (notice exits, enforce deadlines, ship
+        output); its outcome comes from the next :meth:`poll`."""
+        return None
+
+    def due_in(self) -> float:
+        """Seconds until :meth:`work` has something to do, at most (the loop's wait)."""
+        return 1.0
+
+    def delivered(self, event: Event) -> None:
+        """The report carrying ``event`` was delivered to the control side (an exit is then
+        reported for good, output up to the chunk's end need never be sent again)."""
+        return None
+
+    def settle(self, *, end_of_pass: bool = True) -> None:
+        """Write down what changed: before a message is acknowledged (``end_of_pass``
+        false) and at the end of each pass (then also tidy per-pass bookkeeping)."""
+        return None
+
+    def register_fields(self, node: str) -> dict[str, Any]:
+        """The ``register`` report's fields of ``node`` other than its name, pool and the
+        protocol's versions."""
+        info = next((n for n in self.nodes() if n.name == node), None)
+        fields: dict[str, Any] = {
+            "hostname": node,
+            "cpus": 1,
+            "memory_mb": 0,
+            "backend": self.kind,
+            "gpus": [dict(gpu) for gpu in info.gpus] if info else [],
+            "jobs": self.job_summaries(node),
+        }
+        if info is not None and info.labels:
+            fields["labels"] = dict(info.labels)
+        return fields
+
+    def heartbeat_fields(self, node: str) -> tuple[dict[str, Any], Callable[[], None] | None]:
+        """The ``heartbeat`` report's fields of ``node`` (gpus, jobs, zombies, kills), and
+        what to call once that heartbeat is delivered (or None)."""
+        gpus = [
+            {
+                "index": s.index,
+                "utilization": s.utilization,
+                "memory_used_mb": s.memory_used_mb,
+                "processes": [dict(p) for p in s.processes],
+            }
+            for s in self.gpu_samples()
+            if s.node == node
+        ]
+        return {"gpus": gpus, "jobs": self.job_summaries(node), "zombies": [], "kills": []}, None
+
+    def job_summaries(self, node: str) -> list[dict[str, Any]]:
+        """The jobs of ``node`` for ``register`` and ``heartbeat`` (``jobs`` field)."""
+        return [
+            {
+                "job_id": r.job_id,
+                "attempt": r.attempt,
+                "pid": 0,
+                "running": True,
+                "stop_reason": None,
+            }
+            for r in self.running()
+            if r.node == node
+        ]

@@ -142,7 +142,7 @@ def test_long_finished_jobs_are_forgotten_but_never_run_twice(make_agent):
 
 def _count_state_writes(monkeypatch) -> dict[tuple[int, int], list[dict]]:
     """What each job's state file was written with, in order."""
-    from scheduling.agent import agent as agent_module
+    from scheduling.agent import jobstore as agent_module
 
     writes: dict[tuple[int, int], list[dict]] = {}
     real = agent_module.save_record

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from scheduling.agent import agent as agent_module
+from scheduling.agent import launcher as agent_module
 from scheduling.agent import wakeups
 from scheduling.agent.protocol import stop_message
 from tests.scheduling.agent.helpers import launch, python_job, release, stop, waiting_job
