@@ -96,6 +96,7 @@ def write_config(
     """Write munge key, slurm.conf and gres.conf under ``directory``; return the layout."""
     for sub in ("state", "spool", "log", "run", "dev", "munge"):
         (directory / sub).mkdir(parents=True, exist_ok=True)
+    os.chmod(directory / "spool", 0o755)
     os.chmod(directory, 0o755)
     os.chmod(directory / "munge", 0o700)
     key = directory / "munge" / "munge.key"
@@ -142,7 +143,9 @@ def write_config(
         "GresTypes=gpu",
         # Jobs' finished records stay visible to scontrol for 10 minutes.
         "MinJobAge=600",
-        "KillWait=30",
+        # What Slurm waits between a cancel's SIGTERM and SIGKILL: Sluice's stop grace comes
+        # first (scancel --signal=TERM), so this only adds to it.
+        "KillWait=2",
         "InactiveLimit=0",
         "SlurmdTimeout=60",
         "SlurmctldTimeout=30",
@@ -251,6 +254,7 @@ def start_nodes(directory: Path) -> None:
         if _pid(directory / "run" / f"slurmd-{name}.pid"):
             continue
         (directory / "spool" / name).mkdir(parents=True, exist_ok=True)
+        os.chmod(directory / "spool" / name, 0o755)
         subprocess.run(["slurmd", "-N", name], env=_env(directory), check=True)
     _wait(lambda: _nodes_idle(directory, layout["nodes"]), 60, "the nodes to be idle")
 
@@ -269,6 +273,9 @@ def _nodes_idle(directory: Path, names: list[str]) -> bool:
 
 def start(args: argparse.Namespace) -> dict:
     directory = Path(args.dir).resolve()
+    # Jobs run as their own accounts: they must reach the spool's job scripts (slurmd and
+    # the folders made here inherit the umask).
+    os.umask(0o022)
     if (directory / "layout.json").exists() and _pid(directory / "run" / "slurmctld.pid"):
         return json.loads((directory / "layout.json").read_text())
     layout = write_config(
@@ -325,6 +332,7 @@ def stop(directory: Path) -> None:
 def restart_controller(directory: Path) -> None:
     """Stop slurmctld and start it again from its saved state (jobs keep running)."""
     _stop_pid(directory / "run" / "slurmctld.pid")
+    os.umask(0o022)
     subprocess.run(["slurmctld"], env=_env(directory), check=True)
     _wait(lambda: _scontrol_ping(directory), 30, "slurmctld to answer")
 

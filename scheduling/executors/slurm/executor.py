@@ -6,16 +6,15 @@ named ``sluice-<job>-<attempt>`` with the comment ``sluice:<job>:<attempt>`` (ho
 found again after a restart). State, exit code and signal come from the controller
 (``squeue --json``); output from the ``--output`` file, which the bridge reads (the jobs'
 folder must be shared with the nodes, or the bridge run on the node). A stop is
-``scancel --full --signal=TERM``, then ``scancel --signal=KILL`` and ``scancel`` after the
-grace period. Jobs of the partition that are not Sluice's are reported as capacity in use
-"outside Sluice" (``outside_jobs``). See docs/operator/executor-slurm.md.
+``scancel --full --signal=TERM``, then ``scancel`` after the grace period (Slurm then kills
+what is left after its ``KillWait``). Jobs of the partition that are not Sluice's are
+reported as capacity in use "outside Sluice" (``outside_jobs``). See docs/operator/executor-slurm.md.
 
 Pure standard library: the bridge runs where Slurm's client commands are, without Django.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import math
@@ -256,6 +255,8 @@ class SlurmExecutor(Executor):
         job_dir = self.work_dir / "jobs" / f"{job_id}-{attempt}"
         workspace = job_dir / "workspace"
         job_dir.mkdir(parents=True, exist_ok=True)
+        # The job's account passes through to its workspace and output file (umask aside).
+        os.chmod(job_dir.parent, 0o711)
         os.chmod(job_dir, 0o711)
         workspace.mkdir(exist_ok=True)
         output = job_dir / "output.log"
@@ -415,9 +416,8 @@ class SlurmExecutor(Executor):
         for tracked in self._tracked.values():
             if tracked.ended or tracked.killed or tracked.kill_at is None or now < tracked.kill_at:
                 continue
-            # It may have ended meanwhile, or the controller be away: scancel below says.
-            with contextlib.suppress(SlurmError):
-                self.client.signal(tracked.slurm_id, "KILL")
+            # scancel sends SIGTERM again and SIGKILL after the cluster's KillWait (Slurm
+            # turns a SIGKILL sent with scancel into the same cancel): keep KillWait short.
             try:
                 self.client.cancel(tracked.slurm_id)
                 tracked.killed = True
