@@ -8,7 +8,8 @@ found again after a restart). State, exit code and signal come from the controll
 folder must be shared with the nodes, or the bridge run on the node). A stop is
 ``scancel --full --signal=TERM``, then ``scancel`` after the grace period (Slurm then kills
 what is left after its ``KillWait``). Jobs of the partition that are not Sluice's are
-reported as capacity in use "outside Sluice" (``outside_jobs``). See docs/operator/executor-slurm.md.
+reported as capacity in use "outside Sluice" (``outside_jobs``).
+See docs/operator/executor-slurm.md.
 
 Pure standard library: the bridge runs where Slurm's client commands are, without Django.
 """
