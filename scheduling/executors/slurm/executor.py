@@ -40,6 +40,7 @@ from scheduling.executors.base import (
     Running,
     Started,
 )
+from scheduling.executors.capabilities import static_capabilities
 from scheduling.executors.slurm.client import (
     SlurmClient,
     SlurmError,
@@ -122,17 +123,13 @@ class SlurmExecutor(Executor):
     # --- what it offers ---------------------------------------------------------------
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(
-            images=self.pyxis,
-            gpu_isolation="Slurm's GRES binding (CUDA_VISIBLE_DEVICES; device cgroups where "
-            "the site's cgroup.conf constrains devices)",
-            run_as="the tenant's Unix account (sbatch --uid/--gid; the bridge runs as root)",
-            limits=("cpus", "memory_mb", "runtime"),
-            serving=False,
+        caps = static_capabilities(SLURM, container_runtime="pyxis" if self.pyxis else "")
+        return dataclasses.replace(
+            caps,
             notes=(
+                *caps.notes,
                 "Slurm chooses which GPU indices of the chosen node a job gets; the count "
                 "and the node are Sluice's",
-                "GPU utilisation comes from an observe-only agent on each node, not from Slurm",
                 "jobs of the partition that are not Sluice's are reported as capacity in use "
                 "outside Sluice",
                 "the pids limit is not enforced",
