@@ -257,3 +257,51 @@ def test_jobs_not_sluices_show_as_capacity_in_use(cluster, executor):
         assert all(r.external_id != out for r in executor.running())
     finally:
         subprocess.run(["scancel", out], env=env, check=False)
+
+
+def test_the_bridge_registers_every_node_and_reports_a_job_through_the_runtime(executor):
+    from scheduling.executors.runtime import (
+        LocalMessageSource,
+        Runtime,
+        RuntimeConfig,
+        RuntimeNode,
+    )
+
+    sources = {name: LocalMessageSource() for name in ("sn1", "sn2", "sn3", "sn4")}
+    reports: list[dict] = []
+    runtime = Runtime(
+        executor,
+        [RuntimeNode(name=n, messages=s, pool="training") for n, s in sources.items()],
+        reports.append,
+        RuntimeConfig(heartbeat_seconds=60.0),
+    )
+    runtime.start()
+    registers = {r["node"]: r for r in reports if r["type"] == "register"}
+    assert sorted(registers) == ["sn1", "sn2", "sn3", "sn4"]
+    assert len(registers["sn2"]["gpus"]) == 8 and registers["sn2"]["cpus"] == 16
+    for report in reports:
+        protocol.validate_report(report)
+    job_id = next(_next_id)
+    sources["sn2"].put(
+        protocol.launch_message(
+            job_id=job_id,
+            attempt=1,
+            name="via-bridge",
+            command=["echo", "hello"],
+            gpu_indices=[0],
+            run_as="nobody",
+        )
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(
+        r["type"] == "exited" and r.get("job_id") == job_id for r in reports
+    ):
+        runtime.tick(timeout=0.2)
+    mine = [r for r in reports if r.get("job_id") == job_id]
+    assert [r["type"] for r in mine] == ["started", "log", "exited"]
+    assert mine[1]["data"] == "hello\n" and mine[2]["exit_code"] == 0
+    assert all(r["node"] == "sn2" for r in mine)
+    for report in mine:
+        protocol.validate_report(report)
+    heartbeat_fields, _ = executor.heartbeat_fields("sn2")
+    assert heartbeat_fields["outside_jobs"] == [] and heartbeat_fields["jobs"] == []
