@@ -10,6 +10,27 @@ class PoolPurpose(models.TextChoices):
     GENERAL = "general", "General"
 
 
+class ExecutorKind(models.TextChoices):
+    """What runs a pool's jobs (scheduling.executors)."""
+
+    AGENT = "agent", "Node agent"
+    SLURM = "slurm", "Slurm"
+    KUBERNETES = "kubernetes", "Kubernetes"
+
+
+class ContainerRuntime(models.TextChoices):
+    """How a Slurm pool's nodes run container images ("": they do not)."""
+
+    NONE = "", "None"
+    PYXIS = "pyxis", "pyxis/enroot"
+
+
+class ImagePullPolicy(models.TextChoices):
+    ALWAYS = "Always", "Always"
+    IF_NOT_PRESENT = "IfNotPresent", "IfNotPresent"
+    NEVER = "Never", "Never"
+
+
 class NodeState(models.TextChoices):
     READY = "ready", "Ready"
     DRAINING = "draining", "Draining"

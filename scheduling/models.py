@@ -10,9 +10,12 @@ from django.db.models import Q
 from tenants.models import Project, Tenant, slug_validator
 
 from .choices import (
+    ContainerRuntime,
     Environment,
+    ExecutorKind,
     ExtensionState,
     GpuHealth,
+    ImagePullPolicy,
     JobState,
     NodeState,
     NotificationKind,
@@ -41,12 +44,47 @@ class ResourcePool(models.Model):
         default=list, blank=True, help_text="Workload types allowed here; empty means all."
     )
     description = models.TextField(blank=True, max_length=2000)
+    executor = models.CharField(
+        max_length=20,
+        choices=ExecutorKind.choices,
+        default=ExecutorKind.AGENT,
+        help_text="What runs this pool's jobs: Sluice's node agent, Slurm or Kubernetes.",
+    )
+    container_runtime = models.CharField(
+        max_length=20,
+        choices=ContainerRuntime.choices,
+        default=ContainerRuntime.NONE,
+        blank=True,
+        help_text="Slurm pools: pyxis when the nodes run container images (--container-image).",
+    )
+    executor_capabilities = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="What the pool's executor said it enforces when it last registered.",
+    )
 
     class Meta:
         ordering = ["name"]
 
     def __str__(self) -> str:
         return self.name
+
+    def capabilities(self) -> dict:
+        """What the pool's executor runs and enforces: as it registered, else the static
+        capabilities of its kind."""
+        if self.executor_capabilities:
+            return self.executor_capabilities
+        from scheduling.executors.capabilities import static_capabilities
+
+        return static_capabilities(
+            self.executor, container_runtime=self.container_runtime
+        ).as_dict()
+
+    @property
+    def runs_images(self) -> bool:
+        from scheduling.executors.capabilities import can_run_images
+
+        return can_run_images(self.executor, container_runtime=self.container_runtime)
 
     def allows(self, workload_type: str) -> bool:
         return not self.allowed_workload_types or workload_type in self.allowed_workload_types
@@ -378,6 +416,15 @@ class Job(models.Model):
     code_ref = models.CharField(max_length=200, blank=True, help_text="e.g. a git commit")
     parameters = models.JSONField(default=dict, blank=True)
     seed = models.BigIntegerField(null=True, blank=True)
+
+    # --- container (executors that run images: kubernetes, slurm with pyxis) ---
+    image = models.CharField(
+        max_length=255, blank=True, help_text="e.g. registry.example.com/team/img:tag"
+    )
+    image_pull_policy = models.CharField(max_length=20, choices=ImagePullPolicy.choices, blank=True)
+    image_pull_secret = models.CharField(
+        max_length=253, blank=True, help_text="The name of a registry credential secret."
+    )
 
     # --- times ---
     submitted_at = models.DateTimeField(db_index=True)

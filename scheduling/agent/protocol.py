@@ -100,7 +100,10 @@ accepts those. Every report is a dict with ``type``, ``node``, ``sent_at`` (unix
     ``device_isolation`` bool (always false: GPUs are hidden through
     ``CUDA_VISIBLE_DEVICES`` only), ``proc_hidden`` bool (/proc mounted with hidepid),
     ``notes`` [str] (what is not enforced and why, in words)}; optional ``labels``
-    {str: str} (what the node says of itself: topology, rack, partition), kept on the node.
+    {str: str} (what the node says of itself: topology, rack, partition), kept on the node;
+    optional ``executor`` str (the kind of executor serving the node: agent, slurm,
+    kubernetes) and ``capabilities`` (what it runs and enforces, as
+    :class:`scheduling.executors.base.Capabilities`), shown on the node's pool.
 ``heartbeat`` (every ``--heartbeat`` seconds)
     ``gpus`` [{index, uuid, utilization (0-100 | None), memory_used_mb, temperature_c,
     power_w, processes: [{pid, memory_mb}]}] (sample values are None where the GPU does
@@ -380,7 +383,12 @@ _REPORT_FIELDS: dict[str, dict[str, str]] = {
 
 # Report fields an older agent leaves out; checked when present.
 _OPTIONAL_REPORT_FIELDS: dict[str, dict[str, str]] = {
-    REGISTER: {"isolation": "dict", "labels": "str_dict"},
+    REGISTER: {
+        "isolation": "dict",
+        "labels": "str_dict",
+        "executor": "str",
+        "capabilities": "dict",
+    },
     STARTED: {"isolation": "dict", "port": "int"},
 }
 

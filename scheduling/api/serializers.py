@@ -10,7 +10,7 @@ from rest_framework.settings import api_settings
 
 from tenants.models import Project, Tenant
 
-from ..choices import StopReason, WorkloadType
+from ..choices import ImagePullPolicy, StopReason, WorkloadType
 from ..models import (
     Allocation,
     Gpu,
@@ -53,14 +53,42 @@ RAISE_WINDOW_HORIZON = timedelta(days=10 * 366)
 # --- platform objects -----------------------------------------------------------------------
 
 
+class CapabilitiesSerializer(serializers.Serializer):
+    """What a pool's executor runs and enforces (scheduling.executors.base.Capabilities)."""
+
+    images = serializers.BooleanField()
+    gpu_isolation = serializers.CharField()
+    run_as = serializers.CharField()
+    limits = serializers.ListField(child=serializers.CharField())
+    serving = serializers.BooleanField()
+    notes = serializers.ListField(child=serializers.CharField())
+
+
 class PoolSerializer(serializers.ModelSerializer):
     allowed_workload_types = serializers.ListField(
         child=serializers.ChoiceField(choices=WorkloadType.choices), required=False, max_length=6
     )
+    capabilities = serializers.SerializerMethodField(
+        help_text="What the pool's executor runs and enforces: as it registered, else the "
+        "static capabilities of its kind."
+    )
 
     class Meta:
         model = ResourcePool
-        fields = ["id", "name", "purpose", "allowed_workload_types", "description"]
+        fields = [
+            "id",
+            "name",
+            "purpose",
+            "allowed_workload_types",
+            "description",
+            "executor",
+            "container_runtime",
+            "capabilities",
+        ]
+
+    @extend_schema_field(CapabilitiesSerializer)
+    def get_capabilities(self, pool):
+        return pool.capabilities()
 
 
 class GpuSerializer(serializers.ModelSerializer):
@@ -509,6 +537,9 @@ class JobSerializer(FastRepresentationMixin, serializers.ModelSerializer):
             "serve",
             "serve_port",
             "serve_ready",
+            "image",
+            "image_pull_policy",
+            "image_pull_secret",
         ]
         read_only_fields = fields
         list_serializer_class = JobListSerializer
@@ -646,6 +677,25 @@ class JobSubmitSerializer(serializers.Serializer):
         help_text="Makes the job an HTTP replica (inference, batch_inference, interactive): "
         '{"health_path": "/health", "metrics_path": "/metrics"}; its node\'s agent gives it a '
         "port (env PORT) and scrapes both paths. Empty: not a serving job.",
+    )
+    image = serializers.CharField(
+        max_length=255,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="A container image, e.g. registry.example.com/team/img:tag or "
+        "img@sha256:<digest>; only on a pool whose executor runs images (kubernetes, slurm "
+        "with pyxis).",
+    )
+    image_pull_policy = serializers.ChoiceField(
+        choices=ImagePullPolicy.choices, required=False, allow_blank=True, default=""
+    )
+    image_pull_secret = serializers.CharField(
+        max_length=253,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="The name of the registry credential secret (Kubernetes pools).",
     )
 
     def get_fields(self):

@@ -561,6 +561,8 @@ class Runtime:
                     pool=node.pool,
                     agent_version=AGENT_VERSION,
                     protocol_version=PROTOCOL_VERSION,
+                    executor=self.executor.kind,
+                    capabilities=self.executor.capabilities().as_dict(),
                     **self.executor.register_fields(node.name),
                 )
             )

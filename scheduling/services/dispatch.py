@@ -463,8 +463,8 @@ def launch_messages(
 ) -> list[tuple[str, dict]]:
     """One ``launch`` per node of the job, with that node's GPU indices and UUIDs, the
     Unix account it runs as, the limits its policy sets (cgroup on the node, scaled by the
-    GPUs it holds there), its log cap, how long the node keeps its directory and, for a
-    serving job, the paths its agent scrapes (``serve``)."""
+    GPUs it holds there), its log cap, how long the node keeps its directory, for a
+    serving job the paths its agent scrapes (``serve``), and a container job's image."""
     messages = []
     for node_name, gpus in sorted(gpus_by_node.items()):
         gpus = sorted(gpus)
@@ -487,6 +487,9 @@ def launch_messages(
             limits=node_limits(policy, max(1, len(gpus))),
             log_cap_bytes=policy.log_cap_mb * MIB if policy else None,
             serve=job.serve or None,
+            image=job.image,
+            image_pull_policy=job.image_pull_policy,
+            image_pull_secret=job.image_pull_secret,
         )
         messages.append((node_name, message))
     return messages

@@ -23,7 +23,9 @@ from tenants.models import Project
 from tenants.selectors import can_submit_to_project, has_role, job_unix_account
 
 from ..choices import (
+    ExecutorKind,
     GpuHealth,
+    ImagePullPolicy,
     JobState,
     NodeState,
     QueueState,
@@ -86,6 +88,11 @@ class JobSpec:
     array: int | None = None
     #: Empty: not a serving job; else {"health_path": "/health", "metrics_path": "/metrics"}.
     serve: dict = field(default_factory=dict)
+    #: A container image (only on pools whose executor runs images), its pull policy and
+    #: the name of its registry credential secret.
+    image: str = ""
+    image_pull_policy: str = ""
+    image_pull_secret: str = ""
 
 
 @dataclass
@@ -607,6 +614,80 @@ def _project_cap(spec: JobSpec, lookups: Lookups, user) -> None:
         )
 
 
+#: A container image reference (the grammar of the distribution project's reference
+#: package): [registry[:port]/]path[:tag][@algorithm:digest].
+_IMAGE_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE_DOMAIN = (
+    r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*"
+    r"(?::[0-9]+)?"
+)
+IMAGE_REFERENCE = re.compile(
+    rf"^(?:{_IMAGE_DOMAIN}/)?{_IMAGE_COMPONENT}(?:/{_IMAGE_COMPONENT})*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$"
+)
+MAX_IMAGE = 255
+#: A Kubernetes secret's name (a DNS subdomain).
+SECRET_NAME = re.compile(r"^[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*$")
+MAX_SECRET_NAME = 253
+
+
+def image_fields_check(*, image: str, pull_policy: str, pull_secret: str, pool) -> None:
+    """A container image, its pull policy and secret name: well formed, and only on a pool
+    whose executor runs images. Raises BusinessError naming the field."""
+    for name, value in (
+        ("image", image),
+        ("image_pull_policy", pull_policy),
+        ("image_pull_secret", pull_secret),
+    ):
+        if not isinstance(value, str):
+            _fail(name, f"{name} must be a string.")
+    if not image:
+        if pull_policy or pull_secret:
+            field_name = "image_pull_policy" if pull_policy else "image_pull_secret"
+            _fail(field_name, f"{field_name} needs an image.")
+        return
+    if len(image) > MAX_IMAGE or not IMAGE_REFERENCE.match(image):
+        _fail(
+            "image",
+            f"{image[:80]!r} is not an image reference such as "
+            "registry.example.com/team/image:tag or image@sha256:<digest> "
+            f"(at most {MAX_IMAGE} characters).",
+        )
+    if pull_policy and pull_policy not in ImagePullPolicy.values:
+        _fail(
+            "image_pull_policy",
+            f"image_pull_policy must be one of {', '.join(ImagePullPolicy.values)}.",
+        )
+    if pull_secret and (len(pull_secret) > MAX_SECRET_NAME or not SECRET_NAME.match(pull_secret)):
+        _fail(
+            "image_pull_secret",
+            "image_pull_secret must be a secret's name: lower-case letters, digits, '-' and "
+            f"'.', at most {MAX_SECRET_NAME} characters.",
+        )
+    if not pool.runs_images:
+        if pool.executor == ExecutorKind.SLURM:
+            why = "is run by Slurm without a container runtime (pyxis/enroot)"
+        else:
+            why = "is run by Sluice's node agent, which runs jobs as host processes"
+        _fail(
+            "image",
+            f"Pool {pool.name} {why} and cannot run container images; submit to a queue "
+            "whose pool runs images, or leave image empty.",
+            code="image_not_supported",
+        )
+
+
+def _check_image(spec: JobSpec) -> None:
+    if spec.image or spec.image_pull_policy or spec.image_pull_secret:
+        image_fields_check(
+            image=spec.image,
+            pull_policy=spec.image_pull_policy,
+            pull_secret=spec.image_pull_secret,
+            pool=spec.queue.pool,
+        )
+
+
 def _policy(workload_type: str, lookups: Lookups) -> WorkloadPolicy | None:
     return lookups.get(
         ("policy", workload_type),
@@ -620,6 +701,7 @@ def job_validate(*, user, spec: JobSpec, lookups: Lookups | None = None) -> tupl
     _validate_shapes(spec)
     _check_serve(spec)
     _check_access(user, spec, lookups)
+    _check_image(spec)
     _check_node_paths(spec)
     _check_unix_account(user, spec, lookups)
     policy = _policy(spec.workload_type, lookups)
@@ -661,6 +743,9 @@ def job_validate(*, user, spec: JobSpec, lookups: Lookups | None = None) -> tupl
         "parameters": spec.parameters,
         "seed": spec.seed,
         "serve": spec.serve,
+        "image": spec.image,
+        "image_pull_policy": spec.image_pull_policy,
+        "image_pull_secret": spec.image_pull_secret,
     }
     return values, admission
 

@@ -116,6 +116,17 @@ def node_register(report: dict) -> Node:
     node.cpus = int(report.get("cpus") or 0)
     node.memory_mb = int(report.get("memory_mb") or 0)
     node.isolation = _isolation(report.get("isolation"))
+    labels = report.get("labels")
+    if isinstance(labels, dict):  # what the node says of itself; labels set by hand stay
+        node.labels = {**node.labels, **{str(k)[:63]: str(v)[:255] for k, v in labels.items()}}
+    capabilities = report.get("capabilities")
+    if (
+        isinstance(capabilities, dict)
+        and report.get("executor") == pool.executor
+        and pool.executor_capabilities != capabilities
+    ):
+        pool.executor_capabilities = capabilities
+        pool.save(update_fields=["executor_capabilities"])
     node.registered_at = node.last_heartbeat = now
     if was_down:
         node.state = NodeState.READY
