@@ -17,13 +17,20 @@ $(VENV)/bin/python:
 	$(PIP) install -q --upgrade pip
 
 # `pip install -e .` installs the package itself: the `sluice` command-line client (sluice_cli).
-$(VENV)/.installed: requirements.txt pyproject.toml | $(VENV)/bin/python
+# LDAP sign-in's python-ldap builds from source: installed where it builds, else one line says
+# what to install (everything else works without it).
+LDAP_INSTALL = $(PIP) install -q -r requirements-ldap.txt > build/ldap-install.log 2>&1 \
+	|| echo "LDAP sign-in not installed (python-ldap needs libldap2-dev and libsasl2-dev: apt-get install libldap2-dev libsasl2-dev, then touch requirements-ldap.txt and make again); see build/ldap-install.log"
+
+$(VENV)/.installed: requirements.txt requirements-ldap.txt pyproject.toml | $(VENV)/bin/python
 	$(PIP) install -q -r requirements.txt
+	@mkdir -p build; $(LDAP_INSTALL)
 	$(PIP) install -q --no-deps -e .
 	touch $@
 
-$(VENV)/.installed-dev: requirements.txt requirements-dev.txt pyproject.toml | $(VENV)/bin/python
+$(VENV)/.installed-dev: requirements.txt requirements-ldap.txt requirements-dev.txt pyproject.toml | $(VENV)/bin/python
 	$(PIP) install -q -r requirements-dev.txt
+	@mkdir -p build; $(LDAP_INSTALL)
 	$(PIP) install -q --no-deps -e .
 	touch $(VENV)/.installed $@
 

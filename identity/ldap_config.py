@@ -45,8 +45,14 @@ def ldap_settings(env: Mapping[str, str]) -> dict:
     uri = env.get("SLUICE_LDAP_URI", "").strip()
     if not uri:
         return {"SLUICE_LDAP_ENABLED": False}
-    import ldap
-    from django_auth_ldap.config import LDAPSearch
+    try:
+        import ldap
+        from django_auth_ldap.config import LDAPSearch
+    except ImportError as exc:
+        raise ImproperlyConfigured(
+            f"SLUICE_LDAP_URI is set but LDAP sign-in is not installed ({exc}): apt-get install "
+            "libldap2-dev libsasl2-dev, then pip install -r requirements-ldap.txt"
+        ) from exc
 
     start_tls = _bool(env, "SLUICE_LDAP_START_TLS", not uri.lower().startswith("ldaps://"))
     allow_plain = _bool(env, "SLUICE_LDAP_ALLOW_PLAIN", False)

@@ -14,7 +14,7 @@ def _missing() -> str | None:
         try:
             import ldap  # noqa: F401
         except ImportError:
-            reason = "python-ldap is not installed (pip install -r requirements.txt)"
+            reason = "python-ldap is not installed (apt-get install libldap2-dev libsasl2-dev, then .venv/bin/pip install -r requirements-ldap.txt)"
     return reason
 
 
