@@ -153,6 +153,16 @@ def preemption_wait(
     return f"preempting job(s) {ids}; {freed} are free within {duration(start - now)}"
 
 
+def protected_borrowers(job_ids: list[int]) -> str:
+    """Borrowed GPUs a reclaim may not take: their jobs are at their stop limit."""
+    listed = ", ".join(str(job_id) for job_id in job_ids[:5])
+    more = f" and {len(job_ids) - 5} more" if len(job_ids) > 5 else ""
+    return (
+        f"borrowed GPUs of job(s) {listed}{more} are not reclaimed: stopped as often as "
+        "their policy allows, they run on to their end or their runtime limit"
+    )
+
+
 def releasing_wait(start: float, now: float) -> str:
     return f"waiting for GPUs of stopping jobs, free within {duration(start - now)}"
 

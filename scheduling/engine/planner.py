@@ -51,6 +51,7 @@ from .preemption import (
     VictimChoice,
     VictimFinder,
     at_preemption_limit,
+    protected_borrowers,
 )
 from .quota import BORROWED, GUARANTEED, Account, PlacedJob, Quotas, placed_within_guarantee
 from .reservations import PreviousReservations
@@ -904,7 +905,7 @@ class Planner:
         if slot is None:
             if not self.snapshot.backfill:
                 self._pool_floor[job.pool] = INF
-            message = self._gpus_message(job, options[0])
+            message = self._gpus_message(job, options[0]) + self._reclaim_note(job, options)
             self._wait(job, reasons.WAITING_FOR_GPUS, message, None)
             if self._claims:
                 claimants = self._claimants_in_the_way(job, options)
@@ -920,8 +921,22 @@ class Planner:
             message = messages.stopping_quota_wait(slot.option.account, slot.start, self.now)
         else:
             code, message = self._gpu_wait_reason(job, slot, quota_promised, gpus_promised)
+            if code == reasons.WAITING_FOR_GPUS:
+                message += self._reclaim_note(job, options)
         self._wait(job, code, message, slot.start, reserved)
         return code, slot.start
+
+    def _reclaim_note(self, job: PendingJob, options: list[Option]) -> str:
+        """For a job inside its guarantee that found no victims: the borrowers of other
+        tenants that no reclaim stops, being at their stop limit ("" if none)."""
+        if not self.snapshot.preemption:
+            return ""
+        found: set[int] = set()
+        for option in options:
+            found.update(protected_borrowers(option.slice, job.tenant))
+        if not found:
+            return ""
+        return "; " + messages.protected_borrowers(sorted(found))
 
     def _holds_cannot_help(
         self,

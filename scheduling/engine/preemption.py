@@ -13,19 +13,20 @@ not expected to end within the minimum gain (below), and either
   preemptible, the victim is not protected, and J runs inside its guarantee or the
   victim is borrowed (a borrower never takes guaranteed GPUs of others), or
 - *reclaim*: J runs inside its tenant's guarantee and the victim, of another tenant,
-  runs on borrowed GPUs (whatever its class, protected or not).
+  runs on borrowed GPUs (whatever its class), and is not protected (below).
 
-Protection against churn: a job preempted ``max_preemptions`` times already (> 0) is
-*protected* during its run: from its start for ``preemption_protection_seconds``, or for
-the whole run when that is 0 (:func:`protected_until`). A protected job is never stopped
-for a higher class. It is reclaimed all the same when it runs on borrowed GPUs: a
-guarantee is a promise to its tenant that no protection may break (a protected borrower
-would keep a tenant out of its guaranteed GPUs for as long as it runs). So that the
-protection holds, a job at its limit is admitted like non-preemptible work, inside its
-tenant's guarantee only (:func:`at_preemption_limit`, applied by the planner), unless no
-guarantee of its tenant in the pool could ever hold it (none, or a smaller one): there it
-may still borrow, or it would never run again, and it is protected from higher classes
-but not from reclaims; a reclaim takes it only when no unprotected borrower will do.
+Every stop counts (DESIGN.md §6): a stop for a higher class and a reclaim of borrowed
+GPUs alike add one to the job's preemptions. A job preempted ``max_preemptions`` times
+already (> 0) is *protected* during its run: from its start for
+``preemption_protection_seconds``, or for the whole run when that is 0 (the default:
+:func:`protected_until`). A protected job is stopped by nobody, neither for a higher
+class nor to reclaim borrowed GPUs: it runs on to its end or its runtime limit. A job at
+its limit is admitted like non-preemptible work, inside its tenant's guarantee only
+(:func:`at_preemption_limit`, applied by the planner), unless no guarantee of its tenant
+in the pool could ever hold it (none, or a smaller one): there it may still borrow, or it
+would never run again. A tenant whose reclaim would need such a borrower's GPUs takes
+other borrowed work, or waits for the borrower's end, and its reason says so
+(:func:`protected_borrowers`).
 
 The victims must free enough GPUs for J's gang (with the idle GPUs) and, when J's tenant
 lacks quota for J (see :meth:`Preemptor.under`: the guarantee for non-preemptible work,
@@ -203,7 +204,7 @@ class RunningRecord:
         self.placement: list[tuple[SliceIndex, NodeSlot, list[int]]] = []
         self.stopping = job.stopping
         self.seasoned = now - job.started_at >= job.min_runtime_before_preemption
-        # At its preemption limit: not stopped for a higher class (reclaims still are).
+        # At its preemption limit: stopped by nobody (a higher class or a reclaim).
         self.until = protected_until(job)
         self.protected = now < self.until
         self.inference = job.workload_type == INFERENCE_WORKLOAD
@@ -347,7 +348,8 @@ class Rule:
         if record.tenant != self.tenant:
             if self.within_guarantee:
                 if record.borrowed:
-                    return True  # reclaim: no protection holds back a guarantee
+                    # Reclaim, unless the job is at its stop limit: every stop counts.
+                    return not record.protected
             elif not record.borrowed:
                 return False  # a borrower never takes guaranteed GPUs of others
         # Own jobs, borrowed or not, and the rest: a lower, preemptible class, unless the
@@ -431,8 +433,10 @@ class SliceStats:
     """Possible victims of a slice at the start of the cycle (only shrinks afterwards)."""
 
     priorities: list[int]  # distinct classes of preemptible, unprotected jobs, ascending
-    borrowers: frozenset[str]
+    borrowers: frozenset[str]  # tenants with unprotected borrowed jobs
     has_inference: bool
+    # (tenant, job id) of borrowed jobs at their stop limit: nobody reclaims them.
+    protected_borrowers: tuple[tuple[str, int], ...] = ()
 
 
 def slice_stats(slice_: SliceIndex) -> SliceStats:
@@ -441,19 +445,32 @@ def slice_stats(slice_: SliceIndex) -> SliceStats:
     if stats is None:
         priorities = set()
         borrowers = set()
+        protected: list[tuple[str, int]] = []
         has_inference = False
         for slot in slice_.slots:
             for record in slot.running:
-                if record.stopping or not record.seasoned or record.ending:
+                if record.stopping:
+                    continue
+                if record.borrowed and record.protected:
+                    protected.append((record.tenant, record.job_id))
+                if not record.seasoned or record.ending:
                     continue
                 if record.preemptible and not record.protected:
                     priorities.add(record.priority)
-                if record.borrowed:
+                if record.borrowed and not record.protected:
                     borrowers.add(record.tenant)
                 has_inference |= record.inference
-        stats = SliceStats(sorted(priorities), frozenset(borrowers), has_inference)
+        stats = SliceStats(
+            sorted(priorities), frozenset(borrowers), has_inference, tuple(sorted(set(protected)))
+        )
         slice_.victim_stats = stats
     return stats
+
+
+def protected_borrowers(slice_: SliceIndex, tenant: str) -> list[int]:
+    """Jobs of other tenants than ``tenant`` borrowing GPUs of ``slice_`` at their stop
+    limit: no reclaim stops them (ascending ids)."""
+    return [job_id for owner, job_id in slice_stats(slice_).protected_borrowers if owner != tenant]
 
 
 @dataclass(slots=True)
@@ -468,7 +485,7 @@ class VictimChoice:
 def _candidates(slot: NodeSlot) -> list[tuple[RunningRecord, list[int]]]:
     """The jobs on ``slot`` that may ever be victims this cycle, in victim order, with
     their GPUs on the slot (computed once per slot; what changes is checked per use). A
-    protected job on guaranteed GPUs is nobody's victim."""
+    protected job is nobody's victim."""
     view = slot.victim_view
     if view is None:
         found = [
@@ -477,7 +494,7 @@ def _candidates(slot: NodeSlot) -> list[tuple[RunningRecord, list[int]]]:
             if record.seasoned
             and not record.stopping
             and not record.ending
-            and not (record.protected and not record.borrowed)
+            and not record.protected
         ]
         found.sort(key=lambda item: item[0])
         view = slot.victim_view = [(record, held) for _, record, held in found]

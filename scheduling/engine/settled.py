@@ -23,7 +23,8 @@ The argument, for the jobs not considered yet (``Remaining``):
   seasoned, not stopping, holds no GPU on that node promised to a job considered before (such
   promises are never taken back during a cycle, not even when a held reservation is
   given back), and is either of a lower preemptible class than a remaining job whose
-  class may preempt (the tenant having such a job), or borrowed by another tenant while
+  class may preempt (the tenant having such a job), or borrowed (and not at its stop
+  limit: such a job is reclaimed by nobody) by another tenant while
   the tenant is still inside its guarantee somewhere, counting its stopping jobs as gone
   (and the quota of jobs stopped for a remaining job, given back at its turn), or has a
   job whose class may preempt (it may stop lower jobs of its own first to get back inside
@@ -443,12 +444,14 @@ class _Room:
                 continue
             kind = int(record.inference)
             lower = record.preemptible and record.priority < highest[kind]
-            if not (lower or (record.borrowed and anyone[kind])):
+            # A borrower at its stop limit is reclaimed by nobody (every stop counts).
+            reclaimable = record.borrowed and not record.protected
+            if not (lower or (reclaimable and anyone[kind])):
                 continue
             positions = record.positions_on(slot)
             if self._promised(slot, positions):
                 continue  # the engine never stops a job holding GPUs promised here
-            found.append((len(positions), record.tenant, kind, lower, record.borrowed))
+            found.append((len(positions), record.tenant, kind, lower, reclaimable))
         return found
 
     def _promised(self, slot: NodeSlot, positions: list[int]) -> bool:

@@ -949,11 +949,14 @@ def _may_stop(
 ) -> bool:
     """Whether some waiting job summed up in ``preemptors`` might stop ``record``: its
     class is lower and preemptible, below a waiting job whose class may preempt, and it
-    is not ``protected`` at its preemption limit, or it runs on borrowed GPUs and another
-    tenant's waiting job is inside its guarantee."""
+    is not ``protected`` at its preemption limit, or it runs on borrowed GPUs, is not
+    ``protected``, and another tenant's waiting job is inside its guarantee (every stop
+    counts against the limit: a protected job is stopped by nobody)."""
+    if protected:
+        return False
     highest, reclaimers = preemptors
     inference = record.workload_type == INFERENCE_WORKLOAD
-    if not protected and record.preemptible and record.priority < highest[inference]:
+    if record.preemptible and record.priority < highest[inference]:
         return True
     if record.borrowed:
         tenants = reclaimers[inference]

@@ -18,6 +18,7 @@ from scheduling.engine import (
     plan,
     reasons,
 )
+from scheduling.engine.preemption import protected_until
 
 NOW = 1_000_000.0
 CLASSES = {"low": 10, "normal": 100, "high": 1000, "critical": 10000}
@@ -247,6 +248,9 @@ def check_plan(snap: Snapshot, result: Plan) -> None:
         assert preemption.preemptor_id not in placed, "a preemptor waits for the grace period"
         assert not victim.stopping
         assert snap.now - victim.started_at >= victim.min_runtime_before_preemption
+        # Every stop counts: a job at its stop limit is stopped by nobody (a higher class
+        # or a reclaim) while protected (its whole run by default).
+        assert snap.now >= protected_until(victim), "a job at its stop limit was stopped"
         assert not (victim.workload_type == "inference" and preemptor.workload_type in TRAINING)
         assert victim.pool == preemptor.pool
         by_priority = (

@@ -83,9 +83,9 @@ def test_own_jobs_at_their_limit_are_not_stopped_to_free_quota():
     assert result.preemptions == []
 
 
-def test_a_protected_job_on_borrowed_gpus_is_reclaimed_all_the_same():
-    # The guarantee is a promise protection never breaks: tenant a (inside its guarantee)
-    # reclaims its GPUs from b's borrowed job, limit or not.
+def test_a_borrower_at_its_stop_limit_is_not_reclaimed_and_the_reason_says_so():
+    # Every stop counts: tenant a (inside its guarantee) does not reclaim b's borrowed job
+    # at its limit; it waits for its end, and its reason names the job.
     quotas = [quota("a", 8), quota("b", 0, 8)]
     run = [
         _churned(
@@ -94,15 +94,38 @@ def test_a_protected_job_on_borrowed_gpus_is_reclaimed_all_the_same():
         )
     ]
     result = run_plan(snapshot([node(1)], quotas, [job(1, "a", gpus=8)], run))
+    assert result.preemptions == []
+    info = result.pending[1]
+    assert info.code == reasons.WAITING_FOR_GPUS
+    assert "job(s) 10 are not reclaimed" in info.message
+    assert "run on to their end or their runtime limit" in info.message
+    # The estimate is still an upper bound: the borrower's runtime limit.
+    assert info.estimated_start is not None
+    assert info.estimated_start <= NOW + 86400 + 1
+    # Below its limit it is reclaimed (and that stop is counted by the caller).
+    below = [dataclasses.replace(run[0], preemptions=2)]
+    result = run_plan(snapshot([node(1)], quotas, [job(1, "a", gpus=8)], below))
     assert _victims(result) == [10]
     assert result.preemptions[0].reason == reasons.PREEMPT_RECLAIM
-    # ... but a higher class of a borrower does not stop it (c's low job on node 2, on
+    assert "not reclaimed" not in result.pending[1].message
+    # ... and a higher class of a borrower does not stop it (c's low job on node 2, on
     # guaranteed GPUs, is not the borrower's to take either).
     quotas = [quota("a", 0, 16), quota("b", 0, 8), quota("c", 8)]
     run.append(running(11, "c", gpu_ids(2, *range(8)), "low", runtime=86400))
     pending = [job(1, "a", gpus=8, cls="high")]
     result = run_plan(snapshot([node(1), node(2)], quotas, pending, run))
     assert result.preemptions == []
+
+
+def test_after_its_protection_window_a_borrower_may_be_reclaimed():
+    quotas = [quota("a", 8), quota("b", 0, 8)]
+    base = running(10, "b", gpu_ids(1, *range(8)), "low", borrowed=True, age=400, runtime=86400)
+    inside = [_churned(base, protection=600)]
+    result = run_plan(snapshot([node(1)], quotas, [job(1, "a", gpus=8)], inside))
+    assert result.preemptions == []
+    over = [_churned(base, protection=300)]
+    result = run_plan(snapshot([node(1)], quotas, [job(1, "a", gpus=8)], over))
+    assert _victims(result) == [10]
 
 
 def _at_limit(pending, preemptions=3, limit=3):
@@ -129,8 +152,8 @@ def test_a_job_at_its_limit_runs_only_inside_its_guarantee():
 
 
 def test_a_job_at_its_limit_still_borrows_where_no_guarantee_could_hold_it():
-    # Without a guarantee big enough it would never run again: it borrows (and stays
-    # open to reclaims, see above).
+    # Without a guarantee big enough it would never run again: it borrows (and, at its
+    # limit, no reclaim stops it, see above).
     for guaranteed in (0, 2):
         quotas = [quota("a", guaranteed, 8)]
         result = run_plan(snapshot([node(1)], quotas, [_at_limit(job(1, "a", gpus=4))]))
@@ -218,9 +241,9 @@ def test_protected_nodes_are_passed_over_by_the_search_for_every_preemptor():
     assert result.pending[3].code != reasons.WAITING_FOR_PREEMPTION
 
 
-def test_a_reclaim_takes_a_protected_borrower_only_when_no_other_will_do():
+def test_a_reclaim_takes_other_borrowed_work_or_waits():
     # Both b's jobs borrow; job 10, at its limit, would lose less work, yet job 11 is
-    # reclaimed; on two nodes, the node without a protected victim is chosen.
+    # reclaimed; on two nodes, the node without a job at its limit is chosen.
     quotas = [quota("a", 8), quota("b", 0, 16)]
     protected = _churned(
         running(10, "b", gpu_ids(1, 0, 1, 2, 3), "low", borrowed=True, age=400, runtime=86400)
@@ -238,6 +261,7 @@ def test_a_reclaim_takes_a_protected_borrower_only_when_no_other_will_do():
     ]
     result = run_plan(snapshot([node(1), node(2)], quotas, [job(1, "a", gpus=8)], run))
     assert _victims(result) == [11]
-    # Needed all the same: then it is reclaimed.
+    # Only the job at its limit would do: nothing is stopped, the job waits and says why.
     result = run_plan(snapshot([node(1)], quotas, [job(1, "a", gpus=8)], [protected, other]))
-    assert _victims(result) == [10, 11]
+    assert result.preemptions == []
+    assert "job(s) 10 are not reclaimed" in result.pending[1].message

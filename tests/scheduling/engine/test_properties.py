@@ -39,6 +39,17 @@ CLASS_AGINGS = (0.0, 0.0, 3000.0)
 
 
 @st.composite
+def stop_limits(draw) -> dict:
+    """A running job's stops so far and its policy's limit (0: none), some at the limit,
+    protected for the whole run or for a window from its start."""
+    return {
+        "preemptions": draw(st.sampled_from([0, 0, 1, 3])),
+        "max_preemptions": draw(st.sampled_from([0, 3, 3])),
+        "preemption_protection_seconds": draw(st.sampled_from([0, 0, 300])),
+    }
+
+
+@st.composite
 def snapshots(draw) -> Snapshot:
     nodes = []
     gpu_id = 0
@@ -93,6 +104,7 @@ def snapshots(draw) -> Snapshot:
                     stopping=draw(st.booleans()) and draw(st.booleans()),
                     grace_seconds=draw(st.sampled_from([0, 30])),
                     expected_runtime_seconds=draw(st.sampled_from(PREDICTIONS)),
+                    **draw(stop_limits()),
                 )
             )
             del free[:size]
@@ -195,6 +207,7 @@ def crowded_tenants(draw) -> Snapshot:
                     stopping=draw(st.integers(0, 9)) == 0,
                     grace_seconds=draw(st.sampled_from([0, 30, 30])),
                     expected_runtime_seconds=draw(st.sampled_from(PREDICTIONS)),
+                    **draw(stop_limits()),
                 )
             )
             del free[:size]
