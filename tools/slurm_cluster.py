@@ -314,14 +314,16 @@ def stop(directory: Path) -> None:
         return
     files = _pid_files(directory)
     env = _env(directory)
-    # Cancel what runs so that no job's processes outlive their slurmd.
-    subprocess.run(
-        ["scancel", "--full", "--quiet", "--state=RUNNING"],
-        env=env,
-        check=False,
-        capture_output=True,
-        timeout=30,
-    )
+    # Cancel every job (pending ones first, so none starts meanwhile) so that no job's
+    # processes outlive their slurmd.
+    for state in ("PENDING", "RUNNING"):
+        subprocess.run(
+            ["scancel", "--full", "--quiet", f"--state={state}"],
+            env=env,
+            check=False,
+            capture_output=True,
+            timeout=30,
+        )
     for what, pid_file in files.items():
         if what.startswith("slurmd "):
             _stop_pid(pid_file)

@@ -8,6 +8,7 @@ that a failure.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -64,6 +65,7 @@ def cluster():
     work.chmod(0o755)
     yield {**layout, "work": work, "dir": directory}
     slurm_cluster.stop(directory)
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture
