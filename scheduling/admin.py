@@ -65,7 +65,9 @@ class GpuInline(admin.TabularInline):
 
 @admin.register(ResourcePool)
 class ResourcePoolAdmin(AuditedAdmin):
-    list_display = ["name", "purpose", "allowed_workload_types"]
+    list_display = ["name", "purpose", "executor", "container_runtime", "allowed_workload_types"]
+    list_filter = ["executor"]
+    readonly_fields = ["executor_capabilities"]
 
 
 @admin.register(Node)

@@ -5,7 +5,7 @@ from datetime import timedelta
 
 from django import forms
 
-from .choices import JobState, WorkloadType
+from .choices import ImagePullPolicy, JobState, WorkloadType
 from .selectors import priority_classes_visible_to
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(d|h|min|m|s)?", re.IGNORECASE)
@@ -183,6 +183,24 @@ class JobSubmitForm(forms.Form):
         required=False,
         widget=forms.Textarea(attrs={"rows": 2}),
         help_text="One NAME=value per line.",
+    )
+    image = forms.CharField(
+        max_length=255,
+        required=False,
+        label="Container image",
+        help_text="e.g. registry.example.com/team/train:1.0; only where the queue's pool runs "
+        "images (Kubernetes, or Slurm with pyxis). Empty: the command runs on the node.",
+    )
+    image_pull_policy = forms.ChoiceField(
+        choices=[("", "the executor's default"), *ImagePullPolicy.choices],
+        required=False,
+        label="Image pull policy",
+    )
+    image_pull_secret = forms.CharField(
+        max_length=253,
+        required=False,
+        label="Image pull secret",
+        help_text="The name of the registry credential secret, if the registry needs one.",
     )
 
     def __init__(self, *args, projects, queues, priority_classes, pool_models=None, **kwargs):

@@ -76,6 +76,9 @@ def _initial_from_job(request) -> dict:
         "command": job.command[0] if job.shell else shlex.join(job.command),
         "shell": job.shell,
         "env": "\n".join(f"{k}={v}" for k, v in job.env.items()),
+        "image": job.image,
+        "image_pull_policy": job.image_pull_policy,
+        "image_pull_secret": job.image_pull_secret,
     }
 
 
@@ -107,6 +110,9 @@ def _spec_from_form(form) -> JobSpec:
         gpu_models=data["gpu_model"],
         max_runtime_seconds=data["max_runtime_seconds"],
         priority_class=data["priority_class"],
+        image=data["image"].strip(),
+        image_pull_policy=data["image_pull_policy"],
+        image_pull_secret=data["image_pull_secret"].strip(),
     )
 
 
@@ -505,11 +511,21 @@ def node_list(request):
             gpus.append({"gpu": g, "allocation": allocation, "job_visible": job_visible})
         rows.append({"node": node, "gpus": gpus, "busy": any(g["allocation"] for g in gpus)})
     template = "scheduling/_nodes_table.html" if request.htmx else "scheduling/node_list.html"
+    # Which executor runs each pool and what it enforces (the full page only: it rarely changes).
+    pools = (
+        []
+        if request.htmx
+        else [
+            {"pool": pool, "capabilities": pool.capabilities()}
+            for pool in selectors.pools_visible_to(request.user)
+        ]
+    )
     return render(
         request,
         template,
         {
             "rows": rows,
+            "pools": pools,
             "summary": _pool_summary(rows),
             "is_admin": request.user.is_staff,
             "retired_count": retired,
