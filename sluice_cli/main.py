@@ -291,6 +291,9 @@ SPEC_FIELDS = frozenset(
         "parameters",
         "seed",
         "array",
+        "image",
+        "image_pull_policy",
+        "image_pull_secret",
     }
 )
 SPEC_ALIASES = {
@@ -347,6 +350,9 @@ def _spec_from_flags(args: argparse.Namespace, command: list[str]) -> dict:
         ("priority_class", "priority_class"),
         ("workdir", "working_dir"),
         ("array", "array"),
+        ("image", "image"),
+        ("image_pull_policy", "image_pull_policy"),
+        ("image_pull_secret", "image_pull_secret"),
     ):
         value = getattr(args, flag)
         if value is not None:
@@ -660,6 +666,9 @@ def _show_text(job: dict) -> str:
         )
     if job.get("array_id"):
         add(("Array", f"{job['array_id']} index {job.get('array_index')}"))
+    if job.get("image"):
+        pull = f" (pull {job['image_pull_policy']})" if job.get("image_pull_policy") else ""
+        add(("Image", job["image"] + pull))
     width = max(len(label) for label, _ in rows)
     title = f"Job {job['id']}" + (f"  {job['name']}" if job.get("name") else "")
     return "\n".join([title, *(f"  {label:<{width}}  {value}" for label, value in rows)])
@@ -1121,6 +1130,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--env", "-e", action="append", metavar="KEY=VALUE")
     p.add_argument("--label", "-l", action="append", metavar="KEY=VALUE")
     p.add_argument("--workdir")
+    p.add_argument(
+        "--image",
+        help="container image, e.g. registry.example.com/team/img:tag (pools that run images)",
+    )
+    p.add_argument("--image-pull-policy", choices=["Always", "IfNotPresent", "Never"])
+    p.add_argument("--image-pull-secret", metavar="NAME", help="registry credential secret")
     p.add_argument("--shell", action="store_true", help="run the command as one /bin/sh -c line")
     p.add_argument(
         "--array", type=int, metavar="N", help="submit N copies (SLUICE_ARRAY_INDEX 0..N-1)"
