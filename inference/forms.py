@@ -6,6 +6,7 @@ import shlex
 
 from django import forms
 
+from scheduling.choices import ImagePullPolicy
 from scheduling.forms import command_arguments, env_from_lines
 
 from .services import EDITABLE_FIELDS
@@ -44,6 +45,18 @@ class ServiceForm(forms.Form):
     )
     health_path = forms.CharField(max_length=200, initial="/health")
     metrics_path = forms.CharField(max_length=200, initial="/metrics")
+    image = forms.CharField(
+        required=False,
+        max_length=255,
+        label="Container image",
+        help_text="Only where the queue's pool runs images (Kubernetes, Slurm with pyxis).",
+    )
+    image_pull_policy = forms.ChoiceField(
+        choices=[("", "the executor's default"), *ImagePullPolicy.choices],
+        required=False,
+        label="Image pull policy",
+    )
+    image_pull_secret = forms.CharField(required=False, max_length=253, label="Image pull secret")
     min_replicas = forms.IntegerField(min_value=0, max_value=1000, initial=1)
     max_replicas = forms.IntegerField(min_value=1, max_value=1000, initial=4)
     target_running_per_replica = forms.FloatField(

@@ -8,6 +8,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 
+from scheduling.choices import ImagePullPolicy
 from scheduling.models import Job, PriorityClass, Queue
 from tenants.models import Project, Tenant, slug_validator
 
@@ -57,6 +58,13 @@ class Service(models.Model):
     )
     health_path = models.CharField(max_length=200, default="/health")
     metrics_path = models.CharField(max_length=200, default="/metrics")
+    image = models.CharField(
+        max_length=255,
+        blank=True,
+        help_text="The replicas' container image (pools whose executor runs images).",
+    )
+    image_pull_policy = models.CharField(max_length=20, choices=ImagePullPolicy.choices, blank=True)
+    image_pull_secret = models.CharField(max_length=253, blank=True)
 
     # --- scaling bounds and targets ---
     min_replicas = models.PositiveIntegerField(default=1, validators=[MaxValueValidator(1000)])

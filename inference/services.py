@@ -46,6 +46,9 @@ SPEC_FIELDS = (
     "priority_class",
     "health_path",
     "metrics_path",
+    "image",
+    "image_pull_policy",
+    "image_pull_secret",
 )
 #: Fields that only change how many replicas run.
 SCALING_FIELDS = (
@@ -88,6 +91,9 @@ class ServiceSpec:
     priority_class: PriorityClass | None = None
     health_path: str = "/health"
     metrics_path: str = "/metrics"
+    image: str = ""
+    image_pull_policy: str = ""
+    image_pull_secret: str = ""
     description: str = ""
     min_replicas: int = 1
     max_replicas: int = 4
@@ -186,6 +192,9 @@ def _replica_spec(values: dict, *, name: str, version: int, runtime: int | None)
         max_runtime_seconds=runtime,
         labels={"sluice.service": values.get("service_label", ""), "sluice.version": str(version)},
         serve={"health_path": values["health_path"], "metrics_path": values["metrics_path"]},
+        image=values.get("image", ""),
+        image_pull_policy=values.get("image_pull_policy", ""),
+        image_pull_secret=values.get("image_pull_secret", ""),
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from portal.api.filters import MAX_ID
+from scheduling.choices import ImagePullPolicy
 
 from ..choices import ServiceState
 from ..models import ScaleDecision, Service
@@ -38,6 +39,17 @@ class ServiceInputSerializer(serializers.Serializer):
     )
     health_path = serializers.CharField(max_length=200, required=False)
     metrics_path = serializers.CharField(max_length=200, required=False)
+    image = serializers.CharField(
+        max_length=255,
+        required=False,
+        allow_blank=True,
+        help_text="The replicas' container image, e.g. registry.example.com/team/server:1.0; "
+        "only on a pool whose executor runs images.",
+    )
+    image_pull_policy = serializers.ChoiceField(
+        choices=ImagePullPolicy.choices, required=False, allow_blank=True
+    )
+    image_pull_secret = serializers.CharField(max_length=253, required=False, allow_blank=True)
     min_replicas = serializers.IntegerField(min_value=0, max_value=1000, required=False)
     max_replicas = serializers.IntegerField(min_value=1, max_value=1000, required=False)
     target_running_per_replica = serializers.FloatField(
@@ -125,6 +137,9 @@ class ServiceSerializer(serializers.ModelSerializer):
             "priority_class",
             "health_path",
             "metrics_path",
+            "image",
+            "image_pull_policy",
+            "image_pull_secret",
             "min_replicas",
             "max_replicas",
             "target_running_per_replica",
