@@ -120,6 +120,11 @@ class SluiceOIDCBackend(OIDCAuthenticationBackend):
             raise SuspiciousOperation("The ID token has expired.")
         return payload
 
+    def get_user(self, user_id):
+        # A session signed in through the provider ends when the user is deactivated.
+        user = super().get_user(user_id)
+        return user if user is not None and user.is_active else None
+
     def get_userinfo(self, access_token, id_token, payload):
         # The ID token's claims, completed by the userinfo endpoint when there is one.
         claims = dict(payload)

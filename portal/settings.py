@@ -82,6 +82,7 @@ MIDDLEWARE = [
     "portal.middleware.ApiJsonErrorsMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "csp.middleware.CSPMiddleware",
+    "identity.middleware.ProviderFormActionMiddleware",  # form-action: the OIDC provider
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
