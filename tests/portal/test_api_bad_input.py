@@ -10,6 +10,7 @@ import json
 import pytest
 from django.db import connection
 
+from portal.accounts import robots
 from portal.api.parsers import bad_text_errors
 from portal.audit.models import AuditEvent
 from scheduling.models import Job, JobEvent, Notification
@@ -500,6 +501,20 @@ def _fill_path(path: str, world, job) -> str:
         from tests.inference.factories import ServiceFactory, serving
 
         ids = {"/": ServiceFactory(queue=serving(world).queue, project=world.project).pk}
+    if "/robots/{name}" in path:
+        from portal.accounts.models import RobotAccount
+
+        robot = RobotAccount.objects.filter(tenant=world.tenant, name="ci").first()
+        if robot is None:
+            robot = robots.robot_create(
+                actor=world.platform_admin, tenant=world.tenant, name="ci", role="member"
+            )
+        path = path.replace("{name}", robot.name)
+        if "/tokens/{id}" in path:
+            token, _key = robots.robot_token_create(
+                actor=world.platform_admin, robot=robot, name="bad-input"
+            )
+            ids = {"/tokens/": token.pk}
     if "{id}" in path:
         path = path.replace("{id}", str(next(pk for part, pk in ids.items() if part in path)))
     return path
