@@ -583,8 +583,8 @@ def _ramp_down(t: float) -> float:
 def test_replicas_leave_as_the_load_falls():
     """A linear ramp-down: each replica leaves the scale-down delay (plus the panic
     window's lag and a tick) after the load stopped needing it. Holding the stable
-    window's recommendation for the delay added half a stable window to that: 3
-    replicas were still there 17 s after the load had fallen to 1 replica's worth."""
+    window's recommendation for the delay added the stable window's lag to that: 3
+    replicas were still there 27 s after the ramp-down had ended."""
     policy = RAMP_POLICY
     runs = simulate(policy, _ramp_down, seconds=200, start=5)
     counts = {t: d.desired for t, _cur, d in runs}
