@@ -432,9 +432,14 @@ SLUICE_AUDIT_ANCHOR_COPY = env_str("SLUICE_AUDIT_ANCHOR_COPY", "") or None
 # Fair share: a tenant's past GPU use counts half after this many seconds (the usage history
 # the engine orders tenants by inside a priority class).
 SLUICE_USAGE_HALF_LIFE_SECONDS = env_int("SLUICE_USAGE_HALF_LIFE_SECONDS", 7 * 24 * 3600)
+from scheduling.engine import defaults as _order_defaults  # noqa: E402 (one definition)
+
 # Order inside a priority class: the engine's Snapshot knobs, handed over by the
-# dispatch loop each cycle; see scheduling/engine/order.py.
-# - SLUICE_FAIR_SHARE_BAND (0.25): tenants whose fair shares (decayed usage over guaranteed
+# dispatch loop each cycle; see scheduling/engine/order.py. Their defaults are defined
+# once, in scheduling/engine/defaults.py: the settings that measured best, which the
+# simulator's `sluice` policy uses too (docs/concepts/order.md, "Changing from earlier
+# defaults", for sites that set the earlier ones).
+# - SLUICE_FAIR_SHARE_BAND (1.0): tenants whose fair shares (decayed usage over guaranteed
 #   GPUs) lie within a factor 1 + this of each other, on a log scale, form one band and are
 #   not told apart by share; between bands the lowest share goes first. 0: every share is
 #   its own band (strict fair share).
@@ -446,35 +451,39 @@ SLUICE_USAGE_HALF_LIFE_SECONDS = env_int("SLUICE_USAGE_HALF_LIFE_SECONDS", 7 * 2
 #   job has waited count as halving its size (a job twice as big as one submitted 6 h
 #   later ties with it). 6 h measured best on the ITP trace: 1 h made the order nearly
 #   FIFO in long backlogs (docs/concepts/order.md).
-# - SLUICE_MAX_WAIT_SECONDS (12 h): a job that has waited this long since its submission
-#   goes before every job of its class and band that has waited less, whatever its size
-#   (higher classes and lower fair-share bands still go first: an order, not a bound on
-#   the wait). Each workload policy sets its own (max_wait_seconds); this one applies to
-#   workload types without a policy.
-SLUICE_SIZE_ORDER = env_bool("SLUICE_SIZE_ORDER", True)
-SLUICE_SIZE_HALVING_SECONDS = env_int("SLUICE_SIZE_HALVING_SECONDS", 6 * 3600)
-SLUICE_MAX_WAIT_SECONDS = env_int("SLUICE_MAX_WAIT_SECONDS", 12 * 3600)
-SLUICE_FAIR_SHARE_BAND = env_float("SLUICE_FAIR_SHARE_BAND", 0.25)
+# - SLUICE_MAX_WAIT_SECONDS (48 h): a job that has waited this long since its submission
+#   goes before every job of its class and band that has waited less, whatever its size.
+#   Each workload policy sets its own (max_wait_seconds); this one applies to workload
+#   types without a policy.
+SLUICE_SIZE_ORDER = env_bool("SLUICE_SIZE_ORDER", _order_defaults.SIZE_ORDER)
+SLUICE_SIZE_HALVING_SECONDS = env_int(
+    "SLUICE_SIZE_HALVING_SECONDS", int(_order_defaults.SIZE_HALVING_SECONDS)
+)
+SLUICE_MAX_WAIT_SECONDS = env_int("SLUICE_MAX_WAIT_SECONDS", int(_order_defaults.MAX_WAIT_SECONDS))
+SLUICE_FAIR_SHARE_BAND = env_float("SLUICE_FAIR_SHARE_BAND", _order_defaults.FAIR_SHARE_BAND)
 if SLUICE_SIZE_HALVING_SECONDS <= 0 or SLUICE_MAX_WAIT_SECONDS <= 0:
     raise ImproperlyConfigured(
         "SLUICE_SIZE_HALVING_SECONDS and SLUICE_MAX_WAIT_SECONDS must be positive."
     )
 if not 0 <= SLUICE_FAIR_SHARE_BAND < float("inf"):
     raise ImproperlyConfigured("SLUICE_FAIR_SHARE_BAND must be a number, 0 or more.")
-# - SLUICE_PREEMPTION_MIN_GAIN_SECONDS (0: any gain): a job preempts only if that gets it
-#   running at least this much sooner than waiting, both for the GPUs running jobs free by
-#   their limits and for its chosen victims' predicted ends (their owners' runtime
+# - SLUICE_PREEMPTION_MIN_GAIN_SECONDS (4 h; 0: any gain): a job preempts only if that gets
+#   it running at least this much sooner than waiting, both for the GPUs running jobs free
+#   by their limits and for its chosen victims' predicted ends (their owners' runtime
 #   history, scheduling/runtime_prediction.py). 14400 measured best on the ITP trace (fewer
-#   preemptions and less work lost, waits no longer; docs/decisions/); off by
-#   default, because it makes a higher class wait for a lower one expected to end soon.
-SLUICE_PREEMPTION_MIN_GAIN_SECONDS = env_int("SLUICE_PREEMPTION_MIN_GAIN_SECONDS", 0)
+#   preemptions and less work lost, waits no longer; docs/decisions/).
+SLUICE_PREEMPTION_MIN_GAIN_SECONDS = env_int(
+    "SLUICE_PREEMPTION_MIN_GAIN_SECONDS", int(_order_defaults.PREEMPTION_MIN_GAIN_SECONDS)
+)
 if SLUICE_PREEMPTION_MIN_GAIN_SECONDS < 0:
     raise ImproperlyConfigured("SLUICE_PREEMPTION_MIN_GAIN_SECONDS must be 0 or more.")
 # - SLUICE_GANG_BORROWER_RESERVE_SECONDS (0: off): a borrower (beyond its tenant's
 #   guarantee) reserves no GPUs before its maximum wait; a job of several whole nodes
 #   that has waited this long reserves them like guaranteed work, instead of waiting for
 #   all its nodes to be idle at once (docs/simulator.md).
-SLUICE_GANG_BORROWER_RESERVE_SECONDS = env_int("SLUICE_GANG_BORROWER_RESERVE_SECONDS", 0)
+SLUICE_GANG_BORROWER_RESERVE_SECONDS = env_int(
+    "SLUICE_GANG_BORROWER_RESERVE_SECONDS", int(_order_defaults.GANG_BORROWER_RESERVE_SECONDS)
+)
 if SLUICE_GANG_BORROWER_RESERVE_SECONDS < 0:
     raise ImproperlyConfigured("SLUICE_GANG_BORROWER_RESERVE_SECONDS must be 0 or more.")
 # - SLUICE_CLASS_AGING_SECONDS (0: off): a job whose priority class may not preempt, once
@@ -484,7 +493,9 @@ if SLUICE_GANG_BORROWER_RESERVE_SECONDS < 0:
 #   by size and share on its tenant's own GPUs; it gains no preemption rights). On the
 #   ITP trace 3600 cut the average wait of a pool at 85 % load by 3-8 % and lengthened
 #   that of a saturated one (95 %) by 5-6 % (docs/decisions/): off by default.
-SLUICE_CLASS_AGING_SECONDS = env_int("SLUICE_CLASS_AGING_SECONDS", 0)
+SLUICE_CLASS_AGING_SECONDS = env_int(
+    "SLUICE_CLASS_AGING_SECONDS", int(_order_defaults.CLASS_AGING_SECONDS)
+)
 if SLUICE_CLASS_AGING_SECONDS < 0:
     raise ImproperlyConfigured("SLUICE_CLASS_AGING_SECONDS must be 0 or more.")
 SLUICE_NODE_LOST_SECONDS = env_int("SLUICE_NODE_LOST_SECONDS", 60)
@@ -632,7 +643,12 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     # One enum name for the workload types, wherever a serializer lists them.
-    "ENUM_NAME_OVERRIDES": {"WorkloadTypeEnum": "scheduling.choices.WorkloadType"},
+    "ENUM_NAME_OVERRIDES": {
+        "WorkloadTypeEnum": "scheduling.choices.WorkloadType",
+        # A tenant role (admin, member, viewer), and the two a robot account may have.
+        "TenantRoleEnum": "tenants.choices.Role",
+        "RobotRoleEnum": "portal.accounts.robots.ROBOT_ROLE_CHOICES",
+    },
     # Every operation documents its error answers (400, 401, 403, 404, 409, ...) with the
     # one error shape, {"detail": ..., "errors": {field: [messages]}}.
     "POSTPROCESSING_HOOKS": [

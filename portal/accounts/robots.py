@@ -35,6 +35,8 @@ ACTION_ROBOT_TOKEN_REVOKE = "robot.token_revoke"
 
 #: The roles a robot may hold: never tenant admin (a robot manages nothing).
 ROBOT_ROLES = (Role.MEMBER, Role.VIEWER)
+#: The same as choices, for serializers and the OpenAPI schema's RobotRoleEnum.
+ROBOT_ROLE_CHOICES = [(r.value, r.label) for r in ROBOT_ROLES]
 ROBOT_NAME = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,38}[a-z0-9])?$")
 TOKEN_NAME_MAX = ApiToken._meta.get_field("name").max_length
 DESCRIPTION_MAX = RobotAccount._meta.get_field("description").max_length

@@ -109,6 +109,8 @@ class Site:
     token: object
     recommendation: object
     review: object
+    robot: object
+    robot_token: object
 
 
 @pytest.fixture
@@ -117,6 +119,7 @@ def site(db) -> Site:
     from insights.models import Recommendation
     from insights.recommendations import recommendations_refresh
     from insights.reviews import last_completed_week, policy_review_write
+    from portal.accounts import robots
     from portal.accounts.services import api_token_create
     from scheduling.choices import SimulationState
     from scheduling.models import (
@@ -153,6 +156,7 @@ def site(db) -> Site:
         created_at=now,
         updated_at=now,
     )
+    robot = robots.robot_create(actor=admin, tenant=job.tenant, name="ci", role="member")
     return Site(
         job=job,
         waiting_job=f.JobFactory(queue=queue, project=job.project, submitted_by=member),
@@ -173,6 +177,8 @@ def site(db) -> Site:
         token=api_token_create(user=member, name="production pages", expires_in_days=None)[0],
         recommendation=recommendation,
         review=policy_review_write(week_start=last_completed_week(now), now=now),
+        robot=robot,
+        robot_token=robots.robot_token_create(actor=admin, robot=robot, name="deploy")[0],
     )
 
 
@@ -204,6 +210,14 @@ ROUTE_ARGS = {
     "service-edit": lambda s: {"pk": s.service.pk},
     "service-action": lambda s: {"pk": s.service.pk, "step": "pause"},
     "account-token-revoke": lambda s: {"pk": s.token.pk},
+    "tenant-robots-page": lambda s: {"slug": "nlp"},
+    "tenant-robot-token-create": lambda s: {"slug": "nlp", "name": s.robot.name},
+    "tenant-robot-token-revoke": lambda s: {
+        "slug": "nlp",
+        "name": s.robot.name,
+        "pk": s.robot_token.pk,
+    },
+    "tenant-robot-delete": lambda s: {"slug": "nlp", "name": s.robot.name},
     "recommendation": lambda s: {"pk": s.recommendation.pk},
     "recommendation-simulate": lambda s: {"pk": s.recommendation.pk},
     "recommendation-apply": lambda s: {"pk": s.recommendation.pk},

@@ -42,14 +42,12 @@ class RobotSerializer(serializers.ModelSerializer):
 
 class RobotCreateSerializer(serializers.Serializer):
     name = serializers.SlugField(max_length=40)
-    role = serializers.ChoiceField(choices=[(r.value, r.label) for r in robots.ROBOT_ROLES])
+    role = serializers.ChoiceField(choices=robots.ROBOT_ROLE_CHOICES)
     description = serializers.CharField(max_length=200, required=False, allow_blank=True)
 
 
 class RobotUpdateSerializer(serializers.Serializer):
-    role = serializers.ChoiceField(
-        choices=[(r.value, r.label) for r in robots.ROBOT_ROLES], required=False
-    )
+    role = serializers.ChoiceField(choices=robots.ROBOT_ROLE_CHOICES, required=False)
     description = serializers.CharField(max_length=200, required=False, allow_blank=True)
 
 
