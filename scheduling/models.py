@@ -7,6 +7,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 
+from scheduling.engine import defaults as order_defaults
 from tenants.models import Project, Tenant, slug_validator
 
 from .choices import (
@@ -234,7 +235,7 @@ class WorkloadPolicy(models.Model):
     # Scheduling order and preemption churn (issue 17; the engine's PendingJob.max_wait_seconds
     # and RunningJob.max_preemptions / preemption_protection_seconds).
     max_wait_seconds = models.PositiveIntegerField(
-        default=12 * 3600,
+        default=int(order_defaults.MAX_WAIT_SECONDS),  # the engine's default, one definition
         validators=[MinValueValidator(60), MaxValueValidator(MAX_POLICY_SECONDS)],
         help_text="Maximum wait: after waiting this long (from its submission) a job goes "
         "before every job of its class and fair-share band that has waited less, whatever "
@@ -243,8 +244,8 @@ class WorkloadPolicy(models.Model):
     max_preemptions = models.PositiveIntegerField(
         default=3,
         validators=[MaxValueValidator(1000)],
-        help_text="Preemptions a job takes at most; once there it is protected from "
-        "preemption (0: no limit).",
+        help_text="Stops a job takes at most, every kind counted (preemption for a higher "
+        "class, reclaim of borrowed GPUs); at the limit it runs on to its end (0: no limit).",
     )
     preemption_protection_seconds = models.PositiveIntegerField(
         default=0,

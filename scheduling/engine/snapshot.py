@@ -285,6 +285,9 @@ class Snapshot:
     global_fifo: bool = False
     decisions_only: bool = False
     # Size- and runtime-aware order inside a class and fair-share band (see :mod:`.order`).
+    # The defaults below are the engine's plain rules (any preemption gain, ...); the
+    # product's defaults, which the dispatch loop and the simulator's ``sluice`` policy
+    # pass, are those of :mod:`.defaults`.
     size_order: bool = True
     size_halving_seconds: float = 6 * 3600.0
     max_wait_seconds: float = 12 * 3600.0

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from scheduling.engine.defaults import EARLIER_DEFAULTS, ORDER_DEFAULTS
+
 
 @dataclass(frozen=True, slots=True)
 class Policy:
@@ -55,6 +57,15 @@ KNOBS = (
     "class_aging_seconds",
 )
 
+
+def _with(settings: dict, **flags) -> Policy:
+    """A policy setting every knob of ``settings`` (a dict of :mod:`scheduling.engine.
+    defaults`), with ``flags`` (name, description, backfill, ...)."""
+    knobs = {name: float(settings[name]) for name in KNOBS}
+    flags.setdefault("size_order", bool(settings["size_order"]))
+    return Policy(**flags, **knobs)
+
+
 POLICIES: dict[str, Policy] = {
     policy.name: policy
     for policy in (
@@ -67,49 +78,63 @@ POLICIES: dict[str, Policy] = {
             fair_share=False,
             global_fifo=True,
         ),
-        Policy(
-            "sluice",
-            "Sluice's default: classes, fair share, quotas with borrowing, backfill, preemption",
+        # Always the portal's default: the very settings of scheduling.engine.defaults,
+        # which portal/settings.py reads too.
+        _with(
+            ORDER_DEFAULTS,
+            name="sluice",
+            description="Sluice's default (the portal's): classes, fair share in bands of "
+            "twice each other's share, size- and runtime-aware order with a 48 h maximum "
+            "wait, quotas with borrowing, backfill, preemption only for a 4 h gain, stop "
+            "limits on every kind of stop (scheduling.engine.defaults)",
             backfill=True,
             preemption=True,
             fair_share=True,
         ),
-        Policy(
-            "sluice-min-gain",
-            "Sluice's default, but a job preempts only when that gets it running at least "
-            "4 h sooner than waiting, for GPUs freed by limits and for its victims' "
-            "predicted ends (Snapshot.preemption_min_gain_seconds; the dispatch loop's "
-            "SLUICE_PREEMPTION_MIN_GAIN_SECONDS, 0 by default)",
+        _with(
+            EARLIER_DEFAULTS,
+            name="sluice-2026-12",
+            description="Sluice's default until 2026-12-07: fair-share bands of 1.25x, a 12 h "
+            "maximum wait, preemption for any gain",
             backfill=True,
             preemption=True,
             fair_share=True,
-            preemption_min_gain_seconds=4 * 3600.0,
         ),
-        Policy(
-            "sluice-tuned",
-            "sluice-min-gain with the order settings measured best on ITP's one pool at 85 % "
-            "and its deep backlog: tenants within twice each other's fair share in one band "
-            "(fair_share_band 1.0; the dispatch loop's SLUICE_FAIR_SHARE_BAND) and a 48 h "
-            "maximum wait (SLUICE_MAX_WAIT_SECONDS, or the workload policies' own)",
+        _with(
+            {**EARLIER_DEFAULTS, "preemption_min_gain_seconds": 4 * 3600.0},
+            name="sluice-min-gain",
+            description="the default until 2026-12-07, but a job preempts only when that "
+            "gets it running at least 4 h sooner than waiting, for GPUs freed by limits and "
+            "for its victims' predicted ends",
             backfill=True,
             preemption=True,
             fair_share=True,
-            preemption_min_gain_seconds=4 * 3600.0,
-            fair_share_band=1.0,
-            max_wait_seconds=48 * 3600.0,
         ),
-        Policy(
-            "sluice-submit-order",
-            "Sluice's default with submit order inside a class and tenant (no size- and "
-            "runtime-aware order)",
+        _with(
+            ORDER_DEFAULTS,
+            name="sluice-tuned",
+            description="the settings measured best on ITP's one pool at 85 % and its deep "
+            "backlog (fair_share_band 1.0, a 48 h maximum wait, a 4 h minimum preemption "
+            "gain): the default since 2026-12-07, kept under this name for comparisons",
+            backfill=True,
+            preemption=True,
+            fair_share=True,
+        ),
+        _with(
+            ORDER_DEFAULTS,
+            name="sluice-submit-order",
+            description="Sluice's default with submit order inside a class and tenant (no "
+            "size- and runtime-aware order)",
             backfill=True,
             preemption=True,
             fair_share=True,
             size_order=False,
         ),
-        Policy(
-            "sluice-no-backfill",
-            "Sluice without backfill: nothing starts before the first blocked job of its pool",
+        _with(
+            ORDER_DEFAULTS,
+            name="sluice-no-backfill",
+            description="Sluice's default without backfill: nothing starts before the first "
+            "blocked job of its pool",
             backfill=False,
             preemption=True,
             fair_share=True,

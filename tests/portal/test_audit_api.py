@@ -398,8 +398,9 @@ def test_raise_steps_write_one_event_each(world):
     )
 
 
-def test_a_preemption_writes_one_event(world, dispatch_requests):
+def test_a_preemption_writes_one_event(world, dispatch_requests, settings):
     """A job raised to a class that may preempt takes the GPUs of a lower, preemptible one."""
+    settings.SLUICE_PREEMPTION_MIN_GAIN_SECONDS = 0  # any gain: the victim runs an hour
     from scheduling.services.dispatch import dispatch_cycle
 
     Quota.objects.filter(tenant=world.tenant).update(guaranteed_gpus=16)

@@ -19,6 +19,14 @@ from scheduling.services.runtime_history import runtime_history_record
 from tests import factories as f
 
 
+@pytest.fixture(autouse=True)
+def _any_preemption_gain(settings):
+    """These tests check the mechanics of preemption on jobs of an hour: any gain (the
+    default 4 h minimum gain would make them wait; tests/scheduling/simulator/
+    test_default_policy.py checks the defaults)."""
+    settings.SLUICE_PREEMPTION_MIN_GAIN_SECONDS = 0
+
+
 def _job(world, gpus=1, nodes=1, priority=None, **kw):
     return f.JobFactory(
         queue=world.queue,

@@ -69,8 +69,8 @@ def test_job_page_shows_the_prediction_the_order_and_the_total_wait(world, clien
     assert "small and short work goes first" in page
     assert "4 GPUs for an" in page and "expected ~40 min" in page
     assert "counts half for every 6 h it has waited" in page
-    assert "After waiting 12 h (the training policy)" in page
-    front = (requeued.submitted_at + timedelta(hours=12)).strftime("%Y-%m-%d %H:%M:%S")
+    assert "After waiting 2 d (the training policy)" in page
+    front = (requeued.submitted_at + timedelta(hours=48)).strftime("%Y-%m-%d %H:%M:%S")
     assert f"this one from <strong>{front}</strong>" in page
     assert 'id="class-aging"' not in page  # off by default
 

@@ -712,8 +712,9 @@ def test_approved_raise_moves_the_job_to_the_head_of_its_queue(
 
 
 def test_impact_shows_the_positions_the_jobs_passed_and_the_possible_preemptions(
-    world, ceiling, full_cluster
+    world, ceiling, full_cluster, settings
 ):
+    settings.SLUICE_PREEMPTION_MIN_GAIN_SECONDS = 0  # any gain: these jobs run an hour
     from scheduling.raise_impact import raise_impacts
     from scheduling.services.dispatch import dispatch_cycle
 

@@ -21,7 +21,7 @@ def test_new_policies_get_the_defaults(world, api):
     body = api(world.member).get(URL).json()
 
     assert {k: body[k] for k in FIELDS} == {
-        "max_wait_seconds": 12 * 3600,
+        "max_wait_seconds": 48 * 3600,
         "max_preemptions": 3,
         "preemption_protection_seconds": 0,
     }
@@ -38,7 +38,7 @@ def test_platform_admin_sets_them_and_the_change_is_audited(world, api):
     assert _stored() == (3600, 0, 7200)
     audit = AuditEvent.objects.get(action="policy.update")
     assert audit.actor == world.platform_admin
-    assert (audit.before["max_wait_seconds"], audit.after["max_wait_seconds"]) == (43200, 3600)
+    assert (audit.before["max_wait_seconds"], audit.after["max_wait_seconds"]) == (172800, 3600)
     assert (audit.before["max_preemptions"], audit.after["max_preemptions"]) == (3, 0)
     assert audit.after["preemption_protection_seconds"] == 7200
 
@@ -92,7 +92,7 @@ def test_only_platform_admins_change_them(world, api, who):
     response = api(getattr(world, who)).patch(URL, {"max_preemptions": 9}, format="json")
 
     assert response.status_code == 403
-    assert _stored() == (43200, 3, 0)
+    assert _stored() == (172800, 3, 0)
 
 
 def _admin_form(policy, **changes) -> dict:
@@ -113,14 +113,14 @@ def test_the_django_admin_refuses_bad_values_with_field_errors(world, client):
     assert response.status_code == 200
     errors = response.context["adminform"].form.errors
     assert set(errors) == {"max_wait_seconds", "preemption_protection_seconds"}
-    assert _stored() == (43200, 3, 0) and not AuditEvent.objects.exists()
+    assert _stored() == (172800, 3, 0) and not AuditEvent.objects.exists()
 
     response = client.post(url, _admin_form(policy, max_wait_seconds=1800, max_preemptions=1))
 
     assert response.status_code == 302, response.context["adminform"].form.errors
     assert _stored() == (1800, 1, 0)
     audit = AuditEvent.objects.get(action="workloadpolicy.update")
-    assert (audit.before["max_wait_seconds"], audit.after["max_wait_seconds"]) == (43200, 1800)
+    assert (audit.before["max_wait_seconds"], audit.after["max_wait_seconds"]) == (172800, 1800)
 
 
 def test_the_submit_page_shows_them_per_workload_type(world, client):
@@ -130,6 +130,6 @@ def test_the_submit_page_shows_them_per_workload_type(world, client):
 
     page = client.get("/jobs/new/").content.decode()
 
-    assert "Max wait" in page and "<td>15m</td>" in page and "<td>12h</td>" in page
+    assert "Max wait" in page and "<td>15m</td>" in page and "<td>2d</td>" in page
     assert "at most 1, then protected for the run" in page
     assert "<td>no limit</td>" in page

@@ -7,6 +7,7 @@ the ``db`` fixtures they use.
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -14,7 +15,24 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from scheduling.engine import QuotaInfo  # noqa: E402
-from scheduling.simulator import ClassSpec, NodeSpec, Scenario, SimJob, WorkloadSpec  # noqa: E402
+from scheduling.simulator import (  # noqa: E402
+    POLICIES,
+    ClassSpec,
+    NodeSpec,
+    Scenario,
+    SimJob,
+    WorkloadSpec,
+)
+
+# The policies with any preemption gain, for the tests of preemption mechanics on tiny
+# hand-made traces (the default 4 h minimum gain makes their short jobs wait instead);
+# the policies that set a gain of their own keep it.
+ANY_GAIN = {
+    name: replace(policy, preemption_min_gain_seconds=0.0)
+    if policy.preemption and name != "sluice-min-gain"
+    else policy
+    for name, policy in POLICIES.items()
+}
 
 POOL = "training"
 CLASSES = {

@@ -37,7 +37,7 @@ def _pending(world, gpus, *, nodes=1, cls=None, other=False, minutes_ago=10):
     )
 
 
-def _running(world, node, indices, *, cls=None, other=False, borrowed=False):
+def _running(world, node, indices, *, cls=None, other=False, borrowed=False, runtime=None):
     queue, project = (
         (world.other_queue, world.other_project) if other else (world.queue, world.project)
     )
@@ -53,6 +53,8 @@ def _running(world, node, indices, *, cls=None, other=False, borrowed=False):
         submitted_at=timezone.now() - timezone.timedelta(hours=2),
     )
     Allocation.objects.filter(job=job).update(borrowed=borrowed)
+    if runtime is not None:
+        Job.objects.filter(pk=job.pk).update(max_runtime_seconds=runtime)
     return job
 
 
@@ -150,8 +152,9 @@ def test_same_placements_and_pending_codes(world):
 
 def test_same_preemptions(world):
     node1, node2 = world.nodes
-    _running(world, node1, range(8), other=True)
-    _running(world, node2, range(8), cls=world.low, other=True, borrowed=True)
+    # Both may run two more days: a reclaim buys more than the default minimum gain.
+    _running(world, node1, range(8), other=True, runtime=2 * 86400)
+    _running(world, node2, range(8), cls=world.low, other=True, borrowed=True, runtime=2 * 86400)
     reclaimer = _pending(world, 8)  # nlp runs nothing: inside its guarantee
 
     decisions = _assert_same_decisions()

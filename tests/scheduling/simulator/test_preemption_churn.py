@@ -10,7 +10,7 @@ from scheduling.simulator import POLICIES, SimConfig, WorkloadSpec, replay
 from scheduling.simulator.metrics import per_tenant, summarize
 from scheduling.simulator.simulation import RuntimeLearner
 
-from .conftest import POOL, scenario, sim_job
+from .conftest import ANY_GAIN, POOL, scenario, sim_job
 from .test_replay_invariants import busy_trace
 
 EXACT = SimConfig(dispatch_interval=0)
@@ -41,10 +41,10 @@ def _stream(every: float, count: int, max_preemptions: int, protection: int = 0)
 def test_a_job_is_preempted_no_more_than_its_limit():
     # Without a limit each high job stops the low one again (six times); with a limit of
     # 2 it runs to its end from its third start, at 1005, and the others wait for it.
-    unlimited = replay(_stream(500, 6, max_preemptions=0), POLICIES["sluice"], EXACT)
+    unlimited = replay(_stream(500, 6, max_preemptions=0), ANY_GAIN["sluice"], EXACT)
     assert unlimited.runs[0].preemptions == 6
 
-    result = replay(_stream(500, 6, max_preemptions=2), POLICIES["sluice"], EXACT)
+    result = replay(_stream(500, 6, max_preemptions=2), ANY_GAIN["sluice"], EXACT)
     low = result.runs[0]
     assert low.preemptions == 2
     assert low.attempts[-1][:2] == (1005, 11_005)  # no checkpoint reached: all work lost
@@ -64,7 +64,7 @@ def test_at_its_limit_a_job_waits_for_its_guarantee_instead_of_borrowing_again()
     quotas = [QuotaInfo("a", POOL, "", 4, 4), QuotaInfo("b", POOL, "", 4, 4)]
     shared = scenario(jobs, gpus=8, quotas=quotas)
     shared.workloads = _policy(1)
-    result = replay(shared, POLICIES["sluice"], EXACT)
+    result = replay(shared, ANY_GAIN["sluice"], EXACT)
     low = result.runs[1]
     assert low.preemptions == 1
     assert [start for start, _, _ in low.attempts] == [10, 5000]
@@ -72,7 +72,7 @@ def test_at_its_limit_a_job_waits_for_its_guarantee_instead_of_borrowing_again()
     assert [run.first_start for run in result.runs[2:]] == [1005, 2000, 3000, 4000]
 
     shared.workloads = _policy(0)
-    assert replay(shared, POLICIES["sluice"], EXACT).runs[1].preemptions == 4
+    assert replay(shared, ANY_GAIN["sluice"], EXACT).runs[1].preemptions == 4
 
 
 def test_in_a_busy_replay_no_job_goes_beyond_the_limit():
@@ -81,10 +81,10 @@ def test_in_a_busy_replay_no_job_goes_beyond_the_limit():
     config = SimConfig(checkpoint_interval=300)
     busy = busy_trace()
     busy.workloads = _policy(0)
-    assert max(run.preemptions for run in replay(busy, POLICIES["sluice"], config).runs) > 1
+    assert max(run.preemptions for run in replay(busy, ANY_GAIN["sluice"], config).runs) > 1
 
     busy.workloads = _policy(1)
-    result = replay(busy, POLICIES["sluice"], config)
+    result = replay(busy, ANY_GAIN["sluice"], config)
     assert max(run.preemptions for run in result.runs) == 1
     assert summarize(result)["max_preemptions"] == 1
 
@@ -93,14 +93,14 @@ def test_after_its_protection_window_a_job_may_be_preempted_again():
     # Limit 1, protected for 600 s: preempted at 400 (stops at 405), restarted at 505 and
     # protected until 1105. The high job arriving at 900 waits for that moment (the
     # replay wakes up then), not for the low job's end.
-    result = replay(_stream(500, 2, max_preemptions=1, protection=600), POLICIES["sluice"], EXACT)
+    result = replay(_stream(500, 2, max_preemptions=1, protection=600), ANY_GAIN["sluice"], EXACT)
     low, _, second = result.runs
     assert second.first_start == 1110
     assert low.preemptions == 2
     assert [start for start, _, _ in low.attempts] == [0, 505, 1210]
 
     # Protected for the whole run: it waits until the low job ends.
-    result = replay(_stream(500, 2, max_preemptions=1), POLICIES["sluice"], EXACT)
+    result = replay(_stream(500, 2, max_preemptions=1), ANY_GAIN["sluice"], EXACT)
     assert result.runs[2].first_start == 10_505
     assert result.runs[0].preemptions == 1
 
@@ -108,7 +108,7 @@ def test_after_its_protection_window_a_job_may_be_preempted_again():
 def test_the_minimum_runtime_holds_between_two_preemptions():
     # High jobs every 200 s: after each restart the low job runs its 300 s (plus the 5 s
     # grace) before it is stopped again, never less.
-    result = replay(_stream(200, 5, max_preemptions=0), POLICIES["sluice"], EXACT)
+    result = replay(_stream(200, 5, max_preemptions=0), ANY_GAIN["sluice"], EXACT)
     low = result.runs[0]
     assert low.preemptions >= 3
     stopped = [end - start for start, end, _ in low.attempts[:-1]]
@@ -127,7 +127,7 @@ def test_the_engine_is_told_the_last_checkpoint(interval, victim):
         sim_job(3, 610, 100, 2, cls="high"),
     ]
     config = SimConfig(dispatch_interval=0, checkpoint_interval=interval)
-    result = replay(scenario(jobs), POLICIES["sluice"], config)
+    result = replay(scenario(jobs), ANY_GAIN["sluice"], config)
     assert [run.job.id for run in result.runs if run.preemptions] == [victim]
 
 
@@ -136,7 +136,7 @@ def test_waits_count_every_re_wait_after_a_preemption():
     # again until H ends at 805, then runs to 1205 (checkpoint at 600 kept).
     jobs = [sim_job(1, 0, 1000, 4, cls="low"), sim_job(2, 700, 100, 4, cls="high")]
     config = SimConfig(dispatch_interval=0, checkpoint_interval=600)
-    result = replay(scenario(jobs), POLICIES["sluice"], config)
+    result = replay(scenario(jobs), ANY_GAIN["sluice"], config)
     low, high = result.runs
 
     assert (low.first_wait, low.rewait, low.total_wait) == (0, 100, 100)
@@ -158,7 +158,7 @@ def test_waits_count_every_re_wait_after_a_preemption():
 
 
 def test_churn_figures_count_jobs_by_preemptions():
-    result = replay(_stream(500, 6, max_preemptions=0), POLICIES["sluice"], EXACT)
+    result = replay(_stream(500, 6, max_preemptions=0), ANY_GAIN["sluice"], EXACT)
     summary = summarize(result)
     low = result.runs[0]
     assert low.preemptions == 6
@@ -179,11 +179,11 @@ def test_sluice_min_gain_waits_for_a_job_ending_soon_instead_of_preempting():
     assert replay(long_, POLICIES["sluice-min-gain"], EXACT).runs[0].preemptions == 1
     short = _stream(500, 1, max_preemptions=0)
     short.jobs[0] = sim_job(1, 0, 1000, 4, cls="low")
-    assert replay(short, POLICIES["sluice"], EXACT).runs[0].preemptions == 1
+    assert replay(short, ANY_GAIN["sluice"], EXACT).runs[0].preemptions == 1
     patient = replay(short, POLICIES["sluice-min-gain"], EXACT)
     assert patient.runs[0].preemptions == 0
     assert patient.runs[1].first_start == 1000
-    assert POLICIES["sluice"].preemption_min_gain_seconds is None  # the engine's: 0
+    assert ANY_GAIN["sluice"].preemption_min_gain_seconds == 0
 
 
 def test_runtime_learner_follows_the_portals_rule():

@@ -8,18 +8,18 @@ from dataclasses import replace
 
 import pytest
 
-from scheduling.simulator import POLICIES, ClassSpec, SimConfig, replay
+from scheduling.simulator import ClassSpec, SimConfig, replay
 from scheduling.simulator.metrics import summarize, wait_by_class, wait_by_size
 from scheduling.simulator.simulation import COMPLETED, Replay
 
-from .conftest import scenario, sim_job
+from .conftest import ANY_GAIN, scenario, sim_job
 
 EXACT = SimConfig(dispatch_interval=0)
 # The schedules below are worked out in submit order inside a class (the size-aware
 # order has its own hand-computed test at the end).
 SUBMIT_ORDER = {
     name: replace(policy, size_order=False) if not policy.global_fifo else policy
-    for name, policy in POLICIES.items()
+    for name, policy in ANY_GAIN.items()
 }
 
 
@@ -93,7 +93,7 @@ def test_cycles_are_coalesced_on_the_dispatch_interval():
 
 def test_a_job_longer_than_its_limit_is_killed_at_the_limit():
     jobs = [sim_job(1, 0, 500, 1, limit=300), sim_job(2, 0, 100, 4)]
-    result = replay(scenario(jobs), POLICIES["fifo"], EXACT)
+    result = replay(scenario(jobs), ANY_GAIN["fifo"], EXACT)
     by_name = {run.job.name: run for run in result.runs}
 
     assert by_name["job1"].outcome == "timed_out"
@@ -108,7 +108,7 @@ def test_a_preempted_job_loses_the_work_since_its_checkpoint_and_is_requeued():
     # 400 s of work; H runs 705-805, then L 805-1205.
     jobs = [sim_job(1, 0, 1000, 4, cls="low"), sim_job(2, 700, 100, 4, cls="high")]
     result = replay(
-        scenario(jobs), POLICIES["sluice"], SimConfig(dispatch_interval=0, checkpoint_interval=600)
+        scenario(jobs), ANY_GAIN["sluice"], SimConfig(dispatch_interval=0, checkpoint_interval=600)
     )
     low, high = result.runs
 
@@ -125,7 +125,7 @@ def test_waits_by_class_count_the_victims_rewait_against_its_class():
     # 705-805 while H runs. Two started jobs: each second waited adds 1/2 s to the average.
     jobs = [sim_job(1, 0, 1000, 4, cls="low"), sim_job(2, 700, 100, 4, cls="high")]
     result = replay(
-        scenario(jobs), POLICIES["sluice"], SimConfig(dispatch_interval=0, checkpoint_interval=600)
+        scenario(jobs), ANY_GAIN["sluice"], SimConfig(dispatch_interval=0, checkpoint_interval=600)
     )
     by_class = wait_by_class(result)
     per_job = 2 * 3600
@@ -151,7 +151,7 @@ def test_a_job_arriving_before_its_victim_may_be_preempted_preempts_it_when_it_m
     # to be preempted (300 s minimum): the cycle is skipped, but the replay comes back
     # at 300 and H runs from 305 (5 s grace), not when L ends at 1000.
     jobs = [sim_job(1, 0, 1000, 4, cls="low"), sim_job(2, 100, 100, 4, cls="high")]
-    result = replay(scenario(jobs), POLICIES["sluice"], EXACT)
+    result = replay(scenario(jobs), ANY_GAIN["sluice"], EXACT)
 
     assert starts(result) == {"job1": 0, "job2": 305}
     assert result.runs[0].preemptions == 1
@@ -159,7 +159,7 @@ def test_a_job_arriving_before_its_victim_may_be_preempted_preempts_it_when_it_m
 
 def test_fifo_never_preempts():
     jobs = [sim_job(1, 0, 1000, 4, cls="low"), sim_job(2, 700, 100, 4, cls="high")]
-    result = replay(scenario(jobs), POLICIES["fifo"], EXACT)
+    result = replay(scenario(jobs), ANY_GAIN["fifo"], EXACT)
 
     assert starts(result) == {"job1": 0, "job2": 1000}
     assert summarize(result)["preemptions"] == 0
@@ -167,7 +167,7 @@ def test_fifo_never_preempts():
 
 def test_a_job_that_can_never_start_is_set_aside():
     jobs = [sim_job(1, 0, 100, 8), sim_job(2, 0, 100, 1)]  # 8 GPUs on a 4-GPU node
-    result = replay(scenario(jobs), POLICIES["sluice"], EXACT)
+    result = replay(scenario(jobs), ANY_GAIN["sluice"], EXACT)
     by_name = {run.job.name: run for run in result.runs}
 
     assert by_name["job1"].outcome == "unschedulable"
@@ -200,7 +200,7 @@ def test_the_replay_comes_back_when_a_job_that_may_be_stopped_comes_of_age_only(
     ]
     world = scenario(jobs)
     world.classes["critical"] = ClassSpec("critical", 800, preemptible=False)
-    timed = _Timed(world, POLICIES["sluice"], EXACT)
+    timed = _Timed(world, ANY_GAIN["sluice"], EXACT)
     result = timed.run()
 
     assert starts(result) == {"job1": 0, "job2": 10, "job3": 5015}
@@ -215,10 +215,10 @@ def test_smaller_work_goes_first_inside_a_class():
     # B, which needs every GPU, at 150. With and without backfill (C is ahead of B).
     jobs = [sim_job(1, 0, 100, 4), sim_job(2, 1, 100, 4), sim_job(3, 2, 50, 1)]
     for policy in ("sluice", "sluice-no-backfill"):
-        result = replay(scenario(jobs), POLICIES[policy], EXACT)
+        result = replay(scenario(jobs), ANY_GAIN[policy], EXACT)
         assert starts(result) == {"job1": 0, "job2": 150, "job3": 100}, policy
     # Aged past its maximum wait, B goes first again.
-    patient = replace(POLICIES["sluice"], max_wait_seconds=50.0)
+    patient = replace(ANY_GAIN["sluice"], max_wait_seconds=50.0)
     assert starts(replay(scenario(jobs), patient, EXACT)) == {"job1": 0, "job2": 100, "job3": 200}
 
 
@@ -266,7 +266,7 @@ def test_the_tail_counts_the_jobs_that_waited_more_than_a_day():
         sim_job(2, 10, 3600, 4),
         sim_job(3, 20, 3600, 1),
     ]
-    result = replay(scenario(jobs), POLICIES["fifo"], EXACT)
+    result = replay(scenario(jobs), ANY_GAIN["fifo"], EXACT)
     summary = summarize(result)
 
     waits = [30 * 3600 - 10, 31 * 3600 - 20]
@@ -283,7 +283,7 @@ def test_the_tail_counts_the_jobs_that_waited_more_than_a_day():
 def test_the_tail_of_jobs_over_8_gpus_is_counted_apart():
     # Three 4-GPU nodes: two 12-GPU gangs one after the other; the second waits 25 h.
     jobs = [sim_job(1, 0, 25 * 3600, 4, nodes=3), sim_job(2, 5, 3600, 4, nodes=3)]
-    summary = summarize(replay(scenario(jobs, nodes=3), POLICIES["fifo"], EXACT))
+    summary = summarize(replay(scenario(jobs, nodes=3), ANY_GAIN["fifo"], EXACT))
 
     assert summary["wait_max_s"] == pytest.approx(25 * 3600 - 5)
     assert summary["waited_over_day"] == summary["big_waited_over_day"] == 1

@@ -7,13 +7,13 @@ from collections import defaultdict
 import pytest
 
 from scheduling.engine import QuotaInfo, plan
-from scheduling.simulator import POLICIES, SimConfig, Trace, TraceJob, build_scenario, replay
+from scheduling.simulator import SimConfig, Trace, TraceJob, build_scenario, replay
 from scheduling.simulator.metrics import summarize
 from scheduling.simulator.parallel import replay_split
 from scheduling.simulator.scenario import ScenarioOptions
 from scheduling.simulator.simulation import COMPLETED, TIMED_OUT, Replay
 
-from .conftest import POOL, scenario, sim_job
+from .conftest import ANY_GAIN, POOL, scenario, sim_job
 
 
 def busy_trace(seed: int = 7, count: int = 200):
@@ -43,7 +43,7 @@ def busy_trace(seed: int = 7, count: int = 200):
 @pytest.mark.parametrize("policy", ["fifo", "sluice", "sluice-no-backfill", "sluice-tuned"])
 def test_every_job_ends_exactly_once_and_no_gpu_is_held_twice(policy, full_cycles):
     config = SimConfig(checkpoint_interval=300, full_cycles=full_cycles)
-    result = replay(busy_trace(), POLICIES[policy], config)
+    result = replay(busy_trace(), ANY_GAIN[policy], config)
 
     assert sorted(run.job.id for run in result.runs) == list(range(1, 201))
     holders = defaultdict(list)
@@ -86,7 +86,7 @@ class CheckedReplay(Replay):
 @pytest.mark.parametrize("policy", ["sluice", "sluice-no-backfill", "sluice-tuned"])
 def test_decisions_only_cycles_decide_as_full_ones_all_through_a_replay(policy):
     checked = CheckedReplay(
-        busy_trace(count=400), POLICIES[policy], SimConfig(checkpoint_interval=300)
+        busy_trace(count=400), ANY_GAIN[policy], SimConfig(checkpoint_interval=300)
     )
     checked.run()
 
@@ -105,8 +105,8 @@ def test_without_backfill_a_decisions_only_replay_is_a_replay_of_full_cycles(pol
     older reservations of the jobs it did not reach: every start, GPU, end and
     preemption is that of a replay in which every cycle considers every job."""
     trace = busy_trace(count=400)
-    fast = CountingReplay(trace, POLICIES[policy], SimConfig(checkpoint_interval=300))
-    full = replay(trace, POLICIES[policy], SimConfig(checkpoint_interval=300, full_cycles=True))
+    fast = CountingReplay(trace, ANY_GAIN[policy], SimConfig(checkpoint_interval=300))
+    full = replay(trace, ANY_GAIN[policy], SimConfig(checkpoint_interval=300, full_cycles=True))
 
     assert _attempts(fast.run()) == _attempts(full)
     if policy != "fifo":
@@ -131,7 +131,7 @@ def test_the_busy_trace_does_preempt_under_sluice():
     # and reclaimed again and again (see the simulator's report), and without progress
     # saved between two reclaims the replay would end in a preemption storm.
     summary = summarize(
-        replay(busy_trace(), POLICIES["sluice"], SimConfig(checkpoint_interval=300))
+        replay(busy_trace(), ANY_GAIN["sluice"], SimConfig(checkpoint_interval=300))
     )
 
     assert summary["preemptions"] > 0
@@ -160,10 +160,10 @@ def synthetic_trace(pools: int = 1) -> Trace:
 def test_the_same_seed_gives_the_same_result():
     config = SimConfig(checkpoint_interval=300)
     first = replay(
-        build_scenario(synthetic_trace(), ScenarioOptions(seed=5)), POLICIES["sluice"], config
+        build_scenario(synthetic_trace(), ScenarioOptions(seed=5)), ANY_GAIN["sluice"], config
     )
     again = replay(
-        build_scenario(synthetic_trace(), ScenarioOptions(seed=5)), POLICIES["sluice"], config
+        build_scenario(synthetic_trace(), ScenarioOptions(seed=5)), ANY_GAIN["sluice"], config
     )
 
     assert _outcome(first) == _outcome(again)
@@ -185,8 +185,8 @@ def test_independent_pools_replayed_apart_give_the_same_result():
     scenario_ = build_scenario(synthetic_trace(pools=3), ScenarioOptions(seed=1))
     # see test_the_busy_trace_does_preempt...
     config = SimConfig(checkpoint_interval=300, wait_reasons=True)
-    together = replay(scenario_, POLICIES["sluice"], config)
-    apart = replay_split(scenario_, POLICIES["sluice"], config, workers=2)
+    together = replay(scenario_, ANY_GAIN["sluice"], config)
+    apart = replay_split(scenario_, ANY_GAIN["sluice"], config, workers=2)
 
     assert _outcome(apart) == _outcome(together)
     assert apart.series == together.series
@@ -258,7 +258,7 @@ class GatedReplay(Replay):
 @pytest.mark.parametrize("trace", [busy_trace, capped_trace])
 @pytest.mark.parametrize("policy", ["fifo", "sluice", "sluice-no-backfill"])
 def test_a_cycle_skipped_as_not_worth_it_would_have_done_nothing(policy, trace):
-    gated = GatedReplay(trace(), POLICIES[policy], SimConfig(checkpoint_interval=300))
+    gated = GatedReplay(trace(), ANY_GAIN[policy], SimConfig(checkpoint_interval=300))
     gated.run()
 
     assert gated.skipped > 10

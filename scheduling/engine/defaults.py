@@ -1,0 +1,50 @@
+"""The default order and preemption settings: one definition, read by the engine's
+:class:`~.snapshot.Snapshot`, the portal's settings (``portal/settings.py``, each one
+overridable by its ``SLUICE_*`` variable) and the simulator's ``sluice`` policy alike.
+
+They are the settings that measured best on the shared traces (docs/benchmarks.md, the
+scheduling-quality rows; DESIGN.md §6): until 2026-12-07 the simulator's
+``sluice-tuned`` policy, better than the earlier defaults in every case measured. The
+earlier defaults are kept as the simulator's ``sluice-2026-12`` policy for comparison;
+docs/concepts/order.md ("Changing from earlier defaults") says what a site that set the
+old knobs should do.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+#: Inside a class and fair-share band, small and short work first (see .order).
+SIZE_ORDER: Final = True
+#: Every this many seconds waited halve a job's size in that order.
+SIZE_HALVING_SECONDS: Final = 6 * 3600.0
+#: Past this wait (from its submission) a job goes before every job of its class and band
+#: that has waited less, and holds a reservation nothing later may take.
+MAX_WAIT_SECONDS: Final = 48 * 3600.0
+#: Tenants within a factor 1 + this of each other's fair share form one band.
+FAIR_SHARE_BAND: Final = 1.0
+#: A job preempts only when that gets it running at least this much sooner.
+PREEMPTION_MIN_GAIN_SECONDS: Final = 4 * 3600.0
+#: A borrower of several whole nodes reserves once it has waited this long (0: off).
+GANG_BORROWER_RESERVE_SECONDS: Final = 0.0
+#: After this wait a job is ordered with the next class up (0: off).
+CLASS_AGING_SECONDS: Final = 0.0
+
+#: The same, by the name of the Snapshot field (and of the simulator's policy knob).
+ORDER_DEFAULTS: Final[dict[str, float | bool]] = {
+    "size_order": SIZE_ORDER,
+    "size_halving_seconds": SIZE_HALVING_SECONDS,
+    "max_wait_seconds": MAX_WAIT_SECONDS,
+    "fair_share_band": FAIR_SHARE_BAND,
+    "preemption_min_gain_seconds": PREEMPTION_MIN_GAIN_SECONDS,
+    "gang_borrower_reserve_seconds": GANG_BORROWER_RESERVE_SECONDS,
+    "class_aging_seconds": CLASS_AGING_SECONDS,
+}
+
+#: The defaults before 2026-12-07 (the simulator's ``sluice-2026-12`` policy).
+EARLIER_DEFAULTS: Final[dict[str, float | bool]] = {
+    **ORDER_DEFAULTS,
+    "max_wait_seconds": 12 * 3600.0,
+    "fair_share_band": 0.25,
+    "preemption_min_gain_seconds": 0.0,
+}
