@@ -5,20 +5,30 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('scheduling', '0015_pool_executor_job_image'),
+        ("scheduling", "0015_pool_executor_job_image"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='workloadpolicy',
-            name='max_preemptions',
-            field=models.PositiveIntegerField(default=3, help_text='Stops a job takes at most, every kind counted (preemption for a higher class, reclaim of borrowed GPUs); at the limit it runs on to its end (0: no limit).', validators=[django.core.validators.MaxValueValidator(1000)]),
+            model_name="workloadpolicy",
+            name="max_preemptions",
+            field=models.PositiveIntegerField(
+                default=3,
+                help_text="Stops a job takes at most, every kind counted (preemption for a higher class, reclaim of borrowed GPUs); at the limit it runs on to its end (0: no limit).",
+                validators=[django.core.validators.MaxValueValidator(1000)],
+            ),
         ),
         migrations.AlterField(
-            model_name='workloadpolicy',
-            name='max_wait_seconds',
-            field=models.PositiveIntegerField(default=172800, help_text='Maximum wait: after waiting this long (from its submission) a job goes before every job of its class and fair-share band that has waited less, whatever their size or runtime.', validators=[django.core.validators.MinValueValidator(60), django.core.validators.MaxValueValidator(31622400)]),
+            model_name="workloadpolicy",
+            name="max_wait_seconds",
+            field=models.PositiveIntegerField(
+                default=172800,
+                help_text="Maximum wait: after waiting this long (from its submission) a job goes before every job of its class and fair-share band that has waited less, whatever their size or runtime.",
+                validators=[
+                    django.core.validators.MinValueValidator(60),
+                    django.core.validators.MaxValueValidator(31622400),
+                ],
+            ),
         ),
     ]
