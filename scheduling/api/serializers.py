@@ -476,6 +476,9 @@ class JobSerializer(FastRepresentationMixin, serializers.ModelSerializer):
     stop_reason = serializers.ChoiceField(
         choices=StopReason.choices, allow_blank=True, read_only=True
     )
+    image_pull_policy = serializers.ChoiceField(
+        choices=ImagePullPolicy.choices, allow_blank=True, read_only=True
+    )
 
     class Meta:
         model = Job
