@@ -33,4 +33,5 @@ def unix_user_names(user_ids) -> dict[int, str]:
 
 
 def unix_user_name(user) -> str:
-    return unix_user_names([user.pk]).get(user.pk, user.get_username())
+    """``unix_user_names`` for one user already read (one query)."""
+    return unix_accounts_of([user.pk]).get(user.pk, user.get_username())

@@ -438,10 +438,14 @@ def _check_unix_account(user, spec: JobSpec, lookups: Lookups) -> None:
     from identity.selectors import unix_user_name
 
     tenant = spec.project.tenant
-    account = lookups.get(
-        ("unix_account", tenant.pk, user.pk),
-        lambda: job_unix_account(tenant=tenant, username=unix_user_name(user)),
-    )
+
+    def account_of_user() -> str:
+        # The directory's account is read only where accounts are per user ({user}).
+        per_user = "{user}" in settings.SLUICE_JOB_ACCOUNT
+        username = unix_user_name(user) if per_user else user.get_username()
+        return job_unix_account(tenant=tenant, username=username)
+
+    account = lookups.get(("unix_account", tenant.pk, user.pk), account_of_user)
     if not account:
         _fail(
             "project",
