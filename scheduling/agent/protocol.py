@@ -23,7 +23,12 @@ serializer ``json``); see :func:`node_queue_name` and
     ``checkpoint_dir`` str ("" = ``workspace/checkpoints``), ``array_index`` int | None,
     ``grace_seconds`` int, ``sent_at`` float (unix time); optional ``retention_days``
     number (how long the node keeps the job's directory, with its checkpoints, after the
-    job ended; absent: the agent's ``--retention-days``).
+    job ended; absent: the agent's ``--retention-days``); optional ``runtime_limit_seconds``
+    int | null (positive: how long the job may run as far as the control side knows at
+    launch, its runtime limit plus the extensions its policy grants without approval; the
+    control side stops it then itself, with its warnings and grace. Executors with a time
+    limit of their own set it as a backstop, rounded up and a grace period later: Slurm's
+    ``--time``, a Pod's ``activeDeadlineSeconds``. The node agent needs none.)
 
     Isolation fields, all optional (a message without them is valid and gets the
     defaults): ``tenant`` str (the tenant's slug, "" if unknown; default ""), ``run_as``
@@ -342,6 +347,7 @@ _CONTROL_FIELDS: dict[str, dict[str, str]] = {
 _OPTIONAL_CONTROL_FIELDS: dict[str, dict[str, str]] = {
     LAUNCH: {
         "retention_days": "number",
+        "runtime_limit_seconds": "int?",
         "tenant": "str",
         "run_as": "str",
         "limits": "dict",
@@ -450,6 +456,9 @@ def validate_control_message(message: Any) -> dict[str, Any]:
     if kind == LAUNCH:
         if message.get("retention_days", 0) < 0:
             raise ProtocolError("launch: 'retention_days' must not be negative")
+        runtime_limit = message.get("runtime_limit_seconds")
+        if runtime_limit is not None and runtime_limit <= 0:
+            raise ProtocolError("launch: 'runtime_limit_seconds' must be positive or null")
         _check_isolation_fields(message)
         if not message["command"]:
             raise ProtocolError("launch: 'command' must not be empty")
@@ -556,6 +565,7 @@ def launch_message(
     array_index: int | None = None,
     grace_seconds: int = 30,
     retention_days: float | None = None,
+    runtime_limit_seconds: int | None = None,
     tenant: str = "",
     run_as: str = "",
     limits: Mapping[str, float | int | None] | None = None,
@@ -566,10 +576,12 @@ def launch_message(
     image_pull_secret: str = "",
     sent_at: float | None = None,
 ) -> dict[str, Any]:
-    """Build and validate a ``launch`` message (``retention_days`` only when given, and
-    ``serve`` only for a serving job, with both paths; the isolation fields always,
+    """Build and validate a ``launch`` message (``retention_days`` and
+    ``runtime_limit_seconds`` only when given, ``serve`` only for a serving job, with both paths; the isolation fields always,
     ``limits`` with every name of :data:`LIMIT_NAMES`)."""
     optional: dict[str, Any] = {} if retention_days is None else {"retention_days": retention_days}
+    if runtime_limit_seconds is not None:
+        optional["runtime_limit_seconds"] = runtime_limit_seconds
     if serve:
         optional["serve"] = {key: serve.get(key, default) for key, default in SERVE_PATHS.items()}
     if image:

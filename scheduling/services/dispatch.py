@@ -463,8 +463,9 @@ def launch_messages(
 ) -> list[tuple[str, dict]]:
     """One ``launch`` per node of the job, with that node's GPU indices and UUIDs, the
     Unix account it runs as, the limits its policy sets (cgroup on the node, scaled by the
-    GPUs it holds there), its log cap, how long the node keeps its directory, for a
-    serving job the paths its agent scrapes (``serve``), and a container job's image."""
+    GPUs it holds there), its log cap, how long the node keeps its directory, how long it
+    may run (:func:`launch_runtime_limit`), for a serving job the paths its agent scrapes
+    (``serve``), and a container job's image."""
     messages = []
     for node_name, gpus in sorted(gpus_by_node.items()):
         gpus = sorted(gpus)
@@ -482,6 +483,7 @@ def launch_messages(
             array_index=job.array_index,
             grace_seconds=policy.stop_grace_seconds if policy else 30,
             retention_days=policy.retention_days if policy else None,
+            runtime_limit_seconds=launch_runtime_limit(job, policy),
             tenant=job.tenant.slug,
             run_as=run_as,
             limits=node_limits(policy, max(1, len(gpus))),
@@ -493,6 +495,14 @@ def launch_messages(
         )
         messages.append((node_name, message))
     return messages
+
+
+def launch_runtime_limit(job: Job, policy: WorkloadPolicy | None) -> int:
+    """How long a job may run as far as is known at launch: its runtime limit plus the
+    extensions its policy grants without approval. Executors with a time limit of their own
+    (Slurm, Kubernetes) set it as a backstop: an extension granted while the job runs must
+    not let their limit end it before Sluice's own timeout would."""
+    return job.max_runtime_seconds + (policy.extension_cap_seconds if policy else 0)
 
 
 def node_limits(policy: WorkloadPolicy | None, gpus: int) -> dict[str, float | int | None]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -243,8 +244,9 @@ def build_pod(message: Mapping[str, Any], node: str, settings: PodSettings) -> c
             node_name=node,
             restart_policy="Never",
             termination_grace_period_seconds=grace,
+            # A backstop a grace period (and a slack) after Sluice's own stop at the limit.
             active_deadline_seconds=(
-                int(deadline) + grace + settings.deadline_slack_seconds if deadline else None
+                math.ceil(deadline) + grace + settings.deadline_slack_seconds if deadline else None
             ),
             automount_service_account_token=False,
             enable_service_links=False,

@@ -4,7 +4,13 @@ import json
 
 from kubernetes import client
 
-from scheduling.agent.protocol import LAUNCH_FAILED, STOP_LOST, launch_message, stop_message
+from scheduling.agent.protocol import (
+    LAUNCH_FAILED,
+    STOP_LOST,
+    launch_message,
+    stop_message,
+    validate_control_message,
+)
 from scheduling.executors.base import Exited, LogChunk, Started
 from scheduling.executors.kubernetes.pods import PodSettings, pod_name
 from tests.executors.kubernetes.conftest import api_client, make_executor, poll_until
@@ -264,3 +270,18 @@ def test_watch_answers_are_client_shapes(standin, executor):
     as_model(standin.pod_list(""), "V1PodList")
     listed = client.CoreV1Api(api_client(standin)).list_pod_for_all_namespaces()
     assert [p.status.phase for p in listed.items] == ["Succeeded"]
+
+
+def test_the_deadline_is_a_backstop_only_where_the_launch_carries_a_runtime_limit(
+    standin, executor
+):
+    executor.launch("gpu-1", launch(job_id=8))
+    pod = as_model(standin.pod(NS, pod_name(8, 1, "gpu-1")), "V1Pod")
+    assert pod.spec.active_deadline_seconds is None
+    message = launch(job_id=9)
+    message["runtime_limit_seconds"] = 120
+    executor.launch("gpu-1", validate_control_message(message))
+    pod = as_model(standin.pod(NS, pod_name(9, 1, "gpu-1")), "V1Pod")
+    # Sluice's own stop at 120 s, its grace (45 s), then the slack: Kubernetes comes last.
+    assert pod.spec.active_deadline_seconds == 120 + 45 + 300
+    assert pod.spec.termination_grace_period_seconds == 45

@@ -111,3 +111,23 @@ def test_unknown_account_fails_the_launch_with_its_name(executor):
     (event,) = list(executor._events)
     assert event.reason == protocol.LAUNCH_FAILED and "'sluice-nosuchtenant'" in event.message
     assert executor.client.submitted == []
+
+
+@pytest.mark.parametrize(
+    ("runtime", "grace", "minutes"),
+    [(3600, 30, 62), (3601, 60, 63), (60, 0, 2), (7200, 300, 126)],
+)
+def test_time_limit_is_the_runtime_limit_rounded_up_a_grace_and_a_minute_later(
+    tmp_path, runtime, grace, minutes
+):
+    executor = SlurmExecutor(client=RecordingClient(), work_dir=tmp_path)
+    message = _message(grace_seconds=grace, runtime_limit_seconds=runtime)
+    executor.launch("sn1", message)
+    ((_, options),) = executor.client.submitted
+    assert [o for o in options if o.startswith("--time=")] == [f"--time={minutes}"]
+
+
+def test_no_time_limit_without_a_runtime_limit(executor):
+    executor.launch("sn1", _message())
+    ((_, options),) = executor.client.submitted
+    assert not any(o.startswith("--time") for o in options)
