@@ -139,6 +139,12 @@ class Gpu(models.Model):
     temperature_c = models.FloatField(null=True, blank=True)
     power_w = models.FloatField(null=True, blank=True)
     sampled_at = models.DateTimeField(null=True, blank=True)
+    held_outside = models.CharField(
+        max_length=200,
+        blank=True,
+        help_text="What holds this GPU outside Sluice (a Slurm job of someone else), from "
+        "the node's last heartbeat; empty: nothing. Sluice places no job on it meanwhile.",
+    )
 
     class Meta:
         ordering = ["node__name", "index"]

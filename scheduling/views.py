@@ -462,6 +462,7 @@ def _pool_summary(rows) -> list[dict]:
                     "idle": 0,
                     "free": 0,
                     "down": 0,
+                    "outside": 0,
                     "utilization": 0.0,
                 },
             )
@@ -476,12 +477,14 @@ def _pool_summary(rows) -> list[dict]:
                 s["utilization"] += gpu.utilization or 0.0
             elif node.state != NodeState.READY or gpu.health != GpuHealth.HEALTHY:
                 s["down"] += 1
+            elif gpu.held_outside:
+                s["outside"] += 1
             else:
                 s["free"] += 1
     summary = sorted(found.values(), key=lambda s: (s["pool"].name, s["model"]))
     for s in summary:
         total = s["total"] or 1
-        for key in ("used", "idle", "free", "down"):
+        for key in ("used", "idle", "free", "down", "outside"):
             s[f"pct_{key}"] = 100 * s[key] / total
         s["mean_utilization"] = s["utilization"] / s["allocated"] if s["allocated"] else None
     return summary

@@ -121,6 +121,11 @@ accepts those. Every report is a dict with ``type``, ``node``, ``sent_at`` (unix
     memory_mb, name}],
     ``kills`` [{pid, gpu_index, killed: bool, message}] (``kill_process`` outcomes since the
     previous heartbeat). A serving job's entry also has ``port`` int (its port).
+    Optional ``outside_jobs`` [{``slurm_job_id`` str, ``user`` str, ``name`` str,
+    ``gpu_indices`` [int], ``gpus`` int, ``label`` str}] (a Slurm bridge: jobs of the
+    partition that are not Sluice's and hold GPUs of the node; the control side counts that
+    many GPUs in use outside Sluice and places nothing on them until a heartbeat no longer
+    lists them).
 ``started``
     ``job_id``, ``attempt``, ``pid`` (the job's process-group leader), ``started_at`` (when
     the wrapper said the command runs; a heartbeat may list the job, running, a moment
@@ -396,6 +401,7 @@ _OPTIONAL_REPORT_FIELDS: dict[str, dict[str, str]] = {
         "capabilities": "dict",
     },
     STARTED: {"isolation": "dict", "port": "int"},
+    HEARTBEAT: {"outside_jobs": "list"},
 }
 
 #: The paths a serving job's ``serve`` names (launch), with their defaults.

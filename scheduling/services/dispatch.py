@@ -346,11 +346,12 @@ def load_snapshot(
         if state == NodeState.READY:
             nodes[node_id] = engine.NodeInfo(id=node_id, name=name, pool=pool, gpus=[])
     gpus: dict[int, tuple[int, int, str]] = {}
-    for gpu_id, node_id, index, uuid, model, mem, health in Gpu.objects.values_list(
-        "id", "node_id", "index", "uuid", "model", "memory_mb", "health"
+    for gpu_id, node_id, index, uuid, model, mem, health, outside in Gpu.objects.values_list(
+        "id", "node_id", "index", "uuid", "model", "memory_mb", "health", "held_outside"
     ):
         gpus[gpu_id] = (node_id, index, uuid)
-        if node_id in nodes and health == GpuHealth.HEALTHY:
+        # A GPU held by work outside Sluice (a Slurm job of someone else) is capacity in use.
+        if node_id in nodes and health == GpuHealth.HEALTHY and not outside:
             nodes[node_id].gpus.append(
                 engine.GpuInfo(id=gpu_id, node_id=node_id, index=index, model=model, memory_mb=mem)
             )

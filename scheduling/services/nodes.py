@@ -378,9 +378,58 @@ def node_heartbeat(report: dict, *, older: Sequence[dict] = ()) -> Node | None:
     Gpu.objects.bulk_update(
         changed, ["utilization", "memory_used_mb", "temperature_c", "power_w", "sampled_at"]
     )
+    if not stale:
+        _hold_outside(node, gpus, report.get("outside_jobs") or [])
     _mark_active_jobs(node, [_utilization(gpus, beat) for beat in (*older, report)])
     _reconcile_jobs(node, report.get("jobs", []), now, stale=stale)
     return node
+
+
+def _hold_outside(node: Node, gpus: dict[int, Gpu], outside_jobs: list) -> None:
+    """Mark the node's GPUs that work outside Sluice holds (``outside_jobs`` of a Slurm
+    bridge's heartbeat) so the engine places nothing on them, and free those it no longer
+    holds. The counts are what matters: Slurm picks a job's GPUs on the node, so its indices
+    need not be Sluice's. A reported index is marked where no Sluice job holds it, else
+    another GPU no Sluice job holds (the highest first)."""
+    wanted: dict[int, str] = {}
+    if outside_jobs:
+        taken = set(
+            Allocation.objects.filter(node=node, released_at__isnull=True).values_list(
+                "gpu_id", flat=True
+            )
+        )
+        spare = [g for i, g in sorted(gpus.items(), reverse=True) if g.pk not in taken]
+        for item in outside_jobs:
+            if not isinstance(item, dict):
+                continue
+            holder = _outside_holder(item)
+            indices = [i for i in item.get("gpu_indices") or [] if isinstance(i, int)]
+            count = item.get("gpus") if isinstance(item.get("gpus"), int) else len(indices)
+            for _ in range(max(count, 0)):
+                named = [g for g in spare if g.index in indices]
+                if not spare:
+                    break
+                gpu = named[0] if named else spare[0]
+                spare.remove(gpu)
+                wanted[gpu.index] = holder
+    changed = []
+    for index, gpu in gpus.items():
+        holder = wanted.get(index, "")
+        if gpu.held_outside != holder:
+            gpu.held_outside = holder
+            changed.append(gpu)
+    if changed:
+        Gpu.objects.bulk_update(changed, ["held_outside"])
+        if any(not g.held_outside for g in changed):
+            _dispatch_on_commit()  # GPUs came free
+
+
+def _outside_holder(item: dict) -> str:
+    """How the nodes page names what holds a GPU outside Sluice."""
+    job = str(item.get("slurm_job_id") or "").strip()
+    user = str(item.get("user") or "").strip()
+    what = f"Slurm job {job}" if job else "work outside Sluice"
+    return (f"{what} of {user}" if user else what)[:200]
 
 
 def _utilization(gpus: dict[int, Gpu], beat: dict) -> tuple[datetime, dict[int, float | None]]:
