@@ -422,12 +422,12 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 # SLUICE_BEAT_LOCK_SECONDS; a standby tries for it every tick, so a killed holder's place
 # is taken within about the lock's time plus a tick. The embedded default (one machine, no
 # Redis) keeps Celery's own beat and its schedule file.
-SLUICE_BEAT_LOCK_SECONDS = env_int("SLUICE_BEAT_LOCK_SECONDS", 4)
+SLUICE_BEAT_LOCK_SECONDS = env_int("SLUICE_BEAT_LOCK_SECONDS", 3)
 SLUICE_BEAT_TICK_SECONDS = env_float("SLUICE_BEAT_TICK_SECONDS", 1.0)
 if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
-    CELERY_BEAT_SCHEDULER = "redbeat.RedBeatScheduler"
+    CELERY_BEAT_SCHEDULER = "portal.celery:BeatScheduler"
     CELERY_REDBEAT_REDIS_URL = REDIS_URL or CELERY_BROKER_URL
-    CELERY_REDBEAT_REDIS_OPTIONS: dict = {}
+    CELERY_REDBEAT_REDIS_OPTIONS: dict = {}  # not the broker's transport options
     CELERY_REDBEAT_KEY_PREFIX = "sluice:beat:"
     CELERY_REDBEAT_LOCK_TIMEOUT = max(2, SLUICE_BEAT_LOCK_SECONDS)
     CELERY_BEAT_MAX_LOOP_INTERVAL = min(SLUICE_BEAT_TICK_SECONDS, CELERY_REDBEAT_LOCK_TIMEOUT / 2)
