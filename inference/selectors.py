@@ -10,7 +10,7 @@ from django.db.models import Count, Prefetch, Q, QuerySet
 from portal.errors import NotFoundError
 from scheduling.models import Allocation
 from tenants.choices import Role
-from tenants.selectors import has_role, is_platform_admin, member_tenant_ids
+from tenants.scoping import has_role, restrict
 
 from .choices import ServiceState
 from .models import LIVE_JOB_STATES, ScaleDecision, Service, ServiceReplica
@@ -21,11 +21,7 @@ def services_visible_to(user) -> QuerySet[Service]:
     qs = Service.objects.select_related(
         "tenant", "project", "queue", "queue__pool", "priority_class", "created_by"
     ).exclude(state=ServiceState.DELETED)
-    if is_platform_admin(user):
-        return qs
-    if not (user and user.is_authenticated and user.is_active):
-        return qs.none()
-    return qs.filter(tenant_id__in=member_tenant_ids(user), tenant__active=True)
+    return restrict(qs, user)
 
 
 def service_get(user, service_id) -> Service:

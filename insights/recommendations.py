@@ -72,7 +72,7 @@ from scheduling.services import whatif
 from scheduling.services.notifications import notification_send
 from tenants.choices import Role
 from tenants.models import Membership, Project, Tenant
-from tenants.selectors import administered_tenants, is_platform_admin
+from tenants.scoping import is_platform_admin, restrict, tenant_ids_for
 
 from .choices import RecommendationKind, RecommendationState, Resolution
 from .models import GpuActivity, QueueRollup, Recommendation, UsageRollup
@@ -981,15 +981,11 @@ def _upsert(proposal: Proposal, now: datetime) -> str:
 # -- reads ----------------------------------------------------------------------------------------
 
 
-def _admin_tenant_ids(user) -> list[int]:
-    return list(administered_tenants(user).values_list("id", flat=True))
-
-
 def recommendations_check_access(user) -> None:
     """Platform admins and tenant admins read recommendations; everybody else gets 403."""
     if is_platform_admin(user):
         return
-    if not (user and user.is_authenticated and _admin_tenant_ids(user)):
+    if not tenant_ids_for(user, "admin").exists():
         raise PermissionDeniedError("Only platform admins and tenant admins see recommendations.")
 
 
@@ -997,11 +993,7 @@ def recommendations_visible_to(user) -> QuerySet[Recommendation]:
     """Platform admins: every recommendation; tenant admins: their tenants' (those about a
     pool or a policy, which no tenant owns, are the platform's); others: none."""
     recs = Recommendation.objects.select_related("tenant", "decided_by", "simulation")
-    if is_platform_admin(user):
-        return recs
-    if not user or not user.is_authenticated:
-        return recs.none()
-    return recs.filter(tenant_id__in=_admin_tenant_ids(user))
+    return restrict(recs, user, "admin")
 
 
 def recommendation_get(user, pk) -> Recommendation:

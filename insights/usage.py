@@ -32,8 +32,7 @@ from django.db.models import QuerySet, Sum
 from django.utils import timezone
 
 from scheduling.models import Quota, QuotaChange
-from tenants.models import Membership
-from tenants.selectors import is_platform_admin
+from tenants.scoping import restrict
 
 from .models import UsageDay
 
@@ -170,23 +169,11 @@ def canonical_group_by(values: Iterable[str]) -> tuple[str, ...]:
 
 def usage_days_visible_to(user) -> QuerySet[UsageDay]:
     """Every UsageDay row the user may read (see the module's docstring)."""
-    if is_platform_admin(user):
-        return UsageDay.objects.all()
-    if not (user and user.is_authenticated and user.is_active):
-        return UsageDay.objects.none()
-    return UsageDay.objects.filter(tenant_id__in=_member_tenant_ids(user))
-
-
-def _member_tenant_ids(user):
-    return Membership.objects.filter(user=user, tenant__active=True).values("tenant_id")
+    return restrict(UsageDay.objects.all(), user)
 
 
 def _quotas_visible_to(user) -> QuerySet[Quota]:
-    if is_platform_admin(user):
-        return Quota.objects.all()
-    if not (user and user.is_authenticated and user.is_active):
-        return Quota.objects.none()
-    return Quota.objects.filter(tenant_id__in=_member_tenant_ids(user))
+    return restrict(Quota.objects.all(), user)
 
 
 def _filtered(user, query: UsageQuery) -> QuerySet[UsageDay]:
@@ -203,11 +190,7 @@ def _filtered(user, query: UsageQuery) -> QuerySet[UsageDay]:
 
 
 def _quota_changes_visible_to(user) -> QuerySet[QuotaChange]:
-    if is_platform_admin(user):
-        return QuotaChange.objects.all()
-    if not (user and user.is_authenticated and user.is_active):
-        return QuotaChange.objects.none()
-    return QuotaChange.objects.filter(tenant_id__in=_member_tenant_ids(user))
+    return restrict(QuotaChange.objects.all(), user)
 
 
 def _filtered_quotas(user, query: UsageQuery, qs: QuerySet | None = None) -> QuerySet:

@@ -12,7 +12,7 @@ from django.db.models import Count, F, Max, Q, QuerySet, Sum
 from portal.sqlrows import ModelColumns, row_instances
 from tenants.choices import Role
 from tenants.models import Membership, Project, Tenant
-from tenants.selectors import has_role, is_platform_admin
+from tenants.scoping import has_role, is_active_user, is_platform_admin, restrict, tenant_ids_for
 
 from .choices import ACTIVE_STATES, JobState, NodeState, RaiseState
 from .models import (
@@ -34,19 +34,8 @@ from .models import (
 from .positions import positions_attach
 
 
-def _member_tenant_ids(user, min_role: str = Role.VIEWER):
-    roles = {
-        Role.VIEWER: Role.values,
-        Role.MEMBER: [Role.MEMBER, Role.ADMIN],
-        Role.ADMIN: [Role.ADMIN],
-    }[min_role]
-    return Membership.objects.filter(user=user, role__in=roles, tenant__active=True).values(
-        "tenant_id"
-    )
-
-
 def _authenticated(user) -> bool:
-    return bool(user and user.is_authenticated and user.is_active)
+    return is_active_user(user)
 
 
 # --- platform objects: every logged-in user may read them -----------------------------------
@@ -80,22 +69,14 @@ def workload_policies_visible_to(user) -> QuerySet[WorkloadPolicy]:
 
 def quotas_visible_to(user) -> QuerySet[Quota]:
     qs = Quota.objects.select_related("tenant", "pool")
-    if is_platform_admin(user):
-        return qs
-    if not _authenticated(user):
-        return qs.none()
-    return qs.filter(tenant_id__in=_member_tenant_ids(user))
+    return restrict(qs, user)
 
 
 def queues_visible_to(user) -> QuerySet[Queue]:
     qs = Queue.objects.select_related(
         "tenant", "project", "pool", "default_priority_class", "max_self_service_class"
     )
-    if is_platform_admin(user):
-        return qs
-    if not _authenticated(user):
-        return qs.none()
-    return qs.filter(tenant_id__in=_member_tenant_ids(user))
+    return restrict(qs, user)
 
 
 #: The columns :func:`submission_targets` reads, in its row's order.
@@ -195,11 +176,7 @@ def jobs_visible_to(user) -> QuerySet[Job]:
         "priority_class",
         "base_priority_class",
     )
-    if is_platform_admin(user):
-        return qs
-    if not _authenticated(user):
-        return qs.none()
-    return qs.filter(tenant_id__in=_member_tenant_ids(user))
+    return restrict(qs, user)
 
 
 def serve_samples(job_ids, since=None, *, user=None) -> QuerySet[ServeSample]:
@@ -209,10 +186,8 @@ def serve_samples(job_ids, since=None, *, user=None) -> QuerySet[ServeSample]:
     samples = ServeSample.objects.filter(job_id__in=list(job_ids))
     if since is not None:
         samples = samples.filter(at__gte=since)
-    if user is not None and not is_platform_admin(user):
-        if not _authenticated(user):
-            return samples.none()
-        samples = samples.filter(job__tenant_id__in=_member_tenant_ids(user))
+    if user is not None:
+        samples = restrict(samples, user, tenant_field="job__tenant")
     return samples.order_by("at", "id")
 
 
@@ -401,11 +376,7 @@ def raise_ceiling_of(tenant: Tenant | int) -> PriorityClass | None:
 def raises_visible_to(user) -> QuerySet[PriorityRaise]:
     """Every raise of the user's tenants (all for platform admins); others' do not exist (404)."""
     qs = PriorityRaise.objects.select_related(*_RAISE_RELATED)
-    if is_platform_admin(user):
-        return qs
-    if not _authenticated(user):
-        return qs.none()
-    return qs.filter(tenant_id__in=_member_tenant_ids(user))
+    return restrict(qs, user)
 
 
 def raises_listed_for(user) -> QuerySet[PriorityRaise]:
@@ -417,7 +388,7 @@ def raises_listed_for(user) -> QuerySet[PriorityRaise]:
     return qs.filter(
         Q(requested_by=user)
         | Q(job__submitted_by=user)
-        | Q(tenant_id__in=_member_tenant_ids(user, Role.ADMIN))
+        | Q(tenant_id__in=tenant_ids_for(user, "admin"))
     )
 
 
@@ -458,7 +429,7 @@ def _decidable(user, state: str) -> QuerySet[PriorityRaise]:
     qs = raises_visible_to(user).filter(state=state)
     if not is_platform_admin(user):
         qs = qs.filter(
-            tenant_id__in=_member_tenant_ids(user, Role.ADMIN),
+            tenant_id__in=tenant_ids_for(user, "admin"),
             tenant__raise_ceiling__ceiling__value__gte=F("to_class__value"),
         )
     return qs
@@ -569,7 +540,7 @@ def raises_above_ceiling_for(user) -> QuerySet[PriorityRaise]:
     decide (their class is above the tenant's ceiling, or the tenant has none)."""
     if is_platform_admin(user) or not _authenticated(user):
         return PriorityRaise.objects.none()
-    admin_of = _member_tenant_ids(user, Role.ADMIN)
+    admin_of = tenant_ids_for(user, "admin")
     decidable = _decidable(user, RaiseState.PENDING).values("pk")
     return (
         PriorityRaise.objects.filter(tenant_id__in=admin_of, state=RaiseState.PENDING)

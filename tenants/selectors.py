@@ -11,22 +11,22 @@ from django.db.models import QuerySet
 
 from portal.errors import NotFoundError
 
-from .choices import ROLE_RANK, Role
+from .choices import Role
 from .models import Membership, Project, Tenant
+from .scoping import (  # noqa: F401  (has_role, member_tenant_ids: read from here by callers)
+    has_role,
+    is_platform_admin,
+    member_tenant_ids,
+    restrict,
+    role_in,
+    tenant_ids_for,
+)
 
 User = get_user_model()
 
 
-def is_platform_admin(user) -> bool:
-    return bool(user and user.is_authenticated and user.is_active and user.is_staff)
-
-
 def tenants_visible_to(user) -> QuerySet[Tenant]:
-    if is_platform_admin(user):
-        return Tenant.objects.all()
-    if not user or not user.is_authenticated:
-        return Tenant.objects.none()
-    return Tenant.objects.filter(memberships__user=user, active=True).distinct()
+    return restrict(Tenant.objects.all(), user, tenant_field=None)
 
 
 def tenant_get(user, slug: str) -> Tenant:
@@ -37,26 +37,16 @@ def tenant_get(user, slug: str) -> Tenant:
 
 
 def projects_visible_to(user) -> QuerySet[Project]:
-    qs = Project.objects.select_related("tenant")
-    if is_platform_admin(user):
-        return qs
-    if not user or not user.is_authenticated:
-        return qs.none()
-    return qs.filter(tenant__memberships__user=user, tenant__active=True)
+    return restrict(Project.objects.select_related("tenant"), user)
 
 
 def project_get_visible(user, project_id: int) -> Project | None:
     """``projects_visible_to(user).filter(pk=project_id).first()``, cheaper for one id: the
-    user's tenants come from the roles cached on the user (``role_in``; the submission's
-    checks read them anyway) instead of a join on the memberships, and no ordering."""
-    qs = Project.objects.select_related("tenant").filter(pk=project_id)
-    if not is_platform_admin(user):
-        if not user or not user.is_authenticated:
-            return None
-        tenant_ids = member_tenant_ids(user)
-        if not tenant_ids:
-            return None
-        qs = qs.filter(tenant_id__in=tenant_ids, tenant__active=True)
+    user's tenants come from the roles cached on the user (the submission's checks read
+    them anyway) instead of a join on the memberships, and no ordering."""
+    qs = restrict(
+        Project.objects.select_related("tenant").filter(pk=project_id), user, cached_roles=True
+    )
     rows = list(qs.order_by()[:1])
     return rows[0] if rows else None
 
@@ -65,39 +55,6 @@ def memberships_of_tenant(user, tenant: Tenant) -> QuerySet[Membership]:
     if not (is_platform_admin(user) or role_in(user, tenant)):
         return Membership.objects.none()
     return Membership.objects.filter(tenant=tenant).select_related("user", "tenant")
-
-
-def role_in(user, tenant: Tenant) -> str | None:
-    """The user's role in the tenant, or None. Cached per request on the user object."""
-    if not user or not user.is_authenticated:
-        return None
-    return _roles(user).get(tenant.pk if isinstance(tenant, Tenant) else tenant)
-
-
-def member_tenant_ids(user) -> list[int]:
-    """The ids of the tenants the user is a member of (any role; active or not), from the
-    roles cached on the user; none for an anonymous user."""
-    if not user or not user.is_authenticated:
-        return []
-    return list(_roles(user))
-
-
-def _roles(user) -> dict[int, str]:
-    """{tenant id: role} of the user's memberships, read once per request (cached on the
-    user object, which each request loads afresh)."""
-    cache = getattr(user, "_sluice_roles", None)
-    if cache is None:
-        cache = dict(Membership.objects.filter(user=user).values_list("tenant_id", "role"))
-        user._sluice_roles = cache
-    return cache
-
-
-def has_role(user, tenant: Tenant | int, role: str) -> bool:
-    """Platform admins have every role; others need a membership of at least ``role``."""
-    if is_platform_admin(user):
-        return True
-    actual = role_in(user, tenant)
-    return actual is not None and ROLE_RANK[Role(actual)] >= ROLE_RANK[Role(role)]
 
 
 def can_submit_to_project(user, project: Project) -> bool:
@@ -112,25 +69,17 @@ def can_submit_to_project(user, project: Project) -> bool:
 
 
 def users_visible_to(user) -> QuerySet:
-    """Platform admins see all users; others see the users of their own tenants."""
-    if is_platform_admin(user):
-        return User.objects.all().order_by("username")
-    if not user or not user.is_authenticated:
-        return User.objects.none()
-    tenant_ids = Membership.objects.filter(user=user).values("tenant_id")
-    return (
-        User.objects.filter(memberships__tenant_id__in=tenant_ids).distinct().order_by("username")
-    )
+    """Platform admins see all users; others see the users of their own (active) tenants."""
+    users = restrict(User.objects.all(), user, tenant_field="memberships__tenant")
+    if not is_platform_admin(user):
+        users = users.distinct()
+    return users.order_by("username")
 
 
 def administered_tenants(user) -> QuerySet[Tenant]:
     """The active tenants ``user`` is an admin of (by membership; platform rights aside),
     in slug order."""
-    if not user or not user.is_authenticated:
-        return Tenant.objects.none()
-    return Tenant.objects.filter(
-        active=True, memberships__user=user, memberships__role=Role.ADMIN
-    ).order_by("slug")
+    return Tenant.objects.filter(pk__in=tenant_ids_for(user, "admin")).order_by("slug")
 
 
 def administers_any_tenant(user) -> bool:

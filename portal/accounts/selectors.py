@@ -1,7 +1,7 @@
 """Reads of API tokens, always scoped to the user asking.
 
-``portal.accounts`` sits below ``tenants`` (DESIGN §3): platform admin is read from the
-user's staff flag here, as ``portal.audit`` does.
+``portal.accounts`` sits below ``tenants`` (DESIGN §3): it imports nothing of ``tenants``
+when loaded; who is a platform admin is read from ``tenants.scoping`` when a read runs.
 """
 
 from __future__ import annotations
@@ -15,7 +15,11 @@ from .models import ApiToken
 
 
 def is_platform_admin(user) -> bool:
-    return bool(user and user.is_authenticated and user.is_active and user.is_staff)
+    """The one rule (``tenants.scoping``), imported where it runs: this package loads below
+    ``tenants``."""
+    from tenants.scoping import is_platform_admin as rule
+
+    return rule(user)
 
 
 def api_tokens_visible_to(user) -> QuerySet[ApiToken]:

@@ -9,8 +9,7 @@ from django.contrib.auth import get_user_model
 from django.db.models import Count, QuerySet, Sum
 
 from tenants.choices import Role
-from tenants.models import Membership
-from tenants.selectors import has_role, is_platform_admin
+from tenants.scoping import has_role, is_platform_admin, restrict
 
 from ..choices import (
     ACTIVE_STATES,
@@ -26,27 +25,13 @@ from ..services.waste import idle_since, runtime_elapsed, runtime_origin
 _EXTENSION_RELATED = ("tenant", "job", "job__submitted_by", "requested_by", "decided_by")
 
 
-def _authenticated(user) -> bool:
-    return bool(user and user.is_authenticated and user.is_active)
-
-
-def _tenant_ids(user, roles):
-    return Membership.objects.filter(user=user, role__in=roles, tenant__active=True).values(
-        "tenant_id"
-    )
-
-
 # --- runtime extensions ---------------------------------------------------------------------
 
 
 def extensions_visible_to(user) -> QuerySet[RuntimeExtension]:
     """Every extension of the user's tenants (all for platform admins); others' do not exist."""
     qs = RuntimeExtension.objects.select_related(*_EXTENSION_RELATED)
-    if is_platform_admin(user):
-        return qs
-    if not _authenticated(user):
-        return qs.none()
-    return qs.filter(tenant_id__in=_tenant_ids(user, Role.values))
+    return restrict(qs, user)
 
 
 def extension_refusal(user, extension: RuntimeExtension) -> str | None:
@@ -71,9 +56,7 @@ def extensions_decidable_by(user) -> QuerySet[RuntimeExtension]:
         .filter(state=ExtensionState.PENDING, job__state__in=RAISABLE_STATES)
         .exclude(requested_by=user)
     )
-    if not is_platform_admin(user):
-        qs = qs.filter(tenant_id__in=_tenant_ids(user, [Role.ADMIN]))
-    return qs.order_by("id")
+    return restrict(qs, user, "admin").order_by("id")
 
 
 def extension_approvers(extension: RuntimeExtension) -> list:
@@ -150,11 +133,7 @@ def job_limits(job: Job, policy: WorkloadPolicy | None, now: datetime) -> dict:
 def reclaim_records_visible_to(user) -> QuerySet[ReclaimRecord]:
     """Members see their tenants' records; platform admins all (also zombies of no tenant)."""
     qs = ReclaimRecord.objects.all()
-    if is_platform_admin(user):
-        return qs
-    if not _authenticated(user):
-        return qs.none()
-    return qs.filter(tenant_id__in=_tenant_ids(user, Role.values))
+    return restrict(qs, user)
 
 
 def waste_recovery_summary(user, since: datetime) -> dict:
