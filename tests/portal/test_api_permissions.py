@@ -6,10 +6,13 @@ own jobs; tenant admins manage members, projects, queues and others' jobs; platf
 also write pools, nodes, quotas, priority classes and workload policies.
 """
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from django.urls import URLPattern, URLResolver, get_resolver, resolve
+from django.urls.resolvers import RoutePattern
 
 from portal.accounts import robots
 from scheduling.choices import JobState
@@ -201,6 +204,50 @@ CASES = {
     "robot-tokens-revoke": Case(
         "delete", f"{ROBOTS}/ci/tokens/{{robot_token}}", (204, 204, 403, 403, 404)
     ),
+    # the user's own things: everyone reads (and clears) their own
+    "api-tokens-list": Case("get", "/api/v1/auth/tokens", everyone(200)),
+    "notifications-list": Case("get", "/api/v1/notifications", everyone(200)),
+    "notifications-read-all": Case("post", "/api/v1/notifications/read-all", everyone(200)),
+    # lists scoped to the user's tenants (an outsider's list is empty, see LISTS)
+    "runtime-extensions-list": Case("get", "/api/v1/runtime-extensions", everyone(200)),
+    "job-extensions": Case("get", "/api/v1/jobs/{job}/extensions", SEEN_BY_TENANT),
+    "priority-raises-list": Case("get", "/api/v1/priority-raises", everyone(200)),
+    "raise-ceiling": Case("get", "/api/v1/tenants/nlp/raise-ceiling", SEEN_BY_TENANT),
+    "services-list": Case("get", "/api/v1/services", everyone(200)),
+    "usage": Case("get", "/api/v1/usage", everyone(200)),
+    "metrics-summary": Case("get", "/api/v1/metrics/summary", everyone(200)),
+    # admins' reads: platform and tenant admins (the outsider administers its own tenant)
+    "audit-events-list": Case("get", "/api/v1/audit-events", (200, 200, 403, 403, 200)),
+    "recommendations-list": Case("get", "/api/v1/recommendations", (200, 200, 403, 403, 200)),
+}
+
+#: API routes (by URL name) not in CASES, each with the tests that try it for every role.
+#: Routes here need objects the shared world does not hold (a raise, an extension, a
+#: service, a recommendation) or are the sign-in itself; a new route belongs in CASES.
+NOT_IN_MATRIX = {
+    "api-token": "sign-in itself: tests/portal/test_auth_token.py, test_login_lockout.py",
+    "api-token-manage-detail": "tests/portal/test_api_tokens_api.py",
+    "job-exempt": "tests/scheduling/test_idle_reclaim.py (validates the body before roles)",
+    "runtime-extension-detail": "tests/scheduling/test_runtime_extensions.py",
+    "runtime-extension-approve": "tests/scheduling/test_runtime_extensions.py",
+    "runtime-extension-reject": "tests/scheduling/test_runtime_extensions.py",
+    "priority-raise-detail": "tests/scheduling/test_priority_raises_api.py",
+    "priority-raise-approve": "tests/scheduling/test_priority_raises_api.py",
+    "priority-raise-cancel": "tests/scheduling/test_priority_raises_api.py",
+    "priority-raise-impact": "tests/scheduling/test_priority_raises_api.py",
+    "priority-raise-reject": "tests/scheduling/test_priority_raises_api.py",
+    "priority-raise-revoke": "tests/scheduling/test_priority_raises_api.py",
+    "notification-read": "tests/scheduling/test_priority_raises_api.py",
+    "service-detail": "tests/inference/test_services_api.py",
+    "service-decisions": "tests/inference/test_services_api.py",
+    "service-endpoints": "tests/inference/test_services_api.py",
+    "service-pause": "tests/inference/test_services_api.py",
+    "service-resume": "tests/inference/test_services_api.py",
+    "audit-event-detail": "tests/portal/test_audit_api.py",
+    "recommendation-detail": "tests/insights/test_recommendations_actions.py",
+    "recommendation-apply": "tests/insights/test_recommendations_actions.py",
+    "recommendation-dismiss": "tests/insights/test_recommendations_actions.py",
+    "recommendation-simulate": "tests/insights/test_recommendations_actions.py",
 }
 
 
@@ -253,6 +300,63 @@ def test_permission_matrix(world, api, dispatch_requests, name, role_index):
     assert response.status_code == expected, (name, ROLES[role_index], response.content[:300])
     if expected >= 400:
         assert response.json()["detail"]
+
+
+# --- every API route is in the matrix ---------------------------------------------------------
+
+
+def _api_routes(patterns=None, prefix=""):
+    """(route, URL name) of every endpoint under /api/v1/, walking the URL resolver."""
+    for pattern in get_resolver().url_patterns if patterns is None else patterns:
+        route = prefix + str(pattern.pattern)
+        if isinstance(pattern, URLResolver):
+            yield from _api_routes(pattern.url_patterns, route)
+        elif route.startswith("api/v1/"):
+            yield route, pattern.name
+
+
+def _case_route_names() -> set[str]:
+    """The URL name each case's URL resolves to (placeholders filled with an id)."""
+    names = set()
+    for case in CASES.values():
+        path = case.url.replace("{{", "{").replace("}}", "}")
+        path = re.sub(r"\{\w+\}", "1", path)
+        names.add(resolve(path).url_name)
+    return names
+
+
+def test_every_api_route_is_in_the_matrix():
+    covered = _case_route_names() | set(NOT_IN_MATRIX)
+    routes = list(_api_routes())
+    missing = sorted(
+        {f"{name}  ({route})" for route, name in routes if name and name not in covered}
+    )
+    # An unnamed route cannot be listed: name it in its urls.py.
+    unnamed = sorted(
+        route for route, name in routes if name is None and not _same_as_named(route, routes)
+    )
+    assert not missing, "API routes missing from the permission matrix:\n" + "\n".join(missing)
+    assert not unnamed, f"API routes without a URL name: {unnamed}"
+    stale = sorted(set(NOT_IN_MATRIX) - {name for _, name in routes})
+    assert not stale, f"NOT_IN_MATRIX names routes that no longer exist: {stale}"
+
+
+def _same_as_named(route: str, routes) -> bool:
+    """A trailing-slash twin of a named route (``usage/`` beside ``usage``)."""
+    return any(name and other == route.rstrip("/") for other, name in routes)
+
+
+def test_a_route_outside_the_matrix_is_named(monkeypatch):
+    """The walk sees a route added to the API: the check above would fail naming it."""
+    extra = URLPattern(RoutePattern("api/v1/brand-new"), lambda request: None, name="brand-new")
+    real = get_resolver().url_patterns
+    monkeypatch.setattr(
+        "tests.portal.test_api_permissions.get_resolver",
+        lambda: type("R", (), {"url_patterns": [*real, extra]})(),
+    )
+    names = {name for _, name in _api_routes()}
+    assert "brand-new" in names
+    assert "brand-new" not in _case_route_names() | set(NOT_IN_MATRIX)
 
 
 # --- the outsider's lists never show this tenant's objects ----------------------------------
