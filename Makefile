@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 export DEBUG ?= 1
 
-.PHONY: run test lint check migrations-check docs pytest integration browser bench bench-api bench-e2e bench-reports bench-agent native demo-reset clean
+.PHONY: run test lint check migrations-check docs pytest integration browser bench bench-api bench-e2e bench-reports bench-agent bench-slurm native demo-reset clean
 
 # The interpreter .venv is made with: the Python 3.11 on the PATH built for speed, where
 # there is one (tools/pick_python.py; `make PYTHON=python3 ...` to choose another). Worked
@@ -114,6 +114,12 @@ bench-reports: $(VENV)/.installed-dev
 ## 8 simulated GPUs, in process (no broker, no Django), and state files written per job
 bench-agent: $(VENV)/.installed-dev native
 	$(PY) bench/agent.py $(ARGS)
+
+## A Slurm pool against Slurm itself (issue 48's targets): 1,000 one-GPU jobs straight to an emulated
+## cluster of 4 × 8 GPUs and the same through Sluice, in the same run; idle submit→RUNNING of each.
+## Needs root, Slurm, munge, PostgreSQL and Redis. ARGS: --rounds N, --jobs N, --idle N
+bench-slurm: $(VENV)/.installed-dev native
+	nice $(PY) bench/slurm_drain.py $(ARGS)
 
 ## Remove what `make run` created: var/, and the job accounts and job folders its agents
 ## made (recorded in var/created.jsonl; as root: sudo make demo-reset). Stop `make run` first.
