@@ -109,6 +109,10 @@ class ServiceSerializer(serializers.ModelSerializer):
     pool = serializers.CharField(source="queue.pool.name")
     priority_class = serializers.CharField(source="priority_class.name", allow_null=True)
     created_by = serializers.CharField(source="created_by.username")
+    # Blank (no image) or one of the policies: documented so (a model field's blank is not).
+    image_pull_policy = serializers.ChoiceField(
+        choices=ImagePullPolicy.choices, allow_blank=True, read_only=True
+    )
     replicas = serializers.IntegerField(
         source="live_replicas", read_only=True, help_text="Replicas alive (any spec version)."
     )
