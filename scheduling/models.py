@@ -507,9 +507,9 @@ class Job(models.Model):
 
     # Where a waiting job stands is read, not stored per job (see scheduling.positions):
     # positions are counted from ``pending_rank``, the estimate is in its pool's
-    # ``PoolEstimates``. One job reads them with two queries, a page of jobs with
-    # ``positions_attach`` (two queries for all). The setters are for code and tests that
-    # build a job with known values.
+    # ``PoolEstimates``. The reader attaches them first, with ``positions_attach`` (two
+    # queries for a whole page); a read without it is logged (``positions_missing``).
+    # The setters are for code and tests that build a job with known values.
     @property
     def queue_position(self) -> int | None:
         """1-based place among the waiting jobs of its queue in the last cycle's order."""
@@ -541,10 +541,9 @@ class Job(models.Model):
     def _standing(self) -> tuple:
         cached = self.__dict__.get("_standing_cache")
         if cached is None:
-            from .positions import positions_attach
+            from .positions import positions_missing
 
-            positions_attach([self])
-            cached = self.__dict__["_standing_cache"]
+            return positions_missing(self)
         return cached
 
     def _set_standing(self, index: int, value) -> None:

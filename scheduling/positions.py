@@ -11,6 +11,7 @@ row (``PoolEstimates``) and looked up here.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -23,6 +24,27 @@ if TYPE_CHECKING:
     from .models import Job
 
 WAITING = (JobState.PENDING, JobState.HELD)
+
+logger = logging.getLogger("sluice.positions")
+
+
+def positions_missing(job: Job) -> tuple:
+    """What ``Job.queue_position`` (and the pool position, the estimated start) answer
+    when the code that loaded the job did not call :func:`positions_attach`: they are
+    read for this one job (two queries) and a warning naming the job is logged, so a
+    page that forgot shows in the log instead of as a silent query per row. The pages'
+    and the API's lists and single-job answers attach explicitly; their tests fail on
+    this warning (tests/scheduling/test_positions_attached.py)."""
+    logger.warning(
+        "Position of job %s read without positions_attach: read for this job alone.", job.pk
+    )
+    positions_attach([job])
+    return job.__dict__["_standing_cache"]
+
+
+def positions_attached(job: Job) -> bool:
+    """Whether the job's positions were attached (or set)."""
+    return "_standing_cache" in job.__dict__
 
 
 def positions_attach(jobs: Iterable[Job]) -> None:

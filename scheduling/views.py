@@ -306,6 +306,7 @@ def _class_aging(job, now) -> dict:
 
 
 def _job_context(request, job) -> dict:
+    positions_attach([job])
     policy = WorkloadPolicy.objects.filter(workload_type=job.workload_type).first()
     now = timezone.now()
     return {

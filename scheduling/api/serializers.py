@@ -25,7 +25,7 @@ from ..models import (
     ResourcePool,
     WorkloadPolicy,
 )
-from ..positions import positions_attach
+from ..positions import positions_attach, positions_attached
 from ..runtime_prediction import predict_live_runtimes, predict_runtime
 from ..selectors import active_allocations_attach, names_attach
 from ..waits import job_wait
@@ -549,6 +549,12 @@ class JobSerializer(FastRepresentationMixin, serializers.ModelSerializer):
 
     #: Set by JobListSerializer for a page of jobs; a single job is predicted on its own.
     predictions: dict | None = None
+
+    def to_representation(self, instance):
+        # A page of jobs has its positions attached by JobListSerializer; one job here.
+        if not positions_attached(instance):
+            positions_attach([instance])
+        return super().to_representation(instance)
 
     @extend_schema_field(ExpectedRuntimeSerializer(allow_null=True))
     def get_expected_runtime(self, job):

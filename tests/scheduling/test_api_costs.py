@@ -22,6 +22,7 @@ from scheduling.models import (
     RuntimeHistory,
     WorkloadPolicy,
 )
+from scheduling.positions import positions_attach, positions_attached
 from scheduling.runtime_prediction import predict_runtime
 from scheduling.selectors import jobs_visible_to, names_attach, pool_gpu_shapes, quota_for
 from scheduling.services.jobs import _admission_context
@@ -184,7 +185,10 @@ def test_a_page_of_ended_jobs_reads_no_gpus_positions_or_predictions(
 
 
 def drf_representation(job: Job) -> dict:
-    """The job as DRF's ModelSerializer makes it (every field built and bound)."""
+    """The job as DRF's ModelSerializer makes it (every field built and bound), its
+    positions attached as JobSerializer does."""
+    if not positions_attached(job):
+        positions_attach([job])
     serializer = JobSerializer(job)
     return serializers.ModelSerializer.to_representation(serializer, job)
 
