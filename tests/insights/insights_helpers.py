@@ -11,7 +11,7 @@ from insights.choices import Resolution
 from insights.models import GpuActivity, QueueRollup, UsageRollup
 from insights.rollups import floor_hour
 from scheduling.choices import JobState, ReclaimKind
-from scheduling.models import JobEvent, ReclaimRecord
+from scheduling.models import Allocation, Job, JobEvent, ReclaimRecord
 from tests import factories as f
 
 
@@ -287,20 +287,26 @@ def rich_history(world, now: datetime, hours: int = 24 * 7) -> None:
             kind=ReclaimKind.IDLE_RECLAIM if i % 3 else ReclaimKind.PREEMPTION_REQUEUE,
         )
     gpus = list(world.nodes[0].gpus.order_by("index")[:4])
-    f.placed_job(
+    notebook = f.placed_job(
         gpus=gpus[:2],
         queue=world.queue,
         project=world.project,
         submitted_by=world.member,
         name="notebook",
     )
-    f.placed_job(
+    vision_eval = f.placed_job(
         gpus=gpus[2:3],
         queue=world.other_queue,
         project=world.other_project,
         submitted_by=world.outsider,
         name="vision-eval",
     )
+    # The jobs holding them started two days ago: a held GPU is idle at most since its job
+    # started, so the idle hours charted are the samples' own.
+    long_ago = now - timedelta(days=2)
+    for job in (notebook, vision_eval):
+        Job.objects.filter(pk=job.pk).update(admitted_at=long_ago, started_at=long_ago)
+        Allocation.objects.filter(job=job).update(granted_at=long_ago)
     for i, gpu in enumerate(gpus):
         idle_gpu(gpu, now, idle_for=timedelta(hours=30 - 7 * i), busy=i != 3)
     busy = list(world.nodes[1].gpus.order_by("index")[:6])
