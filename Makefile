@@ -105,6 +105,12 @@ bench-api: $(VENV)/.installed-dev
 bench-e2e: $(VENV)/.installed-dev native
 	$(PY) bench/e2e.py $(ARGS)
 
+## A fleet of simulated nodes against the real control plane on PostgreSQL + Redis (1,000 nodes
+## × 8 GPUs, 10,000 jobs by default; minutes): CPU per heartbeat and report, dispatch cycle
+## p50/p99, report lag, /metrics and rollup times, database growth. ARGS: see --help
+bench-fleet: $(VENV)/.installed-dev native
+	nice -n 5 $(PY) bench/fleet.py $(ARGS)
+
 ## Agent reports (issue 21): CPU and queries per job of started/exited batches of 1, 8 and 50,
 ## in process; on PostgreSQL beside DATABASE_URL's when it names one, else SQLite. ARGS: see --help
 bench-reports: $(VENV)/.installed-dev
