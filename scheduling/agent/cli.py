@@ -6,6 +6,7 @@
     python -m scheduling.agent --node sim-01 --simulate 4xA100-40GB,2xL4-24GB
     python -m scheduling.agent --node sim-01 --simulate 8xH100-80GB --once
     python -m scheduling.agent --discover                               # print GPUs as JSON
+    python -m scheduling.agent --node sn1 --observe-only                # a Slurm node's sampler
     sudo python -m scheduling.agent --node gpu-01 --create-accounts --allowed-root '/data/{tenant}'
 
 Run as root, the agent starts every job as its own unprivileged account (``run_as`` of the
@@ -159,6 +160,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--once", action="store_true", help="register, send one heartbeat, then exit"
     )
     parser.add_argument(
+        "--observe-only",
+        action="store_true",
+        help="launch nothing: only report this node's GPU samples, which job holds which GPU "
+        "and zombie GPU processes (a node whose jobs Slurm runs; see scheduling.agent.observe)",
+    )
+    parser.add_argument(
         "--discover", action="store_true", help="print the discovered GPUs as JSON and exit"
     )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING…")
@@ -193,7 +200,36 @@ def main(argv: list[str] | None = None) -> int:
         validate_node_name(args.node)
     except ProtocolError as exc:
         parser.error(str(exc))
+    if args.observe_only:
+        return _observe(args)
     return _run(args)
+
+
+def _observe(args: argparse.Namespace) -> int:
+    """The observe-only sampler: reports, reads no control queue (the bridge does)."""
+    from scheduling.agent import observe
+    from scheduling.agent.transport import CeleryReportSender
+
+    backend = select_backend(node=args.node, simulate=args.simulate)
+    sender = CeleryReportSender(args.broker, args.broker_dir, reports_queue=args.reports_queue)
+    logger.info(
+        "observe-only sampler for node %s: %d %s GPUs, every %g s; %s",
+        args.node,
+        len(backend.discover()),
+        backend.name,
+        args.heartbeat,
+        observe.OBSERVE_ONLY_MESSAGE,
+    )
+    try:
+        observe.run(
+            node=args.node, backend=backend, send=sender, interval=args.heartbeat, once=args.once
+        )
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sender.close()
+        backend.close()
+    return 0
 
 
 def _configure_logging(level: str) -> None:

@@ -158,6 +158,14 @@ serving jobs run)
     (``tgi_*``), Triton (``nv_inference_*``) and Sluice's own names (``sluice_*``, see
     :mod:`scheduling.agent.serving`) are normalised into these fields; null: the server
     does not expose it (or its metrics path did not answer).
+``samples`` (the observe-only sampler, :mod:`scheduling.agent.observe`, on a node whose
+jobs another executor runs; every ``--heartbeat`` seconds)
+    ``gpus`` [as in heartbeat, by the node's own GPU indices], ``jobs`` [{``job_id``,
+    ``attempt``, ``gpu_indices`` [int]}] (which of the node's GPUs each Sluice job holds, as
+    its processes say), ``zombies`` [as in heartbeat]. The control side stores the samples
+    on the GPUs Sluice allocated to each job (the executor may have given it other indices)
+    and uses them for idle reclaim; it never starts, ends or revives anything on them. A
+    bridge's ``heartbeat`` of such a node leaves ``zombies`` out (optional since then).
 
 Delivery is at least once: after an agent restart or a broker outage a report may come
 twice, so the control side must treat every report idempotently (``log`` by offset,
@@ -207,7 +215,8 @@ STARTED = "started"
 EXITED = "exited"
 LOG = "log"
 SERVE_METRICS = "serve_metrics"
-REPORT_TYPES = (REGISTER, HEARTBEAT, STARTED, EXITED, LOG, SERVE_METRICS)
+SAMPLES = "samples"
+REPORT_TYPES = (REGISTER, HEARTBEAT, STARTED, EXITED, LOG, SERVE_METRICS, SAMPLES)
 
 # Why a job was stopped (the ``reason`` of a stop message).
 STOP_CANCELLED = "cancelled"
@@ -377,7 +386,7 @@ _REPORT_FIELDS: dict[str, dict[str, str]] = {
         "gpus": "list",
         "jobs": "list",
     },
-    HEARTBEAT: {"gpus": "list", "jobs": "list", "zombies": "list"},
+    HEARTBEAT: {"gpus": "list", "jobs": "list"},
     STARTED: {"job_id": "int", "attempt": "int", "pid": "int", "started_at": "number"},
     EXITED: {
         "job_id": "int",
@@ -390,6 +399,7 @@ _REPORT_FIELDS: dict[str, dict[str, str]] = {
     },
     LOG: {"job_id": "int", "attempt": "int", "offset": "int", "data": "str"},
     SERVE_METRICS: {"samples": "list"},
+    SAMPLES: {"gpus": "list", "jobs": "list", "zombies": "list"},
 }
 
 # Report fields an older agent leaves out; checked when present.
@@ -401,7 +411,8 @@ _OPTIONAL_REPORT_FIELDS: dict[str, dict[str, str]] = {
         "capabilities": "dict",
     },
     STARTED: {"isolation": "dict", "port": "int"},
-    HEARTBEAT: {"outside_jobs": "list"},
+    # A bridge whose nodes have an observe-only sampler leaves zombies to it.
+    HEARTBEAT: {"zombies": "list", "outside_jobs": "list"},
 }
 
 #: The paths a serving job's ``serve`` names (launch), with their defaults.

@@ -355,8 +355,8 @@ def node_heartbeat(report: dict, *, older: Sequence[dict] = ()) -> Node | None:
     stale = any(g.sampled_at is not None and g.sampled_at > now for g in gpus.values())
     node.last_heartbeat = timezone.now()
     fields = ["last_heartbeat"]
-    if not stale:
-        node.zombies = report.get("zombies", [])[:100]
+    if not stale and "zombies" in report:  # a bridge leaves them to the node's sampler
+        node.zombies = report["zombies"][:100]
         fields.append("zombies")
     if node.state == NodeState.DOWN and _sent_after_down(node, now):
         node.state = NodeState.READY
@@ -383,6 +383,76 @@ def node_heartbeat(report: dict, *, older: Sequence[dict] = ()) -> Node | None:
     _mark_active_jobs(node, [_utilization(gpus, beat) for beat in (*older, report)])
     _reconcile_jobs(node, report.get("jobs", []), now, stale=stale)
     return node
+
+
+@transaction.atomic
+def node_samples(report: dict) -> Node | None:
+    """Store what a node's observe-only sampler saw (``samples`` report): GPU samples and
+    zombies, and the last-active time of each running job. The executor (Slurm) chose each
+    job's GPUs on the node, so the samples of the GPUs a job's processes hold are stored on
+    the GPUs Sluice allocated to it, and the rest on the node's other GPUs in order. Nothing
+    about jobs or liveness is concluded: that is the bridge's heartbeat."""
+    now = _ts(report.get("sent_at"))
+    node = Node.objects.filter(name=report["node"]).first()
+    if node is None:
+        log.warning("samples from unregistered node %s", report["node"])
+        return None
+    gpus = {g.index: g for g in node.gpus.all()}
+    if any(g.sampled_at is not None and g.sampled_at > now for g in gpus.values()):
+        return node  # an older report handled late
+    to_sluice = _sampled_to_sluice_indices(node, gpus, report)
+    changed = []
+    for sample in report.get("gpus", []):
+        gpu = gpus.get(to_sluice.get(sample.get("index"), -1))
+        if gpu is None:
+            continue
+        gpu.utilization = sample.get("utilization")
+        gpu.memory_used_mb = sample.get("memory_used_mb")
+        gpu.temperature_c = sample.get("temperature_c")
+        gpu.power_w = sample.get("power_w")
+        gpu.sampled_at = now
+        changed.append(gpu)
+    Gpu.objects.bulk_update(
+        changed, ["utilization", "memory_used_mb", "temperature_c", "power_w", "sampled_at"]
+    )
+    zombies = []
+    for zombie in report.get("zombies", [])[:100]:
+        if isinstance(zombie, dict) and zombie.get("gpu_index") in to_sluice:
+            zombies.append({**zombie, "gpu_index": to_sluice[zombie["gpu_index"]]})
+    node.zombies = zombies
+    node.save(update_fields=["zombies"])
+    _mark_active_jobs(node, [(now, {g.pk: g.utilization for g in changed})])
+    return node
+
+
+def _sampled_to_sluice_indices(node: Node, gpus: dict[int, Gpu], report: dict) -> dict[int, int]:
+    """{the node's GPU index: Sluice's index of that GPU}: each job's GPUs as its processes
+    say, paired in order with the GPUs Sluice allocated to it; the others in order."""
+    allocated: dict[tuple[int, int], list[int]] = {}
+    for job_id, attempt, index in (
+        Allocation.objects.filter(node=node, released_at__isnull=True)
+        .order_by("gpu__index")
+        .values_list("job_id", "job__requeue_count", "gpu__index")
+    ):
+        allocated.setdefault((job_id, attempt), []).append(index)
+    mapping: dict[int, int] = {}
+    for item in report.get("jobs", []):
+        if not isinstance(item, dict):
+            continue
+        mine = allocated.get((item.get("job_id"), item.get("attempt")), [])
+        physical = sorted(i for i in item.get("gpu_indices") or [] if isinstance(i, int))
+        for index, sluice_index in zip(physical, mine, strict=False):
+            if index not in mapping and sluice_index not in mapping.values():
+                mapping[index] = sluice_index
+    rest = iter(sorted(set(gpus) - set(mapping.values())))
+    for sample in sorted(report.get("gpus", []), key=lambda g: g.get("index", 0)):
+        index = sample.get("index")
+        if isinstance(index, int) and index not in mapping:
+            sluice_index = next(rest, None)
+            if sluice_index is None:
+                break
+            mapping[index] = sluice_index
+    return mapping
 
 
 def _hold_outside(node: Node, gpus: dict[int, Gpu], outside_jobs: list) -> None:

@@ -67,6 +67,7 @@ HANDLERS: dict[str, Callable[..., Any]] = {
     "exited": nodes.job_exited,
     "log": nodes.job_log_append,
     "serve_metrics": serving.serve_metrics_record,
+    "samples": nodes.node_samples,
 }
 
 

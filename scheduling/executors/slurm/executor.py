@@ -163,6 +163,8 @@ class SlurmExecutor(Executor):
     def heartbeat_fields(self, node: str) -> tuple[dict[str, Any], Callable[[], None] | None]:
         fields, after = super().heartbeat_fields(node)
         fields["outside_jobs"] = self.outside_jobs(node)
+        # Zombies (and GPU samples) are the node's observe-only sampler's to report.
+        del fields["zombies"]
         return fields, after
 
     def outside_jobs(self, node: str | None = None) -> list[dict[str, Any]]:
@@ -589,7 +591,8 @@ class SlurmExecutor(Executor):
         ]
 
     def gpu_samples(self) -> list[GpuSample]:
-        # Slurm has no per-GPU utilisation; an observe-only agent on each node reports it.
+        # Slurm has no per-GPU utilisation: the observe-only sampler on each node reports
+        # it to the control side itself (``samples``; scheduling/agent/observe.py).
         return []
 
 
