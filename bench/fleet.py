@@ -421,10 +421,10 @@ def _database(cluster, sql: str, *params):
         return conn.execute(sql, params).fetchall()
 
 
-def _task_times(path: Path, task: str) -> list[dict | float]:
-    """Each ``task`` success in a Celery log: its result dict, or its runtime in seconds."""
+def _task_times(path: Path, task: str) -> list[tuple[float, Any]]:
+    """Each ``task`` success in a Celery log: its runtime in seconds and its result."""
     pattern = re.compile(rf"Task {re.escape(task)}\[[^\]]+\] succeeded in ([0-9.]+)s: (.*)$")
-    out: list[dict | float] = []
+    out: list[tuple[float, Any]] = []
     for line in path.read_text(errors="replace").splitlines():
         match = pattern.search(line)
         if match:
@@ -432,7 +432,7 @@ def _task_times(path: Path, task: str) -> list[dict | float]:
                 value = ast.literal_eval(match.group(2))
             except (ValueError, SyntaxError):
                 value = None
-            out.append(value if isinstance(value, dict) else float(match.group(1)))
+            out.append((float(match.group(1)), value))
     return out
 
 
@@ -528,8 +528,15 @@ def bench(args) -> int:
         prober = Prober(backend.redis_url)
         prober.start()
 
-        # Idle: heartbeats only.
+        # Idle: heartbeats only, once the worker has caught up with the registrations
+        # (the reports queue's lag under a second), so that no backlog is counted.
+        settle = time.monotonic()
+        while time.monotonic() - settle < 120 and not (
+            len(prober.lags) >= 3 and max(prober.lags[-3:]) < 1.0
+        ):
+            time.sleep(0.5)
         time.sleep(args.heartbeat)
+        idle_mark = len(prober.lags)
         before, stats0 = cluster.cpu_seconds(), _shard_stats(tmp)
         time.sleep(args.idle_seconds)
         after, stats1 = cluster.cpu_seconds(), _shard_stats(tmp)
@@ -540,7 +547,7 @@ def bench(args) -> int:
         result["cpu_ms_per_heartbeat_postgres"] = round(
             1000 * (after.get("postgres", 0) - before.get("postgres", 0)) / max(1, beats), 2
         )
-        result["idle_lag_p99_s"] = _percentile(prober.lags, 0.99)
+        result["idle_lag_p99_s"] = _percentile(prober.lags[idle_mark:], 0.99)
         log(f"idle: {beats} heartbeats, worker {result['cpu_ms_per_heartbeat_worker']} ms each")
 
         # The workload.
@@ -592,7 +599,14 @@ def bench(args) -> int:
         result["complete"] = ended >= args.jobs
         result["ended"] = ended
         result["drain_s"] = round(drain, 1)
-        result["placements_per_s"] = round(ended / drain, 1)
+        result["ended_per_s"] = round(ended / drain, 1)
+        # Placements from the first start to the last (the starts' own times).
+        starts, span = _database(
+            cluster,
+            "SELECT count(*), extract(epoch FROM max(started_at) - min(started_at)) "
+            "FROM scheduling_job WHERE started_at IS NOT NULL",
+        )[0]
+        result["placements_per_s"] = round(starts / max(float(span or 0), 0.001), 1)
         reports = sum(stats1.get(k, 0) - stats0.get(k, 0) for k in ("started", "exited", "log"))
         beats = stats1.get("heartbeats", 0) - stats0.get("heartbeats", 0)
         worker = after["worker"] - before["worker"]
@@ -616,16 +630,14 @@ def bench(args) -> int:
         result["report_lag_max_s"] = max(lags) if lags else None
         cycles = [
             c["total_ms"]
-            for c in _task_times(tmp / "dispatcher.log", "scheduling.dispatch")
+            for _, c in _task_times(tmp / "dispatcher.log", "scheduling.dispatch")
             if isinstance(c, dict) and not c.get("skipped")
         ]
         result["dispatch_cycles"] = len(cycles)
         result["dispatch_p50_ms"] = _percentile(cycles, 0.5)
         result["dispatch_p99_ms"] = _percentile(cycles, 0.99)
         result["dispatch_max_ms"] = max(cycles) if cycles else None
-        rollups = [
-            t for t in _task_times(tmp / "worker.log", "insights.rollup") if isinstance(t, float)
-        ]
+        rollups = [t for t, _ in _task_times(tmp / "worker.log", "insights.rollup")]
         result["rollups"] = len(rollups)
         result["rollup_p50_s"] = _percentile(rollups, 0.5)
         result["rollup_max_s"] = max(rollups) if rollups else None
