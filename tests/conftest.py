@@ -1,7 +1,9 @@
 """Shared fixtures: the base users of CONVENTIONS.md and a small cluster ("world")."""
 
+import datetime
 from dataclasses import dataclass
 
+import freezegun
 import pytest
 from rest_framework.test import APIClient
 
@@ -9,6 +11,20 @@ from scheduling.choices import WorkloadType
 from scheduling.services import messaging
 from tenants.choices import Role
 from tests import factories as f
+
+# freeze_time scans every loaded module's attributes for datetime; the kubernetes client's
+# package answers attribute reads by importing its pydantic models, which then fail on
+# freezegun's FakeDatetime halfway through the freeze and leave it started for the rest of
+# the run. Its modules hold no clock worth freezing.
+freezegun.configure(extend_ignore_list=["kubernetes"])
+_REAL_DATETIME = datetime.datetime
+
+
+@pytest.fixture(autouse=True)
+def _no_frozen_clock_left_behind():
+    """A test that leaves freezegun started freezes every test after it: say which one."""
+    yield
+    assert datetime.datetime is _REAL_DATETIME, "this test left the clock frozen (freezegun)"
 
 
 @dataclass
