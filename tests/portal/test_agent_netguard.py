@@ -18,6 +18,9 @@ from scheduling.agent import netguard
 
 UID = 64_993  # a throwaway uid: no account, no files
 RANGE = "64990-64999"
+# The interpreter itself, not the venv's link to it: the throwaway uid may not be able to
+# pass through the folders of a checkout (a clone in root's 0700 home).
+PYTHON = os.path.realpath(sys.executable)
 
 
 def test_the_ruleset_guards_the_range_and_lets_answers_and_allowed_ports_through():
@@ -90,7 +93,7 @@ def _connect_as(uid: int, host: str, port: int) -> str:
         "except OSError as exc:\n    print(type(exc).__name__)\n"
     )
     result = subprocess.run(
-        [sys.executable, "-I", "-c", code],
+        [PYTHON, "-I", "-c", code],
         user=uid,
         group=uid,
         extra_groups=[],
@@ -156,7 +159,7 @@ def test_a_replica_run_by_a_job_account_still_answers_root(guard_table):
         "c, _ = s.accept(); c.sendall(b'ok'); c.close()\n"
     )
     replica = subprocess.Popen(
-        [sys.executable, "-I", "-c", code],
+        [PYTHON, "-I", "-c", code],
         user=UID,
         group=UID,
         extra_groups=[],
