@@ -95,12 +95,12 @@ bench: $(VENV)/.installed-dev native
 	$(PY) bench/engine.py
 	$(PY) bench/dispatch.py
 
-## The job API's cost per call in the web process (issue 21): CPU ms and queries of POST one
+## The job API's cost per call in the web process: CPU ms and queries of POST one
 ## job, POST a bulk of 100, GET the list's default page and GET one job (DATABASE_URL or SQLite)
 bench-api: $(VENV)/.installed-dev
 	$(PY) bench/api.py $(ARGS)
 
-## End to end (issue 21): real web, workers and 4 agents × 8 simulated GPUs on PostgreSQL + Redis
+## End to end: real web, workers and 4 agents × 8 simulated GPUs on PostgreSQL + Redis
 ## when both answer, else embedded. ARGS: --backend embedded, --big (10,000 jobs), --skip FIGURE
 bench-e2e: $(VENV)/.installed-dev native
 	$(PY) bench/e2e.py $(ARGS)
@@ -111,17 +111,17 @@ bench-e2e: $(VENV)/.installed-dev native
 bench-fleet: $(VENV)/.installed-dev native
 	nice -n 5 $(PY) bench/fleet.py $(ARGS)
 
-## Agent reports (issue 21): CPU and queries per job of started/exited batches of 1, 8 and 50,
+## Agent reports: CPU and queries per job of started/exited batches of 1, 8 and 50,
 ## in process; on PostgreSQL beside DATABASE_URL's when it names one, else SQLite. ARGS: see --help
 bench-reports: $(VENV)/.installed-dev
 	$(PY) bench/reports.py $(ARGS)
 
-## The node agent (issue 21): its own CPU and its jobs' processes per job running `true` on
+## The node agent: its own CPU and its jobs' processes per job running `true` on
 ## 8 simulated GPUs, in process (no broker, no Django), and state files written per job
 bench-agent: $(VENV)/.installed-dev native
 	$(PY) bench/agent.py $(ARGS)
 
-## A Slurm pool against Slurm itself (issue 48's targets): 1,000 one-GPU jobs straight to an emulated
+## A Slurm pool against Slurm itself (docs/benchmarks.md): 1,000 one-GPU jobs straight to an emulated
 ## cluster of 4 × 8 GPUs and the same through Sluice, in the same run; idle submit→RUNNING of each.
 ## Needs root, Slurm, munge, PostgreSQL and Redis. ARGS: --rounds N, --jobs N, --idle N
 bench-slurm: $(VENV)/.installed-dev native

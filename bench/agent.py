@@ -1,4 +1,4 @@
-"""Benchmark: what running a job costs the node agent (issue 21), in process, per job.
+"""Benchmark: what running a job costs the node agent, in process, per job.
 
     .venv/bin/python bench/agent.py [--jobs 2000] [--gpus 8] [--repeat 3]
 

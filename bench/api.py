@@ -1,4 +1,4 @@
-"""Benchmark: what the job API costs the web process (issue 21), in process, per call.
+"""Benchmark: what the job API costs the web process, in process, per call.
 
     .venv/bin/python bench/api.py                          # SQLite in a tmp dir
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/sluice .venv/bin/python bench/api.py

@@ -17,7 +17,7 @@ Creates (and drops at the end) a scratch database, builds a cluster of 1,000 GPU
   one-GPU jobs; dispatch cycles one after another, every placed job ended right after its
   cycle (its allocations released, SUCCEEDED, in SQL: no agent, no reports), until none
   waits. What a cycle costs as the backlog shrinks: the dispatch loop's share of an end
-  to end drain (``bench/e2e.py`` measures the whole trip). Issue 21's target: a drain of
+  to end drain (``bench/e2e.py`` measures the whole trip). The target: a drain of
   10,000 costs about 10× a drain of 1,000 (≤ 12×), not 100×.
 
 Prints one JSON line per measurement.

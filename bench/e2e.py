@@ -94,7 +94,7 @@ TABLE_DETAILS = (
     "errors",
     "post_errors",
 )
-#: Targets of issue 21 (DESIGN §11) on a 2-core machine.
+#: Targets (docs/benchmarks.md) on a 2-core machine.
 DRAIN_TARGET = {"postgres+redis": 55.0, "embedded": 20.0}
 
 

@@ -1,4 +1,4 @@
-"""Inference services bench: a traffic ramp through real agents and replicas (issue 18).
+"""Inference services bench: a traffic ramp through real agents and replicas.
 
     .venv/bin/python bench/inference.py [--backend auto|postgres|embedded]
         [--low 5] [--high 60] [--warm 20] [--up 40] [--hold 40] [--down 40] [--tail 60]

@@ -1,5 +1,5 @@
 """Benchmark: ``GET /insights/`` (24 h, 7 d, 30 d) with 100,000 jobs and 90 days of hour
-rollups (2 days of minute rollups) for ~1,000 nodes × 8 GPUs (issue 20's target: ≤ 300 ms),
+rollups (2 days of minute rollups) for ~1,000 nodes × 8 GPUs (target: ≤ 300 ms),
 as a platform admin and as a tenant admin; and ``GET /nodes/`` with its per-pool summary.
 
     .venv/bin/python bench/insights_pages.py                       # SQLite in a tmp dir

@@ -1,5 +1,5 @@
 """Benchmark: one ``GET /metrics`` scrape with 1,000 nodes × 8 GPUs and 100,000 jobs stored
-(issue 20's target: ≤ 200 ms), and ``GET /api/v1/metrics/summary`` on the same data.
+(target: ≤ 200 ms), and ``GET /api/v1/metrics/summary`` on the same data.
 
     .venv/bin/python bench/metrics_scrape.py                       # SQLite in a tmp dir
     .venv/bin/python bench/metrics_scrape.py \\

@@ -1,4 +1,4 @@
-"""Benchmark: what handling agent reports costs per job (issue 21), in process.
+"""Benchmark: what handling agent reports costs per job, in process.
 
     .venv/bin/python bench/reports.py [--database-url postgres://postgres@127.0.0.1:5432/sluice_bench_reports]
                                       [--jobs 400] [--batches 1,8,50] [--shape split,mixed]

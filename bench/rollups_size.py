@@ -1,4 +1,4 @@
-"""Benchmark: on-disk size of the insights' rollups for 1,000 GPUs over 90 days (issue 20:
+"""Benchmark: on-disk size of the insights' rollups for 1,000 GPUs over 90 days (target:
 target ≤ 200 MB).
 
     .venv/bin/python bench/rollups_size.py [--database-url sqlite:////tmp/sluice-bench-rollups.sqlite3]

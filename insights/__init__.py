@@ -1,3 +1,3 @@
-"""Observability that steers policy (issue 20): rollups of waits, depth, allocation and
+"""Observability that steers policy: rollups of waits, depth, allocation and
 utilization; Prometheus metrics; insights pages; usage accounting; recommendations and
 the weekly policy review."""

@@ -1,7 +1,7 @@
 """Model instances from the columns of a hand-written SELECT.
 
 A hot read that joins several tables in one statement (a job submission's project, queue,
-pool, classes and policy: issue 21) pays the ORM's compilation of the query every call,
+pool, classes and policy) pays the ORM's compilation of the query every call,
 about a millisecond of CPU per query on a small machine. ``ModelColumns`` writes a model's
 column list for such a statement once and turns the matching slice of a row back into an
 instance exactly as the ORM would: each value goes through the backend's and the field's

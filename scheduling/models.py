@@ -238,7 +238,7 @@ class WorkloadPolicy(models.Model):
         "(the job goes on).",
     )
     allowed_pools = models.ManyToManyField(ResourcePool, blank=True, related_name="+")
-    # Scheduling order and preemption churn (issue 17; the engine's PendingJob.max_wait_seconds
+    # Scheduling order and preemption churn (the engine's PendingJob.max_wait_seconds
     # and RunningJob.max_preemptions / preemption_protection_seconds).
     max_wait_seconds = models.PositiveIntegerField(
         default=int(order_defaults.MAX_WAIT_SECONDS),  # the engine's default, one definition
@@ -474,7 +474,7 @@ class Job(models.Model):
     idle_exempt_until = models.DateTimeField(null=True, blank=True)
     log_size = models.PositiveBigIntegerField(default=0)
 
-    # --- serving (issue 18): a job that is an HTTP replica, scraped by its node's agent ---
+    # --- serving: a job that is an HTTP replica, scraped by its node's agent ---
     serve = models.JSONField(
         default=dict,
         blank=True,

@@ -1,4 +1,4 @@
-"""How long a job is expected to run, predicted from its owner's finished jobs (issue 17).
+"""How long a job is expected to run, predicted from its owner's finished jobs.
 
 The engine orders short and small work first inside a priority class and fair-share band
 (``PendingJob.expected_runtime_seconds``); users declare generous runtime limits, so the
@@ -205,7 +205,7 @@ def history_ratios(entries: list | str | bytes) -> list[float]:
 def _rows_by_index(keys: set[tuple]) -> list[tuple]:
     """The rows of a few keys, each found through its unique index, in plain SQL: a page of
     jobs or a submission's answer asks for a handful, and the ORM spent ten times the
-    query's own cost building it (issue 21)."""
+    query's own cost building it."""
     table = connection.ops.quote_name(RuntimeHistory._meta.db_table)
     wanted, params = [], []
     for project, wtype, submitter in keys:

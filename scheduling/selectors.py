@@ -120,7 +120,7 @@ def _submission_targets_sql(vendor: str) -> str:
 def submission_targets(
     user, *, project_id: int, queue_id: int, workload_type: str
 ) -> tuple[Project | None, Queue | None, WorkloadPolicy | None]:
-    """What a submission reads before its checks, in one statement (issue 21: it was four,
+    """What a submission reads before its checks, in one statement (it was four,
     each compiled by the ORM): the project (with its tenant) and the queue (with its
     tenant, pool and classes) as the user may see them to submit, None where not (as
     ``tenants.selectors.project_get_visible`` and a queue of a tenant the user is a member
@@ -180,7 +180,7 @@ def jobs_visible_to(user) -> QuerySet[Job]:
 
 
 def serve_samples(job_ids, since=None, *, user=None) -> QuerySet[ServeSample]:
-    """The scraped samples of serving jobs (issue 18), oldest first, from ``since`` on
+    """The scraped samples of serving jobs, oldest first, from ``since`` on
     (all kept when None). With ``user``, only those of jobs the user may see; without, for
     the control side (the services' autoscaler and reconciler)."""
     samples = ServeSample.objects.filter(job_id__in=list(job_ids))
@@ -569,7 +569,7 @@ def names_attach(jobs: list[Job]) -> None:
     """Give each job the related objects its answer names (tenant, project, queue and its
     pool, submitter, classes) where they were not loaded with it, read in one statement
     and made once each: ``select_related`` made seven objects per job, every column of
-    them read and converted, a sixth of a page's CPU (issue 21). Each object holds its id
+    them read and converted, a sixth of a page's CPU. Each object holds its id
     and name only; another attribute read is loaded on demand."""
     wanted: dict[type, set[int]] = {}
     for job in jobs:

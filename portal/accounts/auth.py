@@ -23,7 +23,7 @@ _READERS = (ModelColumns(ApiToken, "k"), ModelColumns(get_user_model(), "u"))
 def _tokens_with_key(token_key: str) -> list[ApiToken]:
     """The tokens whose key (their first characters) is ``token_key``, with their users:
     knox's ``filter(token_key=…).select_related("user")`` without the ORM compiling it at
-    every API call (issue 21)."""
+    every API call."""
     quote = connection.ops.quote_name
     tokens, users = (quote(r.model._meta.db_table) for r in _READERS)
     sql = (

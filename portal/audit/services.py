@@ -96,7 +96,7 @@ def audit_record(
 
 
 #: The event's insert, its statement built once (an audited submission is on the API's
-#: hottest path; issue 21). ``AuditEvent.save`` only refuses updates, which this is not.
+#: hottest path). ``AuditEvent.save`` only refuses updates, which this is not.
 _INSERT = ModelInsert(AuditEvent)
 
 

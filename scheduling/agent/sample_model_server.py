@@ -1,4 +1,4 @@
-"""A sample model server for serving jobs (issue 18): standard library only.
+"""A sample model server for serving jobs: standard library only.
 
 It stands in for vLLM / TGI / Triton in the demo, the tests and the inference bench: each
 request spends ``--service-ms`` of simulated GPU time, at most ``--concurrency`` at once

@@ -1,4 +1,4 @@
-"""Serving jobs on the node (issue 18): their ports, and the scrape of their health and
+"""Serving jobs on the node: their ports, and the scrape of their health and
 metrics endpoints into ``serve_metrics`` samples.
 
 A serving job (a launch with ``serve``) gets a free TCP port of the agent's

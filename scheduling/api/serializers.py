@@ -319,7 +319,7 @@ def _fast_converter(field):
 
 class FastRepresentationMixin:
     """DRF's ``to_representation`` without building the serializer's fields for each
-    serializer made (issue 21: a job's ~60 fields were instantiated, deep-copied and bound
+    serializer made (a job's ~60 fields were instantiated, deep-copied and bound
     on every request, a fifth of an API call's CPU).
 
     The fields are built once per class, on a template instance, and each readable field
@@ -709,7 +709,7 @@ class JobSubmitSerializer(serializers.Serializer):
 
     def get_fields(self):
         # DRF deep-copies, that is re-instantiates, the 22 declared fields for every
-        # serializer made: a tenth of a submission's CPU (issue 21). A shallow copy does:
+        # serializer made: a tenth of a submission's CPU. A shallow copy does:
         # the copy is what gets bound to this serializer (name, parent, source, label), and
         # validating changes nothing else on a field; the dict fields' children are shared,
         # they hold no state and read no context.

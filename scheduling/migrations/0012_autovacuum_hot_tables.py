@@ -1,4 +1,4 @@
-"""PostgreSQL: autovacuum thresholds for the tables every job rewrites (issue 21).
+"""PostgreSQL: autovacuum thresholds for the tables every job rewrites.
 
 A job's row is updated four or five times in its life (admitted, started, ended, reasons
 while it waits) and its allocations twice. With PostgreSQL's defaults a table is vacuumed

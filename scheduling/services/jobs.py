@@ -174,7 +174,7 @@ def _admission_context(
     """The reads of ``scheduling.selectors.pool_gpu_shapes`` and ``quota_for`` (every model),
     the project's cap (``ProjectQuota``), ``raises.project_grant_classes``, the workload
     policies' allowed pools and the runtime histories a prediction for the submitter's job
-    reads, in one statement: a submission paid seven queries for them (issue 21). Kept
+    reads, in one statement: a submission paid seven queries for them. Kept
     equal to those by tests/scheduling/test_api_costs.py."""
     now = connection.ops.adapt_datetimefield_value(timezone.now())
     gpu, node, alloc = _table(Gpu), _table(Node), _table(Allocation)
@@ -754,7 +754,7 @@ def job_validate(*, user, spec: JobSpec, lookups: Lookups | None = None) -> tupl
     return values, admission
 
 
-#: A submission's two inserts without the ORM compiling them each time (issue 21).
+#: A submission's two inserts without the ORM compiling them each time.
 _JOB_INSERT = ModelInsert(Job)
 _EVENT_INSERT = ModelInsert(JobEvent)
 

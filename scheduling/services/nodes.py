@@ -857,7 +857,7 @@ def _started_data(report: dict) -> dict:
 
 
 def _serve_port(report: dict) -> dict:
-    """A serving job's port (issue 18), from its ``started`` report: its endpoint, not
+    """A serving job's port, from its ``started`` report: its endpoint, not
     ready until a scrape says so (a requeued replica's last attempt may have been)."""
     port = report.get("port")
     if not (isinstance(port, int) and 0 < port < 65536):

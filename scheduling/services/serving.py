@@ -1,4 +1,4 @@
-"""Serving jobs on the portal side (issue 18): the agents' ``serve_metrics`` reports stored
+"""Serving jobs on the portal side: the agents' ``serve_metrics`` reports stored
 as :class:`~scheduling.models.ServeSample` rows, the replica's current endpoint kept on
 its job (``serve_port``, ``serve_ready``), and the samples' retention.
 

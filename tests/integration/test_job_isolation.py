@@ -1,4 +1,4 @@
-"""Issue 16's attacks, replayed: a job of one tenant against a job of another on one node.
+"""Attacks on job isolation, replayed: a job of one tenant against a job of another on one node.
 
 Two jobs run on one agent (in process, as ``tests/scheduling/agent`` drives it: no
 database, broker or worker needed): job A of tenant nlp as ``sluice-test-a``, holding a

@@ -1,6 +1,6 @@
 """Bad input is a 400 (or 404) naming the field, never a 500, and stores nothing.
 
-The cases of issue 16 (a schemathesis run against the API): ids out of range in filters,
+The cases a schemathesis run against the API found: ids out of range in filters,
 non-numeric ids in paths, lone UTF-16 surrogates and NUL in any text, text too long for its
 column, bad page numbers. tests/portal/test_api_schema_fuzz.py generates many more.
 """

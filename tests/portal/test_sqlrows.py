@@ -1,5 +1,5 @@
 """portal.sqlrows: instances read from hand-written rows, and inserts with their SQL built
-once, are the same as the ORM's (issue 21's submission path uses both)."""
+once, are the same as the ORM's (the submission path uses both)."""
 
 import pytest
 from django.db import connection

@@ -1,5 +1,5 @@
 """The API token check reads its tokens with one hand-written statement
-(portal.accounts.auth._tokens_with_key, issue 21) and keeps knox's rules: the digest of the
+(portal.accounts.auth._tokens_with_key) and keeps knox's rules: the digest of the
 whole key must match, an expired token is refused and deleted, an inactive user is refused."""
 
 from datetime import timedelta

@@ -1,4 +1,4 @@
-"""What the job API costs (issue 21): the query count of a submission and of a page of the
+"""What the job API costs: the query count of a submission and of a page of the
 list is pinned, and what made them cheaper answers what the slower code answered: the
 job serializer's fast representation (scheduling.api.serializers.FastRepresentationMixin)
 against DRF's own, and the submission's one-statement admission read
@@ -33,8 +33,8 @@ URL = "/api/v1/jobs"
 # A submission: token and user, the user's roles with the project, queue and policy
 # (scheduling.selectors.submission_targets), the admission read (with the runtime
 # histories of the answer's prediction), job, job event, the audit row (chain lock, last
-# hash, insert; no savepoint); BEGIN and COMMIT outside tests. Was 22 on PostgreSQL before
-# issue 21, then 14, then 11.
+# hash, insert; no savepoint); BEGIN and COMMIT outside tests. Was 22 on PostgreSQL, then 14,
+# then 11.
 SUBMIT_QUERIES = 10
 # A page: token and user, count, the page's jobs (no joins), their names (tenants,
 # projects, queues, pools, submitters, classes), the GPUs they hold, runtime histories,

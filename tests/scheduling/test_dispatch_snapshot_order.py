@@ -1,5 +1,5 @@
 """What the dispatch loop hands the engine for the size- and runtime-aware order and for
-preemption churn (issue 17): predictions, policies' max wait and preemption limits, the
+preemption churn: predictions, policies' max wait and preemption limits, the
 settings' ordering knobs; and that reading them keeps the loop's query count flat."""
 
 from datetime import timedelta

@@ -1,4 +1,4 @@
-"""What a dispatch cycle writes follows what changed, not how many jobs wait (issue 21).
+"""What a dispatch cycle writes follows what changed, not how many jobs wait.
 
 Positions are counted from sort keys when read, estimates live in one row per pool, the
 leader keeps the waiting jobs between cycles: a cycle in which nothing changed writes no

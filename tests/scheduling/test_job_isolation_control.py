@@ -1,4 +1,4 @@
-"""The control side of job isolation (issue 16): what a launch tells the node about the
+"""The control side of job isolation: what a launch tells the node about the
 account, limits and log cap of a job, what the node says it enforces, and the log cap the
 portal applies to what it receives."""
 

@@ -1,4 +1,4 @@
-"""Serving jobs (issue 18): ``serve`` on submission, its checks, and where it shows.
+"""Serving jobs: ``serve`` on submission, its checks, and where it shows.
 
 A serving job is an HTTP replica: its node's agent gives it a port and scrapes the paths of
 ``serve``. Only inference, batch inference and interactive jobs may serve.

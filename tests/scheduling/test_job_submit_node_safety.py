@@ -1,4 +1,4 @@
-"""What a job may ask of the node it runs on, checked at submission (issue 16).
+"""What a job may ask of the node it runs on, checked at submission.
 
 Reserved environment names, directories outside the job's own, and users who map to no Unix
 account are refused with a 400 naming the field, before anything is stored.

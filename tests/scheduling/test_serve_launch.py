@@ -1,4 +1,4 @@
-"""Serving jobs on the wire (issue 18): the launch carries ``serve``; ``serve_metrics``
+"""Serving jobs on the wire: the launch carries ``serve``; ``serve_metrics``
 reports and the ``port`` of ``started`` follow the protocol."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""The portal's side of serving jobs (issue 18): ``serve_metrics`` reports become
+"""The portal's side of serving jobs: ``serve_metrics`` reports become
 ``ServeSample`` rows and the job's endpoint (``serve_port``, ``serve_ready``); the port of
 ``started``; the samples' selector and retention."""
 

@@ -1,4 +1,4 @@
-"""A submission's first read (scheduling.selectors.submission_targets, issue 21): the
+"""A submission's first read (scheduling.selectors.submission_targets): the
 project, queue and workload policy in one statement answer what the ORM's scoped reads
 answer, for every kind of user, and the instances are those the ORM would have loaded."""
 

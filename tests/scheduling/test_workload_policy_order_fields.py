@@ -1,4 +1,4 @@
-"""A workload policy's max wait, preemption limit and protection (issue 17): validated with
+"""A workload policy's max wait, preemption limit and protection: validated with
 field errors (never a 500) through the API and the Django admin, audited, shown on the
 pages that show policies; platform admins only."""
 

@@ -1,4 +1,4 @@
-"""Serving jobs on the node (issue 18): ports, ``PORT``, scrapes of health and metrics, the
+"""Serving jobs on the node: ports, ``PORT``, scrapes of health and metrics, the
 normalisation of the common servers' metrics, and ``serve_metrics`` reports."""
 
 from __future__ import annotations

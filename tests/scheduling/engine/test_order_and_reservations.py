@@ -1,4 +1,4 @@
-"""Reservations follow the current order (issue 17, part 1): position, estimate and start
+"""Reservations follow the current order: position, estimate and start
 agree, while estimates stay upper bounds as long as the order does not change."""
 
 import dataclasses
