@@ -22,7 +22,9 @@ import math
 import os
 import pwd
 import shlex
+import signal
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -57,6 +59,10 @@ JOB_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DEFAULT_REFRESH_SECONDS = 1.0
 #: A tracked job the controller no longer lists is ended after this many refreshes.
 MISSING_REFRESHES = 3
+#: How many ended attempts the bridge remembers (their exit, answered again to a repeated
+#: launch or stop), and how many jobs' newest attempt.
+ENDED_MEMORY = 20_000
+SUPERSEDED_MESSAGE = "a newer attempt of this job was launched already"
 GPU_MEMORY_MB = 81559  # an H100 80GB; Slurm's Gres does not say a GPU's memory
 NO_PYXIS_MESSAGE = (
     "this Slurm pool cannot run container images (no pyxis/enroot declared): "
@@ -91,6 +97,7 @@ class _Tracked:
     killed: bool = False
     missing: int = 0
     gpu_indices: tuple[int, ...] = ()
+    exited: Exited | None = None  # the exit reported, once ended
 
 
 class SlurmExecutor(Executor):
@@ -119,6 +126,10 @@ class SlurmExecutor(Executor):
         self._jobs: list[SlurmJob] = []
         self._refreshed_at = -math.inf
         self._adopted = False
+        #: Attempts that ended here (or in the controller's records), with their exit.
+        self._ended: OrderedDict[tuple[int, int], Exited] = OrderedDict()
+        #: The newest attempt of each job this bridge was asked to launch or saw in Slurm.
+        self._newest: OrderedDict[int, int] = OrderedDict()
 
     # --- what it offers ---------------------------------------------------------------
 
@@ -200,6 +211,9 @@ class SlurmExecutor(Executor):
             if tracked.started and not tracked.ended:
                 self._events.append(self._started(tracked))
             return
+        if self._answer_known_launch(node, key):
+            return
+        self._saw_attempt(*key)
         if message.get("image") and not self.pyxis:
             self._launch_failed(node, message, NO_PYXIS_MESSAGE)
             return
@@ -218,6 +232,46 @@ class SlurmExecutor(Executor):
             if other.job_id == key[0] and other.attempt < key[1] and not other.ended:
                 self._stop(other, protocol.SUPERSEDED, float(message["grace_seconds"]))
         self._refreshed_at = -math.inf
+
+    def _answer_known_launch(self, node: str, key: tuple[int, int]) -> bool:
+        """Answer a launch of an attempt that is not to be submitted (again): one that ended
+        here already (its exit is sent again), one older than an attempt of the same job
+        already launched (``superseded``), or one the controller has a Slurm job of (after
+        a restart of the bridge: taken over, or its end reported). True when answered."""
+        ended = self._ended.get(key)
+        if ended is not None:
+            self._events.append(ended)
+            return True
+        newest = self._newest.get(key[0])
+        if newest is not None and key[1] < newest:
+            self._events.append(
+                Exited(
+                    job_id=key[0],
+                    attempt=key[1],
+                    node=node,
+                    exit_code=None,
+                    signal=None,
+                    reason=protocol.SUPERSEDED,
+                    message=SUPERSEDED_MESSAGE,
+                )
+            )
+            return True
+        record = next((j for j in self._jobs if j.sluice == key), None)
+        if record is None:
+            return False
+        self._saw_attempt(*key)
+        tracked = self._tracked_from(record, key)
+        self._tracked[key] = tracked
+        if not record.active:
+            self._end(tracked, record, end_message(record))
+        return True
+
+    def _saw_attempt(self, job_id: int, attempt: int) -> None:
+        if attempt >= self._newest.get(job_id, -1):
+            self._newest[job_id] = attempt
+            self._newest.move_to_end(job_id)
+        while len(self._newest) > ENDED_MEMORY:
+            self._newest.popitem(last=False)
 
     def _launch_failed(self, node: str, message: Mapping[str, Any], text: str) -> None:
         self._events.append(
@@ -369,6 +423,10 @@ class SlurmExecutor(Executor):
 
     def stop(self, node: str, message: Mapping[str, Any]) -> None:
         key = (message["job_id"], message["attempt"])
+        ended = self._ended.get(key)
+        if ended is not None and key not in self._tracked:
+            self._events.append(ended)  # it ended here: its exit again, as it was
+            return
         tracked = self._tracked.get(key) or self._adopt_one(key)
         if tracked is None or tracked.ended:
             if tracked is None:
@@ -483,22 +541,27 @@ class SlurmExecutor(Executor):
         exit_code, sig = decode_wait_status(job.exit_status if job else None)
         if job is not None and not job.started:
             exit_code = sig = None  # it never ran (cancelled while pending)
+        elif job is not None and job.state == "CANCELLED" and sig is None and not exit_code:
+            # scancel ends a running job with signals (SIGTERM, SIGKILL after KillWait), but
+            # the controller may record the job's exit as 0 before the batch step's status
+            # arrives (or keep it so): a cancelled job never succeeded.
+            exit_code, sig = None, signal.SIGKILL if tracked.killed else signal.SIGTERM
+            sig = int(sig)
         if job is not None and job.state == "CANCELLED" and not tracked.stop_reason:
             message = "cancelled in Slurm, not by Sluice (scancel behind Sluice's back)"
         if tracked.stop_reason and job is not None and job.state == "CANCELLED":
             message = ""  # Sluice's own stop: the reason says it
         tracked.ended = True
-        self._events.append(
-            Exited(
-                job_id=tracked.job_id,
-                attempt=tracked.attempt,
-                node=tracked.node,
-                exit_code=exit_code,
-                signal=sig,
-                reason=tracked.stop_reason,
-                message=message,
-            )
+        tracked.exited = Exited(
+            job_id=tracked.job_id,
+            attempt=tracked.attempt,
+            node=tracked.node,
+            exit_code=exit_code,
+            signal=sig,
+            reason=tracked.stop_reason,
+            message=message,
         )
+        self._events.append(tracked.exited)
 
     def _started(self, tracked: _Tracked) -> Started:
         return Started(
@@ -541,7 +604,15 @@ class SlurmExecutor(Executor):
 
     def _forget_ended(self) -> None:
         for key in [k for k, t in self._tracked.items() if t.ended]:
-            del self._tracked[key]
+            tracked = self._tracked.pop(key)
+            if tracked.exited is not None:
+                self._remember_end(key, tracked.exited)
+
+    def _remember_end(self, key: tuple[int, int], exited: Exited) -> None:
+        self._ended[key] = exited
+        self._ended.move_to_end(key)
+        while len(self._ended) > ENDED_MEMORY:
+            self._ended.popitem(last=False)
 
     # --- reconciliation ---------------------------------------------------------------
 
@@ -552,17 +623,22 @@ class SlurmExecutor(Executor):
         self._adopted = True
         for job in self._jobs:
             ids = job.sluice
-            if ids is None or ids in self._tracked or not job.active:
+            if ids is None or ids in self._tracked:
                 continue
-            self._tracked[ids] = self._tracked_from(job, ids)
+            self._saw_attempt(*ids)
+            if job.active:
+                self._tracked[ids] = self._tracked_from(job, ids)
 
     def _adopt_one(self, key: tuple[int, int]) -> _Tracked | None:
         if not self._refresh(force=True):
             return None
         for job in self._jobs:
-            if job.sluice == key and job.active:
-                self._tracked[key] = self._tracked_from(job, key)
-                return self._tracked[key]
+            if job.sluice == key:
+                self._saw_attempt(*key)
+                tracked = self._tracked[key] = self._tracked_from(job, key)
+                if not job.active:  # it ended while no bridge watched: its exit, from Slurm
+                    self._end(tracked, job, end_message(job))
+                return tracked
         return None
 
     def _tracked_from(self, job: SlurmJob, ids: tuple[int, int]) -> _Tracked:
