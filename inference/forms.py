@@ -9,6 +9,7 @@ from django import forms
 from scheduling.choices import ImagePullPolicy
 from scheduling.forms import command_arguments, env_from_lines
 
+from .scaling import form_field as scaling_field
 from .services import EDITABLE_FIELDS
 
 
@@ -57,31 +58,20 @@ class ServiceForm(forms.Form):
         label="Image pull policy",
     )
     image_pull_secret = forms.CharField(required=False, max_length=253, label="Image pull secret")
-    min_replicas = forms.IntegerField(min_value=0, max_value=1000, initial=1)
-    max_replicas = forms.IntegerField(min_value=1, max_value=1000, initial=4)
-    target_running_per_replica = forms.FloatField(
-        min_value=0.01,
-        initial=4.0,
-        label="Target ongoing requests per replica",
-    )
-    latency_slo_ms = forms.IntegerField(
-        required=False, min_value=1, label="p95 latency SLO (ms)", help_text="Empty: none."
-    )
-    error_rate_max = forms.FloatField(
-        required=False, min_value=0, max_value=1, label="Error rate ceiling (0-1)"
-    )
-    gpu_util_max = forms.FloatField(
-        required=False, min_value=1, max_value=100, label="GPU utilization ceiling (%)"
-    )
-    stable_window_s = forms.IntegerField(min_value=6, max_value=3600, initial=60)
-    panic_window_s = forms.IntegerField(min_value=1, max_value=3600, initial=6)
-    panic_threshold = forms.FloatField(min_value=1.1, max_value=100, initial=2.0)
-    scale_up_max_step = forms.IntegerField(
-        min_value=0, max_value=1000, initial=4, help_text="Replicas added at most at once (0: any)."
-    )
-    scale_down_delay_s = forms.IntegerField(min_value=0, max_value=86400, initial=60)
-    scale_to_zero = forms.BooleanField(required=False, help_text="Needs min replicas 0.")
-    scale_to_zero_grace_s = forms.IntegerField(min_value=0, max_value=7 * 86400, initial=300)
+    # Scaling settings: bounds, defaults, labels and help from inference/scaling.py.
+    min_replicas = scaling_field("min_replicas")
+    max_replicas = scaling_field("max_replicas")
+    target_running_per_replica = scaling_field("target_running_per_replica")
+    latency_slo_ms = scaling_field("latency_slo_ms")
+    error_rate_max = scaling_field("error_rate_max")
+    gpu_util_max = scaling_field("gpu_util_max")
+    stable_window_s = scaling_field("stable_window_s")
+    panic_window_s = scaling_field("panic_window_s")
+    panic_threshold = scaling_field("panic_threshold")
+    scale_up_max_step = scaling_field("scale_up_max_step")
+    scale_down_delay_s = scaling_field("scale_down_delay_s")
+    scale_to_zero = scaling_field("scale_to_zero")
+    scale_to_zero_grace_s = scaling_field("scale_to_zero_grace_s")
 
     def __init__(self, *args, projects, queues, priority_classes, editing=False, **kwargs):
         super().__init__(*args, **kwargs)

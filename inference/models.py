@@ -4,7 +4,7 @@ the autoscaler's decisions (the service's timeline)."""
 from __future__ import annotations
 
 from django.conf import settings
-from django.core.validators import MaxValueValidator, MinValueValidator
+from django.core.validators import MaxValueValidator
 from django.db import models
 from django.db.models import Q
 
@@ -13,6 +13,7 @@ from scheduling.models import Job, PriorityClass, Queue
 from tenants.models import Project, Tenant, slug_validator
 
 from .choices import ServiceState
+from .scaling import model_field as scaling_field
 
 #: A replica whose job is in one of these states is alive (it holds or waits for GPUs).
 LIVE_JOB_STATES = ("PENDING", "HELD", "ADMITTED", "RUNNING", "STOPPING")
@@ -66,54 +67,20 @@ class Service(models.Model):
     image_pull_policy = models.CharField(max_length=20, choices=ImagePullPolicy.choices, blank=True)
     image_pull_secret = models.CharField(max_length=253, blank=True)
 
-    # --- scaling bounds and targets ---
-    min_replicas = models.PositiveIntegerField(default=1, validators=[MaxValueValidator(1000)])
-    max_replicas = models.PositiveIntegerField(
-        default=4, validators=[MinValueValidator(1), MaxValueValidator(1000)]
-    )
-    target_running_per_replica = models.FloatField(
-        default=4.0,
-        validators=[MinValueValidator(0.01)],
-        help_text="Ongoing requests (running + waiting) one replica should carry.",
-    )
-    latency_slo_ms = models.PositiveIntegerField(
-        null=True, blank=True, help_text="p95 request latency to keep under (empty: none)."
-    )
-    error_rate_max = models.FloatField(
-        null=True,
-        blank=True,
-        validators=[MinValueValidator(0.0), MaxValueValidator(1.0)],
-        help_text="Share of failing requests (0-1) above which a replica is added.",
-    )
-    gpu_util_max = models.FloatField(
-        null=True,
-        blank=True,
-        validators=[MinValueValidator(1.0), MaxValueValidator(100.0)],
-        help_text="Mean GPU utilization (%) above which a replica is added.",
-    )
-    stable_window_s = models.PositiveIntegerField(
-        default=60, validators=[MinValueValidator(6), MaxValueValidator(3600)]
-    )
-    panic_window_s = models.PositiveIntegerField(
-        default=6, validators=[MinValueValidator(1), MaxValueValidator(3600)]
-    )
-    panic_threshold = models.FloatField(
-        default=2.0, validators=[MinValueValidator(1.1), MaxValueValidator(100.0)]
-    )
-    scale_up_max_step = models.PositiveIntegerField(
-        default=4,
-        validators=[MaxValueValidator(1000)],
-        help_text="Replicas added at most per decision (0: no limit).",
-    )
-    scale_down_delay_s = models.PositiveIntegerField(
-        default=60,
-        validators=[MaxValueValidator(86400)],
-        help_text="A scale-down waits until fewer replicas were wanted this long.",
-    )
-    scale_to_zero = models.BooleanField(default=False)
-    scale_to_zero_grace_s = models.PositiveIntegerField(
-        default=300, validators=[MaxValueValidator(7 * 86400)]
-    )
+    # --- scaling bounds and targets (declared in inference/scaling.py) ---
+    min_replicas = scaling_field("min_replicas")
+    max_replicas = scaling_field("max_replicas")
+    target_running_per_replica = scaling_field("target_running_per_replica")
+    latency_slo_ms = scaling_field("latency_slo_ms")
+    error_rate_max = scaling_field("error_rate_max")
+    gpu_util_max = scaling_field("gpu_util_max")
+    stable_window_s = scaling_field("stable_window_s")
+    panic_window_s = scaling_field("panic_window_s")
+    panic_threshold = scaling_field("panic_threshold")
+    scale_up_max_step = scaling_field("scale_up_max_step")
+    scale_down_delay_s = scaling_field("scale_down_delay_s")
+    scale_to_zero = scaling_field("scale_to_zero")
+    scale_to_zero_grace_s = scaling_field("scale_to_zero_grace_s")
 
     # --- where it stands ---
     spec_version = models.PositiveIntegerField(default=1)

@@ -32,6 +32,8 @@ from tenants.selectors import has_role
 from . import autoscaler
 from .choices import BlockedReason, ServiceState
 from .models import LIVE_JOB_STATES, ScaleDecision, Service, ServiceReplica
+from .scaling import DEFAULTS as SCALING_DEFAULTS
+from .scaling import NAMES as SCALING_NAMES
 
 log = logging.getLogger(__name__)
 
@@ -51,22 +53,7 @@ SPEC_FIELDS = (
     "image_pull_secret",
 )
 #: Fields that only change how many replicas run.
-SCALING_FIELDS = (
-    "description",
-    "min_replicas",
-    "max_replicas",
-    "target_running_per_replica",
-    "latency_slo_ms",
-    "error_rate_max",
-    "gpu_util_max",
-    "stable_window_s",
-    "panic_window_s",
-    "panic_threshold",
-    "scale_up_max_step",
-    "scale_down_delay_s",
-    "scale_to_zero",
-    "scale_to_zero_grace_s",
-)
+SCALING_FIELDS = ("description", *SCALING_NAMES)
 EDITABLE_FIELDS = SPEC_FIELDS + SCALING_FIELDS
 #: The replicas' environment carries the service's latency SLO (seconds) under this name,
 #: for a model server to make it one of its histogram's bucket bounds (the sample model
@@ -95,19 +82,20 @@ class ServiceSpec:
     image_pull_policy: str = ""
     image_pull_secret: str = ""
     description: str = ""
-    min_replicas: int = 1
-    max_replicas: int = 4
-    target_running_per_replica: float = 4.0
-    latency_slo_ms: int | None = None
-    error_rate_max: float | None = None
-    gpu_util_max: float | None = None
-    stable_window_s: int = 60
-    panic_window_s: int = 6
-    panic_threshold: float = 2.0
-    scale_up_max_step: int = 4
-    scale_down_delay_s: int = 60
-    scale_to_zero: bool = False
-    scale_to_zero_grace_s: int = 300
+    # Scaling settings: defaults from inference/scaling.py.
+    min_replicas: int = SCALING_DEFAULTS["min_replicas"]
+    max_replicas: int = SCALING_DEFAULTS["max_replicas"]
+    target_running_per_replica: float = SCALING_DEFAULTS["target_running_per_replica"]
+    latency_slo_ms: int | None = SCALING_DEFAULTS["latency_slo_ms"]
+    error_rate_max: float | None = SCALING_DEFAULTS["error_rate_max"]
+    gpu_util_max: float | None = SCALING_DEFAULTS["gpu_util_max"]
+    stable_window_s: int = SCALING_DEFAULTS["stable_window_s"]
+    panic_window_s: int = SCALING_DEFAULTS["panic_window_s"]
+    panic_threshold: float = SCALING_DEFAULTS["panic_threshold"]
+    scale_up_max_step: int = SCALING_DEFAULTS["scale_up_max_step"]
+    scale_down_delay_s: int = SCALING_DEFAULTS["scale_down_delay_s"]
+    scale_to_zero: bool = SCALING_DEFAULTS["scale_to_zero"]
+    scale_to_zero_grace_s: int = SCALING_DEFAULTS["scale_to_zero_grace_s"]
 
 
 def _fail(field_name: str | None, message: str, code: str = "invalid") -> None:
@@ -381,21 +369,7 @@ def service_delete(*, user, service: Service, reason: str = "") -> Service:
 
 
 def _policy_of(service: Service) -> autoscaler.Policy:
-    return autoscaler.Policy(
-        min_replicas=service.min_replicas,
-        max_replicas=service.max_replicas,
-        target_running_per_replica=service.target_running_per_replica,
-        latency_slo_ms=service.latency_slo_ms,
-        error_rate_max=service.error_rate_max,
-        gpu_util_max=service.gpu_util_max,
-        stable_window_s=service.stable_window_s,
-        panic_window_s=service.panic_window_s,
-        panic_threshold=service.panic_threshold,
-        scale_up_max_step=service.scale_up_max_step,
-        scale_down_delay_s=service.scale_down_delay_s,
-        scale_to_zero=service.scale_to_zero,
-        scale_to_zero_grace_s=service.scale_to_zero_grace_s,
-    )
+    return autoscaler.Policy(**{name: getattr(service, name) for name in SCALING_NAMES})
 
 
 def _serve_samples(job_ids: list[int], since: datetime) -> list:

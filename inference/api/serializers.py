@@ -9,6 +9,7 @@ from scheduling.choices import ImagePullPolicy
 
 from ..choices import ServiceState
 from ..models import ScaleDecision, Service
+from ..scaling import serializer_field as scaling_field
 
 SLUG = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$"
 
@@ -50,29 +51,20 @@ class ServiceInputSerializer(serializers.Serializer):
         choices=ImagePullPolicy.choices, required=False, allow_blank=True
     )
     image_pull_secret = serializers.CharField(max_length=253, required=False, allow_blank=True)
-    min_replicas = serializers.IntegerField(min_value=0, max_value=1000, required=False)
-    max_replicas = serializers.IntegerField(min_value=1, max_value=1000, required=False)
-    target_running_per_replica = serializers.FloatField(
-        min_value=0.01, max_value=100000, required=False
-    )
-    latency_slo_ms = serializers.IntegerField(
-        min_value=1, max_value=3_600_000, required=False, allow_null=True
-    )
-    error_rate_max = serializers.FloatField(
-        min_value=0.0, max_value=1.0, required=False, allow_null=True
-    )
-    gpu_util_max = serializers.FloatField(
-        min_value=1.0, max_value=100.0, required=False, allow_null=True
-    )
-    stable_window_s = serializers.IntegerField(min_value=6, max_value=3600, required=False)
-    panic_window_s = serializers.IntegerField(min_value=1, max_value=3600, required=False)
-    panic_threshold = serializers.FloatField(min_value=1.1, max_value=100.0, required=False)
-    scale_up_max_step = serializers.IntegerField(min_value=0, max_value=1000, required=False)
-    scale_down_delay_s = serializers.IntegerField(min_value=0, max_value=86400, required=False)
-    scale_to_zero = serializers.BooleanField(required=False)
-    scale_to_zero_grace_s = serializers.IntegerField(
-        min_value=0, max_value=7 * 86400, required=False
-    )
+    # Scaling settings: bounds and help from inference/scaling.py.
+    min_replicas = scaling_field("min_replicas")
+    max_replicas = scaling_field("max_replicas")
+    target_running_per_replica = scaling_field("target_running_per_replica")
+    latency_slo_ms = scaling_field("latency_slo_ms")
+    error_rate_max = scaling_field("error_rate_max")
+    gpu_util_max = scaling_field("gpu_util_max")
+    stable_window_s = scaling_field("stable_window_s")
+    panic_window_s = scaling_field("panic_window_s")
+    panic_threshold = scaling_field("panic_threshold")
+    scale_up_max_step = scaling_field("scale_up_max_step")
+    scale_down_delay_s = scaling_field("scale_down_delay_s")
+    scale_to_zero = scaling_field("scale_to_zero")
+    scale_to_zero_grace_s = scaling_field("scale_to_zero_grace_s")
 
     def validate(self, attrs):
         """The checks that need two fields, where both are given (the service checks them

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from inference import autoscaler
 from inference.autoscaler import (
     MIN_REQUESTS_FOR_ERROR_RATE,
-    Policy,
     Reason,
     Sample,
     State,
@@ -21,11 +21,32 @@ from inference.autoscaler import (
     observe,
 )
 
+#: Each rule tried on its own: one replica at most, one request per replica, no step limit
+#: and no scale-down delay unless the test sets them (a service's defaults are in
+#: inference/scaling.py and have rate limits on).
+RULES_ALONE = {
+    "max_replicas": 1,
+    "target_running_per_replica": 1.0,
+    "scale_up_max_step": 0,
+    "scale_down_delay_s": 0.0,
+}
+
+
+def Policy(**settings) -> autoscaler.Policy:  # noqa: N802 - stands for the class
+    return autoscaler.Policy(**{**RULES_ALONE, **settings})
+
+
 # --- a small simulated service -------------------------------------------------------------
 
 
 def simulate(
-    policy: Policy, load, *, seconds: float, start: int | None = None, tick=1.0, latency_ms=None
+    policy: autoscaler.Policy,
+    load,
+    *,
+    seconds: float,
+    start: int | None = None,
+    tick=1.0,
+    latency_ms=None,
 ):
     """Run the autoscaler every ``tick`` s on replicas that share ``load(t)`` ongoing
     requests evenly and report every tick (new replicas are ready at once; the newest
