@@ -26,7 +26,7 @@ import logging
 import os
 import shutil
 from collections import defaultdict
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from django.conf import settings
@@ -67,11 +67,24 @@ def stuck_launches_requeue(now: datetime | None = None) -> list[int]:
     """Requeue the jobs admitted more than ``SLUICE_STUCK_LAUNCH_SECONDS`` ago that never
     started; returns their ids."""
     now = now or timezone.now()
-    cutoff = now - timedelta(seconds=settings.SLUICE_STUCK_LAUNCH_SECONDS)
+    cutoff = _reports_seen_until(now) - timedelta(seconds=settings.SLUICE_STUCK_LAUNCH_SECONDS)
     stuck = Job.objects.filter(state=JobState.ADMITTED, admitted_at__lte=cutoff)
     return [
         pk for pk in stuck.values_list("pk", flat=True) if _guarded(_requeue_stuck, pk, now, cutoff)
     ]
+
+
+def _reports_seen_until(now: datetime) -> datetime:
+    """Up to when the nodes' reports are known to be handled: the send time of the last
+    probe a reports worker handled (sent each sweep through the reports queue), else now.
+    A ``started`` report queued behind a backlog (workers down or restarting) is not a
+    stuck launch: its job must not be requeued, and launched again, before it is read."""
+    from .nodes import REPORTS_PROBE_KEY
+
+    probe = cache.get(REPORTS_PROBE_KEY)
+    if probe is None:
+        return now
+    return min(now, datetime.fromtimestamp(probe, tz=UTC))
 
 
 @transaction.atomic

@@ -77,6 +77,26 @@ def test_a_stuck_launch_is_requeued(
     assert started.state == JobState.RUNNING
 
 
+def test_a_launch_whose_started_report_may_wait_in_the_reports_queue_is_not_requeued(
+    world, settings, outbox, dispatch_requests
+):
+    """Reports handled only up to the last probe that came back (workers down, a backlog):
+    a job admitted less than the stuck-launch time before that may have started already."""
+    settings.SLUICE_STUCK_LAUNCH_SECONDS = 10
+    try:
+        with freeze_time(T0) as clock:
+            job = placed(world, state=JobState.ADMITTED)
+            cache.set(nodes.REPORTS_PROBE_KEY, _at(5).timestamp(), timeout=None)
+            clock.move_to(_at(60))  # long past the stuck time, but nothing read since T0 + 5 s
+            assert stuck_launches_requeue() == []
+            job.refresh_from_db()
+            assert job.state == JobState.ADMITTED and stops(outbox, job) == []
+            cache.set(nodes.REPORTS_PROBE_KEY, _at(10).timestamp(), timeout=None)
+            assert stuck_launches_requeue() == [job.pk]
+    finally:
+        cache.delete(nodes.REPORTS_PROBE_KEY)
+
+
 def test_the_old_attempt_starting_late_is_stopped(
     world, settings, outbox, dispatch_requests, django_capture_on_commit_callbacks
 ):
