@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -123,3 +126,12 @@ def test_the_guide_table(setting):
 
 def test_the_guide_lists_every_setting_once():
     assert sorted(_doc_rows()) == sorted(NAMES)
+
+
+def test_the_autoscaler_still_imports_no_django():
+    """The declaration is standard library at import time: the autoscaler reads it alone."""
+    code = "import sys, inference.autoscaler; sys.exit('django' in sys.modules)"
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True)
+    assert done.returncode == 0, done.stderr
