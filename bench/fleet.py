@@ -51,6 +51,9 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from kombu.exceptions import KombuError
+from redis.exceptions import RedisError
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -240,7 +243,7 @@ def _consume(url: str, inboxes: dict[str, _Inbox], stop: threading.Event) -> Non
                     while not stop.is_set():
                         with contextlib.suppress(TimeoutError):
                             connection.drain_events(timeout=1.0)
-        except Exception as exc:  # broker gone: retry
+        except (OSError, KombuError, RedisError) as exc:  # broker gone: retry
             log(f"consumer: {exc}")
             time.sleep(1.0)
 

@@ -22,6 +22,10 @@ ROOT = Path(__file__).resolve().parents[2]
 BENCHES = sorted(p for p in (ROOT / "bench").glob("*.py") if p.name != "__init__.py")
 #: Top-level packages of this repository.
 FIRST_PARTY = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()} | {"bench"}
+#: Sibling scripts a bench imports from its own folder or tools/ (bench/e2e.py's set-up,
+#: tools/slurm_cluster.py), which the bench puts on sys.path itself.
+FIRST_PARTY |= {p.stem for p in (ROOT / "bench").glob("*.py")}
+FIRST_PARTY |= {p.stem for p in (ROOT / "tools").glob("*.py")}
 
 
 def _imported_modules(path: Path) -> set[str]:
