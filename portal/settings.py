@@ -425,7 +425,7 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 SLUICE_BEAT_LOCK_SECONDS = env_int("SLUICE_BEAT_LOCK_SECONDS", 3)
 SLUICE_BEAT_TICK_SECONDS = env_float("SLUICE_BEAT_TICK_SECONDS", 1.0)
 if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
-    CELERY_BEAT_SCHEDULER = "portal.celery:BeatScheduler"
+    CELERY_BEAT_SCHEDULER = "portal.beat:BeatScheduler"
     CELERY_REDBEAT_REDIS_URL = REDIS_URL or CELERY_BROKER_URL
     CELERY_REDBEAT_REDIS_OPTIONS: dict = {}  # not the broker's transport options
     CELERY_REDBEAT_KEY_PREFIX = "sluice:beat:"

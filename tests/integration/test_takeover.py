@@ -302,7 +302,8 @@ def test_a_beat_that_lost_its_lock_stands_by_until_it_holds_it_again(settings):
         pytest.skip("needs Redis (CELERY_BROKER_URL); see .ci/run")
     from redbeat.schedulers import acquire_distributed_beat_lock, get_redis
 
-    from portal.celery import BeatScheduler, app
+    from portal.beat import BeatScheduler
+    from portal.celery import app
 
     app.conf.redbeat_redis_url = settings.CELERY_BROKER_URL
     app.conf.redbeat_key_prefix = f"sluice:beat-test-{os.getpid()}:"
