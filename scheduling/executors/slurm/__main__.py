@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 
 from scheduling.executors.slurm.client import SlurmClient
@@ -48,33 +47,17 @@ def build_executor(args: argparse.Namespace) -> SlurmExecutor:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from scheduling.agent.transport import CeleryReportSender, KombuMessageSource
-    from scheduling.executors.runtime import Runtime, RuntimeConfig, RuntimeNode
+    from scheduling.executors.bridge import run_bridge
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     args = parser().parse_args(argv)
-    executor = build_executor(args)
-    names = [node.name for node in executor.nodes()]
-    if not names:
-        print(f"the Slurm partition {args.partition!r} has no nodes", file=sys.stderr)
-        return 2
-    nodes = [
-        RuntimeNode(name=name, messages=KombuMessageSource(name, args.broker), pool=args.pool)
-        for name in names
-    ]
-    runtime = Runtime(
-        executor,
-        nodes,
-        CeleryReportSender(args.broker),
-        RuntimeConfig(heartbeat_seconds=args.heartbeat),
+    return run_bridge(
+        build_executor(args),
+        pool=args.pool,
+        broker=args.broker,
+        heartbeat=args.heartbeat,
+        no_nodes=f"the Slurm partition {args.partition!r} has no nodes",
     )
-    signal.signal(signal.SIGTERM, runtime.request_stop)
-    signal.signal(signal.SIGINT, runtime.request_stop)
-    runtime.run()
-    for node in nodes:
-        node.messages.close()
-    executor.close()
-    return 0
 
 
 if __name__ == "__main__":
