@@ -54,7 +54,9 @@ def project_get_visible(user, project_id: int) -> Project | None:
 def memberships_of_tenant(user, tenant: Tenant) -> QuerySet[Membership]:
     if not (is_platform_admin(user) or role_in(user, tenant)):
         return Membership.objects.none()
-    return Membership.objects.filter(tenant=tenant).select_related("user", "tenant")
+    # user__robot: whether a member is a robot account (portal.accounts), read without a
+    # query per row and without importing an app above this one.
+    return Membership.objects.filter(tenant=tenant).select_related("user__robot", "tenant")
 
 
 def can_submit_to_project(user, project: Project) -> bool:

@@ -256,6 +256,18 @@ def _check_role(role: str) -> None:
 
 
 def _require_local(membership: Membership) -> None:
+    if (
+        membership.user_id
+        and type(membership.user)
+        .objects.filter(pk=membership.user_id, robot__isnull=False)
+        .exists()
+    ):
+        raise BusinessError(
+            f"{membership.user.username} is a robot account: change its role or delete it on "
+            f"the tenant's Robot accounts page.",
+            field="role",
+            code="robot_membership",
+        )
     if membership.source == MembershipSource.DIRECTORY:
         raise BusinessError(
             f"{membership.user.username}'s role in {membership.tenant.slug} comes from the "

@@ -51,6 +51,8 @@ def tenant_detail(request, slug):
             except BusinessError as exc:
                 add_business_error(add_form, exc)
     memberships = list(selectors.memberships_of_tenant(request.user, tenant))
+    for m in memberships:
+        m.is_robot = hasattr(m.user, "robot")  # read with the membership: no query
     context = {
         "tenant": tenant,
         "is_admin": is_admin,

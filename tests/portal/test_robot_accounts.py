@@ -224,3 +224,30 @@ def test_tenant_page_links_to_its_robots(world, client):
     page = client.get("/tenants/nlp/")
 
     assert 'href="/tenants/nlp/robots/"' in page.content.decode()
+
+
+def test_a_robot_membership_is_managed_on_the_robots_page_not_among_members(world, client, api):
+    robot = _make(world, "ci", "member")
+    membership = Membership.objects.get(user=robot.user, tenant=world.tenant)
+    client.force_login(world.tenant_admin)
+
+    page = client.get(f"/tenants/{world.tenant.slug}/")
+    changed = api(world.tenant_admin).patch(
+        f"/api/v1/tenants/{world.tenant.slug}/members/{robot.user.username}",
+        {"role": "viewer"},
+        "json",
+    )
+    removed = api(world.tenant_admin).delete(
+        f"/api/v1/tenants/{world.tenant.slug}/members/{robot.user.username}"
+    )
+
+    row = page.content.decode().split(f'data-member="{robot.user.username}"')[1].split("</tr>")[0]
+    assert ">robot</a>" in row and "<form" not in row
+    assert changed.status_code == 400 and "Robot accounts page" in str(changed.json())
+    assert removed.status_code == 400
+    membership.refresh_from_db()
+    assert membership.role == "member"
+    with pytest.raises(BusinessError):
+        from tenants import services as tenant_services
+
+        tenant_services.membership_remove(actor=world.tenant_admin, membership=membership)
