@@ -482,7 +482,7 @@ if SLUICE_SIZE_HALVING_SECONDS <= 0 or SLUICE_MAX_WAIT_SECONDS <= 0:
     )
 if not 0 <= SLUICE_FAIR_SHARE_BAND < float("inf"):
     raise ImproperlyConfigured("SLUICE_FAIR_SHARE_BAND must be a number, 0 or more.")
-# - SLUICE_PREEMPTION_MIN_GAIN_SECONDS (4 h; 0: any gain): a job preempts only if that gets
+# - SLUICE_PREEMPTION_MIN_GAIN_SECONDS (0: any gain): a job preempts only if that gets
 #   it running at least this much sooner than waiting, both for the GPUs running jobs free
 #   by their limits and for its chosen victims' predicted ends (their owners' runtime
 #   history, scheduling/runtime_prediction.py). 14400 measured best on the ITP trace (fewer

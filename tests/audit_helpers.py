@@ -76,3 +76,14 @@ def flushes_past_the_audit_guard():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(DatabaseOperations, "sql_flush", flush_with_the_guard_lifted)
         yield
+
+
+def audit_ids_never_used() -> None:
+    """The audit log's id counter as in a database never written to. On PostgreSQL a
+    sequence is not rolled back with the test transactions of the tests before (SQLite's
+    counter is), so a test about a brand-new log starts its own counter afresh."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT setval(pg_get_serial_sequence(%s, 'id'), 1, false)", [audit_db.TABLE]
+            )

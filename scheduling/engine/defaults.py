@@ -3,8 +3,9 @@
 overridable by its ``SLUICE_*`` variable) and the simulator's ``sluice`` policy alike.
 
 They are the settings that measured best on the shared traces (docs/benchmarks.md, the
-scheduling-quality rows; DESIGN.md §6): until 2026-12-07 the simulator's
-``sluice-tuned`` policy, better than the earlier defaults in every case measured. The
+scheduling-quality rows; DESIGN.md §6) within the design's preemption contract: the
+simulator's ``sluice-tuned`` order (fair-share band 1.0, a 48 h maximum wait), without its
+4 h minimum preemption gain, which would make a higher class wait for a lower one. The
 earlier defaults are kept as the simulator's ``sluice-2026-12`` policy for comparison;
 docs/concepts/order.md ("Changing from earlier defaults") says what a site that set the
 old knobs should do.
@@ -23,8 +24,12 @@ SIZE_HALVING_SECONDS: Final = 6 * 3600.0
 MAX_WAIT_SECONDS: Final = 48 * 3600.0
 #: Tenants within a factor 1 + this of each other's fair share form one band.
 FAIR_SHARE_BAND: Final = 1.0
-#: A job preempts only when that gets it running at least this much sooner.
-PREEMPTION_MIN_GAIN_SECONDS: Final = 4 * 3600.0
+#: A job preempts only when that gets it running at least this much sooner. 0 (any gain) by
+#: default: DESIGN §6's contract is that a higher class that may preempt does, with a grace
+#: period; a 4 h gain measured a shorter average wait (the simulator's ``sluice-tuned``) but
+#: makes a higher class wait for a lower one expected to end within it, so a site opts in
+#: (SLUICE_PREEMPTION_MIN_GAIN_SECONDS; docs/decisions/).
+PREEMPTION_MIN_GAIN_SECONDS: Final = 0.0
 #: A borrower of several whole nodes reserves once it has waited this long (0: off).
 GANG_BORROWER_RESERVE_SECONDS: Final = 0.0
 #: After this wait a job is ordered with the next class up (0: off).

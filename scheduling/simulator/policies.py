@@ -85,8 +85,8 @@ POLICIES: dict[str, Policy] = {
             name="sluice",
             description="Sluice's default (the portal's): classes, fair share in bands of "
             "twice each other's share, size- and runtime-aware order with a 48 h maximum "
-            "wait, quotas with borrowing, backfill, preemption only for a 4 h gain, stop "
-            "limits on every kind of stop (scheduling.engine.defaults)",
+            "wait, quotas with borrowing, backfill, preemption by a higher class for any gain, "
+            "stop limits on every kind of stop (scheduling.engine.defaults)",
             backfill=True,
             preemption=True,
             fair_share=True,
@@ -111,11 +111,11 @@ POLICIES: dict[str, Policy] = {
             fair_share=True,
         ),
         _with(
-            ORDER_DEFAULTS,
+            {**ORDER_DEFAULTS, "preemption_min_gain_seconds": 4 * 3600.0},
             name="sluice-tuned",
             description="the settings measured best on ITP's one pool at 85 % and its deep "
             "backlog (fair_share_band 1.0, a 48 h maximum wait, a 4 h minimum preemption "
-            "gain): the default since 2026-12-07, kept under this name for comparisons",
+            "gain): the default's order plus the gain, which a site opts in to",
             backfill=True,
             preemption=True,
             fair_share=True,

@@ -18,7 +18,7 @@ from portal.audit.apps import _anchor_new_log
 from portal.audit.db import highest_id_ever_used
 from portal.audit.models import AuditEvent
 from portal.audit.services import audit_anchor_new_log, audit_record, audit_verify
-from tests.audit_helpers import tamper
+from tests.audit_helpers import audit_ids_never_used, tamper
 
 
 def record(n: int) -> list[AuditEvent]:
@@ -90,6 +90,7 @@ def test_a_log_with_events_and_no_anchor_needs_a_reset_with_a_reason(log, capsys
 
 
 def test_a_new_empty_log_is_anchored_automatically_and_then_grows(db):
+    audit_ids_never_used()
     anchor_file().unlink()
     assert highest_id_ever_used(connection) == 0
 
@@ -104,6 +105,7 @@ def test_a_new_empty_log_is_anchored_automatically_and_then_grows(db):
 
 
 def test_migrate_anchors_a_new_empty_log_and_nothing_else(db):
+    audit_ids_never_used()
     anchor_file().unlink()
 
     _anchor_new_log(sender=None, using="default")

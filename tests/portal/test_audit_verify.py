@@ -28,7 +28,7 @@ from portal.audit.anchor import anchor_read
 from portal.audit.models import AuditEvent
 from portal.audit.services import audit_last_verification, audit_record, audit_verify_chain
 from portal.audit.tasks import verify as verify_task
-from tests.audit_helpers import append_only_guard_dropped, tamper
+from tests.audit_helpers import append_only_guard_dropped, audit_ids_never_used, tamper
 
 seal_migration = importlib.import_module("portal.audit.migrations.0004_seal_plain_chain")
 
@@ -155,6 +155,7 @@ def test_no_anchor_update_leaves_the_anchor_where_it_was(log):
 
 
 def test_a_new_empty_log_verifies_and_is_anchored_at_its_start(db, capsys):
+    audit_ids_never_used()
     django_settings.SLUICE_AUDIT_ANCHOR.unlink()
 
     call_command("audit_verify")
