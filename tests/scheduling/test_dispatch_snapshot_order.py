@@ -158,7 +158,7 @@ def test_default_ordering_knobs(world):
     # The defaults of scheduling.engine.defaults (the simulator's `sluice` policy).
     assert (snapshot.size_halving_seconds, snapshot.max_wait_seconds) == (21600.0, 172800.0)
     assert snapshot.fair_share_band == 1.0
-    assert snapshot.preemption_min_gain_seconds == 14400.0
+    assert snapshot.preemption_min_gain_seconds == 0.0  # a higher class preempts for any gain
     assert snapshot.gang_borrower_reserve_seconds == 0.0
     assert snapshot.class_aging_seconds == 0.0
 
