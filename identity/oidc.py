@@ -264,7 +264,7 @@ class SluiceOIDCCallbackView(OIDCAuthenticationCallbackView):
 
 
 def provider_logout_url(request) -> str | None:
-    """The provider's end-session URL for this session, if the provider has one."""
+    """The provider's end-session URL for the signed-in user, if the provider has one."""
     if not oidc_enabled() or not request.session.get("oidc_id_token"):
         return None
     try:
