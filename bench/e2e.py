@@ -326,6 +326,11 @@ class Cluster:
         return json.loads(out.strip().splitlines()[-1])
 
     def start(self) -> None:
+        self.start_control_plane()
+        self.start_agents()
+
+    def start_control_plane(self) -> None:
+        """gunicorn, the dispatcher and the worker with beat, as the Procfile lays them out."""
         py = sys.executable
         self._spawn(
             "web",
@@ -364,6 +369,9 @@ class Cluster:
                 "worker@%h",
             ],
         )
+
+    def start_agents(self) -> None:
+        py = sys.executable
         agent_dir = self.var / "agent"
         agent_dir.mkdir(mode=0o711, exist_ok=True)
         agent_dir.chmod(0o711)  # job accounts pass through to their job directories

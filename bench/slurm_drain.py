@@ -76,41 +76,7 @@ class SluiceOnSlurm(e2e.Cluster):
 
     def start(self) -> None:
         py = sys.executable
-        self._spawn(
-            "web",
-            [
-                py,
-                "-m",
-                "gunicorn",
-                "portal.wsgi",
-                "--bind",
-                f"127.0.0.1:{self.port}",
-                "--workers",
-                "2",
-                "--threads",
-                "4",
-            ],
-        )
-        celery = [py, "-m", "celery", "-A", "portal", "worker", "--loglevel", "INFO"]
-        self._spawn(
-            "dispatcher",
-            [*celery, "--queues", "dispatch", "--concurrency", "1", "--hostname", "dispatcher@%h"],
-        )
-        self._spawn(
-            "worker",
-            [
-                *celery,
-                "--queues",
-                "reports,control",
-                "--concurrency",
-                "2",
-                "--beat",
-                "--schedule",
-                str(self.var / "celerybeat-schedule"),
-                "--hostname",
-                "worker@%h",
-            ],
-        )
+        self.start_control_plane()  # the bridge serves the nodes instead of agents
         self._spawn(
             "bridge",
             [
