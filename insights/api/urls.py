@@ -1,9 +1,20 @@
-"""The insights' API: metrics summary, usage (with CSV), recommendations."""
+"""The insights' API: ``/api/v1/metrics/summary``, ``/api/v1/usage`` (with CSV) and
+``/api/v1/recommendations``; a trailing slash is optional, as everywhere in the API."""
 
-from django.urls import include, path
+from django.urls import path, re_path
+
+from portal.api.routers import OptionalSlashRouter
+
+from .metrics import MetricsSummaryView
+from .recommendations import RecommendationViewSet
+from .usage import UsageSlashView, UsageView
+
+router = OptionalSlashRouter()
+router.register("recommendations", RecommendationViewSet, basename="recommendation")
 
 urlpatterns = [
-    path("", include("insights.api.urls_metrics")),
-    path("", include("insights.api.urls_usage")),
-    path("", include("insights.api.urls_recommendations")),
+    re_path(r"^metrics/summary/?$", MetricsSummaryView.as_view(), name="metrics-summary"),
+    path("usage", UsageView.as_view(), name="api-usage"),
+    path("usage/", UsageSlashView.as_view()),
+    *router.urls,
 ]

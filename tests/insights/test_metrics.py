@@ -245,7 +245,7 @@ def test_outcomes_preemptions_and_reclaims_from_the_database(history):
 
 
 def test_totals_are_served_as_last_counted_until_the_beat_task_recounts(world, history):
-    from insights.tasks_metrics import metrics_totals
+    from insights.tasks import metrics_totals
 
     key = {
         "pool": "training",

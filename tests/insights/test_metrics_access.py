@@ -7,7 +7,8 @@ import gzip
 import pytest
 from django.core.cache import cache
 
-from insights import metrics, views_metrics
+from insights import metrics
+from insights.views import metrics as views_metrics
 
 TOKEN = "s3cret-metrics-token"
 

@@ -9,7 +9,7 @@ from django.utils import timezone
 from insights import recommendations as recs
 from insights.choices import RecommendationKind, RecommendationState
 from insights.models import Recommendation
-from insights.tasks_recommendations import recommendations as recommendations_task
+from insights.tasks import recommendations as recommendations_task
 from scheduling.models import Job, SimulationRun
 from tests.insights import recommendations_helpers as h
 

@@ -10,7 +10,7 @@ from freezegun import freeze_time
 
 from insights import reviews
 from insights.models import PolicyReview
-from insights.tasks_reviews import policy_review
+from insights.tasks import policy_review
 from portal.audit.services import audit_record
 from scheduling.choices import ExtensionState, JobState, ReclaimKind
 from scheduling.models import Notification, PriorityRaise, ReclaimRecord, RuntimeExtension

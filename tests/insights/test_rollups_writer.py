@@ -507,7 +507,7 @@ def test_a_run_while_another_holds_the_lock_does_nothing(world):
 
 
 def test_the_beat_task_runs_the_writer(world):
-    from insights.tasks_rollups import rollup
+    from insights.tasks import rollup
 
     with freeze_time(T0):
         result = rollup.delay().get()

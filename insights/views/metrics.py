@@ -24,7 +24,7 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
 
-from .metrics import metrics_text
+from ..metrics import metrics_text
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def metrics_access_allowed(request: HttpRequest) -> bool:
 
 @never_cache
 @require_safe
-def metrics(request: HttpRequest) -> HttpResponse:
+def prometheus_metrics(request: HttpRequest) -> HttpResponse:
     if not metrics_access_allowed(request):
         return HttpResponse(
             "Forbidden: /metrics needs the metrics token or an allowed network address.\n",

@@ -12,7 +12,7 @@ from django.shortcuts import render
 from scheduling.choices import ReclaimKind
 from tenants.models import Tenant
 
-from .selectors import (
+from ..selectors import (
     IDLE_SHARE_FLAG,
     NEAR_CAPACITY,
     PERIODS,

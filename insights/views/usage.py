@@ -14,7 +14,7 @@ from scheduling.choices import WorkloadType
 from scheduling.selectors import pools_visible_to
 from tenants.selectors import projects_visible_to, tenants_visible_to
 
-from . import usage
+from .. import usage
 
 PAGE_ROWS = 100
 GROUP_LABELS = {

@@ -23,8 +23,8 @@ from django.views.decorators.http import require_POST
 from portal.errors import BusinessError
 from tenants.selectors import administered_tenants, is_platform_admin
 
-from . import reviews
-from .models import PolicyReview
+from .. import reviews
+from ..models import PolicyReview
 
 
 def _admin_tenants(user) -> list[str]:

@@ -18,9 +18,9 @@ from django.views.decorators.http import require_POST
 from portal.errors import BusinessError, NotFoundError, PermissionDeniedError
 from scheduling.simulator.report import duration
 
-from . import recommendations as recs
-from .choices import RecommendationKind, RecommendationState
-from .forms import DismissForm, RecommendationFilterForm
+from .. import recommendations as recs
+from ..choices import RecommendationKind, RecommendationState
+from ..forms import DismissForm, RecommendationFilterForm
 
 HISTORY_ROWS = 50
 
