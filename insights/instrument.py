@@ -11,8 +11,10 @@ What the database knows exactly (job outcomes, preemptions, reclaims, everything
 state) is read from it at scrape time instead: those totals survive restarts and need no
 shared directory (see docs/insights-metrics.md).
 
-Services call the functions below, one line where the event happens; they never raise
-(a metric must not break a dispatch cycle) and do no database query.
+The scheduling sends a signal where the event happens (scheduling.signals: it sits below
+the insights and imports nothing of them); the insights' app config connects the receivers
+below to those signals. The functions never raise (a metric must not break a dispatch
+cycle) and do no database query.
 
 This module imports nothing of Django at import time: ``gunicorn.conf.py`` imports it in
 the gunicorn master for the directory helpers.
@@ -94,7 +96,7 @@ def metrics_reset() -> None:
     _metrics = None
 
 
-# --- what services call -----------------------------------------------------------------
+# --- what the scheduling's signals call ---------------------------------------------------
 
 
 def admissions_observe(jobs, now) -> None:
@@ -137,6 +139,16 @@ def dispatch_cycle_observe(seconds: float) -> None:
         _get().dispatch_cycle.observe(seconds)
     except Exception:
         log.exception("metrics: dispatch cycle not observed")
+
+
+def on_jobs_admitted(sender, *, jobs, now, **kwargs) -> None:
+    """Receiver of ``scheduling.signals.jobs_admitted``."""
+    admissions_observe(jobs, now)
+
+
+def on_dispatch_cycle_finished(sender, *, seconds, **kwargs) -> None:
+    """Receiver of ``scheduling.signals.dispatch_cycle_finished``."""
+    dispatch_cycle_observe(seconds)
 
 
 # --- the multiprocess directory ---------------------------------------------------------

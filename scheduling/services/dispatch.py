@@ -18,12 +18,11 @@ from django.core.cache import cache
 from django.db import connection, transaction
 from django.utils import timezone
 
-from insights import instrument
 from portal.audit.services import audit_record
 from scheduling.agent.protocol import launch_message
 from tenants.selectors import job_unix_account
 
-from .. import engine
+from .. import engine, signals
 from ..choices import ACTIVE_STATES, GpuHealth, JobState, NodeState, QueueState, StopReason
 from ..models import (
     Allocation,
@@ -626,7 +625,7 @@ def _apply_placements(plan: engine.Plan, loaded: Loaded, now: datetime) -> list[
         pending_reason_message="",
         pending_rank=None,
     )
-    instrument.admissions_observe(jobs, now)
+    signals.jobs_admitted.send_robust(sender=Job, jobs=jobs, now=now)
     messages = []
     accounts = job_accounts(jobs)
     for job in jobs:
@@ -826,7 +825,7 @@ def dispatch_cycle(now: datetime | None = None) -> dict:
     finished = time.perf_counter()
     global _last_cycle_end
     _last_cycle_end = time.monotonic()
-    instrument.dispatch_cycle_observe(finished - started)
+    signals.dispatch_cycle_finished.send_robust(sender=None, seconds=finished - started)
     stats = {
         "skipped": False,
         "pending": len(loaded.pending),
