@@ -508,8 +508,8 @@ class Job(models.Model):
     # Where a waiting job stands is read, not stored per job (see scheduling.positions):
     # positions are counted from ``pending_rank``, the estimate is in its pool's
     # ``PoolEstimates``. The reader attaches them first, with ``positions_attach`` (two
-    # queries for a whole page); a read without it is logged (``positions_missing``).
-    # The setters are for code and tests that build a job with known values.
+    # queries for a whole page); the properties never query: a read without it raises
+    # ``PositionsNotAttached``. The setters are for code that builds a job with known values.
     @property
     def queue_position(self) -> int | None:
         """1-based place among the waiting jobs of its queue in the last cycle's order."""
@@ -541,9 +541,9 @@ class Job(models.Model):
     def _standing(self) -> tuple:
         cached = self.__dict__.get("_standing_cache")
         if cached is None:
-            from .positions import positions_missing
+            from .positions import PositionsNotAttached
 
-            return positions_missing(self)
+            raise PositionsNotAttached(self)
         return cached
 
     def _set_standing(self, index: int, value) -> None:

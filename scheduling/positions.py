@@ -11,7 +11,6 @@ row (``PoolEstimates``) and looked up here.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -25,21 +24,21 @@ if TYPE_CHECKING:
 
 WAITING = (JobState.PENDING, JobState.HELD)
 
-logger = logging.getLogger("sluice.positions")
 
+class PositionsNotAttached(RuntimeError):
+    """A job's position or estimated start was read without :func:`positions_attach`.
 
-def positions_missing(job: Job) -> tuple:
-    """What ``Job.queue_position`` (and the pool position, the estimated start) answer
-    when the code that loaded the job did not call :func:`positions_attach`: they are
-    read for this one job (two queries) and a warning naming the job is logged, so a
-    page that forgot shows in the log instead of as a silent query per row. The pages'
-    and the API's lists and single-job answers attach explicitly; their tests fail on
-    this warning (tests/scheduling/test_positions_attached.py)."""
-    logger.warning(
-        "Position of job %s read without positions_attach: read for this job alone.", job.pk
-    )
-    positions_attach([job])
-    return job.__dict__["_standing_cache"]
+    A programming error, not a user's: the code that loaded the job must attach positions
+    for all the jobs it shows at once (two queries for a whole page), not let each job
+    fetch its own. It is not an ``AttributeError``, so a template that reads the property
+    fails loudly instead of rendering it empty."""
+
+    def __init__(self, job: Job) -> None:
+        super().__init__(
+            f"Position of job {job.pk} read without positions_attach: attach the positions "
+            "of the jobs where they are loaded (scheduling.positions.positions_attach)."
+        )
+        self.job_id = job.pk
 
 
 def positions_attached(job: Job) -> bool:
@@ -47,9 +46,9 @@ def positions_attached(job: Job) -> bool:
     return "_standing_cache" in job.__dict__
 
 
-def positions_attach(jobs: Iterable[Job]) -> None:
+def positions_attach(jobs: Iterable[Job]) -> list[Job]:
     """Set ``queue_position``, ``pool_position`` and ``estimated_start`` of every job, two
-    queries whatever their number (none when no job waits)."""
+    queries whatever their number (none when no job waits); returns the jobs as a list."""
     from .models import PoolEstimates
 
     jobs = list(jobs)
@@ -74,6 +73,7 @@ def positions_attach(jobs: Iterable[Job]) -> None:
             value = starts.get(pool_id, {}).get(str(job.pk))
             estimate = datetime.fromtimestamp(value, tz=UTC) if value is not None else None
         job.__dict__["_standing_cache"] = (queue_position, pool_position, estimate)
+    return jobs
 
 
 def _positions(job_ids: list[int]) -> dict[int, tuple[int, int, int]]:

@@ -11,6 +11,7 @@ from django.utils import timezone
 from portal.audit.models import AuditEvent
 from scheduling.choices import JobState, NodeState, StopReason
 from scheduling.models import Allocation, Job, Node, Quota
+from scheduling.positions import positions_attach
 from scheduling.services import dispatch
 from scheduling.services.dispatch import dispatch_cycle
 from scheduling.services.enqueue import DISPATCH_REQUESTED_KEY, request_dispatch
@@ -111,6 +112,7 @@ def test_waiting_jobs_get_reason_position_and_estimate(world):
     assert running.state == running2.state == JobState.ADMITTED
     for position, job in enumerate(waiting, start=1):
         job.refresh_from_db()
+        positions_attach([job])
         assert job.state == JobState.PENDING
         assert job.pending_reason_code, job.pending_reason_message
         assert job.pending_reason_message
@@ -201,6 +203,7 @@ def test_a_job_ahead_of_a_preemptor_is_told_when_the_gpus_kept_for_it_are_free(
         dispatch_cycle()
     ahead.refresh_from_db()
     high.refresh_from_db()
+    positions_attach([ahead, high])
     assert (ahead.pool_position, high.pool_position) == (1, 2)
     assert ahead.pending_reason_code == "WAITING_FOR_GPUS"
     assert f"kept for job {high.pk}, which preempted for them" in ahead.pending_reason_message
@@ -277,6 +280,7 @@ def test_reservations_are_handed_to_the_next_cycle(world, django_capture_on_comm
     with django_capture_on_commit_callbacks(execute=True):
         dispatch_cycle()
     waiting.refresh_from_db()
+    positions_attach([waiting])
     loaded = dispatch.load_snapshot(timezone.now(), update_usage=False)
     [pending] = [p for p in loaded.snapshot.pending if p.id == waiting.pk]
     assert waiting.pending_reason_code == "WAITING_FOR_GPUS", waiting.pending_reason_message

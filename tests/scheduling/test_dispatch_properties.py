@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 from scheduling.choices import ACTIVE_STATES, JobState
 from scheduling.models import Allocation, Job
+from scheduling.positions import positions_attach
 from scheduling.services.dispatch import dispatch_cycle
 from scheduling.services.nodes import job_exited, job_started
 from tests import factories as f
@@ -124,7 +125,7 @@ def _check(tenants) -> None:
         assert all(gpus > room for gpus in borrowers[slug]), (
             f"{slug}: a borrowed job fits its guarantee and was not moved onto it"
         )
-    waiting = Job.objects.filter(state=JobState.PENDING)
+    waiting = positions_attach(Job.objects.filter(state=JobState.PENDING))
     assert all(job.pending_reason_code for job in waiting)
     positions = sorted(job.pool_position for job in waiting)
     assert positions == list(range(1, len(positions) + 1))

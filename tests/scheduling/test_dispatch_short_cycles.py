@@ -15,6 +15,7 @@ from freezegun import freeze_time
 
 from scheduling.choices import JobState
 from scheduling.models import Allocation, Job, PoolEstimates, Quota
+from scheduling.positions import positions_attach
 from scheduling.services import dispatch
 from scheduling.services.dispatch import RESERVATIONS_KEY, dispatch_cycle
 from scheduling.services.enqueue import WAITING_VERSION_KEY, waiting_changed_on_commit
@@ -233,6 +234,7 @@ def test_a_new_job_is_explained_at_once(world, deep, django_capture_on_commit_ca
     _counted_in(django_capture_on_commit_callbacks)
     assert _cycle(django_capture_on_commit_callbacks)["explained"]
     late.refresh_from_db()
+    positions_attach([late])
     assert late.pending_reason_code and late.pending_rank is not None
     assert late.pool_position is not None and late.estimated_start is not None
     assert str(late.pk) in PoolEstimates.objects.get(pool=world.pool).starts
@@ -352,6 +354,7 @@ def test_a_submission_makes_the_next_cycle_read_and_explain_the_waiting_jobs(
     stats, reads = _counted_cycle(django_capture_on_commit_callbacks)
     assert stats["read_waiting"] and reads == 1 and stats["explained"]
     late.refresh_from_db()
+    positions_attach([late])
     assert late.pending_reason_code and late.pool_position is not None
 
 

@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from scheduling.choices import JobState, WorkloadType
 from scheduling.models import PriorityClass, Quota, WorkloadPolicy
+from scheduling.positions import positions_attach
 from scheduling.services import dispatch
 from scheduling.services.pending_cache import PendingCache
 from scheduling.services.runtime_history import runtime_history_record
@@ -226,12 +227,14 @@ def test_class_aging_moves_an_old_low_job_ahead_of_normal_work_in_the_dispatch_l
     dispatch.dispatch_cycle()
     old_low.refresh_from_db()
     new_normal.refresh_from_db()
+    positions_attach([old_low, new_normal])
     assert (new_normal.pool_position, old_low.pool_position) == (1, 2)
 
     settings.SLUICE_CLASS_AGING_SECONDS = 3600
     dispatch.dispatch_cycle()
     old_low.refresh_from_db()
     new_normal.refresh_from_db()
+    positions_attach([old_low, new_normal])
     assert (old_low.pool_position, new_normal.pool_position) == (1, 2)
     assert old_low.state == JobState.PENDING and old_low.priority_class == low
 
@@ -239,4 +242,5 @@ def test_class_aging_moves_an_old_low_job_ahead_of_normal_work_in_the_dispatch_l
     dispatch.dispatch_cycle()
     old_low.refresh_from_db()
     new_normal.refresh_from_db()
+    positions_attach([old_low, new_normal])
     assert (new_normal.pool_position, old_low.pool_position) == (1, 2)

@@ -95,6 +95,7 @@ def test_positions_follow_the_order_without_rewriting_the_jobs_behind(world, bac
     )
     for position, job in enumerate(waiting, start=1):
         job.refresh_from_db()
+        positions_attach([job])
         assert (job.queue_position, job.pool_position) == (position, position)
 
     # The first running job ends: the head of the queue starts, nobody behind moves up in
@@ -109,6 +110,7 @@ def test_positions_follow_the_order_without_rewriting_the_jobs_behind(world, bac
     assert head.state == JobState.ADMITTED and head.pending_rank is None
     for position, job in enumerate(waiting[1:], start=1):
         job.refresh_from_db()
+        positions_attach([job])
         assert job.pending_rank == ranks[job.pk]
         assert job.queue_position == position
     assert stats["pending_updated"] == 0
@@ -119,12 +121,14 @@ def test_a_new_job_that_goes_first_is_the_only_row_ranked(world, backlog):
     urgent = _job(world, priority=world.high, priority_class=world.high)
     stats = dispatch_cycle()
     urgent.refresh_from_db()
+    positions_attach([urgent])
     # It waits for preemption or GPUs, ahead of everybody of the lower class.
     if urgent.state == JobState.PENDING:
         assert urgent.queue_position == 1
         assert stats["pending_updated"] == 1
     for position, job in enumerate(waiting, start=2 if urgent.state == JobState.PENDING else 1):
         job.refresh_from_db()
+        positions_attach([job])
         assert job.queue_position == position
 
 
@@ -132,7 +136,7 @@ def test_estimates_are_kept_per_pool_and_read_by_jobs_and_api(world, backlog, cl
     _, waiting = backlog
     row = PoolEstimates.objects.get(pool=world.pool)
     assert set(row.starts) == {str(j.pk) for j in waiting}
-    job = Job.objects.get(pk=waiting[0].pk)
+    (job,) = positions_attach([Job.objects.get(pk=waiting[0].pk)])
     assert job.estimated_start is not None
     assert abs(job.estimated_start.timestamp() - row.starts[str(job.pk)]) < 1
     client.force_login(world.member)
@@ -161,6 +165,7 @@ def test_the_cache_sees_a_hold_and_a_class_change_on_the_next_cycle(world, backl
     assert stats["pending_read_whole"] == 2  # only the two that changed
     held.refresh_from_db()
     raised.refresh_from_db()
+    positions_attach([raised])
     assert held.pending_reason_code == "HELD"
     assert raised.queue_position == 1  # the higher class goes first
 

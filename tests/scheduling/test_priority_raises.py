@@ -12,6 +12,7 @@ from portal.audit.models import AuditEvent
 from portal.errors import BusinessError, NotFoundError, PermissionDeniedError
 from scheduling.choices import JobState, NotificationKind, RaiseState
 from scheduling.models import Job, JobEvent, Notification, PriorityRaise
+from scheduling.positions import positions_attach
 from scheduling.services import raises
 from scheduling.services.jobs import JobSpec, job_submit, job_submit_bulk
 from scheduling.services.sweeps import CHECKS, control_sweep
@@ -692,7 +693,8 @@ def full_cluster(world):
 
 
 def positions(jobs):
-    return [Job.objects.get(pk=j.pk).queue_position for j in jobs]
+    loaded = positions_attach([Job.objects.get(pk=j.pk) for j in jobs])
+    return [job.queue_position for job in loaded]
 
 
 def test_approved_raise_moves_the_job_to_the_head_of_its_queue(
