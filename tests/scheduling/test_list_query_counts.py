@@ -5,12 +5,14 @@ same number of queries (and stays under a fixed bound).
 """
 
 import itertools
+import re
 
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
-from scheduling.models import WorkloadPolicy
+from scheduling.models import Gpu, WorkloadPolicy
 from tenants.choices import Role
 from tests import factories as f
 
@@ -161,3 +163,88 @@ def test_job_page_query_count_does_not_grow_with_events(world, client):
         job_event(job, "note", "x", actor=world.tenant_admin)
 
     assert count_queries(lambda: client.get(f"/jobs/{job.pk}/")) == small
+
+
+# --- the three lists that show where waiting jobs stand ---------------------------------------
+
+POSITION_LISTS = {
+    "job list page": lambda w: "/jobs/?mine=&state=&sort=",
+    "queue page": lambda w: f"/queues/{w.queue.pk}/",
+    "GET /api/v1/jobs": lambda w: "/api/v1/jobs",
+}
+
+
+def add_jobs(world, n: int) -> list:
+    """n jobs in the queue, waiting and running mixed: pending with a rank and an estimate,
+    running on a GPU of their own, held with a rank; submitted by two users, in two
+    priority classes."""
+    from scheduling.choices import JobState
+    from scheduling.models import Allocation, Job, PoolEstimates
+
+    free = list(
+        Gpu.objects.filter(node__pool=world.pool)
+        .exclude(pk__in=Allocation.objects.filter(released_at__isnull=True).values("gpu_id"))
+        .order_by("pk")
+    )
+    rank = float(Job.objects.count())
+    jobs = []
+    for k in range(n):
+        own = {
+            "queue": world.queue,
+            "project": world.project,
+            "submitted_by": (world.member, world.tenant_admin)[k % 2],
+            "priority_class": (world.normal, world.low)[k % 2],
+        }
+        if k % 3 == 1:
+            jobs.append(f.placed_job(gpus=[free.pop(0)], **own))
+            continue
+        rank += 1
+        state = JobState.PENDING if k % 3 == 0 else JobState.HELD
+        jobs.append(
+            f.JobFactory(
+                state=state, pending_reason_code="WAITING_FOR_GPUS", pending_rank=rank, **own
+            )
+        )
+    estimates, _ = PoolEstimates.objects.get_or_create(
+        pool=world.pool, defaults={"computed_at": timezone.now()}
+    )
+    now = timezone.now().timestamp()
+    for job in jobs:
+        if job.state == JobState.PENDING:
+            estimates.starts[str(job.pk)] = now + 3600 + job.pk
+    estimates.save()
+    return jobs
+
+
+@pytest.mark.parametrize("who", ["member", "tenant_admin", "platform_admin"])
+@pytest.mark.parametrize("name", POSITION_LISTS)
+def test_position_lists_make_as_many_queries_for_30_jobs_as_for_3(world, client, api, name, who):
+    user = getattr(world, who)
+    url = POSITION_LISTS[name](world)
+    if url.startswith("/api/"):
+        fetch = lambda: api(user).get(url)  # noqa: E731
+    else:
+        client.force_login(user)
+        fetch = lambda: client.get(url)  # noqa: E731
+
+    def shown(response) -> set[int]:
+        if url.startswith("/api/"):
+            return {row["id"] for row in response.json()["results"]}
+        return {int(pk) for pk in re.findall(r'href="/jobs/(\d+)/"', response.content.decode())}
+
+    jobs = add_jobs(world, 3)
+    fetch()  # the first request's one-offs (session, caches)
+    with CaptureQueriesContext(connection) as few:
+        response = fetch()
+    assert response.status_code == 200 and shown(response) == {j.pk for j in jobs}
+
+    jobs += add_jobs(world, 27)
+    with CaptureQueriesContext(connection) as many:
+        response = fetch()
+    assert response.status_code == 200 and shown(response) == {j.pk for j in jobs}
+
+    assert len(many) == len(few), (
+        f"{name} as {who}: {len(few)} queries for 3 jobs, {len(many)} for 30:\n"
+        + "\n".join(q["sql"][:200] for q in many.captured_queries)
+    )
+    assert len(many) <= MAX_QUERIES
