@@ -1,8 +1,8 @@
 """The node agent installs on its own: its wheel (agent/pyproject.toml) is built from the
 tree offline, installed into a fresh virtual environment without Django or the checkout,
-and runs there: ``sluice-agent --help``, ``--discover --simulate``, and (with its runtime
-dependencies taken from the project's environment) one registration on the filesystem
-broker."""
+and runs there: ``sluice-agent --help``, ``--discover --simulate``, ``check-isolation
+--help``, and (with its runtime dependencies taken from the project's environment) one
+registration on the filesystem broker."""
 
 from __future__ import annotations
 
@@ -112,6 +112,7 @@ def test_the_wheel_holds_the_agent_and_the_executors_but_not_the_portal(node):
     assert "scheduling/executors/base.py" in names
     assert "scheduling/executors/runtime.py" in names
     assert "scheduling/agent/wrapper.c" in names
+    assert "scheduling/agent/isolation_check.py" in names
     assert not any(n.startswith("scheduling/models") or n.startswith("portal/") for n in names)
     assert not any(n.startswith("scheduling/engine/") for n in names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
@@ -140,6 +141,8 @@ def test_the_console_script_and_the_module_run(node):
     )
     gpus = json.loads(found.stdout)["gpus"]
     assert [g["model"] for g in gpus] == ["H100-80GB", "H100-80GB"]
+    check = _run([node["bin"] / "sluice-agent", "check-isolation", "--help"], cwd=cwd)
+    assert "usage: sluice-agent check-isolation" in check.stdout
 
 
 def test_with_its_dependencies_the_agent_registers_on_the_broker(node):

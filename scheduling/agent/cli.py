@@ -8,6 +8,7 @@
     python -m scheduling.agent --discover                               # print GPUs as JSON
     python -m scheduling.agent --node sn1 --observe-only                # a Slurm node's sampler
     sudo python -m scheduling.agent --node gpu-01 --create-accounts --allowed-root '/data/{tenant}'
+    sudo python -m scheduling.agent check-isolation --out /tmp/isolation  # see isolation_check
 
 Run as root, the agent starts every job as its own unprivileged account (``run_as`` of the
 launch; ``--create-accounts`` makes missing ones with ``useradd --system``), in a 0700
@@ -44,6 +45,12 @@ from scheduling.agent.workdir import FALLBACK_WORK_ROOT
 
 logger = logging.getLogger("scheduling.agent")
 
+#: Subcommands, given as the first argument; without one the agent runs.
+SUBCOMMANDS = {
+    "check-isolation": "as root: start an agent and check that its jobs are isolated "
+    "(scheduling.agent.isolation_check)",
+}
+
 ONCE_DELIVERY_ATTEMPTS = 3
 
 
@@ -51,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sluice-agent",
         description="Sluice node agent: reports this node's GPUs, runs and stops jobs.",
+        epilog="subcommands (first argument): "
+        + "; ".join(f"{name}: {what}" for name, what in SUBCOMMANDS.items())
+        + ". `sluice-agent SUBCOMMAND --help` says more.",
     )
     parser.add_argument("--node", help="node name (its queue is node.<name>); required")
     parser.add_argument("--pool", help="resource pool this node belongs to")
@@ -173,7 +183,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the agent; returns the process exit status."""
+    """Run the agent, or the subcommand named first; returns the process exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == "check-isolation":
+        from scheduling.agent import isolation_check
+
+        return isolation_check.main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     _configure_logging(args.log_level)

@@ -165,7 +165,7 @@ def test_job_process_in_its_own_session_is_still_the_jobs(make_agent):
 
 def test_a_job_process_on_a_gpu_it_was_not_given_is_reported_and_may_be_killed(make_agent):
     """Without device isolation a job can reset CUDA_VISIBLE_DEVICES and use another GPU
-    (seen on a real H200: tools/gpu_isolation_check.py); the heartbeat names it."""
+    (seen on a real H200 by `sluice-agent check-isolation`); the heartbeat names it."""
     backend = FakeNvml()
     h = make_agent(backend=backend, heartbeat_seconds=0.1)
     h.send(launch(4, ["sleep", "600"], gpu_indices=[0]))

@@ -1,5 +1,4 @@
-#!/usr/bin/env python3
-"""Isolation check of the Sluice node agent, end to end, as root (DESIGN §12).
+"""``sluice-agent check-isolation``: the node agent's isolation, end to end, as root (DESIGN §12).
 
 Starts ``python -m scheduling.agent --node iso-01 --pool check --create-accounts
 --heartbeat 1`` as a real process (no Django) over a ``filesystem://`` broker in a
@@ -16,8 +15,10 @@ accounts can pass through), sends it launches and stops and reads its reports:
   3. heartbeats show GPU 0 > 50 % busy while A computes, A's process on GPU 0 and never
      reported as a zombie (real GPUs only).
   4. job B (tenant vision, run_as sluice-iso-b, no GPU) sees no GPU, then tries to read
-     A's launch.json, output.log and workspace file, list the jobs dir, read the agent's
-     /proc environ (the agent holds SLUICE_ISOCHECK_SECRET) and SIGSTOP A: every attempt
+     A's state.json (the agent's record of A, its environment included), output.log and
+     workspace file, list the jobs dir and A's workspace, read the agent's and A's /proc
+     environ (the agent holds SLUICE_ISOCHECK_SECRET), SIGSTOP A and SIGKILL its group
+     (a job's launch.json exists only while its launch waits for GPUs): every attempt
      must fail with EACCES/EPERM and A must still run. B opening /dev/nvidia0 (and, on a
      GPU, using GPU 0 after resetting CUDA_VISIBLE_DEVICES itself) is reported as INFO:
      device isolation is a known gap.
@@ -34,20 +35,21 @@ Prints PASS/FAIL/SKIP/INFO per check, then a JSON summary; with ``--out DIR`` al
 ``isolation_summary.json``, ``agent.log`` and ``reports.jsonl`` there. Exit status 0 when
 nothing failed, 1 otherwise, 2 when not run as root.
 
-Run it from the repo root, as root. On a GPU machine (torch and nvidia-ml-py in the
-interpreter, kombu and celery importable, e.g. from PYTHONPATH=/tmp/site)::
+Run it as root on the node, with the agent installed (its wheel, or a checkout); on a GPU
+machine torch and nvidia-ml-py importable too::
 
-    python3 tools/gpu_isolation_check.py --out "$OUT"        # ~1 minute
+    sudo sluice-agent check-isolation --out /tmp/isolation          # ~1 minute
 
 Without a GPU (simulated GPUs, CPU busy loop instead of torch)::
 
-    .venv/bin/python tools/gpu_isolation_check.py --simulate 1xH100-80GB
+    sudo sluice-agent check-isolation --simulate 1xH100-80GB
 
-Unlike /work/shared/tools/gpucheck.py (whose work dir lies in a 0700 mkdtemp folder, which
-a root agent refuses), the work dir here is reachable by job accounts.
+(``python -m scheduling.agent check-isolation`` is the same.) The work dir is one job
+accounts can pass through: a root agent refuses one in a private 0700 folder such as a
+``mkdtemp`` directory.
 
 Mode: real when NVML finds a GPU and ``--simulate`` is not given. Jobs run the
-interpreter running this script when job accounts can reach and execute it (every
+interpreter running the check when job accounts can reach and execute it (every
 directory on its resolved path o+x), else ``/usr/bin/python3`` (on a GPU, given this
 interpreter's torch folder as PYTHONPATH when only so user nobody finds torch and the
 Python versions match; printed either way). At the end the agent is
@@ -74,7 +76,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+#: The folder holding the ``scheduling`` package (a checkout, or site-packages where the
+#: agent is installed): the agent started here imports it from there.
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 NODE = "iso-01"
 POOL = "check"
 SIM_SPEC = "1xH100-80GB"
@@ -189,14 +193,12 @@ def outcome(attempt, ok="ALLOWED"):
     return ok + " " + repr(got)[:120]
 
 attempts = {
-    "read A launch.json": lambda: read(a_dir + "/launch.json"),
+    "read A state.json": lambda: read(a_dir + "/state.json"),
     "read A output.log": lambda: read(a_dir + "/output.log"),
     "read A workspace file": lambda: read(a_dir + "/workspace/notes.txt"),
     "list jobs dir": lambda: os.listdir(jobs_dir),
     "read agent /proc environ": lambda: read("/proc/%d/environ" % agent_pid),
     "SIGSTOP A": lambda: os.kill(a_pid, signal.SIGSTOP),
-    # beyond the brief, same expectation
-    "read A state.json": lambda: read(a_dir + "/state.json"),
     "list A workspace": lambda: os.listdir(a_dir + "/workspace"),
     "read A /proc environ": lambda: read("/proc/%d/environ" % a_pid),
     "SIGKILL A group": lambda: os.killpg(a_group, signal.SIGKILL),
@@ -434,12 +436,12 @@ def traversable(path: Path) -> bool:
 
 
 def job_python() -> tuple[str, str]:
-    """A Python job accounts can execute (this script's, if every component of its path,
+    """A Python job accounts can execute (the check's own, if every component of its path,
     links resolved, is o+x; else /usr/bin/python3), and why that one."""
     own = Path(sys.executable)
     real = Path(os.path.realpath(own))
     if traversable(real) and traversable(own.parent):
-        return str(own), f"this script's interpreter ({real} is reachable by job accounts)"
+        return str(own), f"the check's own interpreter ({real} is reachable by job accounts)"
     chain = [*reversed(real.parents), real, *reversed(own.parents)]
     blocked = next((d for d in chain if not other_x(d)), real)
     return "/usr/bin/python3", f"{own} -> {real} is not reachable ({blocked} not o+x)"
@@ -594,7 +596,7 @@ class Run:
     def start_agent(self) -> None:
         env = dict(os.environ)
         # Absolute: the agent runs in the work folder, not here.
-        paths = [str(REPO), *env.get("PYTHONPATH", "").split(os.pathsep)]
+        paths = [str(PACKAGE_ROOT), *env.get("PYTHONPATH", "").split(os.pathsep)]
         env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in paths if p)
         for name in ("CELERY_BROKER_URL", "DJANGO_SETTINGS_MODULE", "SLUICE_BROKER_DIR"):
             env.pop(name, None)
@@ -1296,23 +1298,70 @@ def finish(run: Run | None, checks: Checks, summary: dict[str, Any], out: str | 
     return 1 if summary["failed"] else 0
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--simulate", metavar="SPEC", help="simulated GPUs, e.g. 1xH100-80GB")
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sluice-agent check-isolation",
+        description="Start a node agent as root, run jobs of two tenants under it and check "
+        "that they cannot reach each other (accounts, files, processes, GPUs, cgroup limits, "
+        "log cap). Exit status: 0 all passed, 1 a check failed, 2 not run as root.",
+    )
+    parser.add_argument(
+        "--simulate",
+        metavar="SPEC",
+        type=_simulation_spec,
+        help=f"simulated GPUs, e.g. {SIM_SPEC} (default: NVML's, else {SIM_SPEC})",
+    )
     parser.add_argument("--out", help="folder for isolation_summary.json, agent.log, reports")
     parser.add_argument(
         "--cgroup-root", metavar="DIR", help="the agent's --cgroup-root (default: its own)"
     )
-    parser.add_argument("--a-seconds", type=float, default=15.0, help="A's compute time")
-    parser.add_argument("--deadline", type=float, default=150.0, help="give up after (s)")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--a-seconds",
+        type=_positive,
+        default=15.0,
+        metavar="SECONDS",
+        help="how long job A computes (default: %(default)g)",
+    )
+    parser.add_argument(
+        "--deadline",
+        type=_positive,
+        default=150.0,
+        metavar="SECONDS",
+        help="give up after (default: %(default)g)",
+    )
+    return parser
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a positive number of seconds")
+    return value
+
+
+def _simulation_spec(text: str) -> str:
+    from scheduling.agent.gpus import parse_simulation_spec
+
+    try:
+        parse_simulation_spec(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the check (``argv``: its arguments, without ``check-isolation``); returns the
+    exit status."""
+    args = build_parser().parse_args(argv)
     if os.geteuid() != 0:
         print("run as root: jobs switch to their own accounts only under a root agent")
         return 2
     # Our files (agent log, reports with the jobs' output) sit in a folder job accounts
     # pass through: only root reads them.
     os.umask(0o077)
-    sys.path.insert(0, str(REPO))
     t0 = time.monotonic()
     spec = args.simulate
     real = False
