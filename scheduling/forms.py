@@ -5,7 +5,8 @@ from datetime import timedelta
 
 from django import forms
 
-from .choices import ImagePullPolicy, JobState, WorkloadType
+from . import jobspec
+from .choices import JobState, WorkloadType
 from .selectors import priority_classes_visible_to
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(d|h|min|m|s)?", re.IGNORECASE)
@@ -81,28 +82,82 @@ class DurationInput(forms.TextInput):
 
 
 class DurationField(forms.Field):
-    """A duration typed as ``2h30m``, ``90m``, ``1d`` or seconds (``3600``); cleans to seconds."""
+    """A duration typed as ``2h30m``, ``90m``, ``1d`` or seconds (``3600``); cleans to seconds
+    within ``min_value``..``max_value``."""
 
     widget = DurationInput
     default_error_messages = {
         "invalid": "Type a duration such as 2h30m, 90m, 1d or a number of seconds.",
-        "min_value": "At least 1 second.",
+        "min_value": "At least %(limit)s.",
+        "max_value": "At most %(limit)s.",
     }
+
+    def __init__(self, *, min_value: int = 1, max_value: int | None = None, **kwargs):
+        self.min_value, self.max_value = min_value, max_value
+        super().__init__(**kwargs)
 
     def to_python(self, value):
         if value in self.empty_values:
             return None
         if isinstance(value, int):
-            return value
-        if isinstance(value, timedelta):
-            return int(value.total_seconds())
-        try:
-            seconds = parse_duration(str(value))
-        except ValueError:
-            raise forms.ValidationError(self.error_messages["invalid"], code="invalid") from None
-        if seconds < 1:
-            raise forms.ValidationError(self.error_messages["min_value"], code="min_value")
+            seconds = value
+        elif isinstance(value, timedelta):
+            seconds = int(value.total_seconds())
+        else:
+            try:
+                seconds = parse_duration(str(value))
+            except ValueError:
+                raise forms.ValidationError(
+                    self.error_messages["invalid"], code="invalid"
+                ) from None
+        for code, limit, beyond in (
+            ("min_value", self.min_value, seconds < (self.min_value or 0)),
+            ("max_value", self.max_value, self.max_value is not None and seconds > self.max_value),
+        ):
+            if beyond:
+                raise forms.ValidationError(
+                    self.error_messages[code],
+                    code=code,
+                    params={"limit": f"{limit} second" + ("" if limit == 1 else "s")},
+                )
         return seconds
+
+
+class NameValueLinesField(forms.CharField):
+    """``NAME=value`` lines (blank lines skipped), cleaned to a dict; ``max_value_length``
+    bounds each value."""
+
+    widget = forms.Textarea(attrs={"rows": 2})
+
+    def __init__(self, *, max_value_length: int | None = None, **kwargs):
+        self.max_value_length = max_value_length
+        super().__init__(**kwargs)
+
+    def clean(self, value):
+        values = env_from_lines(super().clean(value) or "")
+        too_long = [k for k, v in values.items() if len(v) > (self.max_value_length or len(v))]
+        if too_long:
+            raise forms.ValidationError(
+                f"The value of {too_long[0]} is longer than {self.max_value_length} characters."
+            )
+        return values
+
+
+class ModelKeysField(forms.CharField):
+    """GPU model keys, one or a comma list (``max_key_length`` each), cleaned to a list;
+    empty: any."""
+
+    def __init__(self, *, max_key_length: int, **kwargs):
+        self.max_key_length = max_key_length
+        super().__init__(**kwargs)
+
+    def clean(self, value):
+        keys = [m.strip() for m in (super().clean(value) or "").split(",") if m.strip()]
+        if any(len(m) > self.max_key_length for m in keys):
+            raise forms.ValidationError(
+                f"A GPU model key has at most {self.max_key_length} characters."
+            )
+        return keys
 
 
 class OptionDataSelect(forms.Select):
@@ -120,88 +175,65 @@ class OptionDataSelect(forms.Select):
         return option
 
 
-class JobSubmitForm(forms.Form):
-    """The submit page. The command is typed as a shell line and split like a shell would
-    (shlex), unless "run through a shell" is ticked."""
+def submit_form_field(field: jobspec.JobField) -> forms.Field:
+    """The submit page's field for a declared job field (scheduling/jobspec.py)."""
+    common = {"label": field.label, "help_text": jobspec.help_for_form(field)}
+    optional = not field.required
+    kind = field.kind
+    if kind == jobspec.ID:
+        return forms.ModelChoiceField(queryset=None, widget=OptionDataSelect, **common)
+    if kind == jobspec.CLASS:
+        return forms.ModelChoiceField(
+            queryset=None, required=False, empty_label=field.empty_label, **common
+        )
+    if kind == jobspec.TEXT:
+        return forms.CharField(max_length=field.max_length, required=False, **common)
+    if kind == jobspec.CHOICE:
+        blank = [("", field.empty_label)] if optional else []
+        return forms.ChoiceField(
+            choices=[*blank, *field.choices],
+            required=not optional,
+            initial=field.initial if field.required else field.default,
+            **common,
+        )
+    if kind == jobspec.BOOL:
+        return forms.BooleanField(required=False, initial=field.default, **common)
+    if kind == jobspec.INT:
+        return forms.IntegerField(
+            min_value=field.min_value,
+            max_value=field.max_value,
+            required=not field.nullable,
+            initial=field.default,
+            **common,
+        )
+    if kind == jobspec.DURATION:
+        return DurationField(
+            min_value=field.min_value, max_value=field.max_value, required=False, **common
+        )
+    if kind == jobspec.COMMAND:
+        # The page takes a shell line (cleaned by the form: split unless "shell" is ticked).
+        return forms.CharField(
+            max_length=field.max_length, widget=forms.Textarea(attrs={"rows": 2}), **common
+        )
+    if kind == jobspec.STRINGS:
+        return NameValueLinesField(max_value_length=field.max_length, required=False, **common)
+    if kind == jobspec.OBJECT:
+        return forms.JSONField(required=False, initial=dict, **common)
+    if kind == jobspec.MODELS:
+        choices = [("", field.empty_label)]  # the pool's models are added per page
+        return ModelKeysField(
+            max_key_length=field.max_length,
+            required=False,
+            widget=OptionDataSelect(choices=choices),
+            **common,
+        )
+    raise ValueError(f"{field.name}: no form field for the kind {kind!r}")
 
-    project = forms.ModelChoiceField(queryset=None)
-    queue = forms.ModelChoiceField(
-        queryset=None,
-        widget=OptionDataSelect,
-        help_text="Where the job waits; it runs in the queue's resource pool.",
-    )
-    name = forms.CharField(
-        max_length=120, required=False, help_text="Shown in lists; e.g. bert-pretrain-lr3e-4."
-    )
-    workload_type = forms.ChoiceField(
-        choices=WorkloadType.choices,
-        initial=WorkloadType.TRAINING,
-        help_text="Sets the runtime limits, preemption and idle reclaim (table below).",
-    )
-    # Free text underneath (a comma list is still accepted), chosen from a list of the
-    # models of the pool: the service answers an unknown model with the pool's models.
-    gpu_model = forms.CharField(
-        max_length=200,
-        required=False,
-        label="GPU model",
-        widget=OptionDataSelect,
-        help_text="The models of the queue's pool; any: whichever is free first.",
-    )
-    gpus_per_node = forms.IntegerField(
-        min_value=0,
-        max_value=64,
-        initial=1,
-        label="GPUs per node",
-        help_text="All on one node; 0 for CPU-only work.",
-    )
-    nodes = forms.IntegerField(
-        min_value=1,
-        max_value=256,
-        initial=1,
-        label="Nodes",
-        help_text="More than 1: a multi-node job gets nodes × GPUs per node, all at once.",
-    )
-    max_runtime_seconds = DurationField(
-        required=False,
-        label="Maximum runtime",
-        help_text="e.g. 2h30m, 90m, 1d; empty: the workload type's default. "
-        "The job is stopped when it is reached.",
-    )
-    priority_class = forms.ModelChoiceField(
-        queryset=None,
-        required=False,
-        empty_label="queue default",
-        help_text="Above the queue's self-service maximum: ask for a raise on the job page.",
-    )
-    command = forms.CharField(
-        max_length=65536,
-        widget=forms.Textarea(attrs={"rows": 2}),
-        help_text="e.g. python train.py --epochs 3",
-    )
-    shell = forms.BooleanField(required=False, label="Run through a shell (/bin/sh -c)")
-    env = forms.CharField(
-        required=False,
-        widget=forms.Textarea(attrs={"rows": 2}),
-        help_text="One NAME=value per line.",
-    )
-    image = forms.CharField(
-        max_length=255,
-        required=False,
-        label="Container image",
-        help_text="e.g. registry.example.com/team/train:1.0; only where the queue's pool runs "
-        "images (Kubernetes, or Slurm with pyxis). Empty: the command runs on the node.",
-    )
-    image_pull_policy = forms.ChoiceField(
-        choices=[("", "the executor's default"), *ImagePullPolicy.choices],
-        required=False,
-        label="Image pull policy",
-    )
-    image_pull_secret = forms.CharField(
-        max_length=253,
-        required=False,
-        label="Image pull secret",
-        help_text="The name of the registry credential secret, if the registry needs one.",
-    )
+
+class JobSubmitChecks(forms.Form):
+    """The submit page's steps; ``JobSubmitForm`` adds the declared fields. The command is
+    typed as a shell line and split like a shell would (shlex), unless "run through a
+    shell" is ticked."""
 
     def __init__(self, *args, projects, queues, priority_classes, pool_models=None, **kwargs):
         """``pool_models``: {pool id: {model: GPUs on its largest node}} (the models offered)."""
@@ -220,7 +252,7 @@ class JobSubmitForm(forms.Form):
                 models.setdefault(model, []).append(str(pool_id))
                 largest[model] = max(largest.get(model, 0), per_node)
         widget = self.fields["gpu_model"].widget
-        widget.choices = [("", "any model of the pool"), *((m, m) for m in sorted(models))]
+        widget.choices = [widget.choices[0], *((m, m) for m in sorted(models))]
         widget.option_data = {
             m: {"data-pools": " ".join(pools), "data-per-node": str(largest[m])}
             for m, pools in models.items()
@@ -232,12 +264,23 @@ class JobSubmitForm(forms.Form):
             return [raw]
         return command_arguments(raw)
 
-    def clean_env(self):
-        return env_from_lines(self.cleaned_data["env"])
 
-    def clean_gpu_model(self):
-        value = self.cleaned_data["gpu_model"].strip()
-        return [m.strip() for m in value.split(",") if m.strip()]
+def submit_form_class(fields=jobspec.FORM_FIELDS) -> type[forms.Form]:
+    """The submit form with one field per declared job field the page asks for, made
+    through Django's form metaclass as a class statement would be."""
+    return type(JobSubmitChecks)(
+        "JobSubmitForm",
+        (JobSubmitChecks,),
+        {
+            "__module__": __name__,
+            "__qualname__": "JobSubmitForm",
+            "__doc__": "The submit page: the fields of scheduling/jobspec.py it asks for.",
+            **{field.name: submit_form_field(field) for field in fields},
+        },
+    )
+
+
+JobSubmitForm = submit_form_class()
 
 
 SINCE_CHOICES = [

@@ -27,7 +27,7 @@ from tenants.selectors import (
     tenants_visible_to,
 )
 
-from . import selectors
+from . import jobspec, selectors
 from .choices import ACTIVE_STATES, FINAL_STATES, GpuHealth, JobState, NodeState
 from .forms import (
     SORTS,
@@ -97,23 +97,7 @@ def _submit_form(request, data=None):
 
 def _spec_from_form(form) -> JobSpec:
     data = form.cleaned_data
-    return JobSpec(
-        project=data["project"],
-        queue=data["queue"],
-        name=data["name"],
-        workload_type=data["workload_type"],
-        command=data["command"],
-        shell=data["shell"],
-        env=data["env"],
-        gpus_per_node=data["gpus_per_node"],
-        nodes=data["nodes"],
-        gpu_models=data["gpu_model"],
-        max_runtime_seconds=data["max_runtime_seconds"],
-        priority_class=data["priority_class"],
-        image=data["image"].strip(),
-        image_pull_policy=data["image_pull_policy"],
-        image_pull_secret=data["image_pull_secret"].strip(),
-    )
+    return JobSpec(**{field.attribute: data[field.name] for field in jobspec.FORM_FIELDS})
 
 
 @login_required

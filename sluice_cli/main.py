@@ -23,6 +23,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -265,25 +266,30 @@ def cmd_whoami(ctx: Context, args: argparse.Namespace) -> int:
 # --- submit -----------------------------------------------------------------------------------
 
 # What a spec file may hold: the API's fields (POST /api/v1/jobs) and a few friendlier names.
+# The server declares the fields (scheduling/jobspec.py); this package is installed without
+# it, and tests/scheduling/test_jobspec_declared_once.py checks that the two agree.
 SPEC_FIELDS = frozenset(
     {
         "project",
         "queue",
         "name",
         "workload_type",
-        "command",
-        "shell",
-        "env",
-        "working_dir",
+        "gpu_model",
         "gpus_per_node",
         "nodes",
-        "gpu_model",
         "min_gpu_memory_mb",
         "cpus",
         "memory_mb",
         "max_runtime_seconds",
         "priority_class",
+        "command",
+        "shell",
+        "env",
+        "working_dir",
         "checkpoint_dir",
+        "image",
+        "image_pull_policy",
+        "image_pull_secret",
         "labels",
         "dataset",
         "dataset_version",
@@ -291,9 +297,7 @@ SPEC_FIELDS = frozenset(
         "parameters",
         "seed",
         "array",
-        "image",
-        "image_pull_policy",
-        "image_pull_secret",
+        "serve",
     }
 )
 SPEC_ALIASES = {
@@ -301,6 +305,122 @@ SPEC_ALIASES = {
     "runtime": "max_runtime_seconds",
     "gpu_models": "gpu_model",
 }
+WORKLOAD_TYPES = (
+    "training",
+    "fine_tuning",
+    "evaluation",
+    "inference",
+    "batch_inference",
+    "interactive",
+)
+IMAGE_PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+MAX_INT32 = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class SpecFlag:
+    """A flag of ``sluice submit`` that sets one field of the spec. ``bounds`` and
+    ``default`` are the server's (an absent flag leaves the field to the spec file, else to
+    the server's default); the help shows them. ``many``: the flag repeats, and this makes
+    the field's value of all its values."""
+
+    field: str
+    names: tuple[str, ...]
+    help: str = ""
+    type: Callable[[str], Any] | None = None
+    bounds: tuple[int, int] | None = None
+    default: Any = None
+    choices: tuple[str, ...] | None = None
+    metavar: str | None = None
+    many: Callable[[list[str]], Any] | None = None
+    switch: bool = False
+
+    def help_text(self) -> str:
+        said = [f"{self.bounds[0]} to {self.bounds[1]}"] if self.bounds else []
+        said += [] if self.default is None else [f"default {self.default}"]
+        return " ".join(filter(None, [self.help, f"({'; '.join(said)})" if said else ""]))
+
+    def add_to(self, parser: argparse.ArgumentParser) -> None:
+        if self.switch:
+            parser.add_argument(*self.names, dest=self.field, action="store_true", help=self.help)
+            return
+        parser.add_argument(
+            *self.names,
+            dest=self.field,
+            type=self.type,
+            choices=self.choices,
+            metavar=self.metavar,
+            action="append" if self.many else "store",
+            help=self.help_text() or None,
+        )
+
+
+SUBMIT_FLAGS: tuple[SpecFlag, ...] = (
+    SpecFlag("queue", ("--queue", "-q"), "queue id, NAME or TENANT/NAME"),
+    SpecFlag(
+        "project",
+        ("--project", "-p"),
+        "project id or slug (default: the queue's, the tenant's only one, or that of your "
+        "latest job in the queue)",
+    ),
+    SpecFlag("name", ("--name", "-n"), metavar="NAME"),
+    SpecFlag("gpus_per_node", ("--gpus", "-g"), "GPUs per node", int, (0, 64), 1, metavar="N"),
+    SpecFlag("nodes", ("--nodes", "-N"), "nodes, all at once", int, (1, 256), 1, metavar="N"),
+    SpecFlag(
+        "gpu_model",
+        ("--gpu-model",),
+        "GPU model(s) accepted, e.g. H100-80GB (repeat or comma-separate)",
+        metavar="MODEL",
+        many=_split_list,
+    ),
+    SpecFlag("cpus", ("--cpus",), "CPU cores", int, (1, 1024), 1, metavar="N"),
+    SpecFlag("memory_mb", ("--memory-mb",), "memory in MB", int, (0, MAX_INT32), 0, metavar="MB"),
+    SpecFlag(
+        "max_runtime_seconds",
+        ("--runtime", "-t"),
+        "runtime limit, e.g. 2h30m (default: the workload's)",
+        metavar="DURATION",
+    ),
+    SpecFlag("priority_class", ("--priority-class", "--class"), metavar="CLASS"),
+    SpecFlag(
+        "workload_type",
+        ("--workload-type", "-w"),
+        "default: training, or the first type the queue allows",
+        choices=WORKLOAD_TYPES,
+    ),
+    SpecFlag(
+        "env",
+        ("--env", "-e"),
+        metavar="KEY=VALUE",
+        many=partial(_key_values, what="--env"),
+    ),
+    SpecFlag(
+        "labels",
+        ("--label", "-l"),
+        metavar="KEY=VALUE",
+        many=partial(_key_values, what="--label"),
+    ),
+    SpecFlag("working_dir", ("--workdir",), metavar="DIR"),
+    SpecFlag(
+        "image",
+        ("--image",),
+        "container image, e.g. registry.example.com/team/img:tag (pools that run images)",
+        metavar="IMAGE",
+    ),
+    SpecFlag("image_pull_policy", ("--image-pull-policy",), choices=IMAGE_PULL_POLICIES),
+    SpecFlag(
+        "image_pull_secret", ("--image-pull-secret",), "registry credential secret", metavar="NAME"
+    ),
+    SpecFlag("shell", ("--shell",), "run the command as one /bin/sh -c line", switch=True),
+    SpecFlag(
+        "array",
+        ("--array",),
+        "submit N copies, each with SLUICE_ARRAY_INDEX 0..N-1",
+        int,
+        (1, 10_000),
+        metavar="N",
+    ),
+)
 
 
 def _read_spec_file(name: str) -> list[dict]:
@@ -338,35 +458,11 @@ def _read_spec_file(name: str) -> list[dict]:
 
 def _spec_from_flags(args: argparse.Namespace, command: list[str]) -> dict:
     spec: dict[str, Any] = {}
-    for flag, key in (
-        ("queue", "queue"),
-        ("project", "project"),
-        ("name", "name"),
-        ("workload_type", "workload_type"),
-        ("gpus", "gpus_per_node"),
-        ("nodes", "nodes"),
-        ("cpus", "cpus"),
-        ("memory_mb", "memory_mb"),
-        ("priority_class", "priority_class"),
-        ("workdir", "working_dir"),
-        ("array", "array"),
-        ("image", "image"),
-        ("image_pull_policy", "image_pull_policy"),
-        ("image_pull_secret", "image_pull_secret"),
-    ):
-        value = getattr(args, flag)
-        if value is not None:
-            spec[key] = value
-    if args.gpu_model:
-        spec["gpu_model"] = _split_list(args.gpu_model)
-    if args.runtime:
-        spec["max_runtime_seconds"] = args.runtime
-    if args.env:
-        spec["env"] = _key_values(args.env, "--env")
-    if args.label:
-        spec["labels"] = _key_values(args.label, "--label")
-    if args.shell:
-        spec["shell"] = True
+    for flag in SUBMIT_FLAGS:
+        value = getattr(args, flag.field)
+        if value is None or value is False:
+            continue
+        spec[flag.field] = flag.many(value) if flag.many else value
     if command:
         spec["command"] = " ".join(command) if args.shell else command
     return spec
@@ -1096,50 +1192,8 @@ def _parser() -> argparse.ArgumentParser:
         "--file",
         help="a job spec (YAML or JSON; a list submits several, all or nothing); flags override it; - reads stdin",
     )
-    p.add_argument("--queue", "-q", dest="queue", help="queue id, NAME or TENANT/NAME")
-    p.add_argument(
-        "--project",
-        "-p",
-        help="project id or slug (default: the queue's, the tenant's only one, or that of "
-        "your latest job in the queue)",
-    )
-    p.add_argument("--name", "-n")
-    p.add_argument("--gpus", "-g", type=int, help="GPUs per node")
-    p.add_argument("--nodes", "-N", type=int)
-    p.add_argument(
-        "--gpu-model",
-        action="append",
-        help="GPU model(s) accepted, e.g. H100-80GB (repeat or comma-separate)",
-    )
-    p.add_argument("--cpus", type=int)
-    p.add_argument("--memory-mb", type=int)
-    p.add_argument("--runtime", "-t", help="runtime limit, e.g. 2h30m (default: the workload's)")
-    p.add_argument("--priority-class", "--class", dest="priority_class")
-    p.add_argument(
-        "--workload-type",
-        "-w",
-        choices=[
-            "training",
-            "fine_tuning",
-            "evaluation",
-            "inference",
-            "batch_inference",
-            "interactive",
-        ],
-    )
-    p.add_argument("--env", "-e", action="append", metavar="KEY=VALUE")
-    p.add_argument("--label", "-l", action="append", metavar="KEY=VALUE")
-    p.add_argument("--workdir")
-    p.add_argument(
-        "--image",
-        help="container image, e.g. registry.example.com/team/img:tag (pools that run images)",
-    )
-    p.add_argument("--image-pull-policy", choices=["Always", "IfNotPresent", "Never"])
-    p.add_argument("--image-pull-secret", metavar="NAME", help="registry credential secret")
-    p.add_argument("--shell", action="store_true", help="run the command as one /bin/sh -c line")
-    p.add_argument(
-        "--array", type=int, metavar="N", help="submit N copies (SLUICE_ARRAY_INDEX 0..N-1)"
-    )
+    for flag in SUBMIT_FLAGS:
+        flag.add_to(p)
     p.add_argument("--idempotency-key", help="makes a retry safe: the same key submits once")
     p.add_argument("--quiet", action="store_true", help="print only the job id(s)")
     p.add_argument("command", nargs="*", help=argparse.SUPPRESS)

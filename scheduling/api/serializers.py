@@ -10,7 +10,9 @@ from rest_framework.settings import api_settings
 
 from tenants.models import Project, Tenant
 
+from .. import jobspec
 from ..choices import ImagePullPolicy, StopReason, WorkloadType
+from ..jobspec import MAX_INT32
 from ..models import (
     Allocation,
     Gpu,
@@ -40,9 +42,6 @@ class StrictCharField(serializers.CharField):
         return super().to_internal_value(data)
 
 
-# The largest values the database columns hold (PositiveIntegerField, BigIntegerField).
-MAX_INT32 = 2**31 - 1
-MAX_INT64 = 2**63 - 1
 # Durations the columns would hold but date arithmetic cannot (a grant of 2**31 hours, a
 # retention of 2**31 days end past year 9999): the API stops well short.
 MAX_GRANT_HOURS = 366 * 24
@@ -612,13 +611,16 @@ class CommandField(serializers.JSONField):
     """A list of argument strings, or (with shell=true) one shell string."""
 
 
+_GPU_MODEL_LENGTH = jobspec.FIELDS_BY_NAME["gpu_model"].max_length
+
+
 @extend_schema_field(
     {
         "oneOf": [
-            {"type": "string", "maxLength": 40},
+            {"type": "string", "maxLength": _GPU_MODEL_LENGTH},
             {
                 "type": "array",
-                "items": {"type": "string", "minLength": 1, "maxLength": 40},
+                "items": {"type": "string", "minLength": 1, "maxLength": _GPU_MODEL_LENGTH},
             },
         ]
     }
@@ -626,105 +628,86 @@ class CommandField(serializers.JSONField):
 class GpuModelField(serializers.JSONField):
     """One GPU model key or a list of acceptable ones; empty = any."""
 
+    def to_internal_value(self, data):
+        data = super().to_internal_value(data)
+        if isinstance(data, str):
+            data = [data] if data else []
+        if not isinstance(data, list) or not all(
+            isinstance(v, str) and 0 < len(v) <= _GPU_MODEL_LENGTH for v in data
+        ):
+            raise serializers.ValidationError(
+                'Give one GPU model key or a list of them, e.g. "H100-80GB".'
+            )
+        return data
 
-class JobSubmitSerializer(serializers.Serializer):
-    project = serializers.IntegerField(help_text="Project id.")
-    queue = serializers.IntegerField(help_text="Queue id.")
-    name = serializers.CharField(max_length=120, required=False, allow_blank=True, default="")
-    workload_type = serializers.ChoiceField(choices=WorkloadType.choices)
-    command = CommandField(
-        help_text='Argument list, e.g. ["python", "train.py"]; a string only with shell=true.'
-    )
-    shell = serializers.BooleanField(required=False, default=False)
-    env = serializers.DictField(
-        child=StrictCharField(allow_blank=True, max_length=8192), required=False, default=dict
-    )
-    working_dir = serializers.CharField(
-        max_length=500, required=False, allow_blank=True, default=""
-    )
-    gpus_per_node = serializers.IntegerField(min_value=0, max_value=64, required=False, default=1)
-    nodes = serializers.IntegerField(min_value=1, max_value=256, required=False, default=1)
-    gpu_model = GpuModelField(
-        required=False,
-        default=list,
-        help_text="One model key or a list of acceptable ones; empty = any.",
-    )
-    min_gpu_memory_mb = serializers.IntegerField(
-        min_value=0, max_value=MAX_INT32, required=False, default=0
-    )
-    cpus = serializers.IntegerField(min_value=1, max_value=1024, required=False, default=1)
-    memory_mb = serializers.IntegerField(
-        min_value=0, max_value=MAX_INT32, required=False, default=0
-    )
-    max_runtime_seconds = serializers.IntegerField(
-        min_value=1, required=False, allow_null=True, default=None
-    )
-    priority_class = serializers.CharField(
-        max_length=50, required=False, allow_blank=True, default=""
-    )
-    checkpoint_dir = serializers.CharField(
-        max_length=500, required=False, allow_blank=True, default=""
-    )
-    labels = serializers.DictField(
-        child=StrictCharField(max_length=200, allow_blank=True), required=False, default=dict
-    )
-    dataset = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
-    dataset_version = serializers.CharField(
-        max_length=100, required=False, allow_blank=True, default=""
-    )
-    code_ref = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
-    parameters = serializers.DictField(required=False, default=dict)
-    seed = serializers.IntegerField(
-        min_value=-MAX_INT64 - 1, max_value=MAX_INT64, required=False, allow_null=True, default=None
-    )
-    array = serializers.IntegerField(
-        min_value=1, max_value=10000, required=False, allow_null=True, default=None
-    )
-    serve = serializers.JSONField(
-        required=False,
-        default=dict,
-        help_text="Makes the job an HTTP replica (inference, batch_inference, interactive): "
-        '{"health_path": "/health", "metrics_path": "/metrics"}; its node\'s agent gives it a '
-        "port (env PORT) and scrapes both paths. Empty: not a serving job.",
-    )
-    image = serializers.CharField(
-        max_length=255,
-        required=False,
-        allow_blank=True,
-        default="",
-        help_text="A container image, e.g. registry.example.com/team/img:tag or "
-        "img@sha256:<digest>; only on a pool whose executor runs images (kubernetes, slurm "
-        "with pyxis).",
-    )
-    image_pull_policy = serializers.ChoiceField(
-        choices=ImagePullPolicy.choices, required=False, allow_blank=True, default=""
-    )
-    image_pull_secret = serializers.CharField(
-        max_length=253,
-        required=False,
-        allow_blank=True,
-        default="",
-        help_text="The name of the registry credential secret (Kubernetes pools).",
-    )
+
+def submit_field(field: jobspec.JobField) -> serializers.Field:
+    """The submit API's field for a declared job field (scheduling/jobspec.py)."""
+    kwargs: dict = {"help_text": jobspec.help_for_api(field)}
+    if not field.required:
+        default = field.default
+        # A fresh empty object or list for every submission, never one shared.
+        kwargs.update(required=False, default=type(default) if default in ({}, []) else default)
+    if field.nullable:
+        kwargs["allow_null"] = True
+    kind = field.kind
+    if kind in (jobspec.ID, jobspec.INT, jobspec.DURATION):
+        return serializers.IntegerField(
+            min_value=field.min_value, max_value=field.max_value, **kwargs
+        )
+    if kind in (jobspec.TEXT, jobspec.CLASS):
+        return serializers.CharField(max_length=field.max_length, allow_blank=True, **kwargs)
+    if kind == jobspec.CHOICE:
+        return serializers.ChoiceField(
+            choices=field.choices, allow_blank=not field.required, **kwargs
+        )
+    if kind == jobspec.BOOL:
+        return serializers.BooleanField(**kwargs)
+    if kind == jobspec.STRINGS:
+        child = StrictCharField(allow_blank=True, max_length=field.max_length)
+        return serializers.DictField(child=child, **kwargs)
+    if kind == jobspec.OBJECT:
+        return serializers.DictField(**kwargs)
+    if kind == jobspec.COMMAND:
+        return CommandField(**kwargs)  # its size in bytes is checked by the service
+    if kind == jobspec.MODELS:
+        return GpuModelField(**kwargs)
+    raise ValueError(f"{field.name}: no API field for the kind {kind!r}")
+
+
+def submit_fields(fields=jobspec.JOB_FIELDS) -> dict[str, serializers.Field]:
+    return {field.name: submit_field(field) for field in fields}
+
+
+class JobSubmitChecks(serializers.Serializer):
+    """How a submitted spec is read; ``JobSubmitSerializer`` adds the declared fields."""
 
     def get_fields(self):
-        # DRF deep-copies, that is re-instantiates, the 22 declared fields for every
+        # DRF deep-copies, that is re-instantiates, the declared fields for every
         # serializer made: a tenth of a submission's CPU. A shallow copy does:
         # the copy is what gets bound to this serializer (name, parent, source, label), and
         # validating changes nothing else on a field; the dict fields' children are shared,
         # they hold no state and read no context.
         return {name: copy.copy(field) for name, field in self._declared_fields.items()}
 
-    def validate_gpu_model(self, value):
-        if isinstance(value, str):
-            value = [value] if value else []
-        if not isinstance(value, list) or not all(
-            isinstance(v, str) and 0 < len(v) <= 40 for v in value
-        ):
-            raise serializers.ValidationError(
-                'Give one GPU model key or a list of them, e.g. "H100-80GB".'
-            )
-        return value
+
+def submit_serializer_class(fields=jobspec.JOB_FIELDS) -> type[serializers.Serializer]:
+    """The submit serializer with one field per declared job field, made through DRF's
+    metaclass as a class statement would be."""
+    return type(JobSubmitChecks)(
+        "JobSubmitSerializer",
+        (JobSubmitChecks,),
+        {
+            "__module__": __name__,
+            "__qualname__": "JobSubmitSerializer",
+            "__doc__": "One job's spec as POST /jobs takes it (and each item of POST "
+            "/jobs/bulk): the fields declared in scheduling/jobspec.py.",
+            **submit_fields(fields),
+        },
+    )
+
+
+JobSubmitSerializer = submit_serializer_class()
 
 
 class JobBulkSerializer(serializers.Serializer):
