@@ -7,7 +7,8 @@ import shlex
 from django import forms
 
 from scheduling.choices import ImagePullPolicy
-from scheduling.forms import command_arguments, env_from_lines
+from scheduling.forms import NameValueLinesField, command_arguments
+from scheduling.jobspec import FIELDS_BY_NAME as JOB_FIELDS
 
 from .scaling import form_field as scaling_field
 from .services import EDITABLE_FIELDS
@@ -31,8 +32,10 @@ class ServiceForm(forms.Form):
         "environment variable PORT (e.g. sh -c 'exec python -m vllm.entrypoints.openai."
         'api_server --port "$PORT"\'); a $PORT written in the command stays as written.',
     )
-    env = forms.CharField(
-        required=False, widget=forms.Textarea(attrs={"rows": 2}), help_text="NAME=value lines."
+    env = NameValueLinesField(
+        max_value_length=JOB_FIELDS["env"].max_length,
+        required=False,
+        help_text="NAME=value lines.",
     )
     working_dir = forms.CharField(required=False, max_length=500)
     gpus_per_node = forms.IntegerField(
@@ -86,9 +89,6 @@ class ServiceForm(forms.Form):
 
     def clean_command(self):
         return command_arguments(self.cleaned_data["command"])
-
-    def clean_env(self):
-        return env_from_lines(self.cleaned_data["env"])
 
     def clean_gpu_models(self):
         return [m.strip() for m in self.cleaned_data["gpu_models"].split(",") if m.strip()]

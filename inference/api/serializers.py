@@ -6,6 +6,7 @@ from rest_framework import serializers
 
 from portal.api.filters import MAX_ID
 from scheduling.choices import ImagePullPolicy
+from scheduling.jobspec import FIELDS_BY_NAME as JOB_FIELDS
 
 from ..choices import ServiceState
 from ..models import ScaleDecision, Service
@@ -29,7 +30,10 @@ class ServiceInputSerializer(serializers.Serializer):
         help_text='The model server, as an argument list, e.g. ["python", "server.py"]; it '
         "listens on $PORT.",
     )
-    env = serializers.DictField(child=serializers.CharField(allow_blank=True), required=False)
+    env = serializers.DictField(
+        child=serializers.CharField(allow_blank=True, max_length=JOB_FIELDS["env"].max_length),
+        required=False,
+    )
     working_dir = serializers.CharField(max_length=500, required=False, allow_blank=True)
     gpus_per_node = serializers.IntegerField(min_value=0, max_value=64, required=False)
     gpu_models = serializers.ListField(

@@ -335,3 +335,59 @@ def test_the_cli_check_sees_a_changed_bound_or_default():
     found = cli_mismatches(changed)
     assert any("bounds" in line and "--gpus" in line for line in found), found
     assert any("default" in line and "--gpus" in line for line in found), found
+
+
+# --- a service's replicas are jobs ---------------------------------------------------------------
+
+#: The service's fields that become its replicas' job fields: {service field: job field}.
+REPLICA_FIELDS = {
+    "command": "command",
+    "env": "env",
+    "working_dir": "working_dir",
+    "gpus_per_node": "gpus_per_node",
+    "gpu_models": "gpu_model",
+    "priority_class": "priority_class",
+    "image": "image",
+    "image_pull_policy": "image_pull_policy",
+    "image_pull_secret": "image_pull_secret",
+}
+
+
+def _limits(built, kind) -> tuple:
+    """The bounds a built serializer or form field puts on a value, in the declaration's terms."""
+    if kind == jobspec.INT:
+        return (built.min_value, built.max_value)
+    if kind == jobspec.STRINGS:
+        child = getattr(built, "child", None)
+        return (child.max_length if child else built.max_value_length,)
+    if kind == jobspec.MODELS:
+        child = getattr(built, "child", None)
+        return (child.max_length if child else None,)
+    if kind == jobspec.CHOICE:
+        return tuple(value for value in dict(built.choices) if value)
+    if kind in (jobspec.TEXT, jobspec.CLASS, jobspec.COMMAND):
+        return (getattr(built, "max_length", None),)
+    return ()
+
+
+def _declared_limits(field) -> tuple:
+    if field.kind == jobspec.INT:
+        return (field.min_value, field.max_value)
+    if field.kind == jobspec.CHOICE:
+        return tuple(value for value, _ in field.choices)
+    return (field.max_length,)
+
+
+@pytest.mark.parametrize(("service_name", "job_name"), REPLICA_FIELDS.items())
+def test_a_services_replica_fields_have_the_job_specs_bounds(service_name, job_name):
+    from inference.api.serializers import ServiceInputSerializer
+    from inference.forms import ServiceForm
+
+    field = FIELDS_BY_NAME[job_name]
+    api_field = ServiceInputSerializer().fields[service_name]
+    page_field = ServiceForm.base_fields[service_name]
+
+    if field.kind != jobspec.COMMAND:  # the API's list of arguments: the service counts bytes
+        assert _limits(api_field, field.kind) == _declared_limits(field)
+    if field.kind not in (jobspec.MODELS, jobspec.CLASS):  # a comma list; a choice of objects
+        assert _limits(page_field, field.kind) == _declared_limits(field)
