@@ -28,7 +28,7 @@ import pytest
 from django.core.management import call_command
 
 from portal.accounts.models import ApiToken
-from scheduling.management.commands.seed_demo import DEMO_PASSWORD
+from portal.management.commands.seed_demo import DEMO_PASSWORD
 from scheduling.models import Job, PriorityRaise
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -2,6 +2,9 @@
 and a week of finished jobs (the history the what-if page replays).
 
 Idempotent: running it again changes nothing that exists and adds what is missing.
+
+A command of the portal, the layer above every app it writes to (tenants, scheduling, the
+insights' history): see tests/test_layering.py.
 """
 
 import random
