@@ -711,7 +711,10 @@ JobSubmitSerializer = submit_serializer_class()
 
 
 class JobBulkSerializer(serializers.Serializer):
-    jobs = JobSubmitSerializer(many=True, allow_empty=False, max_length=10000)
+    # As many jobs per request as one array may have.
+    jobs = JobSubmitSerializer(
+        many=True, allow_empty=False, max_length=jobspec.FIELDS_BY_NAME["array"].max_value
+    )
 
 
 class JobSubmitResultSerializer(serializers.Serializer):

@@ -33,6 +33,7 @@ from ..choices import (
     StopReason,
     WorkloadType,
 )
+from ..jobspec import FIELDS_BY_NAME
 from ..models import (
     Allocation,
     Gpu,
@@ -53,9 +54,9 @@ from .lifecycle import job_event, job_transition
 from .raises import higher_class, project_grant_classes
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-MAX_COMMAND_BYTES = 64 * 1024
+MAX_COMMAND_BYTES = FIELDS_BY_NAME["command"].max_length
 MAX_JSON_BYTES = 64 * 1024
-MAX_ARRAY = 10_000
+MAX_ARRAY = FIELDS_BY_NAME["array"].max_value
 
 
 @dataclass

@@ -23,7 +23,6 @@ from scheduling.api.serializers import (
 from scheduling.forms import JobSubmitForm, submit_form_class
 from scheduling.jobspec import FIELDS_BY_NAME, FORM_FIELDS, JOB_FIELDS, NAMES
 from scheduling.models import Job, PriorityClass
-from scheduling.services import jobs as job_services
 from scheduling.services.jobs import JobSpec
 from scheduling.views import _initial_from_job
 from sluice_cli import main as cli
@@ -196,11 +195,6 @@ def test_jobspec_takes_the_field_with_the_declared_default(field):
         assert spec_field.default == field.default
     if spec_field.default_factory is not dataclasses.MISSING:
         assert spec_field.default_factory() == field.default
-
-
-def test_the_services_limits_are_the_declared_ones():
-    assert FIELDS_BY_NAME["command"].max_length == job_services.MAX_COMMAND_BYTES
-    assert FIELDS_BY_NAME["array"].max_value == job_services.MAX_ARRAY
 
 
 @FIELDS
