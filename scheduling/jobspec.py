@@ -186,7 +186,7 @@ JOB_FIELDS: tuple[JobField, ...] = (
         MAX_INT32,
         nullable=True,
         label="Maximum runtime",
-        help_text="The job is stopped when it is reached; empty: the workload type's default.",
+        help_text="The job is stopped when it is reached; not given: the workload type's default.",
         on_form=True,
     ),
     JobField(

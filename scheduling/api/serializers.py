@@ -700,8 +700,7 @@ def submit_serializer_class(fields=jobspec.JOB_FIELDS) -> type[serializers.Seria
         {
             "__module__": __name__,
             "__qualname__": "JobSubmitSerializer",
-            "__doc__": "One job's spec as POST /jobs takes it (and each item of POST "
-            "/jobs/bulk): the fields declared in scheduling/jobspec.py.",
+            "__doc__": "One job's spec, as POST /jobs takes it and each item of POST /jobs/bulk.",
             **submit_fields(fields),
         },
     )
