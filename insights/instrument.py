@@ -96,7 +96,7 @@ def metrics_reset() -> None:
     _metrics = None
 
 
-# --- what the scheduling's signals call ---------------------------------------------------
+# --- what the scheduling's signals call --------------------------------------------------
 
 
 def admissions_observe(jobs, now) -> None:
