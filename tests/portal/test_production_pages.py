@@ -1,6 +1,7 @@
 """Every page as production serves it: static files collected by ``manage.py collectstatic``
 under the production settings (DEBUG=0, the manifest storage), then every page route of the
-URL resolver loaded with DEBUG=False by each role of the demo, and the error pages.
+URL resolver (tests/page_routes.py) loaded with DEBUG=False by each role of the demo, and
+the error pages.
 
 No page may answer 5xx, and every static file a page names must be a hashed name from the
 manifest that whitenoise serves. A route added later is covered by the walk; a route that
@@ -26,10 +27,11 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
 from django.core.management import call_command
 from django.test import Client
-from django.urls import URLPattern, URLResolver, get_resolver, path, reverse
+from django.urls import path, reverse
 from django.utils import timezone
 
 from tests import factories as f
+from tests.page_routes import Route, page_routes
 
 pytestmark = pytest.mark.django_db
 
@@ -224,40 +226,6 @@ ROUTE_ARGS = {
     "recommendation-dismiss": lambda s: {"pk": s.recommendation.pk},
     "policy-review": lambda s: {"week_start": s.review.week_start.isoformat()},
 }
-# Not pages: the JSON API (its own tests), the admin's internals (its index and login are
-# pages), the OpenAPI document.
-PAGES_UNDER_EXCLUDED_PREFIXES = {"api/docs/", "admin/", "admin/login/"}
-EXCLUDED_PREFIXES = ("api/", "admin/")
-
-
-@dataclass
-class Route:
-    route: str  # as written in the URLconf, prefixes included
-    name: str | None
-    arguments: tuple[str, ...]
-
-
-def page_routes() -> list[Route]:
-    """Every page route of the site's URLconf, found by walking its resolver."""
-    found: list[Route] = []
-
-    def walk(patterns, prefix: str, namespace: str) -> None:
-        for entry in patterns:
-            if isinstance(entry, URLResolver):
-                inner = f"{namespace}{entry.namespace}:" if entry.namespace else namespace
-                walk(entry.url_patterns, prefix + str(entry.pattern), inner)
-            elif isinstance(entry, URLPattern):
-                route = prefix + str(entry.pattern).lstrip("^").rstrip("$")
-                if route.startswith(EXCLUDED_PREFIXES) and (
-                    route not in PAGES_UNDER_EXCLUDED_PREFIXES
-                ):
-                    continue
-                arguments = tuple(entry.pattern.regex.groupindex)
-                name = f"{namespace}{entry.name}" if entry.name else None
-                found.append(Route(route=route, name=name, arguments=arguments))
-
-    walk(get_resolver().url_patterns, "", "")
-    return found
 
 
 def url_of(route: Route, site: Site) -> str:
@@ -292,7 +260,7 @@ def test_every_page_route_can_be_filled_in():
         "page routes this test cannot fill in: "
         + "; ".join(missing)
         + ". Add each to ROUTE_ARGS in tests/portal/test_production_pages.py with a real "
-        "object of the demo (or exclude the route there if it is not a page)."
+        "object of the demo (or exclude it in tests/page_routes.py if it is not a page)."
     )
 
 
