@@ -7,10 +7,12 @@ and every module of the apps must belong to one (a new top-level module gets pla
 
 0. plain Python, no Django: the scheduling engine, and the node side (agent, executors);
 1. the kit every app uses: errors, forms, text, SQL rows, middleware, the API's shared parts;
-2. who: tenants, with the accounts and the audit log (they refer to each other);
+2. who: tenants, with the accounts, the audit log (they refer to each other) and the
+   directory identities (the Unix account a job runs as is read from them);
 3. scheduling; 4. inference; 5. insights;
-6. the top: identity (sign-in from a directory, which cancels a leaver's jobs) and the
-   portal itself (settings, URLs, the dashboard, the Celery app, the demo command).
+6. the top: the rest of identity (sign-in and sync from a directory, which cancel a
+   leaver's jobs) and the portal itself (settings, URLs, the dashboard, the Celery app,
+   the demo command).
 
 A layer below announces its events by signals (``scheduling.signals``) that a layer above
 connects to in its app config, rather than calling up.
@@ -45,23 +47,23 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "portal.varfiles",
         ),
     ),
-    ("tenants", ("tenants", "portal.accounts", "portal.audit")),
+    (
+        "tenants",
+        (
+            "tenants",
+            "portal.accounts",
+            "portal.audit",
+            "identity.choices",
+            "identity.migrations",
+            "identity.models",
+            "identity.selectors",
+        ),
+    ),
     ("scheduling", ("scheduling",)),
     ("inference", ("inference",)),
     ("insights", ("insights",)),
     ("top", ("identity", "portal")),
 ]
-
-#: Imports that go up, each with why it is still there. Every entry must still be found (a
-#: fixed one is removed from here), and nothing else may go up.
-EXCEPTIONS: dict[tuple[str, str], str] = {
-    # The Unix account a job runs as comes from the directory identity (a claim, LDAP
-    # ``uid``) that identity stores; identity in turn cancels a leaver's jobs through the
-    # scheduling's services. The account lookup belongs below the scheduling (or behind a
-    # hook identity fills in), which is a change to the submission and dispatch services.
-    ("scheduling.services.dispatch", "identity.selectors"): "job accounts read from identity",
-    ("scheduling.services.jobs", "identity.selectors"): "job accounts read from identity",
-}
 
 
 def layer_of(module: str) -> int | None:
@@ -121,23 +123,14 @@ def upward_imports(module: str, source: str, *, is_package: bool = False) -> lis
     return [f"{line}: {target}" for line, target in bad]
 
 
-def _graph_upward() -> dict[tuple[str, str], list[str]]:
-    found: dict[tuple[str, str], list[str]] = {}
+def _graph_upward() -> list[str]:
+    found = []
     for module, path in app_modules():
         source = path.read_text()
         for entry in upward_imports(module, source, is_package=path.name == "__init__.py"):
             line, _, target = entry.partition(": ")
-            key = (module, _exception_target(target))
-            found.setdefault(key, []).append(f"{path.relative_to(ROOT)}:{line} imports {target}")
+            found.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
     return found
-
-
-def _exception_target(target: str) -> str:
-    # ``from identity.selectors import unix_user_name`` reads as identity.selectors.<name>.
-    for _, imported_module in EXCEPTIONS:
-        if target == imported_module or target.startswith(imported_module + "."):
-            return imported_module
-    return target
 
 
 def test_every_module_of_the_apps_has_a_layer():
@@ -147,19 +140,13 @@ def test_every_module_of_the_apps_has_a_layer():
 
 def test_dependencies_point_down():
     upward = _graph_upward()
-    unexpected = [line for key, lines in upward.items() if key not in EXCEPTIONS for line in lines]
-    assert unexpected == [], "imports that go up a layer:\n" + "\n".join(unexpected)
-
-
-def test_every_exception_is_still_needed():
-    upward = _graph_upward()
-    assert [key for key in EXCEPTIONS if key not in upward] == []
+    assert upward == [], "imports that go up a layer:\n" + "\n".join(upward)
 
 
 def test_the_engine_imports_nothing_of_the_project_but_itself():
     outside = []
     for module, path in app_modules():
-        if layer_of(module) != 0 or not module.startswith("scheduling.engine"):
+        if not module.startswith("scheduling.engine"):
             continue
         for line, target in imported(
             module, path.read_text(), is_package=path.name == "__init__.py"
@@ -192,9 +179,12 @@ def test_the_dispatch_does_not_import_the_insights():
         ("portal.errors", "from tenants.models import Tenant\n", ["1: tenants.models.Tenant"]),
         ("scheduling.engine.plan", "from scheduling import models\n", ["1: scheduling.models"]),
         ("insights.views.usage", "from .. import usage\n", []),
-        ("insights.views.usage", "from ...identity import selectors\n", ["1: identity.selectors"]),
+        ("insights.views.usage", "from ...identity import services\n", ["1: identity.services"]),
         ("insights.selectors", "from inference.models import Service\n", []),
         ("portal.views", "from insights.selectors import insights_for\n", []),
+        ("scheduling.services.jobs", "from identity.selectors import unix_user_name\n", []),
+        ("identity.selectors", "from scheduling.models import Job\n", ["1: scheduling.models.Job"]),
+        ("identity.services", "from scheduling.models import Job\n", []),
     ],
 )
 def test_the_check_finds_an_import_that_goes_up(module, source, expected):
