@@ -21,7 +21,7 @@ from tenants.selectors import (
     tenants_visible_to,
 )
 
-from .. import selectors
+from .. import jobspec, selectors
 from ..choices import RaiseState
 from ..models import Allocation, Job, PriorityClass, PriorityRaise
 from ..services import config, idempotency, jobs, notifications, raises
@@ -217,7 +217,9 @@ def spec_from_input(user, data: dict, lookups: Lookups | None = None) -> JobSpec
         )
         if priority is None:
             raise BusinessError(f"Unknown priority class {name!r}.", field="priority_class")
-    data["gpu_models"] = data.pop("gpu_model")
+    for field in jobspec.JOB_FIELDS:
+        if field.attribute != field.name:
+            data[field.attribute] = data.pop(field.name)
     return JobSpec(project=project, queue=queue, priority_class=priority, **data)
 
 
