@@ -90,6 +90,7 @@ def build_world(
     from django.contrib.auth import get_user_model
     from django.utils import timezone
 
+    from scheduling.choices import WorkloadType
     from scheduling.models import (
         Gpu,
         Node,
@@ -105,14 +106,7 @@ def build_world(
     now = timezone.now()
     pools = [ResourcePool.objects.create(name=f"pool{i}") for i in range(3)]
     normal = PriorityClass.objects.create(name="normal", value=400)
-    for wt in (
-        "training",
-        "fine_tuning",
-        "evaluation",
-        "inference",
-        "batch_inference",
-        "interactive",
-    ):
+    for wt in WorkloadType.values:
         WorkloadPolicy.objects.create(workload_type=wt, max_runtime_seconds=86400)
     combos = [(pool, model) for pool in pools for model in MODELS]
     node_rows = Node.objects.bulk_create(
