@@ -54,11 +54,10 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import replace
 from heapq import heappop, heapreplace
 from typing import Final
 
-from .snapshot import PendingJob, Snapshot
+from .snapshot import ClusterState, PendingJob, Policy
 
 # A job without a runtime limit is ordered as if it needed this long (7 days).
 NO_LIMIT_RUNTIME: Final = 7 * 86400.0
@@ -70,17 +69,17 @@ def _submit_key(job: PendingJob) -> tuple[float, int]:
     return (job.submitted_at, job.id)
 
 
-def age_classes(snapshot: Snapshot) -> Snapshot:
-    """``snapshot`` with each pending job that has aged (see the module doc) ordered with
+def age_classes(cluster: ClusterState, policy: Policy) -> ClusterState:
+    """``cluster`` with each pending job that has aged (see the module doc) ordered with
     the next class up while its tenant's guarantee has room for it: a copy with copies
-    of those jobs, or ``snapshot`` itself when aging is off or no job moves."""
-    after = snapshot.class_aging_seconds
-    if after <= 0 or snapshot.global_fifo:
-        return snapshot
-    oldest = snapshot.now - after
-    pending = snapshot.pending
+    of those jobs, or ``cluster`` itself when aging is off or no job moves."""
+    after = policy.class_aging_seconds
+    if after <= 0 or policy.global_fifo:
+        return cluster
+    oldest = cluster.now - after
+    pending = cluster.pending
     if not any(job.submitted_at <= oldest and not job.can_preempt for job in pending):
-        return snapshot
+        return cluster
     preempts: dict[int, bool] = {}
     for job in pending:
         preempts[job.priority] = preempts.get(job.priority, False) or job.can_preempt
@@ -95,8 +94,8 @@ def age_classes(snapshot: Snapshot) -> Snapshot:
         key=_submit_key,
     )
     if not candidates:
-        return snapshot
-    room = _guarantee_left(snapshot)
+        return cluster
+    room = _guarantee_left(cluster)
     moved: dict[int, PendingJob] = {}
     for job in candidates:
         key = (job.tenant, job.pool)
@@ -105,19 +104,27 @@ def age_classes(snapshot: Snapshot) -> Snapshot:
             room[key] = left - job.gpus
             moved[job.id] = job.ordered_with(above[job.priority])
     if not moved:
-        return snapshot
-    return replace(snapshot, pending=[moved.get(job.id, job) for job in pending])
+        return cluster
+    return ClusterState(
+        cluster.now,
+        cluster.nodes,
+        cluster.quotas,
+        cluster.queues,
+        cluster.running,
+        [moved.get(job.id, job) for job in pending],
+        cluster.usage,
+    )
 
 
-def _guarantee_left(snapshot: Snapshot) -> dict[tuple[str, str], int]:
+def _guarantee_left(cluster: ClusterState) -> dict[tuple[str, str], int]:
     """Per (tenant, pool): the GPUs guaranteed to the tenant in the pool (its quotas of
     every GPU model added up) less those its jobs hold there now (running or stopping,
     borrowed ones included, as admission counts them)."""
     room: dict[tuple[str, str], int] = {}
-    for quota in snapshot.quotas:
+    for quota in cluster.quotas:
         key = (quota.tenant, quota.pool)
         room[key] = room.get(key, 0) + max(quota.guaranteed, 0)
-    for job in snapshot.running:
+    for job in cluster.running:
         key = (job.tenant, job.pool)
         room[key] = room.get(key, 0) - len(job.gpu_ids)
     return room
@@ -152,11 +159,11 @@ class SizeOrder:
 
     __slots__ = ("now", "halving", "max_wait", "strict")
 
-    def __init__(self, snapshot: Snapshot) -> None:
-        self.now = snapshot.now
-        self.halving = snapshot.size_halving_seconds
-        self.max_wait = snapshot.max_wait_seconds
-        self.strict = {queue.id for queue in snapshot.queues if queue.strict_fifo}
+    def __init__(self, cluster: ClusterState, policy: Policy) -> None:
+        self.now = cluster.now
+        self.halving = policy.size_halving_seconds
+        self.max_wait = policy.max_wait_seconds
+        self.strict = {queue.id for queue in cluster.queues if queue.strict_fifo}
 
     def sort(self, jobs: list[PendingJob]) -> list[tuple[tuple, PendingJob]]:
         """(key, job) of ``jobs`` (of one class) in order, best first."""

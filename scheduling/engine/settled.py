@@ -31,11 +31,11 @@ The argument, for the jobs not considered yet (``Remaining``):
   its guarantee, then reclaim). Training work never preempts inference. A pool without
   backfill whose blocked job starts (its *floor*) after the longest grace of a stop now,
   or never, is left out: a job behind the floor preempts only for victims still
-  stopping when the floor comes (``Planner._preempt``), and a stop now is over by then.
+  stopping when the floor comes (:mod:`.preempting`), and a stop now is over by then.
   Without backfill the cycle also goes on while a remaining job has GPUs kept for it by
   an earlier preemption, or a pool with remaining jobs has no blocked job yet: without
   backfill only the jobs up to a pool's blocked job and those with GPUs kept for them
-  hand a reservation on to the next cycle (``Planner._wait``), so a cycle that stops
+  hand a reservation on to the next cycle (:mod:`.explaining`), so a cycle that stops
   early then hands on exactly what a full one does, and a replay of such cycles (which
   drops the older reservations of the jobs a cycle did not reach) is a replay of full
   cycles.
@@ -44,6 +44,8 @@ While the remaining jobs place nothing and stop nothing, the cycle's state only 
 tighter as they are considered (more GPUs and quota promised), so what holds now holds at
 each of their turns. Quota is not looked at for placements: that only makes the
 condition hold less often, never wrongly.
+
+The check reads the cycle through a :class:`.cycle.CycleView`: it changes nothing.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ from .snapshot import PendingJob
 
 if TYPE_CHECKING:  # pragma: no cover
     from .cluster import NodeSlot
-    from .planner import Planner
+    from .cycle import CycleView
     from .quota import Account
 
 INF: Final = math.inf
@@ -269,30 +271,28 @@ def _inside_guarantee(quota: Account, gpus: int, kept: dict[int, int], victims_g
     )
 
 
-def nothing_more_can_happen(planner: Planner, remaining: Remaining) -> bool:
+def nothing_more_can_happen(cycle: CycleView, remaining: Remaining) -> bool:
     """Whether no remaining job can start now or preempt (see the module doc)."""
-    now = planner.now
-    if not planner.snapshot.backfill:
+    now = cycle.now
+    policy = cycle.policy
+    blocked = cycle.pool_floors()
+    if not policy.backfill:
         # Each job with GPUs kept for it, and each pool's blocked job, is considered
         # (see the module doc).
-        if planner._claims:
+        if cycle.has_claims():
             return False
-        floors = planner._pool_floor
         for pool, count in remaining.pools().items():
-            if count > 0 and pool not in floors:
+            if count > 0 and pool not in blocked:
                 return False
     # GPUs kept for a remaining job by an earlier preemption come back at its turn: idle
     # then if its victims are gone already, busy until they are otherwise.
-    for claims in planner._claims.values():
-        for _, _, _, free_from, _ in claims:
-            if free_from <= now:
-                return False
-    # GPUs held for old reservations of remaining jobs are given back at their turn.
-    if planner._previous.idle_held:
+    if cycle.claim_free_by(now):
         return False
-    blocked = planner._pool_floor
+    # GPUs held for old reservations of remaining jobs are given back at their turn.
+    if cycle.idle_held():
+        return False
     latest_end = None
-    for pool, slices in planner.pool_slices.items():
+    for pool, slices in cycle.pool_slices().items():
         if pool in blocked:
             continue  # without backfill nothing starts behind the pool's blocked job
         for slice_ in slices:
@@ -307,12 +307,12 @@ def nothing_more_can_happen(planner: Planner, remaining: Remaining) -> bool:
                     for pos, free_from in enumerate(slot.af):
                         if free_from <= now or hole[pos] >= latest_end:
                             return False
-    if not planner.snapshot.preemption:
+    if not policy.preemption:
         return True
-    return not _victims_left(planner, remaining)
+    return not _victims_left(cycle, remaining)
 
 
-def _victims_left(planner: Planner, remaining: Remaining) -> bool:
+def _victims_left(cycle: CycleView, remaining: Remaining) -> bool:
     """Whether some node may still make room for a remaining job by preemption: its GPUs
     idle and unpromised plus those of the running jobs there that the job may stop must
     cover the job's GPUs per node (checked for the fewest GPUs per node of each tenant
@@ -322,47 +322,46 @@ def _victims_left(planner: Planner, remaining: Remaining) -> bool:
     The cycle asks before every job, so the (tenant, node) that answered yes is
     remembered (see :meth:`Remaining.remember`) and asked first."""
     room = None
-    closed = _closed_pools(planner)
+    closed = _closed_pools(cycle)
     witness = remaining.witness
     if witness is not None and witness[4] not in closed:
-        if remaining.witness_holds(_stamp(planner)):
+        if remaining.witness_holds(_stamp(cycle)):
             return True
-        room = _Room(planner, remaining, closed)
+        room = _Room(cycle, remaining, closed)
         if room.has_room(witness[0], witness[1]):
-            remaining.remember(witness[0], witness[1], _stamp(planner), witness[4])
+            remaining.remember(witness[0], witness[1], _stamp(cycle), witness[4])
             return True
-    found = (room or _Room(planner, remaining, closed)).find()
+    found = (room or _Room(cycle, remaining, closed)).find()
     if found is None:
         remaining.forget()
         return False
-    remaining.remember(found[0], found[1], _stamp(planner), found[2])
+    remaining.remember(found[0], found[1], _stamp(cycle), found[2])
     return True
 
 
-def _closed_pools(planner: Planner) -> frozenset[str]:
+def _closed_pools(cycle: CycleView) -> frozenset[str]:
     """Pools without backfill where no remaining job can stop anyone: their blocked job
     starts after the longest grace of a stop now, or never (see the module doc)."""
-    floors = planner._pool_floor
+    floors = cycle.pool_floors()
     if not floors:
         return _NONE_CLOSED
-    after = planner.now + planner.longest_grace
+    after = cycle.now + cycle.longest_grace
     return frozenset([pool for pool, floor in floors.items() if floor > after])
 
 
 _NONE_CLOSED: Final[frozenset[str]] = frozenset()
 
 
-def _stamp(planner: Planner) -> tuple[int, int]:
+def _stamp(cycle: CycleView) -> tuple[int, int]:
     """Changes whenever the cycle decides something or gives quota kept for a job back."""
-    result = planner.result
-    return len(result.placements) + len(result.preemptions), len(planner._quota_claims)
+    return cycle.decisions(), cycle.quota_claims_left()
 
 
 class _Room:
     """What :func:`_victims_left` asks of the cycle's state, worked out on demand."""
 
     __slots__ = (
-        "planner",
+        "cycle",
         "remaining",
         "now",
         "highest",
@@ -373,11 +372,11 @@ class _Room:
         "closed",
     )
 
-    def __init__(self, planner: Planner, remaining: Remaining, closed: frozenset[str]) -> None:
-        self.planner = planner
+    def __init__(self, cycle: CycleView, remaining: Remaining, closed: frozenset[str]) -> None:
+        self.cycle = cycle
         self.remaining = remaining
         self.closed = closed  # pools whose nodes no remaining job may preempt on
-        self.now = planner.now
+        self.now = cycle.now
         # Per kind of victim (0: not inference, 1: inference), the highest class of a
         # remaining job that may preempt (training work never preempts inference).
         self.highest = [-INF, -INF]
@@ -395,10 +394,7 @@ class _Room:
         """Quota kept for a remaining job, per account: it leaves its victims' tenants at
         that job's turn."""
         if self._kept is None:
-            self._kept = {}
-            for claims in self.planner._quota_claims.values():
-                for quota, gpus, _ in claims:
-                    self._kept[id(quota)] = self._kept.get(id(quota), 0) + gpus
+            self._kept = self.cycle.kept_quota()
         return self._kept
 
     def reclaims(self, tenant: str) -> tuple[bool, bool]:
@@ -409,17 +405,17 @@ class _Room:
         found = self._reclaims.get(tenant)
         if found is not None:
             return found
-        planner, remaining = self.planner, self.remaining
+        cycle, remaining = self.cycle, self.remaining
         if self.by_class.get(tenant, 0) > 0:
             found = self._reclaims[tenant] = (True, remaining.non_training(tenant))
             return found
         gpus = remaining.fewest_gpus(tenant)
-        account = planner.quotas.account
+        account = cycle.account
         kept = self.kept()
-        victims_gone = self.now + planner.longest_grace
+        victims_gone = self.now + cycle.longest_grace
         answer = any(
             _inside_guarantee(account(tenant, slice_.pool, slice_.model), gpus, kept, victims_gone)
-            for slice_ in planner.slices.values()
+            for slice_ in cycle.slices()
         )
         found = (answer, answer and remaining.non_training(tenant))
         self._reclaims[tenant] = found
@@ -463,7 +459,7 @@ class _Room:
             return False
         temporary = self._temporary
         if temporary is None:
-            holds = self.planner._previous.waiting_holds()
+            holds = self.cycle.waiting_holds()
             temporary = self._temporary = {(id(held), pos) for held, pos in holds}
         return any(reserved[pos] and (id(slot), pos) not in temporary for pos in positions)
 
@@ -499,7 +495,7 @@ class _Room:
         reclaims = [self.reclaims(tenant) for tenant in needs]
         anyone = (any(r[0] for r in reclaims), any(r[1] for r in reclaims))
         closed = self.closed
-        for slice_ in self.planner.slices.values():
+        for slice_ in self.cycle.slices():
             if closed and slice_.pool in closed:
                 continue
             for slot in slice_.slots:

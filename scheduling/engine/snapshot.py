@@ -2,6 +2,14 @@
 
 The dispatch loop builds a :class:`Snapshot` from the database and hands it to
 :func:`scheduling.engine.plan`. Everything here is plain data; times are epoch seconds.
+
+A snapshot is one flat record, as its callers (the dispatch loop, the simulator, the
+tests) build and change it. The engine reads it in three parts, split once at the start
+of a cycle: :class:`ClusterState`, what the cluster is (nodes, quotas, queues, the jobs
+running and waiting, usage); :class:`Policy`, how to decide (the settings, frozen: no
+part of the engine changes them during a cycle); and the engine's caches
+(``kept_cluster``, a :class:`~.cluster.KeptCluster` kept between cycles by the caller,
+and the fields each record keeps for the planner, e.g. ``PendingJob.layout``).
 """
 
 from __future__ import annotations
@@ -254,7 +262,7 @@ class RunningJob:
     # placement found there): remembered by the planner (Locator)
     layout: tuple | None = field(default=None, init=False, repr=False, compare=False)
     # The planner's record of the job on a cluster index kept between cycles (see
-    # planner.KeptRunning), found from the job directly rather than by a lookup.
+    # cycle.KeptRunning), found from the job directly rather than by a lookup.
     kept: RunningRecord | None = field(default=None, init=False, repr=False, compare=False)
 
 
@@ -305,9 +313,71 @@ class Snapshot:
     # A borrower (beyond its tenant's guarantee) reserves no GPUs until its maximum wait:
     # it borrows idle ones. A job that needs several whole nodes rarely finds them idle at
     # once, so such a job reserves once it has waited this long (0: at its maximum wait
-    # only; see Planner._wait_to_borrow).
+    # only; see :mod:`.planner`, waiting to borrow).
     gang_borrower_reserve_seconds: float = 0.0
     # A caller that plans the same nodes cycle after cycle (the simulator) may hand the
     # same :class:`~.cluster.KeptCluster` to each: the cluster index is then reset
     # instead of built anew (same plan; the dispatch loop builds it every cycle).
     kept_cluster: KeptCluster | None = field(default=None, repr=False, compare=False)
+
+    def cluster_state(self) -> ClusterState:
+        """What the cluster is at ``now`` (the snapshot's lists, not copies)."""
+        return ClusterState(
+            self.now, self.nodes, self.quotas, self.queues, self.running, self.pending, self.usage
+        )
+
+    def policy(self) -> Policy:
+        """The snapshot's settings, frozen for the cycle."""
+        return Policy(
+            self.backfill,
+            self.preemption,
+            self.fair_share,
+            self.global_fifo,
+            self.decisions_only,
+            self.size_order,
+            self.size_halving_seconds,
+            self.max_wait_seconds,
+            self.fair_share_band,
+            self.class_aging_seconds,
+            self.preemption_min_gain_seconds,
+            self.gang_borrower_reserve_seconds,
+        )
+
+
+@dataclass(slots=True)
+class ClusterState:
+    """What the cluster is at ``now``: its nodes (healthy GPUs only), the quotas and
+    queues, the jobs holding GPUs and those waiting, and the decayed GPU-seconds per
+    tenant (see :class:`Snapshot` for each). Made by :meth:`Snapshot.cluster_state`;
+    class aging (:func:`.order.age_classes`) hands a copy with other pending jobs."""
+
+    now: float
+    nodes: list[NodeInfo]
+    quotas: list[QuotaInfo]
+    queues: list[QueueInfo]
+    running: list[RunningJob]
+    pending: list[PendingJob]
+    usage: dict[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """How a cycle decides: the settings of :class:`Snapshot` (see there for each), frozen
+    so that no part of the engine changes them during a cycle. The defaults are the
+    snapshot's (the engine's plain rules, not the product's: see :mod:`.defaults`)."""
+
+    backfill: bool = True
+    preemption: bool = True
+    fair_share: bool = True
+    global_fifo: bool = False
+    decisions_only: bool = False
+    size_order: bool = True
+    size_halving_seconds: float = 6 * 3600.0
+    max_wait_seconds: float = 12 * 3600.0
+    fair_share_band: float = 0.25
+    class_aging_seconds: float = 0.0
+    preemption_min_gain_seconds: float = 0.0
+    gang_borrower_reserve_seconds: float = 0.0
+
+    def __reduce__(self) -> tuple:
+        return _by_constructor(self)

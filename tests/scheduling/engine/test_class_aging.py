@@ -7,6 +7,7 @@ from engine_builders import CLASSES, NOW, gpu_ids, job, node, quota, run_plan, r
 
 from scheduling.engine import reasons
 from scheduling.engine.order import age_classes
+from scheduling.engine.snapshot import ClusterState, Snapshot
 
 HOUR = 3600.0
 
@@ -50,7 +51,7 @@ def test_aging_never_orders_a_job_with_a_class_that_may_preempt():
     pending = [normal, high, low]
     result = run_plan(snapshot(nodes, quotas, pending, run, class_aging_seconds=HOUR))
     assert _positions(result)[2] == 1  # the high job stays first
-    aged = age_classes(snapshot(nodes, quotas, pending, run, class_aging_seconds=HOUR))
+    aged = _aged(snapshot(nodes, quotas, pending, run, class_aging_seconds=HOUR))
     assert [(j.id, j.priority) for j in aged.pending] == [(1, 100), (2, 1000), (3, 100)]
 
 
@@ -65,7 +66,7 @@ def test_an_aged_job_keeps_its_class_name_and_gains_no_preemption_rights():
     result = run_plan(snap)
     assert result.preemptions == []
     assert result.pending[1].code != reasons.WAITING_FOR_PREEMPTION
-    aged = age_classes(snap)
+    aged = _aged(snap)
     assert aged.pending[0].priority == 100 and aged.pending[0].priority_class == "low"
     assert aged.pending[0].can_preempt is False and aged.pending[0].preemptible is True
     # The caller's snapshot and records are left as they were.
@@ -77,16 +78,24 @@ def test_aging_is_off_without_a_setting_and_for_strict_fifo():
     low = job(1, "a", gpus=2, cls="low", submitted=NOW - 5 * HOUR)
     normal = job(2, "b", gpus=8, cls="normal", submitted=NOW)
     snap = snapshot(nodes, quotas, [low, normal], run)
-    assert age_classes(snap) is snap
     fifo = snapshot(nodes, quotas, [low, normal], run, global_fifo=True, class_aging_seconds=1)
-    assert age_classes(fifo) is fifo
-    # Nobody old enough: the same snapshot, no copy.
+    # Nobody old enough: the same cluster state, no copy.
     fresh = snapshot(nodes, quotas, [low, normal], run, class_aging_seconds=6 * HOUR)
-    assert age_classes(fresh) is fresh
+    for unaged in (snap, fifo, fresh):
+        cluster = unaged.cluster_state()
+        assert age_classes(cluster, unaged.policy()) is cluster
+    # Old enough: a copy with the aged job.
+    old = snapshot(nodes, quotas, [low, normal], run, class_aging_seconds=HOUR)
+    cluster = old.cluster_state()
+    assert age_classes(cluster, old.policy()) is not cluster
+
+
+def _aged(snap: Snapshot) -> ClusterState:
+    return age_classes(snap.cluster_state(), snap.policy())
 
 
 def _aged_ids(snap) -> list[int]:
-    return [j.id for j in age_classes(snap).pending if j.priority != CLASSES[j.priority_class]]
+    return [j.id for j in _aged(snap).pending if j.priority != CLASSES[j.priority_class]]
 
 
 def test_aged_jobs_move_up_only_while_their_tenants_guarantee_has_room_oldest_first():

@@ -140,7 +140,9 @@ def test_jobs_behind_the_first_waiting_job_never_delay_it(seed):
     reservation or better."""
     snap = _random_two_cycles(seed)
     result = run_plan(snap)
-    order = [item for _, item in SizeOrder(snap).sort(list(snap.pending))]
+    order = [
+        item for _, item in SizeOrder(snap.cluster_state(), snap.policy()).sort(list(snap.pending))
+    ]
     waiting = [item for item in order if item.id in result.pending]
     if not waiting:
         return

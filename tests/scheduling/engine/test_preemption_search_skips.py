@@ -54,7 +54,7 @@ def test_no_search_where_waiting_is_within_the_gain():
             planner = Planner(snap)
             planner.always_search = always_search
             result = planner.run()
-            assert bool(planner._victims._heaps) == (searched or always_search)
+            assert bool(planner.preempting.victims._heaps) == (searched or always_search)
             assert bool(result.preemptions) == searched
             if not searched:
                 assert result.pending[1].code == reasons.WAITING_FOR_GPUS
@@ -71,7 +71,7 @@ def test_no_search_behind_a_blocked_job_of_a_pool_without_backfill():
         planner = Planner(snap)
         planner.always_search = always_search
         results.append(planner.run())
-        one_gpu_heaps = [key for key in planner._victims._heaps if key[1] == 1]
+        one_gpu_heaps = [key for key in planner.preempting.victims._heaps if key[1] == 1]
         assert bool(one_gpu_heaps) == always_search
     shortcut, plain = results
     assert shortcut.preemptions == plain.preemptions == []

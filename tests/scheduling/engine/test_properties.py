@@ -362,11 +362,11 @@ def _acts_after_settled(snap: Snapshot) -> tuple[int | None, int, int]:
     remaining = Remaining(snap.pending)
     settled_at = None
     decisions_then = 0
-    for position, job in enumerate(planner._order()):
-        if settled_at is None and nothing_more_can_happen(planner, remaining):
+    for position, job in enumerate(planner.order()):
+        if settled_at is None and nothing_more_can_happen(planner.view, remaining):
             settled_at = position
             decisions_then = len(planner.result.placements) + len(planner.result.preemptions)
-        planner._consider(job)
+        planner.consider(job)
         remaining.remove(job)
     decisions = len(planner.result.placements) + len(planner.result.preemptions)
     return settled_at, decisions_then, decisions
@@ -393,14 +393,14 @@ def test_the_check_answers_alike_with_or_without_its_last_witness(snap, data):
     planner = Planner(snap)
     remaining = Remaining(snap.pending)
     considered = []
-    for job in planner._order():
+    for job in planner.order():
         fresh = Remaining(snap.pending)
         for done in considered:
             fresh.remove(done)
-        assert nothing_more_can_happen(planner, remaining) == nothing_more_can_happen(
-            planner, fresh
+        assert nothing_more_can_happen(planner.view, remaining) == nothing_more_can_happen(
+            planner.view, fresh
         )
-        planner._consider(job)
+        planner.consider(job)
         remaining.remove(job)
         considered.append(job)
 

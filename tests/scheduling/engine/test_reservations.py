@@ -138,7 +138,7 @@ def test_quota_message_carries_the_numbers():
 
 
 def test_the_fast_pending_info_constructor_builds_the_same_object():
-    from scheduling.engine.planner import _pending_info
+    from scheduling.engine.explaining import _pending_info
     from scheduling.engine.results import PendingInfo
 
     values = (7, reasons.HELD, "held", 2, 3, None, (1, 2), ())
