@@ -58,6 +58,14 @@ class SlurmError(RuntimeError):
     """A Slurm command failed or printed what could not be read."""
 
 
+class SlurmJobGone(SlurmError):
+    """The controller does not know the job (it ended and was purged, or never was)."""
+
+
+#: What ``scancel`` says of a job the controller does not know (Slurm's ESLURM_INVALID_JOB_ID).
+INVALID_JOB_ID = "Invalid job id"
+
+
 def sluice_ids(comment: str) -> tuple[int, int] | None:
     """``(job_id, attempt)`` from a Slurm job's comment, or None for a job not Sluice's."""
     match = COMMENT_RE.match((comment or "").strip())
@@ -339,8 +347,18 @@ class SlurmClient:
         return job_id
 
     def signal(self, job_id: str, signal_name: str) -> None:
-        """Send a signal to the batch script and its children (``--full``)."""
-        self.run(["scancel", "--full", f"--signal={signal_name}", job_id])
+        """Send a signal to the batch script and its children (``--full``); raises
+        :class:`SlurmJobGone` when the controller does not know the job."""
+        self._scancel(["--full", f"--signal={signal_name}", job_id])
 
     def cancel(self, job_id: str) -> None:
-        self.run(["scancel", job_id])
+        """Cancel the job; raises :class:`SlurmJobGone` when the controller does not know it."""
+        self._scancel([job_id])
+
+    def _scancel(self, args: Sequence[str]) -> None:
+        try:
+            self.run(["scancel", *args])
+        except SlurmError as exc:
+            if INVALID_JOB_ID in str(exc):
+                raise SlurmJobGone(str(exc)) from exc
+            raise

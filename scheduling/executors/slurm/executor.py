@@ -47,6 +47,7 @@ from scheduling.executors.slurm.client import (
     SlurmClient,
     SlurmError,
     SlurmJob,
+    SlurmJobGone,
     decode_wait_status,
     end_message,
 )
@@ -62,6 +63,10 @@ MISSING_REFRESHES = 3
 #: How many ended attempts the bridge remembers (their exit, answered again to a repeated
 #: launch or stop), and how many jobs' newest attempt.
 ENDED_MEMORY = 20_000
+#: How long an ended attempt stays in the heartbeats' job list, with its exit (as the node
+#: agent keeps finished jobs): a control side that missed the ``exited`` report ends it
+#: from there.
+ENDED_SUMMARY_SECONDS = 60.0
 SUPERSEDED_MESSAGE = "a newer attempt of this job was launched already"
 GPU_MEMORY_MB = 81559  # an H100 80GB; Slurm's Gres does not say a GPU's memory
 NO_PYXIS_MESSAGE = (
@@ -97,6 +102,7 @@ class _Tracked:
     killed: bool = False
     missing: int = 0
     gpu_indices: tuple[int, ...] = ()
+    started_at: float | None = None  # Slurm's start time, once started
     exited: Exited | None = None  # the exit reported, once ended
 
 
@@ -128,6 +134,8 @@ class SlurmExecutor(Executor):
         self._adopted = False
         #: Attempts that ended here (or in the controller's records), with their exit.
         self._ended: OrderedDict[tuple[int, int], Exited] = OrderedDict()
+        #: When the bridge saw each of them end (its clock), in the same order.
+        self._ended_seen: dict[tuple[int, int], float] = {}
         #: The newest attempt of each job this bridge was asked to launch or saw in Slurm.
         self._newest: OrderedDict[int, int] = OrderedDict()
 
@@ -200,6 +208,47 @@ class SlurmExecutor(Executor):
                 }
             )
         return result
+
+    def job_summaries(self, node: str) -> list[dict[str, Any]]:
+        """The node's jobs for ``register`` and ``heartbeat``, as this bridge has reported
+        them, never ahead of its ``started`` and ``exited`` events: attempts it saw start
+        (running until it reported their end), and attempts that ended in the last
+        ``ENDED_SUMMARY_SECONDS`` with how they ended. A job still pending in Slurm is not
+        listed (it has not started), and a job that ended in Slurm since the bridge last
+        looked is listed as running until its exit is reported with it: the control side
+        must never read a job missing from a heartbeat as lost while its end is on the way."""
+        summaries = [
+            {
+                "job_id": t.job_id,
+                "attempt": t.attempt,
+                "pid": 0,
+                "running": True,
+                "stop_reason": t.stop_reason or None,
+                **({"started_at": t.started_at} if t.started_at else {}),
+            }
+            for t in self._tracked.values()
+            if t.node == node and t.started and not t.ended
+        ]
+        horizon = self.clock() - ENDED_SUMMARY_SECONDS
+        for key, exited in reversed(self._ended.items()):
+            if self._ended_seen.get(key, 0.0) < horizon:
+                break  # kept in the order they were seen to end: the rest are older
+            if exited.node != node or exited.reason == protocol.SUPERSEDED:
+                continue
+            summaries.append(
+                {
+                    "job_id": exited.job_id,
+                    "attempt": exited.attempt,
+                    "pid": 0,
+                    "running": False,
+                    "stop_reason": exited.reason or None,
+                    "exit_code": exited.exit_code,
+                    "signal": exited.signal,
+                    "finished_at": exited.finished_at,
+                    "message": exited.message,
+                }
+            )
+        return summaries
 
     # --- launch -----------------------------------------------------------------------
 
@@ -456,8 +505,13 @@ class SlurmExecutor(Executor):
                     self.client.cancel(tracked.slurm_id)  # never started: nothing to warn
                     tracked.killed = True
                     return
-                tracked.started = True
+                self._mark_started(tracked, job)
             self.client.signal(tracked.slurm_id, "TERM")
+        except SlurmJobGone:
+            # Ended and purged, or never there: nothing to stop; the next refreshes end
+            # the attempt with what the controller says (or that it no longer knows it).
+            tracked.killed = True
+            return
         except SlurmError as exc:
             logger.warning(
                 "stopping Slurm job %s: %s (retried at the deadline)", tracked.slurm_id, exc
@@ -479,6 +533,8 @@ class SlurmExecutor(Executor):
             try:
                 self.client.cancel(tracked.slurm_id)
                 tracked.killed = True
+            except SlurmJobGone:
+                tracked.killed = True  # nothing left to cancel
             except SlurmError as exc:
                 logger.warning("cancelling Slurm job %s: %s", tracked.slurm_id, exc)
 
@@ -526,16 +582,13 @@ class SlurmExecutor(Executor):
                 continue
             tracked.missing = 0
             if job.started and not tracked.started:
-                tracked.started = True
-                tracked.gpu_indices = job.gpu_indices
-                self._events.append(self._started(tracked))
+                self._mark_started(tracked, job)
             if not job.active:
                 self._end(tracked, job, end_message(job))
 
     def _end(self, tracked: _Tracked, job: SlurmJob | None, message: str) -> None:
         if job is not None and job.started and not tracked.started:
-            tracked.started = True
-            self._events.append(self._started(tracked))
+            self._mark_started(tracked, job)
         if tracked.started:
             self._ship_output(tracked, final=True)
         exit_code, sig = decode_wait_status(job.exit_status if job else None)
@@ -560,8 +613,15 @@ class SlurmExecutor(Executor):
             signal=sig,
             reason=tracked.stop_reason,
             message=message,
+            finished_at=float(job.end_time) if job is not None and job.end_time else self.clock(),
         )
         self._events.append(tracked.exited)
+
+    def _mark_started(self, tracked: _Tracked, job: SlurmJob) -> None:
+        tracked.started = True
+        tracked.gpu_indices = job.gpu_indices
+        tracked.started_at = float(job.start_time) or None
+        self._events.append(self._started(tracked))
 
     def _started(self, tracked: _Tracked) -> Started:
         return Started(
@@ -570,6 +630,7 @@ class SlurmExecutor(Executor):
             node=tracked.node,
             pid=None,
             external_id=tracked.slurm_id,
+            started_at=tracked.started_at,
         )
 
     def _ship_output(self, tracked: _Tracked, *, final: bool = False) -> None:
@@ -611,8 +672,10 @@ class SlurmExecutor(Executor):
     def _remember_end(self, key: tuple[int, int], exited: Exited) -> None:
         self._ended[key] = exited
         self._ended.move_to_end(key)
+        self._ended_seen[key] = self.clock()
         while len(self._ended) > ENDED_MEMORY:
-            self._ended.popitem(last=False)
+            oldest, _ = self._ended.popitem(last=False)
+            self._ended_seen.pop(oldest, None)
 
     # --- reconciliation ---------------------------------------------------------------
 

@@ -177,3 +177,86 @@ def test_a_job_cancelled_in_slurm_with_its_signal_keeps_it(controller, tmp_path)
     executor.launch("sn1", _launch())
     _, exited = _ended_once(controller, executor, exit_status=9, state="CANCELLED")
     assert exited.exit_code is None and exited.signal == 9
+
+
+# --- what the heartbeats list: never ahead of the reported events ------------------------
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def _summaries(executor, node="sn1"):
+    return {(s["job_id"], s["attempt"]): s for s in executor.job_summaries(node)}
+
+
+def test_a_job_that_ended_in_slurm_is_listed_running_until_its_exit_is_reported(
+    controller, tmp_path
+):
+    clock = Clock()
+    executor = SlurmExecutor(client=controller, work_dir=tmp_path, refresh_seconds=0, clock=clock)
+    executor.start()
+    executor.launch("sn1", _launch())
+    (slurm_id,) = controller.submitted
+    # Pending in Slurm: it has not started, so it is not listed (not "running" yet).
+    list(executor.poll())
+    assert _summaries(executor) == {}
+    controller.set(slurm_id, state="RUNNING", nodes="sn1", start_time=990)
+    (started,) = [e for e in executor.poll() if isinstance(e, Started)]
+    assert started.started_at == 990
+    assert _summaries(executor)[(7, 0)]["running"] is True
+    # It ends in Slurm before the bridge looks again: a heartbeat built now must still
+    # list it (the old code asked the controller again and left it out, so the control
+    # side ended it LOST and ran it a second time).
+    controller.run_to(slurm_id, "COMPLETED", 0)
+    controller.set(slurm_id, end_time=995)
+    assert _summaries(executor)[(7, 0)]["running"] is True
+    (exited,) = _exits(executor.poll())
+    summary = _summaries(executor)[(7, 0)]
+    assert summary["running"] is False and summary["exit_code"] == 0
+    assert summary["finished_at"] == exited.finished_at == 995
+    assert _summaries(executor, "sn2") == {}
+    clock.now += 61
+    assert _summaries(executor) == {}
+
+
+def test_a_stop_of_a_job_slurm_no_longer_knows_is_not_retried(controller, tmp_path):
+    from scheduling.executors.slurm.client import SlurmJobGone
+
+    executor = _bridge(controller, tmp_path)
+    executor.launch("sn1", _launch())
+    (slurm_id,) = controller.submitted
+    controller.set(slurm_id, state="RUNNING", nodes="sn1", start_time=1)
+    list(executor.poll())
+    calls = []
+
+    def gone(job_id, *args):
+        calls.append(job_id)
+        raise SlurmJobGone("scancel failed: Invalid job id specified")
+
+    controller.signal = gone
+    controller.cancel = gone
+    executor.stop("sn1", _stop())
+    del controller.records[slurm_id]  # purged
+    for _ in range(5):
+        events = list(executor.poll())
+        if _exits(events):
+            break
+    assert calls == [slurm_id]  # no cancel at the deadline after it was found gone
+    (exited,) = _exits(events)
+    assert "no longer knows" in exited.message
+
+
+def test_a_stop_finding_the_job_started_reports_its_start(controller, tmp_path):
+    executor = _bridge(controller, tmp_path)
+    executor.launch("sn1", _launch())
+    (slurm_id,) = controller.submitted
+    list(executor.poll())
+    controller.set(slurm_id, state="RUNNING", nodes="sn1", start_time=5)
+    executor.stop("sn1", _stop())
+    assert [type(e) for e in executor.poll()] == [Started]
+    assert _summaries(executor)[(7, 0)]["running"] is True
