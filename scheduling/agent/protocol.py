@@ -13,7 +13,7 @@ Control → agent
 ~~~~~~~~~~~~~~~
 Plain JSON dicts on the kombu queue ``node.<name>`` (``Connection.SimpleQueue(name)``,
 serializer ``json``); see :func:`node_queue_name` and
-:func:`scheduling.agent.transport.send_control_message`. Three types:
+:func:`scheduling.agent.transport.send_control_message`. Four types:
 
 ``launch``
     ``job_id`` int, ``attempt`` int, ``name`` str, ``command`` [str, ...] (argv), ``shell``
@@ -83,6 +83,13 @@ serializer ``json``); see :func:`node_queue_name` and
     ``pid`` int, ``gpu_index`` int, ``reason`` str: SIGKILL a zombie GPU process (only if it
     is still a GPU compute process and belongs to no job of the agent). The outcome is in
     the ``kills`` list of the next heartbeat.
+``extend``
+    ``job_id``, ``attempt``, ``runtime_limit_seconds`` int (positive: the job's new limit
+    as ``launch`` counts it, its extensions within the policy's cap included),
+    ``grace_seconds``, ``sent_at``. Sent when an extension is granted to a job that holds
+    GPUs. Executors with a time limit of their own raise their backstop to it (Slurm:
+    ``scontrol update TimeLimit``); the node agent has none and ignores it, as it does an
+    attempt it does not know. An agent older than this message drops it as unknown.
 
 Agent → control
 ~~~~~~~~~~~~~~~
@@ -206,7 +213,8 @@ NODE_QUEUE_PREFIX = "node."
 LAUNCH = "launch"
 STOP = "stop"
 KILL_PROCESS = "kill_process"
-CONTROL_MESSAGE_TYPES = (LAUNCH, STOP, KILL_PROCESS)
+EXTEND = "extend"
+CONTROL_MESSAGE_TYPES = (LAUNCH, STOP, KILL_PROCESS, EXTEND)
 
 # Agent → control report types.
 REGISTER = "register"
@@ -355,6 +363,12 @@ _CONTROL_FIELDS: dict[str, dict[str, str]] = {
         "sent_at": "number",
     },
     KILL_PROCESS: {"pid": "int", "gpu_index": "int", "reason": "str"},
+    EXTEND: {
+        "job_id": "int",
+        "attempt": "int",
+        "runtime_limit_seconds": "int",
+        "grace_seconds": "int",
+    },
 }
 
 # Fields a message may leave out; checked when present.
@@ -484,6 +498,8 @@ def validate_control_message(message: Any) -> dict[str, Any]:
         if message["gpu_uuids"] and len(message["gpu_uuids"]) != len(message["gpu_indices"]):
             raise ProtocolError("launch: 'gpu_uuids' must match 'gpu_indices' one to one")
         _check_serve(message.get("serve") or {})
+    if kind == EXTEND and message["runtime_limit_seconds"] <= 0:
+        raise ProtocolError("extend: 'runtime_limit_seconds' must be positive")
     if kind == STOP and message["reason"] not in STOP_REASONS:
         raise ProtocolError(f"stop: unknown reason {message['reason']!r}")
     return message
@@ -644,6 +660,27 @@ def stop_message(
             "job_id": job_id,
             "attempt": attempt,
             "reason": reason,
+            "grace_seconds": grace_seconds,
+            "sent_at": time.time() if sent_at is None else sent_at,
+        }
+    )
+
+
+def extend_message(
+    *,
+    job_id: int,
+    attempt: int,
+    runtime_limit_seconds: int,
+    grace_seconds: int = 30,
+    sent_at: float | None = None,
+) -> dict[str, Any]:
+    """Build and validate an ``extend`` message."""
+    return validate_control_message(
+        {
+            "type": EXTEND,
+            "job_id": job_id,
+            "attempt": attempt,
+            "runtime_limit_seconds": runtime_limit_seconds,
             "grace_seconds": grace_seconds,
             "sent_at": time.time() if sent_at is None else sent_at,
         }

@@ -147,6 +147,12 @@ class Executor(abc.ABC):
         """Per-GPU utilisation and memory now, for idle reclaim and insights; empty where
         the executor has no source (say so in :meth:`capabilities`)."""
 
+    def extend(self, node: str, message: Mapping[str, Any]) -> None:
+        """The job's runtime limit was raised (an ``extend`` message): an executor with a
+        time limit of its own raises its backstop to it. The control side enforces the
+        limit itself, so executors without one (the node agent) do nothing."""
+        return None
+
     def kill_process(self, node: str, pid: int, gpu_index: int) -> bool:
         """Kill a zombie GPU process; executors without process access return False."""
         return False

@@ -2,7 +2,8 @@
 
 One runtime serves one node (the node agent) or several (a bridge in front of a Slurm
 partition or a Kubernetes cluster), with one executor. Each pass of :meth:`Runtime.tick`
-takes the waiting messages of every node (``launch``, ``stop``, ``kill_process``) and hands
+takes the waiting messages of every node (``launch``, ``stop``, ``kill_process``,
+``extend``) and hands
 them to the executor, lets the executor do what is due (:meth:`Executor.work`), turns what
 it observed (:meth:`Executor.poll`: starts, exits, output, serving samples) into reports,
 sends each node's heartbeat when one is due and flushes the report outbox (in batches).
@@ -32,6 +33,7 @@ from typing import Any, Protocol
 
 from scheduling.agent.protocol import (
     AGENT_VERSION,
+    EXTEND,
     HEARTBEAT,
     KILL_PROCESS,
     LAUNCH,
@@ -493,6 +495,8 @@ class Runtime:
                 self.executor.stop(node, message)
             elif message["type"] == KILL_PROCESS:
                 self._kill_process(node, message)
+            elif message["type"] == EXTEND:
+                self.executor.extend(node, message)
         except Exception:  # a bug must not take down the loop and every job's supervision
             # Not the whole message: a launch carries the user's environment.
             what = message.get("job_id", message.get("pid"))

@@ -80,6 +80,14 @@ def granted_extension_seconds(job: Job) -> int:
 # --- the limits a job runs under (job page, API) ---------------------------------------------
 
 
+def launch_runtime_limit(job: Job, policy: WorkloadPolicy | None) -> int:
+    """How long a job may run as far as is known at launch: its runtime limit plus the
+    extensions its policy grants without approval. Executors with a time limit of their own
+    (Slurm, Kubernetes) set it as a backstop: an extension granted while the job runs must
+    not let their limit end it before Sluice's own timeout would."""
+    return job.max_runtime_seconds + (policy.extension_cap_seconds if policy else 0)
+
+
 def job_limits(job: Job, policy: WorkloadPolicy | None, now: datetime) -> dict:
     """What the job page shows about runtime, idle reclaim, session age and retention."""
     live = job.state in (JobState.ADMITTED, JobState.RUNNING)

@@ -24,6 +24,7 @@ from tenants.selectors import job_unix_account
 
 from .. import engine, signals
 from ..choices import ACTIVE_STATES, GpuHealth, JobState, NodeState, QueueState, StopReason
+from ..limits.selectors import launch_runtime_limit
 from ..models import (
     Allocation,
     Gpu,
@@ -495,14 +496,6 @@ def launch_messages(
         )
         messages.append((node_name, message))
     return messages
-
-
-def launch_runtime_limit(job: Job, policy: WorkloadPolicy | None) -> int:
-    """How long a job may run as far as is known at launch: its runtime limit plus the
-    extensions its policy grants without approval. Executors with a time limit of their own
-    (Slurm, Kubernetes) set it as a backstop: an extension granted while the job runs must
-    not let their limit end it before Sluice's own timeout would."""
-    return job.max_runtime_seconds + (policy.extension_cap_seconds if policy else 0)
 
 
 def node_limits(policy: WorkloadPolicy | None, gpus: int) -> dict[str, float | int | None]:

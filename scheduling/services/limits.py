@@ -24,6 +24,7 @@ from django.utils import timezone
 
 from portal.audit.services import audit_record
 from portal.errors import BusinessError, NotFoundError, PermissionDeniedError
+from scheduling.agent.protocol import extend_message
 from tenants.choices import Role
 from tenants.selectors import has_role
 
@@ -35,13 +36,19 @@ from ..choices import (
     ReclaimKind,
     StopReason,
 )
-from ..limits.selectors import extension_approvers, extension_refusal, granted_extension_seconds
+from ..limits.selectors import (
+    extension_approvers,
+    extension_refusal,
+    granted_extension_seconds,
+    launch_runtime_limit,
+)
 from ..models import Job, RuntimeExtension, WorkloadPolicy
 from ..selectors import can_manage_job
 from .enqueue import waiting_changed_on_commit
 from .lifecycle import job_event
+from .messaging import send_node_messages
 from .notifications import notification_send
-from .stopping import job_stop
+from .stopping import grace_seconds_for, job_stop
 from .waste import (
     active_gpu_count,
     human_duration,
@@ -273,6 +280,24 @@ def _apply(job: Job, seconds: int, now: datetime) -> tuple[int, int]:
     return old, new
 
 
+def _raise_executor_limits(job: Job) -> None:
+    """Tell the nodes of a job that holds GPUs its new limit (``extend``), once committed:
+    an executor with a time limit of its own (Slurm's ``--time``) must not end the job
+    before Sluice's own timeout would."""
+    nodes = sorted(
+        set(job.allocations.filter(released_at__isnull=True).values_list("node__name", flat=True))
+    )
+    if not nodes:
+        return
+    message = extend_message(
+        job_id=job.pk,
+        attempt=job.attempt,
+        runtime_limit_seconds=launch_runtime_limit(job, _policy(job)),
+        grace_seconds=grace_seconds_for(job),
+    )
+    transaction.on_commit(lambda: send_node_messages([(node, message) for node in nodes]))
+
+
 def _grant(extension: RuntimeExtension, job: Job, *, state: str, user, comment: str, now) -> None:
     """Mark the extension granted and add its time to the job; timeline and audit rows."""
     before = _extension_state(extension)
@@ -280,6 +305,7 @@ def _grant(extension: RuntimeExtension, job: Job, *, state: str, user, comment: 
     extension.decided_by = user if state == ExtensionState.APPROVED else None
     extension.save(update_fields=["state", "decided_at", "decided_by", "comment"])
     old, new = _apply(job, extension.seconds, now)
+    _raise_executor_limits(job)
     automatic = state == ExtensionState.AUTO_GRANTED
     how = "granted within the policy's cap" if automatic else f"approved by {user.get_username()}"
     job_event(

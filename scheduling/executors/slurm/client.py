@@ -355,6 +355,17 @@ class SlurmClient:
         """Cancel the job; raises :class:`SlurmJobGone` when the controller does not know it."""
         self._scancel([job_id])
 
+    def set_time_limit(self, job_id: str, minutes: int) -> None:
+        """Set the job's time limit (raising it needs Slurm's operator rights: the bridge
+        runs as root or SlurmUser); raises :class:`SlurmJobGone` when the controller does
+        not know the job."""
+        try:
+            self.run(["scontrol", "update", f"JobId={job_id}", f"TimeLimit={minutes}"])
+        except SlurmError as exc:
+            if INVALID_JOB_ID in str(exc):
+                raise SlurmJobGone(str(exc)) from exc
+            raise
+
     def _scancel(self, args: Sequence[str]) -> None:
         try:
             self.run(["scancel", *args])

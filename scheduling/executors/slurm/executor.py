@@ -58,6 +58,8 @@ logger = logging.getLogger(__name__)
 JOB_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: How often the controller is asked for the jobs' states, at most (seconds).
 DEFAULT_REFRESH_SECONDS = 1.0
+#: How often (in seconds of waiting) a bridge waiting for the controller at start says so.
+ADOPT_WARN_EVERY = 30
 #: A tracked job the controller no longer lists is ended after this many refreshes.
 MISSING_REFRESHES = 3
 #: How many ended attempts the bridge remembers (their exit, answered again to a repeated
@@ -73,6 +75,12 @@ NO_PYXIS_MESSAGE = (
     "this Slurm pool cannot run container images (no pyxis/enroot declared): "
     "run the job without an image or on a pool that has them"
 )
+
+
+def time_limit_minutes(runtime_seconds: float, grace_seconds: float) -> int:
+    """Slurm's time limit of a job that Sluice stops after ``runtime_seconds`` (with its
+    warnings and grace): the backstop, a grace period and a minute later, in minutes."""
+    return math.ceil((runtime_seconds + float(grace_seconds)) / 60) + 1
 
 
 def job_name(job_id: int, attempt: int) -> str:
@@ -120,6 +128,7 @@ class SlurmExecutor(Executor):
         refresh_seconds: float = DEFAULT_REFRESH_SECONDS,
         default_log_cap: int = protocol.DEFAULT_LOG_CAP_BYTES,
         clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
     ):
         self.client = client
         self.work_dir = Path(work_dir)
@@ -127,6 +136,7 @@ class SlurmExecutor(Executor):
         self.refresh_seconds = refresh_seconds
         self.default_log_cap = default_log_cap
         self.clock = clock
+        self._sleep = sleep
         self._tracked: dict[tuple[int, int], _Tracked] = {}
         self._events: list[Event] = []
         self._jobs: list[SlurmJob] = []
@@ -272,6 +282,7 @@ class SlurmExecutor(Executor):
         except (SlurmError, LaunchRefused) as exc:
             self._launch_failed(node, message, str(exc))
             return
+        logger.info("job %s attempt %s: Slurm job %s on %s", *key, slurm_id, node)
         cap = message.get("log_cap_bytes") or self.default_log_cap
         self._tracked[key] = _Tracked(
             job_id=key[0], attempt=key[1], node=node, slurm_id=slurm_id, output=output, log_cap=cap
@@ -400,10 +411,7 @@ class SlurmExecutor(Executor):
             options.append(f"--mem={int(limits['memory_mb'])}M")
         runtime = message.get("runtime_limit_seconds")
         if runtime:
-            # Sluice stops the job at its limit (with warnings and grace); Slurm's limit is
-            # the backstop, a grace period later.
-            minutes = math.ceil((runtime + float(message["grace_seconds"])) / 60) + 1
-            options.append(f"--time={minutes}")
+            options.append(f"--time={time_limit_minutes(runtime, message['grace_seconds'])}")
         if account is not None:
             options += [f"--uid={account.pw_uid}", f"--gid={account.pw_gid}"]
         if message.get("image"):
@@ -468,6 +476,28 @@ class SlurmExecutor(Executor):
         lines.append("exec " + " ".join(shlex.quote(arg) for arg in command))
         return "\n".join(lines) + "\n"
 
+    # --- extend -----------------------------------------------------------------------
+
+    def extend(self, node: str, message: Mapping[str, Any]) -> None:
+        """Raise the Slurm job's time limit to the job's new runtime limit (the backstop)."""
+        key = (message["job_id"], message["attempt"])
+        tracked = self._tracked.get(key) or self._adopt_one(key)
+        if tracked is None or tracked.ended:
+            return  # ended, or not this bridge's: nothing to raise
+        minutes = time_limit_minutes(message["runtime_limit_seconds"], message["grace_seconds"])
+        try:
+            self.client.set_time_limit(tracked.slurm_id, minutes)
+        except SlurmJobGone:
+            return  # it ended meanwhile; the refreshes report how
+        except SlurmError as exc:
+            # Sluice's own timeout still applies; only the backstop stays where it was.
+            logger.warning(
+                "raising the time limit of Slurm job %s to %s min: %s",
+                tracked.slurm_id,
+                minutes,
+                exc,
+            )
+
     # --- stop -------------------------------------------------------------------------
 
     def stop(self, node: str, message: Mapping[str, Any]) -> None:
@@ -496,6 +526,14 @@ class SlurmExecutor(Executor):
         self._stop(tracked, message["reason"], float(message["grace_seconds"]))
 
     def _stop(self, tracked: _Tracked, reason: str, grace: float) -> None:
+        logger.info(
+            "job %s attempt %s: stopping Slurm job %s (%s, grace %s s)",
+            tracked.job_id,
+            tracked.attempt,
+            tracked.slurm_id,
+            reason,
+            grace,
+        )
         tracked.stop_reason = reason
         try:
             if not tracked.started:
@@ -521,7 +559,18 @@ class SlurmExecutor(Executor):
     # --- the loop ---------------------------------------------------------------------
 
     def start(self) -> None:
-        self._adopt()
+        """Take over what the controller runs and ran before the nodes register, waiting
+        for the controller while it does not answer (a restart): a ``register`` listing no
+        jobs because the controller was away would end the running ones as lost."""
+        waited = 0
+        while not self._adopt():
+            if waited % ADOPT_WARN_EVERY == 0:
+                logger.warning(
+                    "waiting for the Slurm controller before registering the nodes (%d s)",
+                    waited,
+                )
+            self._sleep(1.0)
+            waited += 1
 
     def work(self) -> None:
         now = self.clock()
@@ -605,6 +654,16 @@ class SlurmExecutor(Executor):
         if tracked.stop_reason and job is not None and job.state == "CANCELLED":
             message = ""  # Sluice's own stop: the reason says it
         tracked.ended = True
+        logger.info(
+            "job %s attempt %s: Slurm job %s ended %s (exit %s, signal %s) %s",
+            tracked.job_id,
+            tracked.attempt,
+            tracked.slurm_id,
+            job.state if job is not None else "(unknown to Slurm)",
+            exit_code,
+            sig,
+            message,
+        )
         tracked.exited = Exited(
             job_id=tracked.job_id,
             attempt=tracked.attempt,
@@ -618,6 +677,9 @@ class SlurmExecutor(Executor):
         self._events.append(tracked.exited)
 
     def _mark_started(self, tracked: _Tracked, job: SlurmJob) -> None:
+        logger.info(
+            "job %s attempt %s: Slurm job %s started", tracked.job_id, tracked.attempt, job.job_id
+        )
         tracked.started = True
         tracked.gpu_indices = job.gpu_indices
         tracked.started_at = float(job.start_time) or None
@@ -679,18 +741,25 @@ class SlurmExecutor(Executor):
 
     # --- reconciliation ---------------------------------------------------------------
 
-    def _adopt(self) -> None:
-        """Take over the Sluice jobs the controller runs (after a bridge restart)."""
+    def _adopt(self) -> bool:
+        """Take over the Sluice jobs the controller runs, and report again how those it
+        still remembers (``MinJobAge``) ended: a job that ended while no bridge watched
+        has its exit and output sent, not read as lost. False when the controller did not
+        answer."""
         if not self._refresh(force=True):
-            return
+            return False
         self._adopted = True
         for job in self._jobs:
             ids = job.sluice
-            if ids is None or ids in self._tracked:
+            if ids is None or ids in self._tracked or ids in self._ended:
                 continue
             self._saw_attempt(*ids)
-            if job.active:
-                self._tracked[ids] = self._tracked_from(job, ids)
+            tracked = self._tracked[ids] = self._tracked_from(job, ids)
+            if not job.active:
+                self._end(tracked, job, end_message(job))
+            elif job.started:
+                self._mark_started(tracked, job)  # listed as running from the first register
+        return True
 
     def _adopt_one(self, key: tuple[int, int]) -> _Tracked | None:
         if not self._refresh(force=True):

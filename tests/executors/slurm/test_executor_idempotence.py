@@ -260,3 +260,66 @@ def test_a_stop_finding_the_job_started_reports_its_start(controller, tmp_path):
     executor.stop("sn1", _stop())
     assert [type(e) for e in executor.poll()] == [Started]
     assert _summaries(executor)[(7, 0)]["running"] is True
+
+
+def test_an_extension_raises_the_slurm_time_limit_of_the_running_attempt(controller, tmp_path):
+    from scheduling.executors.runtime import Runtime, RuntimeNode
+
+    limits = []
+    controller.set_time_limit = lambda job_id, minutes: limits.append((job_id, minutes))
+    executor = _bridge(controller, tmp_path)
+    runtime = Runtime(executor, [RuntimeNode("sn1", "training")], lambda report: None)
+    launch = _launch()
+    launch["runtime_limit_seconds"] = 3600
+    runtime.handle_message(launch, "sn1")
+    (slurm_id,) = controller.submitted
+    extend = protocol.extend_message(
+        job_id=7, attempt=0, runtime_limit_seconds=3600 + 1800, grace_seconds=30
+    )
+    runtime.handle_message(extend, "sn1")
+    # 5,400 s + 30 s of grace, rounded up to minutes, and one more.
+    assert limits == [(slurm_id, 92)]
+    # An attempt this bridge does not run (ended, or another's) is left alone.
+    runtime.handle_message({**extend, "attempt": 3}, "sn1")
+    assert limits == [(slurm_id, 92)]
+
+
+def test_a_bridge_waits_for_the_controller_before_its_nodes_register(controller, tmp_path):
+    from scheduling.executors.slurm.client import SlurmError
+
+    first = _bridge(controller, tmp_path)
+    first.launch("sn1", _launch())
+    (slurm_id,) = controller.submitted
+    controller.set(slurm_id, state="RUNNING", nodes="sn1", start_time=1)
+    answers = iter([SlurmError("slurm_load_jobs error: Unable to contact slurm controller")] * 2)
+    real_jobs = controller.jobs
+
+    def jobs():
+        error = next(answers, None)
+        if error is not None:
+            raise error
+        return real_jobs()
+
+    controller.jobs = jobs
+    slept = []
+    second = SlurmExecutor(
+        client=controller, work_dir=tmp_path, refresh_seconds=0, sleep=slept.append
+    )
+    second.start()
+    # Only once the controller answered: the running job is listed, not lost.
+    assert slept == [1.0, 1.0]
+    assert [s["running"] for s in second.job_summaries("sn1")] == [True]
+
+
+def test_a_restarted_bridge_reports_how_a_job_ended_while_no_bridge_watched(controller, tmp_path):
+    first = _bridge(controller, tmp_path)
+    first.launch("sn1", _launch())
+    (slurm_id,) = controller.submitted
+    controller.run_to(slurm_id, "FAILED", 2 << 8)
+    second = _bridge(controller, tmp_path)  # nobody asks it about the job
+    events = list(second.poll())
+    (exited,) = _exits(events)
+    assert (exited.job_id, exited.attempt, exited.exit_code) == (7, 0, 2)
+    assert controller.submitted == [slurm_id]
+    summary = {(s["job_id"], s["attempt"]): s for s in second.job_summaries("sn1")}[(7, 0)]
+    assert summary["running"] is False and summary["exit_code"] == 2
