@@ -97,7 +97,7 @@ class NodeSlot:
         # On an index kept between cycles (KeptCluster): the end of the running job
         # holding each GPU (-inf: none), and those jobs' records, kept from one cycle
         # to the next for the running jobs that stay the same (see
-        # scheduling.engine.planner.KeptRunning); a reset starts from them.
+        # scheduling.engine.cycle.KeptRunning); a reset starts from them.
         self.base_af: list[float] = [-INF] * count
         self.base_running: list[RunningRecord] = []
         # The positions where base_af is -inf (None: to be worked out again, after a
@@ -675,7 +675,7 @@ class KeptCluster:
     for the first cycle and, in each later cycle with the very same nodes (the same
     objects in the same order; nodes are not changed once made), reset to every GPU idle
     instead of built anew. A reset index is what a new one would be with the running
-    jobs that stayed the same since the cycle before marked (``running``: the planner's
+    jobs that stayed the same since the cycle before marked (``running``: the cycle's
     KeptRunning, which brings them in line with the snapshot): the planner then marks
     the other running jobs, claims and reservations on it as on a new one. None of a
     cycle's own state is kept. With other nodes it is built anew and kept."""
@@ -688,7 +688,7 @@ class KeptCluster:
         self.pool_slices: dict[str, list[SliceIndex]] = {}
         self.locator = Locator()
         # The running jobs kept from one cycle to the next with this index (the
-        # planner's KeptRunning; None: none yet), their GPUs in the slots' base_af.
+        # cycle's KeptRunning; None: none yet), their GPUs in the slots' base_af.
         self.running: Any = None
 
     def reuse(self, nodes: list, now: float) -> bool:

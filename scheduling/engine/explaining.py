@@ -11,16 +11,19 @@ situations.
 
 from __future__ import annotations
 
+import math
 from typing import Final
 
 from . import messages, reasons
 from .cluster import SliceIndex
-from .cycle import INF, CycleState
+from .cycle import CycleState
 from .placing import Option, Placing, Slot
 from .preemption import at_preemption_limit, protected_borrowers
 from .quota import Account
 from .results import _SET_PENDING, PendingInfo
 from .snapshot import PendingJob, QueueInfo
+
+INF: Final = math.inf
 
 _new_object: Final = object.__new__
 
@@ -152,6 +155,8 @@ class Explaining:
         upper bound for such a job. Only the estimate is given: the job holds nothing
         (the cycle's decisions are made; the next one, once the preemptor has started,
         reserves for it as for any job)."""
+        if not self._after_claims:
+            return
         pending = self.state.result.pending
         for job, options, floor, claimants in self._after_claims:
             found = self.placing.earliest_start(job, options, floor)
@@ -184,6 +189,8 @@ class Explaining:
     def gpu_wait_reason(
         self, job: PendingJob, slot: Slot, quota_promised: bool, gpus_promised: bool
     ) -> tuple[str, str]:
+        """(reason, message) of a job that reserved ``slot``: waiting for GPUs being
+        freed, for GPUs or quota promised to jobs before it, or for GPUs."""
         if slot.releasing:
             return reasons.WAITING_FOR_PREEMPTION, messages.releasing_wait(
                 slot.start, self.state.now

@@ -10,11 +10,15 @@ such a queue that stays unplaced although it could run blocks the rest of it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
+from typing import Final
 
-from .cycle import INF, CycleState
+from .cycle import CycleState
 from .order import SizeOrder, class_order, fair_share_order, fifo_order
 from .snapshot import PendingJob, QueueInfo
+
+INF: Final = math.inf
 
 
 class Ordering:

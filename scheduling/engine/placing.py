@@ -11,11 +11,16 @@ is for the planner (:mod:`.planner`) to decide.
 
 from __future__ import annotations
 
+import math
+from typing import Final
+
 from .cluster import NodeSlot, SliceIndex
-from .cycle import INF, CycleState
+from .cycle import CycleState
 from .quota import BORROWED, Account, PlacedJob, placed_within_guarantee
 from .results import Placement
 from .snapshot import PendingJob
+
+INF: Final = math.inf
 
 # Option and Slot are plain classes, not dataclasses: compiled, a dataclass keeps the
 # ``__init__`` that ``dataclasses`` generates, interpreted Python (cycles make millions).
@@ -150,6 +155,8 @@ class Placing:
         return best_start, best[0], best[1]
 
     def choose_positions(self, job: PendingJob, slot: Slot) -> None:
+        """Choose the GPUs of each of the slot's node slots (best fit from its start),
+        and mark the slot releasing if one of them is held by a stopping job."""
         slice_ = slot.option.slice
         for node in slot.nodes:
             positions = slice_.choose_reserved(node, job.gpus_per_node, slot.start)

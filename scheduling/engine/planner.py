@@ -52,11 +52,13 @@ and its frozen policy; none of them imports this module.
 from __future__ import annotations
 
 import gc
+import math
 from collections.abc import Iterable
+from typing import Final
 
 from . import messages, reasons
 from .cluster import NodeSlot
-from .cycle import INF, CycleState, CycleView
+from .cycle import CycleState, CycleView
 from .explaining import Explaining
 from .order import age_classes
 from .ordering import Ordering
@@ -68,6 +70,8 @@ from .reserving import Reserving
 from .results import Plan
 from .settled import Remaining, nothing_more_can_happen
 from .snapshot import PendingJob, Snapshot
+
+INF: Final = math.inf
 
 
 class Planner:

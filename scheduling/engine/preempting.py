@@ -10,8 +10,11 @@ the plan's preemptions.
 
 from __future__ import annotations
 
+import math
+from typing import Final
+
 from . import messages, reasons
-from .cycle import INF, CycleState
+from .cycle import CycleState
 from .explaining import Explaining
 from .placing import Option, Slot
 from .preemption import Preemptor, RunningRecord, VictimChoice, VictimFinder
@@ -19,6 +22,8 @@ from .quota import Account
 from .reserving import Reserving
 from .results import Preemption
 from .snapshot import PendingJob
+
+INF: Final = math.inf
 
 
 class Preempting:

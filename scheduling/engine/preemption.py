@@ -215,11 +215,11 @@ class RunningRecord:
         self._now = now
         self._lost = -1.0
         self._order_key: tuple | None = None
-        # Kept from one cycle to the next (planner.KeptRunning): its end as a running
+        # Kept from one cycle to the next (cycle.KeptRunning): its end as a running
         # job, and the last cycle that found it unchanged.
         self.base_end = end
         self.mark = 0
-        self.kept_by: object | None = None  # the planner.KeptRunning that keeps it
+        self.kept_by: object | None = None  # the cycle.KeptRunning that keeps it
         # The job's fields the victim search reads for every running job of a node it
         # looks at, read once (a record's job is never changed; reading an attribute of
         # the uncompiled snapshot record costs a generic lookup each time).
@@ -241,7 +241,7 @@ class RunningRecord:
 
     def renew(self, now: float, account: Account, gain: float = 0.0) -> None:
         """Back to what a new record of the same running job at ``now`` would be (a
-        record kept from one cycle to the next, see planner.KeptRunning)."""
+        record kept from one cycle to the next, see cycle.KeptRunning)."""
         self.end = self.base_end
         self.stopping = False  # a kept job is not stopping (a cycle's _stop is undone)
         if not (self.seasoned and now >= self._now):

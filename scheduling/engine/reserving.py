@@ -12,10 +12,15 @@ released at its turn.
 
 from __future__ import annotations
 
+import math
+from typing import Final
+
 from .cluster import NodeSlot
-from .cycle import INF, CycleState
+from .cycle import CycleState
 from .placing import Option, Placing, Slot, any_releasing
 from .snapshot import PendingJob
+
+INF: Final = math.inf
 
 
 class Reserving:

@@ -57,7 +57,7 @@ class PendingInfo:
 # The generated ``__init__`` of a frozen dataclass sets every field through
 # ``object.__setattr__`` (the price of ``frozen``): about 2 us for PendingInfo, of which a
 # cycle creates one per waiting job (10^4 and more). The planner fills the slots directly
-# (planner._pending_info).
+# (explaining._pending_info).
 _SET_PENDING = tuple(
     getattr(PendingInfo, name).__set__ for name in PendingInfo.__dataclass_fields__
 )

@@ -15,7 +15,7 @@ and the fields each record keeps for the planner, e.g. ``PendingJob.layout``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:  # pragma: no cover
     from .cluster import KeptCluster
@@ -327,8 +327,11 @@ class Snapshot:
         )
 
     def policy(self) -> Policy:
-        """The snapshot's settings, frozen for the cycle."""
-        return Policy(
+        """The snapshot's settings, frozen for the cycle: one record per set of settings,
+        made once and shared (a replay's cycles all have the same; a frozen record made
+        through the ``__init__`` that ``dataclasses`` generates costs some 4,000
+        instructions, a noticeable part of a short cycle)."""
+        key = (
             self.backfill,
             self.preemption,
             self.fair_share,
@@ -342,6 +345,12 @@ class Snapshot:
             self.preemption_min_gain_seconds,
             self.gang_borrower_reserve_seconds,
         )
+        found = _POLICIES.get(key)
+        if found is None:
+            if len(_POLICIES) >= 256:
+                _POLICIES.clear()
+            found = _POLICIES[key] = Policy(*key)
+        return found
 
 
 @dataclass(slots=True)
@@ -381,3 +390,7 @@ class Policy:
 
     def __reduce__(self) -> tuple:
         return _by_constructor(self)
+
+
+# Snapshot.policy's records, by their settings.
+_POLICIES: Final[dict[tuple, Policy]] = {}

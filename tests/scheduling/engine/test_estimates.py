@@ -99,7 +99,7 @@ class FirstReservations(Simulation):
 @pytest.mark.parametrize("seed", range(12))
 def test_without_backfill_the_first_blocked_job_starts_no_later_than_its_estimate(seed):
     """Without backfill only the pool's first blocked job hands its reservation on (the
-    jobs behind it are planned afresh each cycle, see Planner._wait): from the cycle it
+    jobs behind it are planned afresh each cycle, see Explaining.wait): from the cycle it
     becomes that job, it starts no later than the estimate it was given then."""
     nodes, pending, run = _random_cluster(seed)
     snap = snapshot(nodes, [quota("a", 100)], pending, run, backfill=False)

@@ -1,5 +1,5 @@
 """Giving the holds of old reservations back and taking them again is skipped where it
-cannot help the job (``Planner._holds_cannot_help``, ``PreviousReservations.
+cannot help the job (``Reserving._holds_cannot_help``, ``PreviousReservations.
 release_and_rehold``): the cycles decide and explain as with every round trip made."""
 
 import dataclasses

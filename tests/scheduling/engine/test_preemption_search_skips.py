@@ -1,6 +1,6 @@
 """The victim search is not made where no preemption could pay
-(``Planner._preemption_may_pay``: waiting starts the job by now + 1 s + the minimum
-gain; ``Planner._preempt``: without backfill, behind a blocked job that starts after
+(``Preempting.may_pay``: waiting starts the job by now + 1 s + the minimum
+gain; ``Preempting.preempt``: without backfill, behind a blocked job that starts after
 every victim would be gone): the cycles decide and explain as with every search made."""
 
 import dataclasses

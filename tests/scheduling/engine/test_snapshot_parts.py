@@ -56,3 +56,15 @@ def test_the_cluster_state_shares_the_snapshot_s_records():
     for name in _names(ClusterState) - {"now"}:
         assert getattr(state, name) is getattr(snap, name)
     assert snap.kept_cluster is keep
+
+
+def test_a_policy_is_made_once_per_set_of_settings_and_follows_the_snapshot():
+    snap = snapshot([node(1)], [quota("a", 8)], [job(1)])
+    first = snap.policy()
+    assert snap.policy() is first
+    # The dispatch loop sets a snapshot's settings after making it: the next cycle's
+    # policy has them.
+    snap.decisions_only = True
+    changed = snap.policy()
+    assert changed.decisions_only is True and first.decisions_only is False
+    assert dataclasses.replace(changed, decisions_only=False) == first
