@@ -1,7 +1,8 @@
 """Benchmark: what handling agent reports costs per job, in process.
 
     .venv/bin/python bench/reports.py [--database-url postgres://postgres@127.0.0.1:5432/sluice_bench_reports]
-                                      [--jobs 400] [--batches 1,8,50] [--shape split,mixed]
+                                      [--jobs 400] [--batches 1,8,50] [--shape split,mixed,heartbeat]
+                                      [--nodes 100] [--profile FILE]
 
 Creates a scratch database (dropped at the end): PostgreSQL at ``--database-url``; without
 it, on the server of ``DATABASE_URL`` when that names PostgreSQL (in a database of its own,
@@ -14,7 +15,12 @@ reports a batch, one node's jobs per batch:
 * ``split``: a batch of B ``started`` reports, then a batch of B ``exited`` reports of
   the same jobs (the agent's shape for jobs that run a while);
 * ``mixed``: each job's ``started`` and ``exited`` in the same batch (B/2 jobs a batch; the
-  shape of the end-to-end benchmark's ``true`` jobs).
+  shape of the end-to-end benchmark's ``true`` jobs);
+* ``heartbeat``: ``--nodes`` more nodes of 8 GPUs, each running four two-GPU jobs (six GPUs
+  busy at 95 %, two idle), beat three times each as the fleet benchmark's nodes beat: GPU
+  samples and the running jobs listed; B heartbeats of B nodes a batch (1: what one agent
+  sends; more: a runtime that serves many nodes). Figures are per heartbeat
+  (``*_per_heartbeat``); every job's last active time is checked to be the newest beat's.
 
 Every job ends SUCCEEDED (checked). The dispatch request a batch makes is counted, not sent.
 Each figure runs on fresh jobs ``--repeat`` times timed (the median is printed), then once
@@ -210,10 +216,165 @@ def run(world, jobs: int, size: int, shape: str, *, count_queries: bool) -> dict
     }
 
 
+# --- heartbeats -------------------------------------------------------------------------------
+
+HEARTBEAT_GPUS = 8
+HEARTBEAT_JOBS_PER_NODE = 4  # of two GPUs each: six GPUs busy, two idle
+HEARTBEAT_ROUNDS = 3
+_beat_clock = [0.0]
+
+
+def heartbeat_world(world, nodes: int) -> list[dict]:
+    """``nodes`` nodes of HEARTBEAT_GPUS GPUs in the world's pool, each running
+    HEARTBEAT_JOBS_PER_NODE two-GPU jobs; returns {name, gpus: {index: busy}, jobs} each."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from scheduling.models import Allocation, Gpu, Job, Node
+
+    now = timezone.now()
+    queue, project = world["queue"], world["project"]
+    rows = Node.objects.bulk_create(
+        [Node(name=f"beat-{i:04d}", pool=queue.pool, last_heartbeat=now) for i in range(nodes)]
+    )
+    gpus = Gpu.objects.bulk_create(
+        [
+            Gpu(node=node, index=i, uuid=f"GPU-{node.name}-{i}", model="H100-80GB", memory_mb=81559)
+            for node in rows
+            for i in range(HEARTBEAT_GPUS)
+        ]
+    )
+    jobs = Job.objects.bulk_create(
+        [
+            Job(
+                tenant_id=project.tenant_id,
+                project=project,
+                queue=queue,
+                submitted_by=world["user"],
+                name=f"{node.name}-{k}",
+                workload_type="training",
+                base_priority_class=queue.default_priority_class,
+                priority_class=queue.default_priority_class,
+                state="RUNNING",
+                command=["sleep", "3600"],
+                max_runtime_seconds=86400,
+                submitted_at=now,
+                admitted_at=now,
+                started_at=now - timedelta(minutes=1),
+                last_active_at=now - timedelta(minutes=1),
+                gpus_per_node=2,
+            )
+            for node in rows
+            for k in range(HEARTBEAT_JOBS_PER_NODE)
+        ],
+        batch_size=1000,
+    )
+    allocations, fleet = [], []
+    for n, node in enumerate(rows):
+        mine = jobs[n * HEARTBEAT_JOBS_PER_NODE : (n + 1) * HEARTBEAT_JOBS_PER_NODE]
+        node_gpus = gpus[n * HEARTBEAT_GPUS : (n + 1) * HEARTBEAT_GPUS]
+        for k, job in enumerate(mine):
+            for gpu in node_gpus[2 * k : 2 * k + 2]:
+                allocations.append(Allocation(job=job, gpu=gpu, node=node, granted_at=now))
+        busy = 2 * len(mine)
+        fleet.append(
+            {
+                "name": node.name,
+                "busy": {i: i < busy for i in range(HEARTBEAT_GPUS)},
+                "jobs": [job.pk for job in mine],
+            }
+        )
+    Allocation.objects.bulk_create(allocations, batch_size=1000)
+    return fleet
+
+
+def _heartbeat(node: dict, sent_at: float) -> dict:
+    """A heartbeat as the fleet benchmark's simulated nodes send it."""
+    return {
+        "type": "heartbeat",
+        "node": node["name"],
+        "sent_at": sent_at,
+        "gpus": [
+            {
+                "index": i,
+                "utilization": 95.0 if busy else 0.0,
+                "memory_used_mb": 60000 if busy else 0,
+                "processes": [],
+            }
+            for i, busy in node["busy"].items()
+        ],
+        "jobs": [
+            {"job_id": j, "attempt": 0, "pid": 0, "running": True, "stop_reason": None}
+            for j in node["jobs"]
+        ],
+        "zombies": [],
+        "kills": [],
+    }
+
+
+def run_heartbeats(fleet: list[dict], size: int, *, count_queries: bool) -> dict:
+    """Every node of ``fleet`` beats HEARTBEAT_ROUNDS times, ``size`` nodes a batch."""
+    from django.db import connection
+
+    from scheduling.models import Job
+    from scheduling.services.reports import agent_reports_process
+
+    if not _beat_clock[0]:
+        _beat_clock[0] = time.time()
+    work, last = [], 0.0
+    for _ in range(HEARTBEAT_ROUNDS):
+        _beat_clock[0] += 10.0
+        last = _beat_clock[0]
+        beats = [_heartbeat(node, last) for node in fleet]
+        work += [beats[i : i + size] for i in range(0, len(beats), size)]
+    queries = [0]
+
+    def count(execute, sql, params, many, context):
+        queries[0] += 1
+        return execute(sql, params, many, context)
+
+    db_before = backend_cpu_seconds()
+    cpu, wall = time.process_time(), time.perf_counter()
+    failed = 0
+    if count_queries:
+        with connection.execute_wrapper(count):
+            for batch in work:
+                failed += agent_reports_process(reports=batch)["failed"]
+    else:
+        for batch in work:
+            failed += agent_reports_process(reports=batch)["failed"]
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    db_after = backend_cpu_seconds()
+    ids = [j for node in fleet for j in node["jobs"]]
+    active = set(Job.objects.filter(pk__in=ids).values_list("last_active_at", flat=True))
+    assert all(abs(a.timestamp() - last) < 1e-3 for a in active) and not failed, (active, failed)
+    beats = HEARTBEAT_ROUNDS * len(fleet)
+    figure = {
+        "bench": "reports",
+        "vendor": connection.vendor,
+        "shape": "heartbeat",
+        "batch": size,
+        "nodes": len(fleet),
+        "heartbeats": beats,
+        "batches": len(work),
+    }
+    if count_queries:
+        return {**figure, "queries_per_heartbeat": round(queries[0] / beats, 2)}
+    db_cpu = None if db_before is None or db_after is None else (db_after - db_before)
+    return {
+        **figure,
+        "cpu_ms_per_heartbeat": round(cpu * 1000 / beats, 3),
+        "db_cpu_ms_per_heartbeat": None if db_cpu is None else round(db_cpu * 1000 / beats, 3),
+        "wall_ms_per_heartbeat": round(wall * 1000 / beats, 3),
+    }
+
+
 def _median(timings: list[dict]) -> dict:
     """The figure of several timed runs, each measure their median."""
     figure = dict(timings[0])
-    for name in ("cpu_ms_per_job", "db_cpu_ms_per_job", "wall_ms_per_job"):
+    unit = "heartbeat" if figure["shape"] == "heartbeat" else "job"
+    for name in (f"cpu_ms_per_{unit}", f"db_cpu_ms_per_{unit}", f"wall_ms_per_{unit}"):
         values = [t[name] for t in timings if t[name] is not None]
         figure[name] = round(statistics.median(values), 3) if values else None
     figure["runs"] = len(timings)
@@ -227,7 +388,12 @@ def main() -> int:
     parser.add_argument("--database-url", default=None, help="PostgreSQL URL (see above)")
     parser.add_argument("--jobs", type=int, default=400, help="jobs per figure (default 400)")
     parser.add_argument("--batches", default="1,8,50", help="batch sizes (default 1,8,50)")
-    parser.add_argument("--shape", default="split", help="split, mixed or both (split,mixed)")
+    parser.add_argument(
+        "--shape", default="split", help="split, mixed, heartbeat or several (split,heartbeat)"
+    )
+    parser.add_argument(
+        "--nodes", type=int, default=100, help="nodes of the heartbeat shape (default 100)"
+    )
     parser.add_argument("--repeat", type=int, default=3, help="timed runs per figure (median)")
     parser.add_argument("--profile", default="", help="write a cProfile of the timed runs here")
     args = parser.parse_args()
@@ -245,6 +411,15 @@ def main() -> int:
             enqueue.request_dispatch = lambda: dispatches.append(1)  # counted, not sent
             world = build_world(args.jobs // NODES + 100)
             run(world, 50, 8, "split", count_queries=False)  # warm up: imports, caches
+            fleet = heartbeat_world(world, args.nodes) if "heartbeat" in args.shape else []
+            if fleet:
+                run_heartbeats(fleet, 8, count_queries=False)  # warm up
+
+            def measure(size: int, shape: str, *, count_queries: bool) -> dict:
+                if shape == "heartbeat":
+                    return run_heartbeats(fleet, size, count_queries=count_queries)
+                return run(world, args.jobs, size, shape, count_queries=count_queries)
+
             profiler = None
             if args.profile:
                 import cProfile
@@ -256,11 +431,11 @@ def main() -> int:
                     for _ in range(args.repeat):
                         if profiler:
                             profiler.enable()
-                        timings.append(run(world, args.jobs, size, shape, count_queries=False))
+                        timings.append(measure(size, shape, count_queries=False))
                         if profiler:
                             profiler.disable()
                     timed = _median(timings)
-                    counted = run(world, args.jobs, size, shape, count_queries=True)
+                    counted = measure(size, shape, count_queries=True)
                     print(json.dumps({**timed, **counted}), flush=True)
             if profiler:
                 profiler.dump_stats(args.profile)

@@ -8,11 +8,12 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.core.cache import cache
 from django.db import connection, transaction
-from django.db.models import F, Q, Subquery
+from django.db.models import F, Subquery
 from django.utils import timezone
 
 from portal.audit.services import audit_record
@@ -170,7 +171,14 @@ def _isolation(reported) -> dict:
     }
 
 
-def _reconcile_jobs(node: Node, reported: list, sent_at: datetime, *, stale: bool = False) -> None:
+def _reconcile_jobs(
+    node: Node,
+    reported: list,
+    sent_at: datetime,
+    *,
+    stale: bool = False,
+    placed: dict[tuple[int, int], tuple] | None = None,
+) -> bool:
     """Make the database agree with what the agent says it runs (DESIGN §12: the agent is
     the truth about processes, the portal about intent). ``reported`` is the ``jobs`` list
     of a register or heartbeat sent at ``sent_at``; for each job attempt with GPUs on this
@@ -191,6 +199,9 @@ def _reconcile_jobs(node: Node, reported: list, sent_at: datetime, *, stale: boo
     A job the agent runs that the portal does not place here is stopped (unless the report
     is ``stale``: a newer one was applied already). Each repair is tried on its own: one
     failing leaves the others and the rest of the report applied.
+
+    ``placed`` is what :func:`_placed_jobs` returns for the node when the caller read it
+    already (several nodes' heartbeats at once). Returns whether a repair was tried.
     """
     summaries: dict[tuple[int, int], dict] = {}
     for item in reported:
@@ -198,21 +209,9 @@ def _reconcile_jobs(node: Node, reported: list, sent_at: datetime, *, stale: boo
             summaries[(int(item["job_id"]), int(item["attempt"]))] = item
         except (KeyError, TypeError, ValueError):
             log.warning("job summary without job id and attempt from %s: %r", node.name, item)
-    placed = {
-        (job_id, attempt): (state, started_at, nodes, admitted_at)
-        for job_id, attempt, state, started_at, nodes, admitted_at in Allocation.objects.filter(
-            node=node, released_at__isnull=True
-        )
-        .values_list(
-            "job_id",
-            "job__requeue_count",
-            "job__state",
-            "job__started_at",
-            "job__nodes",
-            "job__admitted_at",
-        )
-        .distinct()
-    }
+    if placed is None:
+        placed = _placed_jobs([node.pk]).get(node.pk, {})
+    repaired = False
     for key, item in summaries.items():
         if key not in placed:
             if item.get("running") and not stale:
@@ -220,11 +219,13 @@ def _reconcile_jobs(node: Node, reported: list, sent_at: datetime, *, stale: boo
         elif item.get("running"):
             if placed[key][0] == JobState.ADMITTED:
                 _repair(job_started, _started_report(node, item, sent_at))
+                repaired = True
         elif _has_exit(item):
             _repair(job_exited, _exited_report(node, item))
+            repaired = True
         else:
             _ask_exit_again(node.name, *key)
-    for key, (state, started_at, nodes, admitted_at) in placed.items():
+    for key, (state, started_at, nodes, admitted_at, _gpus, _threshold) in placed.items():
         if (
             key not in summaries
             and state in (JobState.RUNNING, JobState.STOPPING)
@@ -233,6 +234,61 @@ def _reconcile_jobs(node: Node, reported: list, sent_at: datetime, *, stale: boo
             and (nodes == 1 or _started_on(key[0], node.name, admitted_at))
         ):
             _repair(_job_lost_here, key[0], key[1], node, sent_at)
+            repaired = True
+    return repaired
+
+
+#: A job attempt placed on a node: its state, started at, node count, admitted at, the ids
+#: of its GPUs there and its workload policy's idle utilization threshold.
+Placed = tuple[str, datetime | None, int, datetime | None, list[int], float]
+
+#: The idle utilization threshold of a workload type without a policy (the policy's default).
+DEFAULT_IDLE_THRESHOLD = 5.0
+
+
+def _placed_jobs(node_ids: Sequence[int]) -> dict[int, dict[tuple[int, int], Placed]]:
+    """{node id: {(job id, attempt): Placed}} of the jobs holding GPUs on these nodes, in
+    one query (written out: the ORM's compiling of it cost more than running it, once
+    per heartbeat)."""
+    placed: dict[int, dict[tuple[int, int], Placed]] = {pk: {} for pk in node_ids}
+    if not node_ids:
+        return placed
+    qn = connection.ops.quote_name
+    a, j, w = (qn(m._meta.db_table) for m in (Allocation, Job, WorkloadPolicy))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT a.node_id, a.job_id, j.requeue_count, j.state, j.started_at, j.nodes,"
+            " j.admitted_at, a.gpu_id, w.idle_utilization_threshold"
+            f" FROM {a} a JOIN {j} j ON j.id = a.job_id"
+            f" LEFT JOIN {w} w ON w.workload_type = j.workload_type"
+            f" WHERE a.node_id IN ({', '.join(['%s'] * len(node_ids))})"
+            " AND a.released_at IS NULL",
+            list(node_ids),
+        )
+        rows = cursor.fetchall()
+    for node_id, job_id, attempt, state, started, nodes, admitted, gpu, threshold in rows:
+        on_node = placed.setdefault(node_id, {})
+        known = on_node.get((job_id, attempt))
+        if known is None:
+            threshold = DEFAULT_IDLE_THRESHOLD if threshold is None else threshold
+            on_node[(job_id, attempt)] = (
+                state,
+                _aware(started),
+                nodes,
+                _aware(admitted),
+                [gpu],
+                threshold,
+            )
+        else:
+            known[4].append(gpu)
+    return placed
+
+
+def _aware(value: datetime | None) -> datetime | None:
+    """A time read by a query of our own: aware (SQLite's driver gives it naive, in UTC)."""
+    if value is not None and timezone.is_naive(value):
+        return timezone.make_aware(value, UTC)
+    return value
 
 
 #: How often at most the agent is asked again for the exit of one job attempt.
@@ -344,28 +400,113 @@ def node_heartbeat(report: dict, *, older: Sequence[dict] = ()) -> Node | None:
     """Store GPU samples, zombies and the last-active time of each running job, and
     reconcile the node's jobs (see :func:`_reconcile_jobs`). ``older`` are heartbeats of
     the same node this one supersedes (one batch): only their GPU activity counts."""
-    now = _ts(report.get("sent_at"))
-    node = Node.objects.filter(name=report["node"]).first()
-    if node is None:
-        log.warning("heartbeat from unregistered node %s", report["node"])
-        return None
-    gpus = {g.index: g for g in node.gpus.all()}
-    # Two workers may handle a node's heartbeats out of order: an older one must not
-    # overwrite what a newer one stored.
-    stale = any(g.sampled_at is not None and g.sampled_at > now for g in gpus.values())
-    node.last_heartbeat = timezone.now()
-    fields = ["last_heartbeat"]
+    return node_heartbeats_apply(beats=[(report, older)]).get(report["node"])
+
+
+def node_heartbeats_apply(*, beats: Sequence[tuple[dict, Sequence[dict]]]) -> dict[str, Node]:
+    """Apply heartbeats of several nodes together, each as :func:`node_heartbeat` would
+    alone, in their order (a node's second heartbeat after its first); returns the nodes
+    by name (an unregistered node's heartbeat is logged and left out). Each heartbeat
+    comes with the older ones of its node it supersedes (see :func:`node_heartbeat`).
+
+    What a heartbeat that changes nothing but samples costs is a few statements for all
+    the nodes: their rows locked in one ``SELECT … FOR UPDATE`` (by id: two workers lock
+    in the same order), their GPUs and the jobs placed on them read at once, one UPDATE
+    of the nodes' last heartbeat, one of the GPU samples, one of the jobs' last active
+    times. Zombies are written when they changed; a node coming back, GPUs held outside
+    Sluice and the repairs of reconciliation are each node's own, as alone. Every node's
+    writes come before the reconciliations (the order two workers could give them too);
+    the jobs placed on the nodes are read again after a repair.
+
+    Must run in a transaction; it either applies all it takes on or raises.
+    """
+    applied: dict[str, Node] = {}
+    rest = list(beats)
+    while rest:
+        names: set[str] = set()
+        now, later = [], []
+        for beat in rest:
+            (later if beat[0]["node"] in names else now).append(beat)
+            names.add(beat[0]["node"])
+        applied.update(_heartbeats_apply(now))
+        rest = later
+    return applied
+
+
+def _heartbeats_apply(beats: Sequence[tuple[dict, Sequence[dict]]]) -> dict[str, Node]:
+    """:func:`node_heartbeats_apply` for heartbeats of distinct nodes."""
+    received = timezone.now()
+    nodes = {
+        node.name: node
+        for node in Node.objects.select_for_update()
+        .filter(name__in=[report["node"] for report, _ in beats])
+        .order_by("pk")
+    }
+    gpus_of: dict[int, dict[int, Gpu]] = {node.pk: {} for node in nodes.values()}
+    for gpu in Gpu.objects.filter(node_id__in=list(gpus_of)).order_by():
+        gpus_of[gpu.node_id][gpu.index] = gpu
+    placed_of = _placed_jobs(list(gpus_of))
+    applied: list[tuple[dict, Node, datetime, bool]] = []
+    last_heartbeat_only: list[int] = []
+    sampled: list[Gpu] = []
+    active_at: dict[int, datetime] = {}
+    for report, older in beats:
+        node = nodes.get(report["node"])
+        if node is None:
+            log.warning("heartbeat from unregistered node %s", report["node"])
+            continue
+        now = _ts(report.get("sent_at"))
+        gpus = gpus_of[node.pk]
+        # Two workers may handle a node's heartbeats out of order: an older one must not
+        # overwrite what a newer one stored.
+        stale = any(g.sampled_at is not None and g.sampled_at > now for g in gpus.values())
+        applied.append((report, node, now, stale))
+        node.last_heartbeat = received
+        if not _node_fields_save(node, report, now, stale):
+            last_heartbeat_only.append(node.pk)
+        if not stale:
+            sampled += _samples_set(gpus, report.get("gpus", []), now)
+            _hold_outside(node, gpus, report.get("outside_jobs") or [])
+        _active_moments(
+            placed_of.get(node.pk, {}),
+            [_utilization(gpus, beat) for beat in (*older, report)],
+            active_at,
+        )
+    _rows_update(Node, {"last_heartbeat": dict.fromkeys(last_heartbeat_only, received)})
+    _gpu_samples_store(sampled)
+    _jobs_active_store(active_at)
+    fresh = True  # no repair yet: what was read of the placed jobs still holds
+    for report, node, now, stale in applied:
+        placed = placed_of.get(node.pk, {}) if fresh else None
+        if _reconcile_jobs(node, report.get("jobs", []), now, stale=stale, placed=placed):
+            fresh = False
+    return {node.name: node for _, node, _, _ in applied}
+
+
+def _node_fields_save(node: Node, report: dict, sent_at: datetime, stale: bool) -> bool:
+    """Save what a heartbeat changes of the node besides its last heartbeat: its zombies
+    (when they changed) and its state (a down node whose heartbeats resumed); returns
+    whether the node was saved (its last heartbeat with them)."""
+    fields = []
     if not stale and "zombies" in report:  # a bridge leaves them to the node's sampler
-        node.zombies = report["zombies"][:100]
-        fields.append("zombies")
-    if node.state == NodeState.DOWN and _sent_after_down(node, now):
+        zombies = report["zombies"][:100]
+        if zombies != node.zombies:
+            node.zombies = zombies
+            fields.append("zombies")
+    if node.state == NodeState.DOWN and _sent_after_down(node, sent_at):
         node.state = NodeState.READY
         fields.append("state")
         audit_record(action="node.up", target=node, reason="heartbeats resumed")
         _dispatch_on_commit()
-    node.save(update_fields=fields)
+    if fields:
+        node.save(update_fields=["last_heartbeat", *fields])
+    return bool(fields)
+
+
+def _samples_set(gpus: dict[int, Gpu], samples: list, sampled_at: datetime) -> list[Gpu]:
+    """Set a heartbeat's samples on the node's GPUs ({index: GPU}); returns those it sets."""
     changed = []
-    for sample in [] if stale else report.get("gpus", []):
+    for sample in samples:
         gpu = gpus.get(sample["index"])
         if gpu is None:
             continue
@@ -373,16 +514,69 @@ def node_heartbeat(report: dict, *, older: Sequence[dict] = ()) -> Node | None:
         gpu.memory_used_mb = sample.get("memory_used_mb")
         gpu.temperature_c = sample.get("temperature_c")
         gpu.power_w = sample.get("power_w")
-        gpu.sampled_at = now
+        gpu.sampled_at = sampled_at
         changed.append(gpu)
-    Gpu.objects.bulk_update(
-        changed, ["utilization", "memory_used_mb", "temperature_c", "power_w", "sampled_at"]
+    return changed
+
+
+#: What a GPU sample sets.
+SAMPLE_FIELDS = ("utilization", "memory_used_mb", "temperature_c", "power_w", "sampled_at")
+
+
+def _gpu_samples_store(gpus: Sequence[Gpu]) -> None:
+    """Write the samples set on ``gpus`` (any number of nodes' GPUs) in one UPDATE."""
+    _rows_update(
+        Gpu, {name: {gpu.pk: getattr(gpu, name) for gpu in gpus} for name in SAMPLE_FIELDS}
     )
-    if not stale:
-        _hold_outside(node, gpus, report.get("outside_jobs") or [])
-    _mark_active_jobs(node, [_utilization(gpus, beat) for beat in (*older, report)])
-    _reconcile_jobs(node, report.get("jobs", []), now, stale=stale)
-    return node
+
+
+#: Rows one UPDATE of :func:`_rows_update` changes at most (bounds its parameters).
+ROWS_PER_UPDATE = 500
+
+
+def _rows_update(model, values: dict[str, dict[int, Any]]) -> None:
+    """UPDATE rows of ``model`` to ``values`` ({field name: {pk: value}}, every field the
+    same pks) in one statement per ROWS_PER_UPDATE rows. Django's ``bulk_update`` writes
+    the same, but builds an expression per row and field, which costs more than the
+    statement."""
+    pks = list(next(iter(values.values()), {}))
+    qn = connection.ops.quote_name
+    for start in range(0, len(pks), ROWS_PER_UPDATE):
+        chunk = pks[start : start + ROWS_PER_UPDATE]
+        sets, params = [], []
+        for name, by_pk in values.items():
+            field = model._meta.get_field(name)
+            sql, field_params = _value_per_row(model, field, {pk: by_pk[pk] for pk in chunk})
+            sets.append(f"{qn(field.column)} = {sql}")
+            params += field_params
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {qn(model._meta.db_table)} SET {', '.join(sets)}"
+                f" WHERE {qn(model._meta.pk.column)} IN ({', '.join(['%s'] * len(chunk))})",
+                [*params, *chunk],
+            )
+
+
+def _value_per_row(model, field, values: dict[int, Any]) -> tuple[str, list]:
+    """SQL for ``field``'s value in each row ({pk: value}): rows of one value share a
+    ``WHEN pk IN (…)``, a single value needs no CASE; cast where the database needs it."""
+    by_value: dict[Any, list[int]] = {}
+    for pk, value in values.items():
+        by_value.setdefault(value, []).append(pk)
+    params: list = []
+    if len(by_value) == 1:
+        sql = "%s"
+        params.append(field.get_db_prep_save(next(iter(by_value)), connection))
+    else:
+        pk_column = connection.ops.quote_name(model._meta.pk.column)
+        whens = []
+        for value, pks in by_value.items():
+            whens.append(f"WHEN {pk_column} IN ({', '.join(['%s'] * len(pks))}) THEN %s")
+            params += [*pks, field.get_db_prep_save(value, connection)]
+        sql = f"CASE {' '.join(whens)} END"
+    if connection.features.requires_casted_case_in_updates:
+        sql = f"CAST({sql} AS {field.cast_db_type(connection)})"
+    return sql, params
 
 
 @transaction.atomic
@@ -496,6 +690,9 @@ def _hold_outside(node: Node, gpus: dict[int, Gpu], outside_jobs: list) -> None:
 
 def _outside_holder(item: dict) -> str:
     """How the nodes page names what holds a GPU outside Sluice."""
+    pod = str(item.get("pod") or "").strip()
+    if pod:  # a Kubernetes bridge's: namespace/name
+        return f"Pod {pod}"[:200]
     job = str(item.get("slurm_job_id") or "").strip()
     user = str(item.get("user") or "").strip()
     what = f"Slurm job {job}" if job else "work outside Sluice"
@@ -531,28 +728,54 @@ def _sent_after_down(node: Node, sent_at: datetime) -> bool:
 def _mark_active_jobs(
     node: Node, samples: Sequence[tuple[datetime, dict[int, float | None]]]
 ) -> None:
-    """A job is active when any of its GPUs is at or above its policy's idle threshold;
-    ``samples`` are (sent at, {GPU id: utilization}) of one or more heartbeats."""
-    thresholds = dict(
-        WorkloadPolicy.objects.values_list("workload_type", "idle_utilization_threshold")
-    )
+    """Mark the node's running jobs active as ``samples`` say (see :func:`_active_moments`)."""
+    placed = _placed_jobs([node.pk]).get(node.pk, {})
     active_at: dict[int, datetime] = {}
-    for job_id, gpu_id, workload_type in Allocation.objects.filter(
-        node=node, released_at__isnull=True, job__state=JobState.RUNNING
-    ).values_list("job_id", "gpu_id", "job__workload_type"):
-        threshold = thresholds.get(workload_type, 5.0)
+    _active_moments(placed, samples, active_at)
+    _jobs_active_store(active_at)
+
+
+def _active_moments(
+    placed: dict[tuple[int, int], Placed],
+    samples: Sequence[tuple[datetime, dict[int, float | None]]],
+    active_at: dict[int, datetime],
+) -> None:
+    """A job is active when any of its GPUs is at or above its policy's idle threshold;
+    ``samples`` are (sent at, {GPU id: utilization}) of one or more heartbeats of the node
+    ``placed`` (see :func:`_placed_jobs`). Sets in ``active_at`` each running job's latest
+    active moment."""
+    for (job_id, _), (state, _, _, _, gpu_ids, threshold) in placed.items():
+        if state != JobState.RUNNING:
+            continue
         for sent_at, utilization in samples:
-            value = utilization.get(gpu_id)
-            if value is not None and value >= threshold and sent_at > active_at.get(job_id, _EPOCH):
-                active_at[job_id] = sent_at
-    by_moment: dict[datetime, list[int]] = {}
-    for job_id, moment in active_at.items():
-        by_moment.setdefault(moment, []).append(job_id)
-    for moment, job_ids in by_moment.items():
-        # Conditional: a heartbeat handled late must not move the last active time back.
-        Job.objects.filter(pk__in=job_ids).filter(
-            Q(last_active_at__isnull=True) | Q(last_active_at__lt=moment)
-        ).update(last_active_at=moment)
+            if sent_at <= active_at.get(job_id, _EPOCH):
+                continue
+            for gpu_id in gpu_ids:
+                value = utilization.get(gpu_id)
+                if value is not None and value >= threshold:
+                    active_at[job_id] = sent_at
+                    break
+
+
+def _jobs_active_store(active_at: dict[int, datetime]) -> None:
+    """Write the jobs' last active times ({job id: moment}) in one UPDATE, each only
+    forward: a heartbeat handled late must not move a last active time back."""
+    if not active_at:
+        return
+    qn = connection.ops.quote_name
+    field = Job._meta.get_field("last_active_at")
+    column = qn(field.column)
+    ids = list(active_at)
+    for start in range(0, len(ids), ROWS_PER_UPDATE):
+        chunk = ids[start : start + ROWS_PER_UPDATE]
+        value, params = _value_per_row(Job, field, {pk: active_at[pk] for pk in chunk})
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {qn(Job._meta.db_table)} SET {column} = {value}"
+                f" WHERE {qn(Job._meta.pk.column)} IN ({', '.join(['%s'] * len(chunk))})"
+                f" AND ({column} IS NULL OR {column} < {value})",
+                [*params, *chunk, *params],
+            )
 
 
 # --- job reports ----------------------------------------------------------------------------

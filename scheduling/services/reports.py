@@ -21,7 +21,10 @@ It is handled in that order, with four economies and one guarantee:
   (after the commits), not once per report.
 - **Heartbeats.** Of a node's heartbeats in one batch only the newest is applied (GPU
   samples, zombies, reconciliation of its jobs); the older ones only add their GPU
-  activity, so that a job busy in any of them counts as active at that moment.
+  activity, so that a job busy in any of them counts as active at that moment. The
+  heartbeats of several nodes (a runtime that serves many nodes sends them together) are
+  applied together by :func:`scheduling.services.nodes.node_heartbeats_apply`: a few
+  statements for all the nodes, where each alone costs as many.
 - **Guarantee.** A report that cannot be applied is logged and dropped, never the others;
   what it would have told is repaired by the node's next heartbeat (see
   :func:`scheduling.services.nodes._reconcile_jobs`), which is why a report lost with a
@@ -142,15 +145,17 @@ def _apply(item: Item) -> None:
 
 
 def _apply_group(group: list[Item]) -> int:
-    """One transaction for the group: runs of job reports together, other reports each
-    in a savepoint; returns how many failed."""
+    """One transaction for the group: runs of job reports together, runs of heartbeats
+    together, other reports each in a savepoint; returns how many failed."""
     failed: list[Item] = []
     try:
         with transaction.atomic():
             segments = _segments(group)
-            for together, items in segments:
-                if together:
+            for kind, items in segments:
+                if kind == _JOBS:
                     failed += _apply_together(items, savepoint=len(segments) > 1)
+                elif kind == HEARTBEAT:
+                    failed += _apply_heartbeats(items, savepoint=len(segments) > 1)
                 else:
                     failed += _apply_each(items)
     except SoftTimeLimitExceeded:
@@ -170,17 +175,42 @@ TOGETHER = (STARTED, EXITED)
 ALONGSIDE = (LOG, SERVE_METRICS)
 
 
-def _segments(group: list[Item]) -> list[tuple[bool, list[Item]]]:
-    """The group as runs of reports applied together (True) and the reports between them
-    (False), in order."""
-    segments: list[tuple[bool, list[Item]]] = []
+#: A run of job reports (TOGETHER and ALONGSIDE) in :func:`_segments`.
+_JOBS = "jobs"
+
+
+def _segments(group: list[Item]) -> list[tuple[str, list[Item]]]:
+    """The group as runs of job reports applied together (``_JOBS``), runs of heartbeats
+    (applied together too: ``HEARTBEAT``) and the reports between them (their type), in
+    order."""
+    segments: list[tuple[str, list[Item]]] = []
     for item in group:
-        together = item[0]["type"] in (*TOGETHER, *ALONGSIDE)
-        if segments and segments[-1][0] == together:
+        kind = item[0]["type"]
+        kind = _JOBS if kind in (*TOGETHER, *ALONGSIDE) else kind
+        if segments and segments[-1][0] == kind and kind in (_JOBS, HEARTBEAT):
             segments[-1][1].append(item)
         else:
-            segments.append((together, [item]))
+            segments.append((kind, [item]))
     return segments
+
+
+def _apply_heartbeats(items: list[Item], *, savepoint: bool) -> list[Item]:
+    """Apply a run of heartbeats (each with the older ones it supersedes) together
+    (:func:`scheduling.services.nodes.node_heartbeats_apply`); returns those that failed.
+    Should that fail, they are applied one by one. Without ``savepoint`` (the run is the
+    whole group) a failure fails the group, whose reports are then applied one by one."""
+    if not savepoint:
+        nodes.node_heartbeats_apply(beats=items)
+        return []
+    try:
+        with transaction.atomic():
+            nodes.node_heartbeats_apply(beats=items)
+    except SoftTimeLimitExceeded:
+        raise
+    except Exception:
+        log.exception("%d heartbeats failed together; one by one now", len(items))
+        return _apply_each(items)
+    return []
 
 
 def _apply_together(items: list[Item], *, savepoint: bool) -> list[Item]:
