@@ -128,11 +128,12 @@ accepts those. Every report is a dict with ``type``, ``node``, ``sent_at`` (unix
     memory_mb, name}],
     ``kills`` [{pid, gpu_index, killed: bool, message}] (``kill_process`` outcomes since the
     previous heartbeat). A serving job's entry also has ``port`` int (its port).
-    Optional ``outside_jobs`` [{``slurm_job_id`` str, ``user`` str, ``name`` str,
-    ``gpu_indices`` [int], ``gpus`` int, ``label`` str}] (a Slurm bridge: jobs of the
-    partition that are not Sluice's and hold GPUs of the node; the control side counts that
-    many GPUs in use outside Sluice and places nothing on them until a heartbeat no longer
-    lists them).
+    Optional ``outside_jobs`` [{``slurm_job_id`` str (a Slurm bridge's) or ``pod`` str
+    (``namespace/name``, a Kubernetes bridge's), ``user`` str, ``name`` str,
+    ``gpu_indices`` [int], ``gpus`` int, ``label`` str}] (work on the node that is not
+    Sluice's and holds its GPUs: jobs of the Slurm partition, Pods asking for the GPU
+    resource; the control side counts that many GPUs in use outside Sluice and places
+    nothing on them until a heartbeat no longer lists them).
 ``started``
     ``job_id``, ``attempt``, ``pid`` (the job's process-group leader), ``started_at`` (when
     the wrapper said the command runs; a heartbeat may list the job, running, a moment

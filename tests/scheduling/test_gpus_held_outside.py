@@ -135,3 +135,21 @@ def test_nodes_page_shows_gpus_in_use_outside_sluice(world, client):
     body = client.get("/nodes/").content.decode()
     assert "in use outside Sluice (Slurm job 501 of alice)" in body
     assert "+3 in use outside Sluice" in body
+
+
+def test_a_pod_that_is_not_sluices_is_named_on_the_nodes_page(world, client):
+    node = world.nodes[0]
+    pod = {
+        "pod": "research/notebook-1",
+        "node": node.name,
+        "user": "research",
+        "name": "notebook-1",
+        "gpu_indices": [],
+        "gpus": 2,
+        "label": "outside Sluice",
+    }
+    _heartbeat(node, [pod])
+    assert Gpu.objects.filter(node=node).exclude(held_outside="").count() == 2
+    client.force_login(world.member)
+    body = client.get("/nodes/").content.decode()
+    assert "in use outside Sluice (Pod research/notebook-1)" in body

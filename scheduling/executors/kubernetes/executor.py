@@ -16,9 +16,10 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import urllib3
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
@@ -50,6 +51,8 @@ from scheduling.executors.kubernetes.pods import (
     ANNOTATION_GPU_INDICES,
     ANNOTATION_LOG_CAP,
     CONTAINER,
+    MANAGED_BY,
+    MANAGED_BY_VALUE,
     PodSettings,
     PodSpecError,
     build_pod,
@@ -82,6 +85,10 @@ GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"  # MiB, as NVIDIA's GPU feature discovery sets it
 #: Seconds of overlap when reading a Pod's log again (the API only offers sinceSeconds).
 LOG_OVERLAP_SECONDS = 5
+#: Seconds the list of Pods that are not Sluice's is kept between two heartbeats.
+OUTSIDE_REFRESH_SECONDS = 5.0
+#: Phases of a Pod that holds its node's resources (a bound Pending one reserves them).
+HOLDING_PHASES = ("Pending", "Running", "Unknown")
 #: Seconds a finished Pod is kept when its exit was never confirmed delivered.
 FINISHED_POD_SECONDS = 300.0
 #: The Kubernetes API calls this executor makes, as (API group, resource, verb): the RBAC
@@ -202,6 +209,7 @@ class KubernetesExecutor(Executor):
         self._stop_watch = threading.Event()
         self._thread: threading.Thread | None = None
         self._nodes_cache: tuple[float, list[Mapping[str, Any]]] | None = None
+        self._outside_cache: tuple[float, list[dict[str, Any]]] | None = None
         self._node_trouble: dict[str, float] = {}
         self._next_node_check = 0.0
 
@@ -274,6 +282,75 @@ class KubernetesExecutor(Executor):
                 )
             )
         return infos
+
+    def heartbeat_fields(self, node: str) -> tuple[dict[str, Any], Callable[[], None] | None]:
+        fields, after = super().heartbeat_fields(node)
+        fields["outside_jobs"] = self.outside_jobs(node)
+        return fields, after
+
+    def outside_jobs(self, node: str | None = None) -> list[dict[str, Any]]:
+        """Pods bound to the pool's nodes that are not Sluice's and ask for GPUs: capacity
+        in use, "outside Sluice", so the engine places nothing on those GPUs (one entry per
+        Pod; what its containers ask, the larger of its init containers' and the sum of its
+        containers', as the scheduler counts it). Listed at most every
+        ``OUTSIDE_REFRESH_SECONDS`` for all nodes at once; a failed list keeps the last one."""
+        now = self.clock()
+        if self._outside_cache is None or now - self._outside_cache[0] >= OUTSIDE_REFRESH_SECONDS:
+            try:
+                listed = self.core.list_pod_for_all_namespaces(
+                    field_selector="status.phase!=Succeeded,status.phase!=Failed"
+                )
+            except (ApiException, OSError, urllib3.exceptions.HTTPError) as exc:
+                logger.warning("listing the Pods that are not Sluice's: %s", exc)
+            else:
+                items = self.api.sanitize_for_serialization(listed).get("items") or []
+                self._outside_cache = (now, self._outside_from(items))
+        found = self._outside_cache[1] if self._outside_cache else []
+        return [dict(item) for item in found if node is None or item["node"] == node]
+
+    def _outside_from(self, pods: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        ours = {info.name for info in self.nodes()}
+        result = []
+        for pod in pods:
+            meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+            labels = meta.get("labels") or {}
+            node = spec.get("nodeName") or ""
+            phase = (pod.get("status") or {}).get("phase", "")
+            if node not in ours or phase not in HOLDING_PHASES:
+                continue
+            if labels.get(MANAGED_BY) == MANAGED_BY_VALUE:
+                continue  # Sluice's own, of this pool or another
+            gpus = self._pod_gpus(spec)
+            if gpus <= 0:
+                continue
+            result.append(
+                {
+                    "pod": f"{meta.get('namespace', '')}/{meta.get('name', '')}",
+                    "node": node,
+                    "user": meta.get("namespace", ""),
+                    "name": meta.get("name", ""),
+                    "gpu_indices": [],
+                    "gpus": gpus,
+                    "label": "outside Sluice",
+                }
+            )
+        return result
+
+    def _pod_gpus(self, spec: Mapping[str, Any]) -> int:
+        def asked(container: Mapping[str, Any]) -> int:
+            resources = container.get("resources") or {}
+            for kind in ("limits", "requests"):  # an extended resource's are equal
+                value = (resources.get(kind) or {}).get(self.settings.gpu_resource)
+                if value is not None:
+                    try:
+                        return int(value)
+                    except (TypeError, ValueError):
+                        return 0
+            return 0
+
+        containers = sum(asked(c) for c in spec.get("containers") or [])
+        init = max((asked(c) for c in spec.get("initContainers") or []), default=0)
+        return max(containers, init)
 
     # --- start and the watch -------------------------------------------------------------
 

@@ -44,6 +44,27 @@ def _status(code: int, reason: str, message: str) -> dict:
     }
 
 
+#: The Pod fields a field selector may name (the API server supports these and more).
+POD_FIELDS = {
+    "spec.nodeName": lambda pod: (pod.get("spec") or {}).get("nodeName", ""),
+    "status.phase": lambda pod: (pod.get("status") or {}).get("phase", ""),
+    "metadata.namespace": lambda pod: pod["metadata"].get("namespace", ""),
+}
+
+
+def field_matches(selector: str, pod: dict) -> bool:
+    """Field selectors on Pods: ``f=v``, ``f==v``, ``f!=v`` joined by commas; a field the
+    stand-in does not know is refused (the API server answers 400 for those)."""
+    for term in filter(None, (t.strip() for t in (selector or "").split(","))):
+        negate = "!=" in term
+        field, value = term.replace("!=", "=").replace("==", "=").split("=", 1)
+        if field not in POD_FIELDS:
+            raise ValueError(f"field label not supported: {field}")
+        if (POD_FIELDS[field](pod) == value) == negate:
+            return False
+    return True
+
+
 def matches(selector: str, labels: dict) -> bool:
     """Equality-based label selectors: ``k=v``, ``k==v``, ``k!=v``, ``k``, ``!k``."""
     for term in filter(None, (t.strip() for t in (selector or "").split(","))):
@@ -210,7 +231,8 @@ class StandIn:
 
     # --- requests ----------------------------------------------------------------------
 
-    def pod_list(self, selector: str) -> dict:
+    def pod_list(self, selector: str, fields: str = "") -> dict:
+        field_matches(fields, {"metadata": {}})  # refuses an unknown field even with no Pods
         with self.lock:
             return {
                 "apiVersion": "v1",
@@ -220,8 +242,53 @@ class StandIn:
                     copy.deepcopy(p)
                     for p in self.pods.values()
                     if matches(selector, p["metadata"].get("labels") or {})
+                    and field_matches(fields, p)
                 ],
             }
+
+    def add_foreign_pod(
+        self,
+        namespace: str,
+        name: str,
+        node: str,
+        gpus: int,
+        *,
+        phase: str = "Running",
+        init_gpus: int = 0,
+        resource: str = "nvidia.com/gpu",
+    ) -> None:
+        """A Pod someone else created and the scheduler bound (not Sluice's: no labels of
+        Sluice's), asking ``gpus`` of ``resource`` in its container (and ``init_gpus`` in
+        an init container)."""
+
+        def container(cname: str, count: int) -> dict:
+            limits = {resource: str(count)} if count else {}
+            return {
+                "name": cname,
+                "image": "other:1",
+                "resources": {"limits": limits, "requests": limits},
+            }
+
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "uid": str(uuid.uuid4()),
+                "labels": {"app": name},
+                "creationTimestamp": _now_rfc3339(),
+            },
+            "spec": {"nodeName": node, "containers": [container("main", gpus)]},
+            "status": {"phase": phase},
+        }
+        if init_gpus:
+            pod["spec"]["initContainers"] = [container("init", init_gpus)]
+        with self.lock:
+            self.namespaces.setdefault(namespace, {"metadata": {"name": namespace}})
+            self._bump(pod)
+            self.pods[(namespace, name)] = pod
+            self._emit("ADDED", pod)
 
     def create_pod(self, namespace: str, body: dict) -> tuple[int, dict]:
         with self.lock:
@@ -347,7 +414,14 @@ def _handler(state: StandIn):
                 if query.get("watch") in ("true", "1"):
                     self._watch(query)
                 else:
-                    self._send(200, state.pod_list(query.get("labelSelector", "")))
+                    try:
+                        listed = state.pod_list(
+                            query.get("labelSelector", ""), query.get("fieldSelector", "")
+                        )
+                    except ValueError as exc:
+                        self._send(400, _status(400, "BadRequest", str(exc)))
+                    else:
+                        self._send(200, listed)
             elif (
                 len(rest) == 3
                 and rest[0] == "namespaces"

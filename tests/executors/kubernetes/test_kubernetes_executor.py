@@ -285,3 +285,32 @@ def test_the_deadline_is_a_backstop_only_where_the_launch_carries_a_runtime_limi
     # Sluice's own stop at 120 s, its grace (45 s), then the slack: Kubernetes comes last.
     assert pod.spec.active_deadline_seconds == 120 + 45 + 300
     assert pod.spec.termination_grace_period_seconds == 45
+
+
+def test_pods_that_are_not_sluices_hold_gpus_outside_sluice(standin, executor):
+    standin.add_foreign_pod("research", "notebook-1", "gpu-2", gpus=3)
+    standin.add_foreign_pod("research", "prep", "gpu-2", gpus=1, init_gpus=2)  # max(1, 2)
+    standin.add_foreign_pod("web", "frontend", "gpu-2", gpus=0)  # no GPU: not listed
+    standin.add_foreign_pod("research", "done", "gpu-3", gpus=4, phase="Succeeded")
+    standin.add_foreign_pod("research", "elsewhere", "cpu-9", gpus=2)  # not the pool's node
+    executor.launch("gpu-2", launch())  # Sluice's own Pod is not outside work
+    fields, _ = executor.heartbeat_fields("gpu-2")
+    outside = sorted(fields["outside_jobs"], key=lambda item: item["pod"])
+    assert [(o["pod"], o["gpus"], o["label"]) for o in outside] == [
+        ("research/notebook-1", 3, "outside Sluice"),
+        ("research/prep", 2, "outside Sluice"),
+    ]
+    assert executor.heartbeat_fields("gpu-3")[0]["outside_jobs"] == []
+    # The list is kept for a few seconds: one request serves every node's heartbeat.
+    standin.delete_pod("research", "notebook-1")
+    assert len(executor.outside_jobs("gpu-2")) == 2
+
+
+def test_a_field_selector_the_standin_does_not_know_is_refused(standin):
+    core = client.CoreV1Api(api_client(standin))
+    try:
+        core.list_pod_for_all_namespaces(field_selector="spec.schedulerName=x")
+    except client.exceptions.ApiException as exc:
+        assert exc.status == 400
+    else:
+        raise AssertionError("an unknown field selector was accepted")
