@@ -283,7 +283,9 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=1000, help="jobs per drain (default 1000)")
     parser.add_argument("--rounds", type=int, default=1, help="alternating drains of each")
     parser.add_argument("--idle", type=int, default=10, help="idle submit→RUNNING samples")
-    parser.add_argument("--refresh", type=float, default=1.0, help="the bridge's --refresh")
+    parser.add_argument(
+        "--refresh", type=float, default=0.25, help="the bridge's --refresh (its default)"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temp folder (logs)")
     parser.add_argument("--postgres", default="postgres://postgres@127.0.0.1:5432")
     parser.add_argument("--redis", default="redis://127.0.0.1:6379")

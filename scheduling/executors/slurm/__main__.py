@@ -17,7 +17,7 @@ import logging
 import sys
 
 from scheduling.executors.slurm.client import SlurmClient
-from scheduling.executors.slurm.executor import SlurmExecutor
+from scheduling.executors.slurm.executor import DEFAULT_REFRESH_SECONDS, SlurmExecutor
 
 
 def parser() -> argparse.ArgumentParser:
@@ -34,7 +34,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--pyxis", action="store_true", help="the nodes have pyxis/enroot: run container images"
     )
-    p.add_argument("--refresh", type=float, default=1.0, help="seconds between squeue calls")
+    p.add_argument(
+        "--refresh",
+        type=float,
+        default=DEFAULT_REFRESH_SECONDS,
+        help="seconds between squeue calls",
+    )
     p.add_argument("--heartbeat", type=float, default=10.0, help="seconds between heartbeats")
     return p
 

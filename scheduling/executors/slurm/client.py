@@ -1,9 +1,12 @@
 """A small client over the Slurm controller's commands, and the parsing of what they print.
 
-Slurm 22.05 (Debian 12) prints JSON from ``sinfo --json`` and ``squeue --json`` (data
-parser openapi/v0.0.38); ``scontrol show`` has no JSON there. Submission and signals go
-through ``sbatch --parsable`` and ``scancel``. The Python bindings on PyPI follow newer Slurm
-releases, so the commands are the stable surface. Pure standard library.
+Slurm 22.05 (Debian 12) prints JSON from ``sinfo --json``; the jobs are read with
+``squeue --Format`` fields (:data:`SQUEUE_FIELDS`), because ``squeue --json`` ignores every
+filter and prints every job the controller remembers, about 3 KB each: after a drain of a
+thousand jobs, megabytes per look, seconds of CPU under load. A job's GPU indices (only
+needed for jobs that are not Sluice's) come from ``scontrol -d show job``. Submission and
+signals go through ``sbatch --parsable`` and ``scancel``. The Python bindings on PyPI follow
+newer Slurm releases, so the commands are the stable surface. Pure standard library.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import json
 import os
 import re
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -169,7 +173,7 @@ class SlurmNode:
 
 @dataclasses.dataclass(frozen=True)
 class SlurmJob:
-    """A job of the controller as ``squeue --json`` describes it."""
+    """A job of the controller as ``squeue`` describes it."""
 
     job_id: str
     name: str
@@ -259,31 +263,98 @@ def _gpus_requested(item: Mapping[str, Any]) -> int:
     return total
 
 
+#: The ``squeue --Format`` fields read, in order, each followed by :data:`FIELD_END`.
+SQUEUE_FIELDS = (
+    "JobID",
+    "State",
+    "Partition",
+    "UserName",
+    "NodeList",
+    "Comment",
+    "exit_code",
+    "Reason",
+    "tres-per-node",
+    "tres-per-job",
+    "StartTime",
+    "EndTime",
+    "STDOUT",
+    "ReqNodes",
+    "Name",
+)
+#: Ends each field (the unit separator: not in names, comments or paths Slurm accepts).
+FIELD_END = "\x1f"
+#: What squeue prints for an empty value.
+_NONE = ("", "(null)", "N/A", "NONE", "None", "Unknown")
+_JOB_GRES_RE = re.compile(r"\bGRES=(\S+)")
+
+
+def squeue_format() -> str:
+    """The ``--Format`` argument: every field, unbounded, ended by :data:`FIELD_END`."""
+    return ",".join(f"{name}:{FIELD_END}" for name in SQUEUE_FIELDS)
+
+
+def _epoch(text: str) -> int:
+    """Slurm's local ``YYYY-MM-DDTHH:MM:SS`` as a unix time (0 for none)."""
+    if text in _NONE:
+        return 0
+    try:
+        return int(time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S")))
+    except ValueError:
+        return 0
+
+
+def _value(text: str) -> str:
+    return "" if text in _NONE else text
+
+
 def parse_squeue(text: str) -> list[SlurmJob]:
-    """The jobs of ``squeue --json`` (running, pending and recently ended ones)."""
+    """The jobs of ``squeue --noheader --Format=<squeue_format()>`` (running, pending and
+    recently ended ones)."""
     jobs = []
-    for item in _load(text, "squeue --json").get("jobs") or []:
-        detail = [g for d in item.get("gres_detail") or [] for g in _gpu_gres(parse_gres(d))]
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        values = line.split(FIELD_END)
+        if len(values) < len(SQUEUE_FIELDS):
+            raise SlurmError(f"squeue printed a line of {len(values)} fields: {line[:200]!r}")
+        item = dict(zip(SQUEUE_FIELDS, (v.strip() for v in values), strict=False))
+        exit_status = item["exit_code"]
         jobs.append(
             SlurmJob(
-                job_id=str(item["job_id"]),
-                name=str(item.get("name") or ""),
-                state=str(item.get("job_state") or ""),
-                partition=str(item.get("partition") or ""),
-                user=str(item.get("user_name") or ""),
-                nodes=str(item.get("nodes") or ""),
-                comment=str(item.get("comment") or ""),
-                exit_status=item.get("exit_code"),
-                state_reason=str(item.get("state_reason") or ""),
-                gpu_indices=tuple(i for g in detail for i in g.indices),
-                gpus_requested=_gpus_requested(item),
-                start_time=int(item.get("start_time") or 0),
-                end_time=int(item.get("end_time") or 0),
-                standard_output=str(item.get("standard_output") or ""),
-                required_nodes=str(item.get("required_nodes") or ""),
+                job_id=item["JobID"],
+                name=_value(item["Name"]),
+                state=item["State"],
+                partition=item["Partition"],
+                user=_value(item["UserName"]),
+                nodes=_value(item["NodeList"]),
+                comment=_value(item["Comment"]),
+                exit_status=int(exit_status) if exit_status.isdigit() else None,
+                state_reason=_value(item["Reason"]),
+                gpu_indices=(),
+                gpus_requested=_gpus_requested(
+                    {
+                        "tres_per_node": _value(item["tres-per-node"]),
+                        "tres_per_job": _value(item["tres-per-job"]),
+                    }
+                ),
+                start_time=_epoch(item["StartTime"]),
+                end_time=_epoch(item["EndTime"]),
+                standard_output=_value(item["STDOUT"]),
+                required_nodes=_value(item["ReqNodes"]),
             )
         )
     return jobs
+
+
+def parse_job_gres_indices(text: str) -> tuple[int, ...]:
+    """The GPU indices a running job holds, from ``scontrol -d show job`` (its
+    ``GRES=gpu:h100:2(IDX:0-1)`` lines, one per node)."""
+    return tuple(
+        i
+        for match in _JOB_GRES_RE.finditer(text)
+        for gres in _gpu_gres(parse_gres(match.group(1)))
+        for i in gres.indices
+    )
 
 
 def end_message(job: SlurmJob) -> str:
@@ -307,6 +378,8 @@ class SlurmClient:
         self.partition = partition
         self.timeout = timeout
         self.env = dict(os.environ)
+        #: The GPU indices of running jobs that are not Sluice's, by Slurm job id.
+        self._indices: dict[str, tuple[int, ...]] = {}
         if conf:
             self.env["SLURM_CONF"] = conf
 
@@ -334,9 +407,37 @@ class SlurmClient:
         return [n for n in nodes if self.partition in n.partitions]
 
     def jobs(self) -> list[SlurmJob]:
-        """The partition's jobs the controller still knows (ended ones for ``MinJobAge``)."""
-        jobs = parse_squeue(self.run(["squeue", "--json", "--states=all"]))
-        return [j for j in jobs if j.partition == self.partition]
+        """The partition's jobs the controller still knows (ended ones for ``MinJobAge``);
+        a running job that is not Sluice's with the GPU indices it holds."""
+        out = self.run(
+            [
+                "squeue",
+                "--noheader",
+                f"--partition={self.partition}",
+                "--states=all",
+                f"--Format={squeue_format()}",
+            ]
+        )
+        jobs = [j for j in parse_squeue(out) if j.partition == self.partition]
+        outside = {j.job_id for j in jobs if j.sluice is None and j.state == "RUNNING"}
+        for gone in set(self._indices) - outside:
+            del self._indices[gone]
+        return [
+            dataclasses.replace(j, gpu_indices=self._gpu_indices(j.job_id))
+            if j.job_id in outside
+            else j
+            for j in jobs
+        ]
+
+    def _gpu_indices(self, job_id: str) -> tuple[int, ...]:
+        """A running job's GPU indices, asked once per job (they do not change)."""
+        if job_id not in self._indices:
+            try:
+                text = self.run(["scontrol", "--details", "show", "job", job_id])
+            except SlurmError:
+                return ()  # ended meanwhile, or the controller is away: asked again next time
+            self._indices[job_id] = parse_job_gres_indices(text)
+        return self._indices[job_id]
 
     def submit(self, script: str, options: Sequence[str]) -> str:
         """``sbatch --parsable`` the script; the Slurm job id."""

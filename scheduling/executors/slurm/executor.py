@@ -4,7 +4,7 @@ A placed job becomes one Slurm batch job pinned to the chosen node (``--nodelist
 chosen GPU count (``--gres=gpu:<n>``; Slurm binds the GPUs and sets ``CUDA_VISIBLE_DEVICES``),
 named ``sluice-<job>-<attempt>`` with the comment ``sluice:<job>:<attempt>`` (how it is
 found again after a restart). State, exit code and signal come from the controller
-(``squeue --json``); output from the ``--output`` file, which the bridge reads (the jobs'
+(``squeue --Format``); output from the ``--output`` file, which the bridge reads (the jobs'
 folder must be shared with the nodes, or the bridge run on the node). A stop is
 ``scancel --full --signal=TERM``, then ``scancel`` after the grace period (Slurm then kills
 what is left after its ``KillWait``). Jobs of the partition that are not Sluice's are
@@ -57,7 +57,7 @@ logger = logging.getLogger(__name__)
 #: The PATH a job starts with (the node's usual directories).
 JOB_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: How often the controller is asked for the jobs' states, at most (seconds).
-DEFAULT_REFRESH_SECONDS = 1.0
+DEFAULT_REFRESH_SECONDS = 0.25
 #: How often (in seconds of waiting) a bridge waiting for the controller at start says so.
 ADOPT_WARN_EVERY = 30
 #: A tracked job the controller no longer lists is ended after this many refreshes.

@@ -1,5 +1,6 @@
 """Parsing of what Slurm 22.05's commands print, on output captured from real daemons
-(tools/slurm_cluster.py: four nodes of gpu:h100:8)."""
+(tools/slurm_cluster.py: four nodes of gpu:h100:8): ``sinfo --json``, ``squeue --noheader
+--Format=<squeue_format()>`` and ``scontrol --details show job``."""
 
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from scheduling.executors.slurm.client import (
     end_message,
     expand_indices,
     parse_gres,
+    parse_job_gres_indices,
     parse_sinfo,
     parse_squeue,
     sluice_ids,
@@ -31,8 +33,8 @@ def test_sinfo_nodes_with_gpu_gres_and_used_indices():
 
 
 def test_squeue_states_exit_codes_and_signals():
-    jobs = {j.job_id: j for j in parse_squeue((DATA / "squeue_states.json").read_text())}
-    completed, failed, killed = jobs["5"], jobs["6"], jobs["7"]
+    jobs = {j.job_id: j for j in parse_squeue((DATA / "squeue_states.txt").read_text())}
+    completed, failed, killed = jobs["1"], jobs["2"], jobs["3"]
     assert (completed.state, completed.sluice) == ("COMPLETED", (10, 1))
     assert decode_wait_status(completed.exit_status) == (0, None)
     assert (failed.state, decode_wait_status(failed.exit_status)) == ("FAILED", (3, None))
@@ -40,7 +42,7 @@ def test_squeue_states_exit_codes_and_signals():
     # `kill -9 $$` in the script: Slurm says FAILED with the signal in the low bits.
     assert (killed.state, decode_wait_status(killed.exit_status)) == ("FAILED", (None, 9))
     assert killed.sluice == (12, 2) and end_message(killed) == ""
-    cancelled, timeout = jobs["8"], jobs["9"]
+    cancelled, timeout = jobs["4"], jobs["5"]
     assert cancelled.state == "CANCELLED" and decode_wait_status(cancelled.exit_status) == (
         None,
         15,
@@ -51,11 +53,15 @@ def test_squeue_states_exit_codes_and_signals():
 
 
 def test_squeue_running_outside_and_pending_pinned_jobs():
-    jobs = {j.job_id: j for j in parse_squeue((DATA / "squeue_states.json").read_text())}
-    outside = jobs["10"]
+    jobs = {j.job_id: j for j in parse_squeue((DATA / "squeue_states.txt").read_text())}
+    outside = jobs["6"]
     assert outside.sluice is None and outside.state == "RUNNING"
-    assert outside.gpu_indices == (0, 1, 2, 3, 4, 5, 6) and outside.gpus_requested == 7
-    pending = jobs["11"]
+    assert outside.name == "someones-training" and outside.user == "root"
+    assert outside.gpus_requested == 7 and outside.started and outside.start_time > 0
+    # Its GPU indices, from scontrol (gpu:h100:7(IDX:0-6)).
+    shown = (DATA / "scontrol_show_job_outside.txt").read_text()
+    assert parse_job_gres_indices(shown) == (0, 1, 2, 3, 4, 5, 6)
+    pending = jobs["7"]
     assert pending.state == "PENDING" and pending.active and not pending.started
     assert pending.nodes == "" and pending.node == "sn4"  # pinned with --nodelist
     assert pending.gpus_requested == 2 and pending.sluice == (15, 1)
@@ -91,6 +97,6 @@ def test_wait_status_and_ranges():
 
 def test_errors_from_the_controller_are_refused():
     with pytest.raises(SlurmError):
-        parse_squeue('{"errors": [{"error": "Unable to contact slurm controller"}], "jobs": []}')
+        parse_squeue("slurm_load_jobs error: Unable to contact slurm controller\n")
     with pytest.raises(SlurmError):
         parse_sinfo("slurm_load_partitions: Unable to contact slurm controller")
