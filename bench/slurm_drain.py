@@ -18,6 +18,11 @@ And, one after another on the idle cluster, ``--idle`` jobs (``sleep 1``) of eac
 submit → RUNNING (Slurm: ``sbatch`` then ``squeue`` polled every ~20 ms; Sluice: ``POST``
 then ``GET`` polled every ~20 ms), median of each.
 
+And ``--seq`` submissions in a row from one client (a ``true`` job each): ``sbatch`` one
+after another, then ``POST /api/v1/jobs/`` one after another (the API's own client, a kept
+connection, as a script or the CLI would use it); submissions/s of each and their ratio
+(target ≥ 1: accepting a job costs no more than ``sbatch``).
+
 Prints one JSON line per figure and a summary: both drain rates, their ratio (target
 ≥ 0.9), both idle medians and their difference (target ≤ 0.5 s), and the load average
 beside each. Needs root (slurmd runs jobs as their users), Slurm, munge, PostgreSQL and
@@ -218,6 +223,33 @@ def sluice_drain(bench: e2e.Bench, jobs: int) -> dict:
     }
 
 
+def sequential_submissions(bench: e2e.Bench, side: SlurmSide, count: int) -> dict:
+    """``count`` submissions in a row from one client to each, timed over the submissions
+    alone (the jobs then drain before the next phase)."""
+    wait_slurm_idle(side)
+    name = f"seq-{os.getpid()}"
+    t0 = time.monotonic()
+    for _ in range(count):
+        side.sbatch(name, "true")
+    slurm_seconds = time.monotonic() - t0
+    wait_slurm_idle(side, timeout=120 + count)
+    bench.wait_idle()
+    spec = e2e._spec(bench.world, "seq", ["true"])
+    before_ended = bench.ended("seq")
+    before = load()
+    t0 = time.monotonic()
+    for _ in range(count):
+        bench.api.post("jobs/", spec)
+    sluice_seconds = time.monotonic() - t0
+    bench.wait_drained("seq", before_ended + count, t0, count)
+    return {
+        "slurm_per_s": round(count / slurm_seconds, 1),
+        "sluice_per_s": round(count / sluice_seconds, 1),
+        "jobs": count,
+        "load": round((before + load()) / 2, 2),
+    }
+
+
 def wait_slurm_idle(side: SlurmSide, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -283,6 +315,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=1000, help="jobs per drain (default 1000)")
     parser.add_argument("--rounds", type=int, default=1, help="alternating drains of each")
     parser.add_argument("--idle", type=int, default=10, help="idle submit→RUNNING samples")
+    parser.add_argument("--seq", type=int, default=200, help="submissions in a row (0: none)")
     parser.add_argument(
         "--refresh", type=float, default=0.25, help="the bridge's --refresh (its default)"
     )
@@ -359,6 +392,18 @@ def main() -> int:
             meets_target=ratio >= RATIO_TARGET,
         )
         emit("slurm/idle_start", idle["slurm_median"], "s", **idle)
+        seq = None
+        if args.seq:
+            log(f"{args.seq} submissions in a row from one client")
+            seq = sequential_submissions(bench, side, args.seq)
+            emit(
+                "submit_seq_ratio",
+                round(seq["sluice_per_s"] / seq["slurm_per_s"], 3),
+                "x",
+                target="≥ 1",
+                meets_target=seq["sluice_per_s"] >= seq["slurm_per_s"],
+                **seq,
+            )
         emit(
             "idle_gap",
             round(gap, 3),
@@ -381,6 +426,12 @@ def main() -> int:
             f"{idle['sluice_median']} s (gap {gap:+.3f} s, load {idle['load']})",
             flush=True,
         )
+        if seq is not None:
+            print(
+                f"{seq['jobs']} submissions in a row, one client: sbatch {seq['slurm_per_s']}/s, "
+                f"POST {seq['sluice_per_s']}/s (load {seq['load']})",
+                flush=True,
+            )
         status = 0
     except KeyboardInterrupt:
         log("interrupted")
