@@ -526,6 +526,11 @@ SLUICE_JOB_ACCOUNT = env_str("SLUICE_JOB_ACCOUNT", "sluice-{tenant}")
 SLUICE_JOB_PATH_ROOTS = env_list("SLUICE_JOB_PATH_ROOTS", [])
 SLUICE_RUNTIME_WARNINGS = [float(x) for x in env_list("SLUICE_RUNTIME_WARNINGS", ["0.8", "0.95"])]
 SLUICE_RETENTION_CLEANUP_SECONDS = env_int("SLUICE_RETENTION_CLEANUP_SECONDS", 3600)
+# A job's timeline events are deleted this many days after it ended, but its final one
+# (scheduling.services.recovery); 0 keeps them forever. About 60 MB per 100,000 jobs.
+SLUICE_JOB_EVENT_RETENTION_DAYS = env_int("SLUICE_JOB_EVENT_RETENTION_DAYS", 400)
+if SLUICE_JOB_EVENT_RETENTION_DAYS < 0:
+    raise ImproperlyConfigured("SLUICE_JOB_EVENT_RETENTION_DAYS must be 0 or more.")
 # Serving jobs' scraped samples (scheduling.ServeSample) are kept this long.
 SLUICE_SERVE_SAMPLE_RETENTION_HOURS = env_float("SLUICE_SERVE_SAMPLE_RETENTION_HOURS", 24.0)
 # "broker" sends node messages through the broker; "memory" keeps them in a list (tests).

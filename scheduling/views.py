@@ -17,7 +17,7 @@ from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
-from portal.api.pagination import KeysFirstPaginator
+from portal.api.pagination import CountCappedPaginator
 from portal.errors import BusinessError, PermissionDeniedError
 from portal.forms import add_business_error
 from tenants.selectors import (
@@ -188,7 +188,7 @@ def _sort_links(request, form) -> dict:
 @login_required
 def job_list(request):
     form = _job_filter_form(request)
-    page = KeysFirstPaginator(_filtered_jobs(request, form), 50).get_page(request.GET.get("page"))
+    page = CountCappedPaginator(_filtered_jobs(request, form), 50).get_page(request.GET.get("page"))
     positions_attach(page.object_list)
     query = request.GET.copy()
     query.pop("page", None)
@@ -372,6 +372,9 @@ def job_action(request, pk, step):
     return redirect(_next_url(request, reverse("job-detail", args=[job.pk])))
 
 
+QUEUE_RUNNING_SHOWN = 100
+
+
 @login_required
 def queue_list(request):
     queues = selectors.queues_visible_to(request.user)
@@ -381,19 +384,27 @@ def queue_list(request):
 @login_required
 def queue_detail(request, pk):
     queue = get_object_or_404(selectors.queues_visible_to(request.user), pk=pk)
-    page = KeysFirstPaginator(selectors.queue_pending_jobs(queue), 100).get_page(
+    page = CountCappedPaginator(selectors.queue_pending_jobs(queue), 100).get_page(
         request.GET.get("page")
     )
     positions_attach(page.object_list)
-    running = list(
-        selectors.jobs_visible_to(request.user).filter(queue=queue, state__in=ACTIVE_STATES)
-    )
-    positions_attach(running)
+    active = selectors.jobs_visible_to(request.user).filter(queue=queue, state__in=ACTIVE_STATES)
+    # The newest of them: a busy queue runs thousands (rendering them took seconds); the
+    # jobs list shows the others.
+    running = list(active[: QUEUE_RUNNING_SHOWN + 1])
+    running_more = len(running) > QUEUE_RUNNING_SHOWN
+    running = positions_attach(running[:QUEUE_RUNNING_SHOWN])
     template = "scheduling/_queue_live.html" if request.htmx else "scheduling/queue_detail.html"
     return render(
         request,
         template,
-        {"queue": queue, "page": page, "running": running, "live_url": request.get_full_path()},
+        {
+            "queue": queue,
+            "page": page,
+            "running": running,
+            "running_total": active.count() if running_more else len(running),
+            "live_url": request.get_full_path(),
+        },
     )
 
 

@@ -172,7 +172,11 @@ class QueueViewSet(ConfigViewSet):
 
 
 class JobFilter(filters.FilterSet):
-    state = filters.MultipleChoiceFilter(choices=Job._meta.get_field("state").choices)
+    # A column of the job itself: no join can repeat a row, so no DISTINCT (which sorted
+    # every matching job, all columns, before the page was cut).
+    state = filters.MultipleChoiceFilter(
+        choices=Job._meta.get_field("state").choices, distinct=False
+    )
     queue = IdFilter(field_name="queue_id")
     project = IdFilter(field_name="project_id")
     tenant = filters.CharFilter(field_name="tenant__slug")
@@ -263,6 +267,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     # ``queue_position`` orders by the scheduling order's sort key (positions are counted
     # from it; see scheduling.positions).
     ordering_fields = ["id", "submitted_at", "queue_position", "state"]
+    # ``?cursor=``: keyset pages (portal.api.pagination.StandardPagination), for these.
+    cursor_orderings = ("id", "submitted_at")
 
     def get_queryset(self):
         jobs = selectors.jobs_visible_to(self.request.user).alias(queue_position=F("pending_rank"))

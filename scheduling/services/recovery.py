@@ -17,6 +17,10 @@ retention of job logs (DESIGN §4 step 4).
   exist after the longest retention. Checked every ``SLUICE_RETENTION_CLEANUP_SECONDS``;
   each run writes one ``retention.cleanup`` audit event per tenant listing what it deleted.
   The agents keep checkpoints for the same number of days (the launch carries it).
+- **Job timelines**: the events of a job that ended more than
+  ``SLUICE_JOB_EVENT_RETENTION_DAYS`` ago are deleted but its final one (the line of its
+  end), in batches of jobs taken in the order they ended from where the last run stopped;
+  0 keeps them forever. The job row, its outcome and the audit log stay.
 """
 
 from __future__ import annotations
@@ -32,13 +36,14 @@ from pathlib import Path
 from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from portal.audit.services import audit_record
 from scheduling.agent.protocol import kill_process_message, stop_message
 
 from ..choices import ACTIVE_STATES, JobState, NodeState, NotificationKind, ReclaimKind, StopReason
-from ..models import Allocation, Gpu, Job, Node, WorkloadPolicy, ZombieProcess
+from ..models import Allocation, Gpu, Job, JobEvent, Node, WorkloadPolicy, ZombieProcess
 from .enqueue import dispatch_on_commit
 from .lifecycle import job_transition, requeue_fields
 from .messaging import send_node_messages
@@ -48,6 +53,12 @@ from .waste import gpu_hours_left, human_duration, notify_owner, reclaim_record_
 log = logging.getLogger(__name__)
 
 RETENTION_CLEANUP_KEY = "sluice:retention-cleanup"
+JOB_EVENTS_RETENTION_KEY = "sluice:job-events-retention"
+# Where the last pruning of job timelines stopped: (finished_at ISO, job id) of its last
+# job. Lost with the cache, the next run starts again from the oldest job (harmless).
+JOB_EVENTS_PRUNED_UNTIL_KEY = "sluice:job-events-pruned-until"
+JOB_EVENTS_BATCH_JOBS = 500
+JOB_EVENTS_BATCHES_PER_RUN = 40
 _SQLITE_CHUNK = 900
 
 
@@ -360,3 +371,85 @@ def job_logs_retention_cleanup(*, now: datetime | None = None) -> dict:
             reason="job logs kept for their workload policy's retention_days after the job finished",
         )
     return {"deleted": sum(len(e["jobs"]) for e in by_tenant.values())}
+
+
+# --- retention of job timelines ----------------------------------------------------------------
+
+
+def job_events_retention(now: datetime | None = None) -> dict | str:
+    """The sweep's entry: at most once every ``SLUICE_RETENTION_CLEANUP_SECONDS``."""
+    if settings.SLUICE_JOB_EVENT_RETENTION_DAYS <= 0:
+        return "off"
+    if not cache.add(
+        JOB_EVENTS_RETENTION_KEY, 1, timeout=settings.SLUICE_RETENTION_CLEANUP_SECONDS
+    ):
+        return "not due"
+    return job_events_retention_cleanup(now=now)
+
+
+def _events_kept(events: list[tuple[int, int, object]], states: dict[int, str]) -> set[int]:
+    """Of ``events`` ((id, job id, data) of some ended jobs), the one kept per job: the
+    newest that moved the job to its final state, else its newest."""
+    kept: dict[int, tuple[bool, int]] = {}
+    for pk, job_id, data in events:
+        final = isinstance(data, dict) and data.get("to") == states[job_id]
+        kept[job_id] = max(kept.get(job_id, (False, 0)), (final, pk))
+    return {pk for _, pk in kept.values()}
+
+
+def job_events_retention_cleanup(
+    *,
+    now: datetime | None = None,
+    batch: int = JOB_EVENTS_BATCH_JOBS,
+    batches: int = JOB_EVENTS_BATCHES_PER_RUN,
+) -> dict:
+    """Delete the timeline events of jobs that ended more than
+    ``SLUICE_JOB_EVENT_RETENTION_DAYS`` ago, each job's final event kept: at most
+    ``batches`` batches of ``batch`` jobs, in the order they ended, from where the last
+    run stopped. Returns the jobs looked at and the events deleted."""
+    now = now or timezone.now()
+    days = settings.SLUICE_JOB_EVENT_RETENTION_DAYS
+    if days <= 0:
+        return {"jobs": 0, "deleted": 0}
+    ended = Job.objects.filter(state__in=_ENDED, finished_at__lt=now - timedelta(days=days))
+    jobs = deleted = 0
+    for _ in range(batches):
+        until = cache.get(JOB_EVENTS_PRUNED_UNTIL_KEY)
+        rows = ended
+        if until:
+            at, pk = datetime.fromisoformat(until[0]), until[1]
+            rows = rows.filter(Q(finished_at__gt=at) | Q(finished_at=at, pk__gt=pk))
+        found = list(
+            rows.order_by("finished_at", "pk").values_list("pk", "state", "finished_at")[:batch]
+        )
+        if not found:
+            break
+        deleted += _job_events_prune({pk: state for pk, state, _ in found})
+        jobs += len(found)
+        last = found[-1]
+        cache.set(JOB_EVENTS_PRUNED_UNTIL_KEY, (last[2].isoformat(), last[0]), timeout=None)
+    if deleted:
+        audit_record(
+            action="retention.job_events",
+            target_type="scheduling.job_events",
+            target_label=f"events of {jobs} job(s)",
+            after={"jobs": jobs, "events": deleted},
+            reason=(
+                f"job timelines kept {days} days after the job ended "
+                "(SLUICE_JOB_EVENT_RETENTION_DAYS); each job's final event stays"
+            ),
+        )
+    return {"jobs": jobs, "deleted": deleted}
+
+
+@transaction.atomic
+def _job_events_prune(states: dict[int, str]) -> int:
+    """Delete the events of these ended jobs ({id: state}) but each one's final event."""
+    events = list(
+        JobEvent.objects.filter(job_id__in=list(states)).values_list("id", "job_id", "data")
+    )
+    kept = _events_kept(events, states)
+    doomed = [pk for pk, _, _ in events if pk not in kept]
+    for start in range(0, len(doomed), _SQLITE_CHUNK):
+        JobEvent.objects.filter(pk__in=doomed[start : start + _SQLITE_CHUNK]).delete()
+    return len(doomed)

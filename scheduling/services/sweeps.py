@@ -23,6 +23,7 @@ CHECKS += [
     ("session_age", reclaim.session_age_check),
     ("zombie_kills", recovery.zombies_sweep),
     ("retention_cleanup", recovery.retention_cleanup),
+    ("job_events_retention", recovery.job_events_retention),
     ("idempotency_keys", idempotency_keys_expire),
     ("serve_samples", serving.serve_samples_expire),
 ]
