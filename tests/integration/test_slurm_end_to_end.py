@@ -3,13 +3,7 @@ an emulated cluster (tools/slurm_cluster.py), PostgreSQL and Redis."""
 
 from __future__ import annotations
 
-import os
-import pwd
-import shutil
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 from django.conf import settings
@@ -17,47 +11,17 @@ from rest_framework.test import APIClient
 
 from scheduling.choices import JobState, NodeState
 from scheduling.models import Allocation, Gpu, Job, Node
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools"))
-import slurm_cluster  # noqa: E402
+from tests.integration.slurm_helpers import emulated_cluster
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def slurm():
-    reason = ""
-    if not slurm_cluster.installed():
-        reason = "Slurm and munge are not installed (apt-get install slurmctld slurmd munge)"
-    elif os.geteuid() != 0:
-        reason = "the emulated Slurm cluster needs root"
-    if reason:
-        if os.environ.get("SLUICE_REQUIRE_SLURM") == "1":
-            pytest.fail(f"SLUICE_REQUIRE_SLURM=1 but {reason}")
-        pytest.skip(reason)
-    directory = Path(tempfile.mkdtemp(prefix="sluice-slurm-e2e-"))
-    args = slurm_cluster.argparse.Namespace(
-        dir=str(directory),
-        nodes=2,
-        gpus=4,
-        gpu_type="h100",
-        prefix="se",
-        partition="sluice",
-        cluster="sluice",
-    )
-    layout = slurm_cluster.start(args)
-    work = directory / "work"
-    work.mkdir()
-    work.chmod(0o755)
-    # Slurm pools run jobs as the tenants' existing accounts (the site's, on every node).
-    try:
-        pwd.getpwnam("sluice-nlp")
-    except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "sluice-nlp"], check=True)
-    yield {**layout, "work": work}
-    slurm_cluster.stop(directory)
-    shutil.rmtree(directory, ignore_errors=True)
+    with emulated_cluster(
+        prefix="se", nodes=2, gpus=4, folder_prefix="sluice-slurm-e2e-"
+    ) as layout:
+        yield layout
 
 
 def _client(user):

@@ -7,65 +7,26 @@ that a failure.
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 
 from scheduling.agent import protocol
 from scheduling.executors.base import Exited, LogChunk, Started
 from scheduling.executors.slurm import SlurmClient, SlurmExecutor
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools"))
-import slurm_cluster  # noqa: E402
+from tests.integration.slurm_helpers import emulated_cluster, slurm_cluster
 
 pytestmark = pytest.mark.integration
 
 
-def _missing() -> str:
-    if not slurm_cluster.installed():
-        return "Slurm and munge are not installed (apt-get install slurmctld slurmd munge)"
-    if os.geteuid() != 0:
-        return "the emulated Slurm cluster needs root"
-    return ""
-
-
 @pytest.fixture(scope="module")
 def cluster():
-    reason = _missing()
-    if reason:
-        if os.environ.get("SLUICE_REQUIRE_SLURM") == "1":
-            pytest.fail(f"SLUICE_REQUIRE_SLURM=1 but {reason}")
-        pytest.skip(reason)
-    directory = Path(tempfile.mkdtemp(prefix="sluice-slurm-"))
-    args = slurm_cluster.argparse.Namespace(
-        dir=str(directory),
-        nodes=4,
-        gpus=8,
-        gpu_type="h100",
-        prefix="sn",
-        partition="sluice",
-        cluster="sluice",
-    )
-    try:
-        layout = slurm_cluster.start(args)
-    except Exception:
-        for log in sorted((directory / "log").glob("*.log")):
-            print(log.name, log.read_text()[-2000:])
-        raise
-    # Job accounts (nobody) must reach the jobs' folders.
-    work = directory / "work"
-    work.mkdir()
-    work.chmod(0o755)
-    yield {**layout, "work": work, "dir": directory}
-    slurm_cluster.stop(directory)
-    shutil.rmtree(directory, ignore_errors=True)
+    # Job accounts (nobody) must reach the jobs' folders (the layout's "work").
+    with emulated_cluster(
+        prefix="sn", nodes=4, gpus=8, folder_prefix="sluice-slurm-", tenant_account=False
+    ) as layout:
+        yield layout
 
 
 @pytest.fixture

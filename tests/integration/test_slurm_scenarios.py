@@ -12,17 +12,12 @@ Skipped where Slurm, munge or root are missing, unless SLUICE_REQUIRE_SLURM=1 (C
 from __future__ import annotations
 
 import itertools
-import os
-import pwd
 import random
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections import defaultdict
-from pathlib import Path
 
 import pytest
 from django.conf import settings
@@ -32,10 +27,7 @@ from rest_framework.test import APIClient
 from scheduling.choices import FINAL_STATES, JobState, NodeState, ReclaimKind
 from scheduling.executors.slurm import SlurmClient
 from scheduling.models import Allocation, Gpu, Job, JobEvent, Node, Quota, WorkloadPolicy
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools"))
-import slurm_cluster  # noqa: E402
+from tests.integration.slurm_helpers import emulated_cluster, slurm_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -57,37 +49,10 @@ BUSY = "import time\nend = time.time() + 120\nwhile time.time() < end: pass"
 
 @pytest.fixture(scope="module")
 def slurm():
-    reason = ""
-    if not slurm_cluster.installed():
-        reason = "Slurm and munge are not installed (apt-get install slurmctld slurmd munge)"
-    elif os.geteuid() != 0:
-        reason = "the emulated Slurm cluster needs root"
-    if reason:
-        if os.environ.get("SLUICE_REQUIRE_SLURM") == "1":
-            pytest.fail(f"SLUICE_REQUIRE_SLURM=1 but {reason}")
-        pytest.skip(reason)
-    directory = Path(tempfile.mkdtemp(prefix="sluice-slurm-scenarios-"))
-    args = slurm_cluster.argparse.Namespace(
-        dir=str(directory),
-        nodes=len(NODES),
-        gpus=GPUS_PER_NODE,
-        gpu_type="h100",
-        prefix="sc",
-        partition=PARTITION,
-        cluster="sluice",
-    )
-    layout = slurm_cluster.start(args)
-    work = directory / "work"
-    work.mkdir()
-    work.chmod(0o755)
-    # Slurm pools run jobs as the tenants' existing accounts (the site's, on every node).
-    try:
-        pwd.getpwnam("sluice-nlp")
-    except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "sluice-nlp"], check=True)
-    yield {**layout, "work": work, "directory": directory}
-    slurm_cluster.stop(directory)
-    shutil.rmtree(directory, ignore_errors=True)
+    with emulated_cluster(
+        prefix="sc", nodes=len(NODES), gpus=GPUS_PER_NODE, folder_prefix="sluice-slurm-scenarios-"
+    ) as layout:
+        yield layout
 
 
 @pytest.fixture
