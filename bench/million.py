@@ -473,7 +473,13 @@ def main() -> int:
                         "notes": f"{load['events']} events in all; ",
                     }
                 )
-            _record(lines, machine, f"{args.requests} requests; target p95 ≤ {TARGET_MS} ms")
+            load_avg = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+            _record(
+                lines,
+                machine,
+                f"{args.requests} requests, load average {load_avg} at the end; "
+                f"target p95 ≤ {TARGET_MS} ms",
+            )
     finally:
         if not args.keep:
             drop_database(args.database_url)
