@@ -55,8 +55,8 @@ def positions_attach(jobs: Iterable[Job]) -> list[Job]:
     ranked = [j for j in jobs if j.pending_rank is not None and j.state in WAITING]
     found: dict[int, tuple[int, int, int]] = {}
     ids = [j.pk for j in ranked]
-    for start in range(0, len(ids), 900):  # SQLite allows ~1000 variables a statement
-        found.update(_positions(ids[start : start + 900]))
+    for start in range(0, len(ids), 400):  # each id twice; SQLite may allow ~1000 variables
+        found.update(_positions(ids[start : start + 400]))
     # A job has an estimate once a cycle planned it, and that cycle ranked it too: the
     # pools to read estimates from are those of the ranked jobs found waiting.
     waiting = {j.pk for j in ranked if j.state == JobState.PENDING and j.pk in found}
@@ -84,19 +84,31 @@ def _positions(job_ids: list[int]) -> dict[int, tuple[int, int, int]]:
     job_table = connection.ops.quote_name(Job._meta.db_table)
     queue_table = connection.ops.quote_name(Queue._meta.db_table)
     marks = ", ".join(["%s"] * len(job_ids))
-    # Window functions over the waiting jobs only (the partial index on pending_rank);
-    # SQLite has them since 3.25, PostgreSQL always.
+    # Window functions over the waiting jobs only (the partial index on pending_rank), and
+    # of those only the ones that can stand before a job asked about: in its pools, up to
+    # the highest rank asked about there. A page near the head of a queue of 15,000
+    # waiting jobs ranks a few hundred rows, not all of them. SQLite has window functions
+    # since 3.25, PostgreSQL always.
     sql = f"""
+        WITH asked AS (
+            SELECT q.pool_id AS pool_id, MAX(j.pending_rank) AS top
+            FROM {job_table} j JOIN {queue_table} q ON q.id = j.queue_id
+            WHERE j.id IN ({marks}) AND j.pending_rank IS NOT NULL AND j.state IN (%s, %s)
+            GROUP BY q.pool_id
+        )
         SELECT id, queue_position, pool_position, pool_id FROM (
             SELECT j.id AS id, q.pool_id AS pool_id,
                    ROW_NUMBER() OVER (PARTITION BY j.queue_id ORDER BY j.pending_rank, j.id)
                        AS queue_position,
                    ROW_NUMBER() OVER (PARTITION BY q.pool_id ORDER BY j.pending_rank, j.id)
                        AS pool_position
-            FROM {job_table} j JOIN {queue_table} q ON q.id = j.queue_id
+            FROM {job_table} j
+            JOIN {queue_table} q ON q.id = j.queue_id
+            JOIN asked a ON a.pool_id = q.pool_id
             WHERE j.pending_rank IS NOT NULL AND j.state IN (%s, %s)
+                AND j.pending_rank <= a.top
         ) ranked WHERE id IN ({marks})
     """
     with connection.cursor() as cursor:
-        cursor.execute(sql, [*WAITING, *job_ids])
+        cursor.execute(sql, [*job_ids, *WAITING, *WAITING, *job_ids])
         return {row[0]: (row[1], row[2], row[3]) for row in cursor.fetchall()}
