@@ -410,7 +410,10 @@ class CycleView:
 
     def claim_free_by(self, when: float) -> bool:
         """Whether some GPU kept for a pending job is free by ``when`` (its victim gone)."""
-        for claims in self._state.claims.values():
+        kept = self._state.claims
+        if not kept:
+            return False
+        for claims in kept.values():
             for _, _, _, free_from, _ in claims:
                 if free_from <= when:
                     return True
