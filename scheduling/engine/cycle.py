@@ -22,6 +22,7 @@ from collections.abc import Iterator, Mapping
 from typing import Final
 
 from .cluster import KeptCluster, Locator, NodeSlot, SliceIndex
+from .order import overdue
 from .preemption import RunningRecord
 from .quota import Account, Quotas
 from .reservations import PreviousReservations
@@ -68,7 +69,12 @@ class CycleState:
         self._build_claims()
         for slice_ in self.slices.values():
             slice_.build()
-        self.previous = PreviousReservations(cluster.pending, self.locator, self.now)
+        bounded = frozenset(
+            job.id
+            for job in cluster.pending
+            if job.reserved_gpu_ids and overdue(job, self.now, policy)
+        )
+        self.previous = PreviousReservations(cluster.pending, self.locator, self.now, bounded)
         self.has_previous = bool(self.previous)
         # Without backfill jobs start strictly in order, the pool's first blocked job
         # holding back everything behind it: GPUs held for a later job's old reservation
@@ -77,6 +83,9 @@ class CycleState:
         # only the jobs up to the pool's first blocked job (and those for which a
         # preemption keeps GPUs) have one handed on (see .explaining).
         self.hold_previous = self.has_previous and policy.backfill
+        if self.hold_previous:
+            # Past their maximum wait, jobs' reservations bind every class (.reservations).
+            self.previous.hold_bounded()
         if policy.global_fifo and self.hold_previous:
             self.previous.hold_class(None)  # one queue: no class may ignore a hold
 

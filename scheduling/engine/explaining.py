@@ -50,9 +50,12 @@ class Explaining:
         message: str,
         start: float | None,
         reserved: tuple[int, ...] = (),
+        bounded: bool = False,
     ) -> None:
         """Record why ``job`` stays pending. Jobs are recorded in scheduling order, so the
-        positions are counted among the jobs that stay pending as they come."""
+        positions are counted among the jobs that stay pending as they come. A
+        ``bounded`` reservation (the job is past its maximum wait) that is handed on
+        makes ``start`` the job's guaranteed start (see :mod:`.reservations`)."""
         if start == INF:
             start = None
         claimed: tuple[int, ...] = ()
@@ -79,8 +82,17 @@ class Explaining:
         self._queue_positions[queue_id] = queue_position
         pool_position = self._pool_positions.get(pool, 0) + 1
         self._pool_positions[pool] = pool_position
+        guaranteed = start if bounded and reserved and state.policy.backfill else None
         state.result.pending[job_id] = _pending_info(
-            job_id, code, message, queue_position, pool_position, start, reserved, claimed
+            job_id,
+            code,
+            message,
+            queue_position,
+            pool_position,
+            start,
+            reserved,
+            claimed,
+            guaranteed,
         )
 
     def blocked_by_head(
@@ -172,6 +184,7 @@ class Explaining:
                 found[0],
                 (),
                 (),
+                None,
             )
 
     def reclaim_note(self, job: PendingJob, options: list[Option]) -> str:
@@ -247,6 +260,7 @@ def _pending_info(
     estimated_start: float | None,
     reserved_gpu_ids: tuple[int, ...],
     claimed_gpu_ids: tuple[int, ...],
+    guaranteed_start: float | None,
 ) -> PendingInfo:
     """``PendingInfo(...)``, faster: the same object, its slots filled directly instead of
     through the frozen dataclass's ``__init__`` (one per waiting job per cycle; here, in
@@ -261,4 +275,5 @@ def _pending_info(
     _set[5](info, estimated_start)
     _set[6](info, reserved_gpu_ids)
     _set[7](info, claimed_gpu_ids)
+    _set[8](info, guaranteed_start)
     return info

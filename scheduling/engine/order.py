@@ -65,6 +65,16 @@ NO_LIMIT_RUNTIME: Final = 7 * 86400.0
 MIN_RUNTIME: Final = 60.0
 
 
+def overdue(job: PendingJob, now: float, policy: Policy) -> bool:
+    """Whether the job has waited its maximum wait (the job's, else the policy's) under
+    the size-aware order: it goes before the jobs of its class and band that waited
+    less, and a reservation it makes is *bounded* (see :mod:`.reservations`)."""
+    if not policy.size_order:
+        return False
+    limit = job.max_wait_seconds if job.max_wait_seconds > 0 else policy.max_wait_seconds
+    return limit > 0 and now - job.submitted_at >= limit
+
+
 def _submit_key(job: PendingJob) -> tuple[float, int]:
     return (job.submitted_at, job.id)
 

@@ -60,7 +60,7 @@ from . import messages, reasons
 from .cluster import NodeSlot
 from .cycle import CycleState, CycleView
 from .explaining import Explaining
-from .order import age_classes
+from .order import age_classes, overdue
 from .ordering import Ordering
 from .placing import Option, Placing, Slot
 from .preempting import Preempting
@@ -273,12 +273,9 @@ class Planner:
         return self._wait_for_quota(job, options, runtime, floor)
 
     def _overdue(self, job: PendingJob) -> bool:
-        """Whether the job has waited its maximum wait (see :mod:`.order`)."""
-        policy = self.policy
-        if not policy.size_order:
-            return False
-        limit = job.max_wait_seconds if job.max_wait_seconds > 0 else policy.max_wait_seconds
-        return limit > 0 and self.now - job.submitted_at >= limit
+        """Whether the job has waited its maximum wait (see :mod:`.order`): a reservation
+        it makes is then bounded (see :mod:`.reservations`)."""
+        return overdue(job, self.now, self.policy)
 
     def _gang_waited_enough(self, job: PendingJob) -> bool:
         """Whether a job of several nodes has waited long enough to reserve GPUs as a
@@ -370,7 +367,7 @@ class Planner:
             )
             if code == reasons.WAITING_FOR_GPUS:
                 message += self.explaining.reclaim_note(job, options)
-        self.explaining.wait(job, code, message, slot.start, reserved)
+        self.explaining.wait(job, code, message, slot.start, reserved, self._overdue(job))
         return code, slot.start
 
     def _wait_to_borrow(
@@ -399,7 +396,14 @@ class Planner:
             else:
                 message = messages.stopping_quota_wait(slot.option.account, slot.start, self.now)
             reserved = self.reserving.reserve(job, slot, runtime)
-            self.explaining.wait(job, reasons.WAITING_FOR_PREEMPTION, message, slot.start, reserved)
+            self.explaining.wait(
+                job,
+                reasons.WAITING_FOR_PREEMPTION,
+                message,
+                slot.start,
+                reserved,
+                self._overdue(job),
+            )
             return reasons.WAITING_FOR_PREEMPTION, slot.start
         if self.policy.preemption and job.can_preempt and self.preempting.may_pay(slot):
             preemptors = [
@@ -421,7 +425,9 @@ class Planner:
                 self.placing.choose_positions(job, slot)
             reserved = self.reserving.reserve(job, slot, runtime)
             message = self.explaining.gpus_message(job, slot.option)
-            self.explaining.wait(job, reasons.WAITING_FOR_GPUS, message, slot.start, reserved)
+            self.explaining.wait(
+                job, reasons.WAITING_FOR_GPUS, message, slot.start, reserved, self._overdue(job)
+            )
             return reasons.WAITING_FOR_GPUS, slot.start
         if gpus_promised or quota_promised:
             code = reasons.RESERVED_FOR_HIGHER_PRIORITY

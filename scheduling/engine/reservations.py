@@ -31,7 +31,17 @@ Each owner whose hold was given back still gets its old reservation at its own t
 nobody ahead took those GPUs (:meth:`PreviousReservations.slot_for`).
 
 A strictly higher class ignores holds altogether (they are only taken when the owner's
-class is reached).
+class is reached), except *bounded* ones.
+
+**Bounded reservations** (DESIGN.md §6: every wait has a bound). The reservation of a
+job past its maximum wait (:func:`.order.overdue`) is held from the start of the cycle,
+before any class is considered, and it is never given back to a job that overtook its
+owner or would start first on its GPUs: backfill may use its GPUs only where it ends
+before the reservation starts, and later arrivals of every class wait for it, except a
+job of a strictly higher class that may preempt (DESIGN.md §6 lets such a job stop
+lower work anyway: for it a bounded hold is given back like any other). The job keeps
+its reservation while its GPUs and quota are free by its start, so its estimate only
+moves earlier: the engine reports it as ``PendingInfo.guaranteed_start``.
 """
 
 from __future__ import annotations
@@ -66,6 +76,8 @@ class Previous:
         "held_before",
         "kept",
         "idle_held",
+        "priority",
+        "bounded",
     )
 
     def __init__(
@@ -98,6 +110,8 @@ class Previous:
         # after: they stay held
         self.kept: set[tuple[int, int]] = set()
         self.idle_held = 0  # held GPUs that were idle before the hold
+        self.priority = job.priority
+        self.bounded = False  # held from the cycle's start, given back to few jobs
 
     def held_ready_of(self, number: int, pos: int) -> float:
         """The free-from time before the hold of a held GPU (KeyError if not held)."""
@@ -131,7 +145,13 @@ def _parse(job: PendingJob, locator: Locator) -> Previous | None:
 class PreviousReservations:
     """Holds, releases and answers questions about last cycle's reservations."""
 
-    def __init__(self, pending: Iterable[PendingJob], locator: Locator, now: float) -> None:
+    def __init__(
+        self,
+        pending: Iterable[PendingJob],
+        locator: Locator,
+        now: float,
+        bounded: frozenset[int] = frozenset(),
+    ) -> None:
         self.now = now
         self._by_job: dict[int, Previous] = {}
         # pool -> heaps of (previous position, job id) and of (reservation start, job id)
@@ -144,6 +164,11 @@ class PreviousReservations:
         # class -> [(reservation, slot numbers, positions) to hold]
         self._to_hold: dict[int, list[tuple[Previous, list[int], list[int]]]] = defaultdict(list)
         self._waiting: dict[int, Previous] = {}  # held, job not considered yet
+        # Bounded reservations (of the jobs in ``bounded``, past their maximum wait): held
+        # before any job is considered, kept out of the heaps above (no job that overtook
+        # their owner gets them back); pool -> {job id: class} of those not considered yet.
+        self._bounded_to_hold: list[tuple[Previous, list[int], list[int]]] = []
+        self._bounded_in: dict[str, dict[int, int]] = defaultdict(dict)
         # GPUs idle now but held for jobs not considered yet (idle again at their turn).
         self.idle_held = 0
         jobs = [job for job in pending if job.reserved_gpu_ids]
@@ -165,11 +190,22 @@ class PreviousReservations:
                         seen.add(gpu_id)
                         numbers.append(number)
                         mine.append(pos)
-            if mine:
+            if not mine:
+                continue
+            if job.id in bounded:
+                previous.bounded = True
+                self._bounded_to_hold.append((previous, numbers, mine))
+            else:
                 self._to_hold[job.priority].append((previous, numbers, mine))
 
     def __bool__(self) -> bool:
         return bool(self._by_job)
+
+    def hold_bounded(self) -> None:
+        """Hold the bounded reservations (before any job is considered)."""
+        batch, self._bounded_to_hold = self._bounded_to_hold, []
+        for previous, numbers, gpus in batch:
+            self._hold(previous, numbers, gpus)
 
     def hold_class(self, priority: int | None) -> None:
         """Hold the reservations of one class (``None``: of every class)."""
@@ -239,8 +275,11 @@ class PreviousReservations:
             if ready <= now:
                 idle += 1
         self._waiting[job_id] = previous
-        heappush(self._waiting_in[pool], (previous.position, job_id))
-        heappush(self._starts_in[pool], (previous.start, job_id))
+        if previous.bounded:
+            self._bounded_in[pool][job_id] = previous.priority
+        else:
+            heappush(self._waiting_in[pool], (previous.position, job_id))
+            heappush(self._starts_in[pool], (previous.start, job_id))
         heappush(self._ready_in[pool], (earliest, job_id))
         previous.idle_held = idle
         self.idle_held += idle
@@ -253,6 +292,8 @@ class PreviousReservations:
         if previous is None:
             return
         self.idle_held -= previous.idle_held
+        if previous.bounded:
+            self._bounded_in[previous.pool].pop(job_id, None)
         slots, end = previous.slots, previous.end
         held_number, held_pos = previous.held_number, previous.held_pos
         held_ready, held_before = previous.held_ready, previous.held_before
@@ -290,8 +331,29 @@ class PreviousReservations:
             previous.slice.unhold(slots[number], positions, readies, before)
 
     def holds_in(self, pool: str) -> bool:
-        """Whether GPUs of ``pool`` are held for jobs not considered yet."""
+        """Whether GPUs of ``pool`` are held for jobs not considered yet that a job could
+        have given back (bounded holds aside)."""
         return bool(self._waiting_in.get(pool))
+
+    def holds_for(self, job: PendingJob) -> bool:
+        """Whether GPUs of the job's pool are held for jobs not considered yet that
+        ``job`` could have given back: bounded holds only to a job of a higher class
+        that may preempt."""
+        pool = job.pool
+        if self._waiting_in.get(pool):
+            return True
+        return job.can_preempt and bool(self._passable(job))
+
+    def _passable(self, job: PendingJob) -> list[int]:
+        """The owners of bounded holds in the job's pool that it may pass: those of a
+        lower class, for a job that may preempt (none for any other job)."""
+        if not job.can_preempt:
+            return []
+        bounded = self._bounded_in.get(job.pool)
+        if not bounded:
+            return []
+        priority = job.priority
+        return [owner for owner, owner_class in bounded.items() if owner_class < priority]
 
     def earliest_release(self, pool: str) -> float:
         """No GPU of ``pool`` held for a job not considered yet would be free before this
@@ -354,6 +416,12 @@ class PreviousReservations:
             starts = self._starts_in.get(pool)
             while starts and starts[0][0] <= starting:
                 owners.append(heappop(starts)[1])
+        passable = self._passable(job)
+        if passable:
+            bounded = self._bounded_in[pool]
+            for owner in passable:
+                del bounded[owner]  # back at its rehold (_await_turn)
+                owners.append(owner)
         return owners
 
     def release_and_rehold(

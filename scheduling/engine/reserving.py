@@ -65,7 +65,7 @@ class Reserving:
         gpus, nodes = job.gpus_per_node, job.nodes
         if not (
             state.hold_previous
-            and state.previous.holds_in(job.pool)
+            and state.previous.holds_for(job)
             and option.slice.fits_ignoring_reservations(gpus, nodes)
         ):
             return None
@@ -97,7 +97,7 @@ class Reserving:
         overtook where that gets it an earlier start, returned (with positions); None
         if the holds stand (they do not delay it)."""
         state = self.state
-        if not (state.hold_previous and state.previous.holds_in(job.pool)):
+        if not (state.hold_previous and state.previous.holds_for(job)):
             return None
         previous = state.previous
         if self._holds_cannot_help(job, options, floor, slot, lost):

@@ -42,6 +42,10 @@ class PendingInfo:
     it holds no reservation); pass them back in the next snapshot (see ``PendingJob``).
     ``claimed_gpu_ids`` are those of the reserved GPUs that jobs preempted for this one
     hold or have freed: pass them back too, so that nobody else takes them meanwhile.
+    ``guaranteed_start`` is set for a job past its maximum wait that holds a reservation:
+    it is *bounded* (see :mod:`.reservations`), and the job starts by then unless what
+    the bound does not cover happens (equal to ``estimated_start``, which only moves
+    earlier while the reservation stands).
     """
 
     job_id: int
@@ -52,6 +56,7 @@ class PendingInfo:
     estimated_start: float | None
     reserved_gpu_ids: tuple[int, ...] = ()
     claimed_gpu_ids: tuple[int, ...] = ()
+    guaranteed_start: float | None = None
 
 
 # The generated ``__init__`` of a frozen dataclass sets every field through

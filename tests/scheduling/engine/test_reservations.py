@@ -141,8 +141,9 @@ def test_the_fast_pending_info_constructor_builds_the_same_object():
     from scheduling.engine.explaining import _pending_info
     from scheduling.engine.results import PendingInfo
 
-    values = (7, reasons.HELD, "held", 2, 3, None, (1, 2), ())
+    values = (7, reasons.WAITING_FOR_GPUS, "waits", 2, 3, 900.0, (1, 2), (), 900.0)
     assert _pending_info(*values) == PendingInfo(*values)
+    assert _pending_info(*values).guaranteed_start == 900.0
 
 
 def test_a_later_jobs_old_reservation_does_not_block_the_first_job():

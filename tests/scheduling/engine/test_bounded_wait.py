@@ -1,0 +1,116 @@
+"""A bound on every wait: the reservation of a job past its maximum wait is held against
+backfill that would delay it and against later jobs of every class that may not
+preempt (DESIGN.md §6; scheduling/engine/reservations.py)."""
+
+import pytest
+from engine_builders import (
+    NOW,
+    check_plan,
+    gpu_ids,
+    handed_back,
+    job,
+    node,
+    quota,
+    run_plan,
+    running,
+)
+from engine_builders import snapshot as make_snapshot
+
+from scheduling.engine import reasons
+
+DAY = 86400.0
+
+
+def _overdue_job_reserved(overdue: bool = True):
+    """One 8-GPU node, 6 GPUs busy until NOW + 600; job 1 (tenant a, 8 GPUs) waits, past
+    its maximum wait (12 h) or not, and reserves the node from NOW + 600."""
+    nodes = [node(1, gpus=8)]
+    quotas = [quota("a", 8), quota("b", 8), quota("c", 8), quota("d", 8)]
+    run = [running(10, "c", gpu_ids(1, 0, 1, 2, 3, 4, 5), age=3000, runtime=3600)]
+    submitted = NOW - 3 * DAY if overdue else NOW - 60
+    big = job(1, "a", gpus=8, runtime=7200, submitted=submitted)
+    usage = {"a": 500_000.0, "b": 0.0, "c": 0.0, "d": 0.0}
+    first = run_plan(make_snapshot(nodes, quotas, [big], run, usage=usage))
+    return nodes, quotas, run, usage, big, first
+
+
+def _next_cycle(later, overdue: bool = True):
+    nodes, quotas, run, usage, big, first = _overdue_job_reserved(overdue)
+    pending = [*handed_back([big], first), *later]
+    snap = make_snapshot(nodes, quotas, pending, run, usage=usage, now=NOW + 5)
+    result = run_plan(snap)
+    check_plan(snap, result)
+    return first, result
+
+
+def test_an_overdue_job_that_reserves_gets_a_guaranteed_start_equal_to_its_estimate():
+    *_, first = _overdue_job_reserved()
+    info = first.pending[1]
+    assert info.reserved_gpu_ids
+    assert info.estimated_start == NOW + 600
+    assert info.guaranteed_start == NOW + 600
+
+
+def test_a_job_not_past_its_maximum_wait_gets_no_guaranteed_start():
+    *_, first = _overdue_job_reserved(overdue=False)
+    assert first.pending[1].estimated_start == NOW + 600
+    assert first.pending[1].guaranteed_start is None
+
+
+def test_a_later_smaller_job_ahead_by_fair_share_does_not_take_the_bounded_gpus():
+    # Job 2 (tenant b, no usage) is ahead of job 1 by fair share and fits the 2 idle GPUs
+    # now, but would run past NOW + 600.
+    small = job(2, "b", gpus=2, runtime=3600, submitted=NOW + 1)
+    first, result = _next_cycle([small])
+    assert result.pending[2].pool_position == 1  # ahead of the overdue job
+    assert result.placements == []
+    assert result.pending[1].estimated_start == NOW + 600
+    assert result.pending[1].guaranteed_start == NOW + 600
+    assert result.pending[1].reserved_gpu_ids == first.pending[1].reserved_gpu_ids
+    assert result.pending[2].estimated_start >= NOW + 600 + 7200
+
+
+def test_without_the_bound_the_same_job_takes_the_gpus():
+    # The same cycle with job 1 inside its maximum wait: its hold stands only for the jobs
+    # that were behind it, and job 2 (new, ahead by fair share) starts on the idle GPUs.
+    small = job(2, "b", gpus=2, runtime=3600, submitted=NOW + 1)
+    _, result = _next_cycle([small], overdue=False)
+    assert [p.job_id for p in result.placements] == [2]
+    assert result.pending[1].estimated_start > NOW + 600
+
+
+@pytest.mark.parametrize("cls", ["normal", "high"])
+def test_a_later_job_of_a_class_that_may_not_preempt_waits_for_the_bound(cls):
+    later = job(3, "d", gpus=2, cls=cls, can_preempt=False, runtime=3600, submitted=NOW + 2)
+    first, result = _next_cycle([later])
+    assert result.placements == []
+    assert result.pending[1].guaranteed_start == NOW + 600
+    assert result.pending[1].reserved_gpu_ids == first.pending[1].reserved_gpu_ids
+
+
+def test_a_higher_class_that_may_preempt_still_takes_the_gpus():
+    urgent = job(4, "d", gpus=2, cls="high", runtime=3600, submitted=NOW + 2)
+    _, result = _next_cycle([urgent])
+    assert [p.job_id for p in result.placements] == [4]
+    # The bound does not cover it: job 1 gets a later start, and a new bound.
+    assert result.pending[1].estimated_start > NOW + 600
+    assert result.pending[1].guaranteed_start == result.pending[1].estimated_start
+
+
+def test_backfill_that_ends_before_the_bound_still_runs():
+    short = job(5, "b", gpus=2, runtime=300, submitted=NOW + 1)
+    _, result = _next_cycle([short])
+    assert [p.job_id for p in result.placements] == [5]
+    assert result.pending[1].guaranteed_start == NOW + 600
+    assert result.pending[1].code == reasons.WAITING_FOR_GPUS
+
+
+def test_the_bounded_job_starts_on_its_gpus_at_its_bound():
+    small = job(2, "b", gpus=2, runtime=3600, submitted=NOW + 1)
+    nodes, quotas, run, usage, big, first = _overdue_job_reserved()
+    pending = [*handed_back([big], first), small]
+    second = run_plan(make_snapshot(nodes, quotas, pending, run, usage=usage, now=NOW + 5))
+    pending = handed_back(pending, second)
+    third = run_plan(make_snapshot(nodes, quotas, pending, [], usage=usage, now=NOW + 600))
+    assert [p.job_id for p in third.placements] == [1]
+    assert set(third.placements[0].gpu_ids) == set(first.pending[1].reserved_gpu_ids)
