@@ -89,7 +89,7 @@ def _world(jobs_total: int) -> dict:  # noqa: C901 (one linear builder)
     from django.contrib.auth import get_user_model
     from django.utils import timezone
 
-    from portal.accounts.services import api_token_create
+    from accounts.services import api_token_create
     from scheduling.choices import WorkloadType
     from scheduling.models import (
         Allocation,

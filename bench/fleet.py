@@ -310,7 +310,7 @@ def seed(nodes: int, gpus: int) -> dict:
     from django.contrib.auth import get_user_model
 
     import scheduling.tasks  # noqa: F401
-    from portal.accounts.services import api_token_create
+    from accounts.services import api_token_create
     from scheduling.choices import WorkloadType
     from scheduling.services import config
     from tenants import services as tenants

@@ -174,7 +174,7 @@ def seed(args) -> dict:
     from django.contrib.auth import get_user_model
 
     import scheduling.tasks  # noqa: F401 - registers the dispatch task the services request
-    from portal.accounts.services import api_token_create
+    from accounts.services import api_token_create
     from scheduling.choices import WorkloadType
     from scheduling.services import config
     from tenants import services as tenants

@@ -1,7 +1,7 @@
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
-from portal.accounts.forms import LoginForm
+from accounts.forms import LoginForm
 
 
 class DirectoryAwareLoginForm(LoginForm):

@@ -16,7 +16,7 @@ import ldap
 from django.conf import settings
 from django_auth_ldap.backend import LDAPBackend
 
-from portal.accounts.models import RobotAccount
+from accounts.models import RobotAccount
 from portal.errors import BusinessError
 
 from .choices import DirectorySource

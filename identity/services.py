@@ -13,8 +13,8 @@ from django.contrib.sessions.models import Session
 from django.db import transaction
 from django.utils import timezone
 
-from portal.accounts.services import api_tokens_revoke_all
-from portal.audit.services import audit_record
+from accounts.services import api_tokens_revoke_all
+from audit.services import audit_record
 from portal.errors import BusinessError
 from tenants.choices import ROLE_RANK, MembershipSource
 from tenants.models import Membership, Tenant

@@ -19,7 +19,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from portal.audit.services import audit_record
+from audit.services import audit_record
 from portal.errors import BusinessError, NotFoundError, PermissionDeniedError
 from scheduling.choices import JobState, QueueState, WorkloadType
 from scheduling.models import Gpu, Job, PriorityClass, Queue, WorkloadPolicy

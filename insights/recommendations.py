@@ -39,8 +39,8 @@ from django.db.models import QuerySet
 from django.urls import reverse
 from django.utils import timezone
 
-from portal.audit.models import AuditEvent
-from portal.audit.services import audit_record
+from audit.models import AuditEvent
+from audit.services import audit_record
 from portal.errors import BusinessError, NotFoundError, PermissionDeniedError
 from scheduling.choices import (
     ExtensionState,

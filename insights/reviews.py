@@ -39,7 +39,7 @@ from django.db.models import BooleanField, Count, ExpressionWrapper, F, Q, Sum
 from django.urls import reverse
 from django.utils import timezone
 
-from portal.audit.models import AuditEvent
+from audit.models import AuditEvent
 from portal.errors import BusinessError
 from scheduling.choices import (
     INFERENCE_TYPES,

@@ -67,8 +67,8 @@ INSTALLED_APPS = [
     "django_htmx",
     "guardian",
     "portal",
-    "portal.audit",
-    "portal.accounts",
+    "audit",
+    "accounts",
     "tenants",
     "identity",
     "scheduling",
@@ -147,7 +147,7 @@ AUTHENTICATION_BACKENDS = [
     # First: refuses a locked-out account before any password is checked.
     "axes.backends.AxesStandaloneBackend",
     # Django's password check, refusing robot accounts (they work through tokens only).
-    "portal.accounts.backends.LocalAccountBackend",
+    "accounts.backends.LocalAccountBackend",
     "guardian.backends.ObjectPermissionBackend",
 ]
 PASSWORD_HASHERS = [
@@ -237,10 +237,10 @@ AXES_LOCKOUT_PARAMETERS = ["username", ["ip_address", "username"]]
 AXES_RESET_ON_SUCCESS = True
 # Attempts while locked do not restart the cool-off, so "try again in N minutes" holds.
 AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
-AXES_LOCKOUT_CALLABLE = "portal.accounts.lockout.lockout_response"
+AXES_LOCKOUT_CALLABLE = "accounts.lockout.lockout_response"
 # The client address axes records is the audit log's (portal.middleware.client_address):
 # X-Forwarded-For counts only when the peer is one of SLUICE_TRUSTED_PROXIES.
-AXES_CLIENT_IP_CALLABLE = "portal.accounts.lockout.client_ip_address"
+AXES_CLIENT_IP_CALLABLE = "accounts.lockout.client_ip_address"
 # Addresses or networks of the reverse proxies in front of the portal (comma-separated, e.g.
 # "127.0.0.1,10.0.0.0/24"). Empty (the default): the connection's peer is the client and
 # X-Forwarded-For is ignored. Listed: X-Forwarded-For is read from the right, skipping hops
@@ -627,7 +627,7 @@ CELERY_BEAT_SCHEDULE["identity-oidc-sessions-expire"] = {
 # --- REST API ---
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "portal.accounts.auth.ApiTokenAuthentication",
+        "accounts.auth.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -667,7 +667,7 @@ SPECTACULAR_SETTINGS = {
         "WorkloadTypeEnum": "scheduling.choices.WorkloadType",
         # A tenant role (admin, member, viewer), and the two a robot account may have.
         "TenantRoleEnum": "tenants.choices.Role",
-        "RobotRoleEnum": "portal.accounts.robots.ROBOT_ROLE_CHOICES",
+        "RobotRoleEnum": "accounts.robots.ROBOT_ROLE_CHOICES",
     },
     # Every operation documents its error answers (400, 401, 403, 404, 409, ...) with the
     # one error shape, {"detail": ..., "errors": {field: [messages]}}.

@@ -2,18 +2,18 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
+from accounts.forms import AdminLoginForm
 from identity import views as identity_views
-from portal.accounts.forms import AdminLoginForm
 
 from . import views
 
 api_v1 = [
-    path("", include("portal.accounts.api.urls")),
+    path("", include("accounts.api.urls")),
     path("", include("tenants.api.urls")),
     path("", include("scheduling.limits.api")),
     path("", include("scheduling.api.urls")),
     path("", include("inference.api.urls")),
-    path("", include("portal.audit.api.urls")),
+    path("", include("audit.api.urls")),
     path("", include("insights.api.urls")),
 ]
 
@@ -41,8 +41,8 @@ urlpatterns = [
     path("", include("scheduling.limits.urls")),
     path("", include("scheduling.urls")),
     path("", include("inference.urls")),
-    path("", include("portal.audit.urls")),
-    path("", include("portal.accounts.urls")),
+    path("", include("audit.urls")),
+    path("", include("accounts.urls")),
     path("", include("insights.urls")),
 ]
 

@@ -2,7 +2,7 @@
 
 from django.contrib import admin
 
-from portal.audit.services import audit_record
+from audit.services import audit_record
 
 from .models import (
     Allocation,

@@ -54,7 +54,7 @@ def project_get_visible(user, project_id: int) -> Project | None:
 def memberships_of_tenant(user, tenant: Tenant) -> QuerySet[Membership]:
     if not (is_platform_admin(user) or role_in(user, tenant)):
         return Membership.objects.none()
-    # user__robot: whether a member is a robot account (portal.accounts), read without a
+    # user__robot: whether a member is a robot account (accounts), read without a
     # query per row and without importing an app above this one.
     return Membership.objects.filter(tenant=tenant).select_related("user__robot", "tenant")
 

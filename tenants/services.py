@@ -8,8 +8,8 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from guardian.shortcuts import assign_perm, remove_perm
 
-from portal.accounts.services import api_tokens_revoke_all
-from portal.audit.services import audit_record, snapshot_fields
+from accounts.services import api_tokens_revoke_all
+from audit.services import audit_record, snapshot_fields
 from portal.errors import BusinessError, PermissionDeniedError
 
 from .choices import MembershipSource, Role

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 
 from django.db import connection
 
-from portal.audit import db as audit_db
+from audit import db as audit_db
 
 
 @contextmanager

@@ -185,7 +185,7 @@ def dispatch_requests(monkeypatch):
 def api_token():
     """``api_token(user, days=None, name=...)`` makes an API token through the service and
     returns ``(token row, key)``; only the key's hash is stored."""
-    from portal.accounts.services import api_token_create
+    from accounts.services import api_token_create
 
     def make(user, *, days=None, name="test token"):
         return api_token_create(user=user, name=name, expires_in_days=days)

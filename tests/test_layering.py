@@ -27,7 +27,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-APPS = ("portal", "tenants", "identity", "scheduling", "inference", "insights")
+APPS = ("portal", "audit", "accounts", "tenants", "identity", "scheduling", "inference", "insights")
 
 #: (layer, module prefixes), lowest first.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
@@ -51,8 +51,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "tenants",
         (
             "tenants",
-            "portal.accounts",
-            "portal.audit",
+            "accounts",
+            "audit",
             "identity.choices",
             "identity.migrations",
             "identity.models",

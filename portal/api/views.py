@@ -1,6 +1,6 @@
 """Shared API plumbing: the input validation helper.
 
-The token endpoints (``auth/token``, ``auth/tokens``) live in ``portal.accounts.api``.
+The token endpoints (``auth/token``, ``auth/tokens``) live in ``accounts.api``.
 """
 
 from rest_framework import serializers

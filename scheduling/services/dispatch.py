@@ -18,7 +18,7 @@ from django.core.cache import cache
 from django.db import connection, transaction
 from django.utils import timezone
 
-from portal.audit.services import audit_record
+from audit.services import audit_record
 from scheduling.agent.protocol import launch_message
 from tenants.selectors import job_unix_account
 

@@ -13,7 +13,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from portal.audit.services import audit_record
+from audit.services import audit_record
 from portal.errors import BusinessError, NotFoundError, PermissionDeniedError
 from portal.sqlrows import ModelInsert
 from portal.text import holds_bad_text

@@ -22,7 +22,7 @@ from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
 
-from portal.audit.services import audit_record
+from audit.services import audit_record
 from portal.errors import BusinessError, NotFoundError, PermissionDeniedError
 from scheduling.agent.protocol import extend_message
 from tenants.choices import Role

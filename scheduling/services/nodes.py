@@ -16,7 +16,7 @@ from django.db import connection, transaction
 from django.db.models import F, Subquery
 from django.utils import timezone
 
-from portal.audit.services import audit_record
+from audit.services import audit_record
 from scheduling.agent.protocol import stop_message
 
 from ..choices import (
@@ -712,7 +712,7 @@ def _utilization(gpus: dict[int, Gpu], beat: dict) -> tuple[datetime, dict[int, 
 def _sent_after_down(node: Node, sent_at: datetime) -> bool:
     """A heartbeat revives a down node only if it was sent after the node was marked down
     (a late message from before the outage must not bring a dead node back)."""
-    from portal.audit.models import AuditEvent
+    from audit.models import AuditEvent
 
     down_at = (
         AuditEvent.objects.filter(

@@ -18,7 +18,7 @@ from django.db.models import Exists, F, OuterRef, Q, QuerySet
 from django.urls import reverse
 from django.utils import timezone
 
-from portal.audit.services import audit_record
+from audit.services import audit_record
 from portal.errors import BusinessError, NotFoundError, PermissionDeniedError
 from tenants.choices import Role
 from tenants.models import Project, Tenant

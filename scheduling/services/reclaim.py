@@ -27,7 +27,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from portal.audit.services import audit_record
+from audit.services import audit_record
 from portal.errors import BusinessError, NotFoundError, PermissionDeniedError
 from tenants.choices import Role
 from tenants.selectors import has_role

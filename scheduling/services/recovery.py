@@ -39,7 +39,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from portal.audit.services import audit_record
+from audit.services import audit_record
 from scheduling.agent.protocol import kill_process_message, stop_message
 
 from ..choices import ACTIVE_STATES, JobState, NodeState, NotificationKind, ReclaimKind, StopReason
@@ -293,7 +293,7 @@ def retention_cleanup(now: datetime | None = None) -> dict | str:
     """The sweep's entry: at most once every ``SLUICE_RETENTION_CLEANUP_SECONDS``."""
     if not cache.add(RETENTION_CLEANUP_KEY, 1, timeout=settings.SLUICE_RETENTION_CLEANUP_SECONDS):
         return "not due"
-    from portal.accounts.services import api_tokens_expired_delete
+    from accounts.services import api_tokens_expired_delete
 
     figures = job_logs_retention_cleanup(now=now)
     api_tokens_expired_delete(now=now or timezone.now())

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from django.core.management import call_command
 
-from portal.accounts.models import ApiToken
+from accounts.models import ApiToken
 from portal.management.commands.seed_demo import DEMO_PASSWORD
 from scheduling.models import Job, PriorityRaise
 

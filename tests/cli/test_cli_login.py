@@ -5,8 +5,8 @@ import json
 import stat
 from pathlib import Path
 
-from portal.accounts.models import ApiToken
-from portal.audit.models import AuditEvent
+from accounts.models import ApiToken
+from audit.models import AuditEvent
 from tests.factories import PASSWORD
 
 

@@ -3,10 +3,10 @@ groups (added, changed, removed, audited with group and source), local membershi
 
 import pytest
 
+from audit.models import AuditEvent
 from identity.choices import DirectorySource, GrantedRole, MappingSource
 from identity.models import DirectoryGroupRole, DirectoryIdentity
 from identity.services import directory_sync_user
-from portal.audit.models import AuditEvent
 from portal.errors import BusinessError
 from tenants.choices import MembershipSource, Role
 from tenants.models import Membership

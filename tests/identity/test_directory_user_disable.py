@@ -8,12 +8,12 @@ from django.contrib.sessions.models import Session
 from django.test import Client
 from django.utils import timezone
 
+from accounts.models import ApiToken
+from accounts.services import api_token_create
+from audit.models import AuditEvent
 from identity.choices import DirectorySource, GrantedRole, MappingSource
 from identity.models import DirectoryGroupRole, DirectoryIdentity
 from identity.services import directory_sync_user, oidc_stale_sessions_end
-from portal.accounts.models import ApiToken
-from portal.accounts.services import api_token_create
-from portal.audit.models import AuditEvent
 from scheduling.choices import JobState
 from tests import factories as f
 

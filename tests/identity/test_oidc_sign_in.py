@@ -8,9 +8,9 @@ import pytest
 import requests
 from django.test import Client
 
+from audit.models import AuditEvent
 from identity.choices import GrantedRole, MappingSource
 from identity.models import DirectoryGroupRole, DirectoryIdentity
-from portal.audit.models import AuditEvent
 from tenants.choices import MembershipSource, Role
 from tenants.models import Membership
 from tests import factories as f

@@ -3,6 +3,7 @@ audited, what makes a new spec version."""
 
 import pytest
 
+from audit.models import AuditEvent
 from inference.choices import ServiceState
 from inference.models import Service
 from inference.services import (
@@ -13,7 +14,6 @@ from inference.services import (
     service_resume,
     service_update,
 )
-from portal.audit.models import AuditEvent
 from portal.errors import BusinessError, NotFoundError, PermissionDeniedError
 from scheduling.choices import JobState
 from tests.inference.factories import replica, set_job

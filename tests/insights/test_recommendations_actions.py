@@ -7,10 +7,10 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
+from audit.models import AuditEvent
 from insights import recommendations as recs
 from insights.choices import RecommendationKind, RecommendationState
 from insights.models import Recommendation
-from portal.audit.models import AuditEvent
 from portal.errors import BusinessError
 from scheduling.choices import NodeState, SimulationState, WorkloadType
 from scheduling.models import Node, Notification, Quota, SimulationRun, WorkloadPolicy

@@ -6,10 +6,10 @@ from datetime import UTC, datetime
 import pytest
 from freezegun import freeze_time
 
+from audit.models import AuditEvent
 from insights import recommendations as recs
 from insights.choices import RecommendationKind, RecommendationState
 from insights.models import Recommendation
-from portal.audit.models import AuditEvent
 from tests.insights import recommendations_helpers as h
 
 pytestmark = pytest.mark.django_db

@@ -8,10 +8,10 @@ import datetime as dt
 import pytest
 from freezegun import freeze_time
 
+from audit.services import audit_record
 from insights import reviews
 from insights.models import PolicyReview
 from insights.tasks import policy_review
-from portal.audit.services import audit_record
 from scheduling.choices import ExtensionState, JobState, ReclaimKind
 from scheduling.models import Notification, PriorityRaise, ReclaimRecord, RuntimeExtension
 from tests import factories as f

@@ -131,7 +131,7 @@ def demo_fortnight(week_start: dt.date) -> None:
     from django.contrib.auth import get_user_model
     from freezegun import freeze_time
 
-    from portal.audit.services import audit_record
+    from audit.services import audit_record
     from scheduling.choices import ExtensionState, JobState, ReclaimKind
     from scheduling.models import (
         Job,

@@ -117,7 +117,7 @@ def test_killed_agent_makes_node_down_and_job_requeued(cluster, it_world):
     assert job.state == JobState.PENDING and job.requeue_count == 1
     assert not Allocation.objects.filter(job=job, released_at__isnull=True).exists()
     assert job.events.filter(kind="lost").exists() and job.events.filter(kind="requeued").exists()
-    from portal.audit.models import AuditEvent
+    from audit.models import AuditEvent
 
     assert (
         AuditEvent.objects.filter(

@@ -10,7 +10,7 @@ def _audit_anchor_per_test(settings, tmp_path):
     new installation: the empty log anchored at its start."""
     from django.utils import timezone
 
-    from portal.audit.anchor import Anchor, anchor_write
+    from audit.anchor import Anchor, anchor_write
 
     settings.SLUICE_AUDIT_ANCHOR = tmp_path / "audit-anchor.json"
     settings.SLUICE_AUDIT_ANCHOR_COPY = None

@@ -3,8 +3,8 @@ revoke one after a confirmation page."""
 
 import pytest
 
-from portal.accounts.models import ApiToken
-from portal.audit.models import AuditEvent
+from accounts.models import ApiToken
+from audit.models import AuditEvent
 
 PAGE = "/account/tokens/"
 

@@ -10,9 +10,9 @@ import json
 import pytest
 from django.db import connection
 
-from portal.accounts import robots
+from accounts import robots
+from audit.models import AuditEvent
 from portal.api.parsers import bad_text_errors
-from portal.audit.models import AuditEvent
 from scheduling.models import Job, JobEvent, Notification
 from scheduling.services import limits, notifications
 from tests import factories as f
@@ -502,7 +502,7 @@ def _fill_path(path: str, world, job) -> str:
 
         ids = {"/": ServiceFactory(queue=serving(world).queue, project=world.project).pk}
     if "/robots/{name}" in path:
-        from portal.accounts.models import RobotAccount
+        from accounts.models import RobotAccount
 
         robot = RobotAccount.objects.filter(tenant=world.tenant, name="ci").first()
         if robot is None:

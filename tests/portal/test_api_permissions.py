@@ -14,7 +14,7 @@ import pytest
 from django.urls import URLPattern, URLResolver, get_resolver, resolve
 from django.urls.resolvers import RoutePattern
 
-from portal.accounts import robots
+from accounts import robots
 from scheduling.choices import JobState
 from scheduling.models import WorkloadPolicy
 from tests import factories as f

@@ -1,12 +1,12 @@
-"""portal.accounts.services: api_token_create, api_token_revoke, api_tokens_revoke_all."""
+"""accounts.services: api_token_create, api_token_revoke, api_tokens_revoke_all."""
 
 from datetime import timedelta
 
 import pytest
 
-from portal.accounts import services
-from portal.accounts.models import ApiToken
-from portal.audit.models import AuditEvent
+from accounts import services
+from accounts.models import ApiToken
+from audit.models import AuditEvent
 from portal.errors import BusinessError, PermissionDeniedError
 
 

@@ -12,8 +12,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from freezegun import freeze_time
 
-from portal.accounts.models import ApiToken
-from portal.audit.models import AuditEvent
+from accounts.models import ApiToken
+from audit.models import AuditEvent
 
 URL = "/api/v1/auth/tokens"
 
@@ -245,7 +245,7 @@ def test_a_request_reads_only_the_token_it_presents(world, api_token, token_clie
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from portal.accounts.services import api_tokens_expired_delete
+    from accounts.services import api_tokens_expired_delete
 
     stale, _ = api_token(world.member, days=1)
     _, key = api_token(world.member, days=30)

@@ -15,9 +15,9 @@ from django.utils import timezone
 from drf_spectacular.generators import SchemaGenerator
 from rest_framework.test import APIClient
 
+from accounts.models import ApiToken
+from accounts.services import api_token_create
 from insights.models import Recommendation
-from portal.accounts.models import ApiToken
-from portal.accounts.services import api_token_create
 from portal.api.strict import NO_BODY, NO_BODY_DETAIL, UNKNOWN_FIELD
 from scheduling.choices import NotificationKind
 from scheduling.models import Job, Notification
@@ -127,7 +127,7 @@ def _robot_objects(world) -> dict:
     ``/auth/tokens/`` above: ``/tokens/`` here is the robot's)."""
     if not any("/robots/" in path for _, path in OPERATIONS + NO_BODY_OPERATIONS):
         return {}
-    from portal.accounts import robots
+    from accounts import robots
 
     robot = robots.robot_create(
         actor=world.platform_admin, tenant=world.tenant, name="ci", role=robots.ROBOT_ROLES[0]

@@ -8,10 +8,10 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection, models, transaction
 
-from portal.audit import chain as audit_chain
-from portal.audit.db import append_only_guard_ensure, append_only_guard_missing
-from portal.audit.models import AppendOnlyError, AuditEvent
-from portal.audit.services import GENESIS_HASH, audit_record, audit_verify_chain
+from audit import chain as audit_chain
+from audit.db import append_only_guard_ensure, append_only_guard_missing
+from audit.models import AppendOnlyError, AuditEvent
+from audit.services import GENESIS_HASH, audit_record, audit_verify_chain
 from tenants import services as tenant_services
 from tests import factories as f
 from tests.audit_helpers import append_only_guard_dropped, tamper

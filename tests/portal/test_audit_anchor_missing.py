@@ -12,12 +12,12 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.utils import timezone
 
-from portal.audit import chain as audit_chain
-from portal.audit.anchor import Anchor, anchor_read, anchor_write
-from portal.audit.apps import _anchor_new_log
-from portal.audit.db import highest_id_ever_used
-from portal.audit.models import AuditEvent
-from portal.audit.services import audit_anchor_new_log, audit_record, audit_verify
+from audit import chain as audit_chain
+from audit.anchor import Anchor, anchor_read, anchor_write
+from audit.apps import _anchor_new_log
+from audit.db import highest_id_ever_used
+from audit.models import AuditEvent
+from audit.services import audit_anchor_new_log, audit_record, audit_verify
 from tests.audit_helpers import audit_ids_never_used, tamper
 
 
@@ -179,7 +179,7 @@ def test_a_copy_this_account_cannot_write_is_a_note_not_a_failure(db, copy_path,
     record(1)
     # The copy is on storage this account may read but not write (a share mounted read-only
     # here, kept up to date by a run on another host): writing it is refused.
-    from portal.audit import services
+    from audit import services
 
     def refuse_the_copy(anchor, path=None):
         if path == copy_path:

@@ -8,8 +8,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from freezegun import freeze_time
 
-from portal.audit.models import AuditEvent
-from portal.audit.services import audit_record
+from audit.models import AuditEvent
+from audit.services import audit_record
 from scheduling.choices import JobState, NodeState
 from scheduling.models import Quota, TenantRaiseCeiling, WorkloadPolicy
 from scheduling.services import config, raises

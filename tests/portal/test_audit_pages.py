@@ -6,8 +6,8 @@ import io
 import pytest
 from django.test import Client
 
-from portal.audit.models import AuditEvent
-from portal.audit.services import audit_record
+from audit.models import AuditEvent
+from audit.services import audit_record
 from scheduling.models import Quota
 from scheduling.services import config
 from tenants import services as tenant_services

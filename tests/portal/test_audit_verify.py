@@ -23,14 +23,14 @@ from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
-from portal.audit import chain as audit_chain
-from portal.audit.anchor import anchor_read
-from portal.audit.models import AuditEvent
-from portal.audit.services import audit_last_verification, audit_record, audit_verify_chain
-from portal.audit.tasks import verify as verify_task
+from audit import chain as audit_chain
+from audit.anchor import anchor_read
+from audit.models import AuditEvent
+from audit.services import audit_last_verification, audit_record, audit_verify_chain
+from audit.tasks import verify as verify_task
 from tests.audit_helpers import append_only_guard_dropped, audit_ids_never_used, tamper
 
-seal_migration = importlib.import_module("portal.audit.migrations.0004_seal_plain_chain")
+seal_migration = importlib.import_module("audit.migrations.0004_seal_plain_chain")
 
 
 def record(n: int) -> list[AuditEvent]:
@@ -346,7 +346,7 @@ def test_the_task_records_the_outcome_and_the_audit_page_shows_it(world, caplog)
     assert 'id="audit-verification"' not in tenant_admin.get("/audit/").content.decode()
 
     tamper("DELETE FROM audit_auditevent WHERE id = %s", [events[-1].pk])
-    with caplog.at_level(logging.ERROR, logger="portal.audit.tasks"):
+    with caplog.at_level(logging.ERROR, logger="audit.tasks"):
         verify_task.delay()
 
     last = audit_last_verification()

@@ -1,5 +1,5 @@
 """POST /api/v1/auth/token and token/session authentication: who gets in, and deactivated
-users never do. Tokens are stored hashed (portal.accounts.ApiToken)."""
+users never do. Tokens are stored hashed (accounts.ApiToken)."""
 
 import hashlib
 from datetime import timedelta
@@ -8,8 +8,8 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from portal.accounts.models import ApiToken
-from portal.audit.models import AuditEvent
+from accounts.models import ApiToken
+from audit.models import AuditEvent
 from tenants import services as tenant_services
 from tests.factories import PASSWORD
 

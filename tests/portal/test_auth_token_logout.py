@@ -4,8 +4,8 @@ import pytest
 from drf_spectacular.generators import SchemaGenerator
 from rest_framework.test import APIClient
 
-from portal.accounts.models import ApiToken
-from portal.audit.models import AuditEvent
+from accounts.models import ApiToken
+from audit.models import AuditEvent
 from tests.factories import PASSWORD
 
 

@@ -9,7 +9,7 @@ import pytest
 from django.test import RequestFactory
 from rest_framework.test import APIClient
 
-from portal.audit.models import AuditEvent
+from audit.models import AuditEvent
 from portal.middleware import client_address
 
 JOBS = "/api/v1/jobs"

@@ -7,7 +7,7 @@ from django.db import connection
 from django.db.migrations.recorder import MigrationRecorder
 from django.utils import timezone
 
-migration = importlib.import_module("portal.accounts.migrations.0002_drop_plaintext_drf_tokens")
+migration = importlib.import_module("accounts.migrations.0002_drop_plaintext_drf_tokens")
 
 
 def _editor():

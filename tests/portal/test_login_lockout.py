@@ -15,8 +15,8 @@ from django.utils import timezone
 from freezegun import freeze_time
 from rest_framework.test import APIClient
 
-from portal.accounts.models import ApiToken
-from portal.audit.models import AuditEvent
+from accounts.models import ApiToken
+from audit.models import AuditEvent
 from tests.factories import PASSWORD
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -117,12 +117,12 @@ class Site:
 
 @pytest.fixture
 def site(db) -> Site:
+    from accounts import robots
+    from accounts.services import api_token_create
     from inference.models import Service
     from insights.models import Recommendation
     from insights.recommendations import recommendations_refresh
     from insights.reviews import last_completed_week, policy_review_write
-    from portal.accounts import robots
-    from portal.accounts.services import api_token_create
     from scheduling.choices import SimulationState
     from scheduling.models import (
         Node,

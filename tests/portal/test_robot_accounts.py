@@ -8,9 +8,9 @@ import pytest
 from django.utils import timezone
 from freezegun import freeze_time
 
-from portal.accounts import robots
-from portal.accounts.models import ApiToken, RobotAccount
-from portal.audit.models import AuditEvent
+from accounts import robots
+from accounts.models import ApiToken, RobotAccount
+from audit.models import AuditEvent
 from portal.errors import BusinessError, PermissionDeniedError
 from tenants.models import Membership
 

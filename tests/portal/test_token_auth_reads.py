@@ -1,5 +1,5 @@
 """The API token check reads its tokens with one hand-written statement
-(portal.accounts.auth._tokens_with_key) and keeps knox's rules: the digest of the
+(accounts.auth._tokens_with_key) and keeps knox's rules: the digest of the
 whole key must match, an expired token is refused and deleted, an inactive user is refused."""
 
 from datetime import timedelta
@@ -8,8 +8,8 @@ import pytest
 from django.utils import timezone
 from knox.crypto import hash_token
 
-from portal.accounts.auth import _tokens_with_key
-from portal.accounts.models import ApiToken
+from accounts.auth import _tokens_with_key
+from accounts.models import ApiToken
 
 pytestmark = pytest.mark.django_db
 

@@ -2,7 +2,7 @@
 
 from datetime import UTC, datetime
 
-from portal.audit.models import AuditEvent
+from audit.models import AuditEvent
 from scheduling.choices import JobState
 from scheduling.models import Notification
 from scheduling.services import nodes

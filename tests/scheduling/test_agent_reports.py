@@ -5,7 +5,7 @@ from datetime import timedelta
 from django.utils import timezone
 from freezegun import freeze_time
 
-from portal.audit.models import AuditEvent
+from audit.models import AuditEvent
 from scheduling.choices import GpuHealth, JobState, NodeState
 from scheduling.models import Allocation, Gpu, Job, Node
 from scheduling.services.dispatch import dispatch_cycle

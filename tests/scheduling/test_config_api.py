@@ -3,7 +3,7 @@ writes are validated, audited with before/after, and bad input never becomes a 5
 
 import pytest
 
-from portal.audit.models import AuditEvent
+from audit.models import AuditEvent
 from scheduling.models import Node, PriorityClass, Queue, Quota, ResourcePool, WorkloadPolicy
 from tests import factories as f
 

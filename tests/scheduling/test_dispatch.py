@@ -8,7 +8,7 @@ from django.core.cache import cache
 from django.db import connection
 from django.utils import timezone
 
-from portal.audit.models import AuditEvent
+from audit.models import AuditEvent
 from scheduling.choices import JobState, NodeState, StopReason
 from scheduling.models import Allocation, Job, Node, Quota
 from scheduling.positions import positions_attach

@@ -8,7 +8,7 @@ from django.core.cache import cache
 from django.utils import timezone
 from freezegun import freeze_time
 
-from portal.audit.models import AuditEvent
+from audit.models import AuditEvent
 from scheduling.choices import JobState, StopReason
 from scheduling.models import Allocation, Job
 from scheduling.services.dispatch import dispatch_cycle

@@ -2,7 +2,7 @@
 
 import pytest
 
-from portal.audit.models import AuditEvent
+from audit.models import AuditEvent
 from portal.errors import BusinessError, NotFoundError, PermissionDeniedError
 from scheduling.choices import JobState, StopReason
 from scheduling.models import JobEvent

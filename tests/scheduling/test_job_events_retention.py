@@ -7,7 +7,7 @@ import pytest
 from django.core.cache import cache
 from django.utils import timezone
 
-from portal.audit.models import AuditEvent
+from audit.models import AuditEvent
 from scheduling.choices import JobState
 from scheduling.models import JobEvent
 from scheduling.services import sweeps

@@ -2,7 +2,7 @@
 
 import pytest
 
-from portal.audit.models import AuditEvent
+from audit.models import AuditEvent
 from scheduling.choices import JobState
 from scheduling.models import Job, JobEvent, Queue
 from tests import factories as f

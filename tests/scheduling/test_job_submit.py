@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import pytest
 from freezegun import freeze_time
 
-from portal.audit.models import AuditEvent
+from audit.models import AuditEvent
 from portal.errors import BusinessError, PermissionDeniedError
 from scheduling.choices import JobState, QueueState, WorkloadType
 from scheduling.models import Job, JobEvent, ProjectQuota, Queue, Quota

@@ -2,7 +2,7 @@
 
 import pytest
 
-from portal.audit.models import AuditEvent
+from audit.models import AuditEvent
 from scheduling.choices import JobState, WorkloadType
 from scheduling.models import Job, JobEvent
 from scheduling.services.jobs import JobSpec, job_submit, job_submit_bulk

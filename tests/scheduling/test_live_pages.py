@@ -7,7 +7,7 @@ import logging
 import pytest
 from django.core.management import call_command
 
-from portal.audit.models import AuditEvent
+from audit.models import AuditEvent
 from scheduling.choices import JobState, NodeState, RaiseState
 from scheduling.forms import format_duration, parse_duration
 from scheduling.models import Job, JobEvent, Node, PriorityRaise, TenantRaiseCeiling

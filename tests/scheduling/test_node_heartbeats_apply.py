@@ -10,8 +10,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from freezegun import freeze_time
 
-from portal.audit.models import AuditEvent
-from portal.audit.services import audit_record
+from audit.models import AuditEvent
+from audit.services import audit_record
 from scheduling.choices import JobState, NodeState
 from scheduling.models import Gpu, Job, Node
 from scheduling.services.dispatch import dispatch_cycle

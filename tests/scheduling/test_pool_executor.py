@@ -5,7 +5,7 @@ static capabilities of its kind; nodes' labels and executors' capabilities come 
 
 from django.utils import timezone
 
-from portal.audit.models import AuditEvent
+from audit.models import AuditEvent
 from scheduling.executors.capabilities import STATIC_CAPABILITIES
 from scheduling.models import Node, ResourcePool
 from scheduling.tasks import agent_report

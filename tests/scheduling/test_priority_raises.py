@@ -8,7 +8,7 @@ from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection, transaction
 from freezegun import freeze_time
 
-from portal.audit.models import AuditEvent
+from audit.models import AuditEvent
 from portal.errors import BusinessError, NotFoundError, PermissionDeniedError
 from scheduling.choices import JobState, NotificationKind, RaiseState
 from scheduling.models import Job, JobEvent, Notification, PriorityRaise

@@ -7,7 +7,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from portal.audit.models import AuditEvent
+from audit.models import AuditEvent
 from scheduling.choices import RaiseState
 from scheduling.models import JobEvent, Notification, PriorityRaise
 from scheduling.services import raises

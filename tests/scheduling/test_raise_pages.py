@@ -235,7 +235,7 @@ def test_no_second_request_form_while_one_waits(world, ceiling, job):
 
 
 def test_ceiling_set_in_the_django_admin_is_audited_like_the_api(world, urgent):
-    from portal.audit.models import AuditEvent
+    from audit.models import AuditEvent
     from scheduling.models import TenantRaiseCeiling
 
     client = client_for(world.platform_admin)

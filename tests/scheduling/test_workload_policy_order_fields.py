@@ -5,7 +5,7 @@ pages that show policies; platform admins only."""
 import pytest
 from django.forms.models import model_to_dict
 
-from portal.audit.models import AuditEvent
+from audit.models import AuditEvent
 from scheduling.models import WorkloadPolicy
 from tests import factories as f
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from portal.audit.models import AuditEvent
+from audit.models import AuditEvent
 from tenants.choices import Role
 from tenants.models import Membership
 from tests import factories as f

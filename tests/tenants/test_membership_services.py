@@ -2,7 +2,7 @@
 
 import pytest
 
-from portal.audit.models import AuditEvent
+from audit.models import AuditEvent
 from portal.errors import BusinessError, PermissionDeniedError
 from tenants import services
 from tenants.choices import Role

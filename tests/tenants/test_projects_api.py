@@ -2,7 +2,7 @@
 
 import pytest
 
-from portal.audit.models import AuditEvent
+from audit.models import AuditEvent
 from scheduling.models import Job, JobEvent
 from tenants.models import Project
 from tenants.selectors import can_submit_to_project

@@ -107,8 +107,8 @@ SELECTOR_MODULES = (
     "scheduling/limits/selectors.py",
     "insights/usage.py",
     "insights/recommendations.py",
-    "portal/audit/selectors.py",
-    "portal/accounts/selectors.py",
+    "audit/selectors.py",
+    "accounts/selectors.py",
     "inference/selectors.py",
 )
 

@@ -3,8 +3,8 @@
 import pytest
 from django.contrib.auth import get_user_model
 
-from portal.accounts.models import ApiToken
-from portal.audit.models import AuditEvent
+from accounts.models import ApiToken
+from audit.models import AuditEvent
 
 User = get_user_model()
 

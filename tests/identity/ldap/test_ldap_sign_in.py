@@ -6,10 +6,10 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ImproperlyConfigured
 
+from audit.models import AuditEvent
 from identity.choices import DirectorySource
 from identity.ldap_config import ldap_settings
 from identity.models import DirectoryIdentity
-from portal.audit.models import AuditEvent
 from tenants.models import Membership
 
 from .slapd import PEOPLE

@@ -5,10 +5,10 @@ audited; a group change syncs roles; an unreachable directory deactivates nobody
 import pytest
 from django.contrib.auth import get_user_model
 
+from accounts.models import ApiToken
+from audit.models import AuditEvent
 from identity.ldap import DirectoryUnavailable, ldap_sync_all
 from identity.tasks import ldap_sync
-from portal.accounts.models import ApiToken
-from portal.audit.models import AuditEvent
 from tenants.models import Membership
 
 pytestmark = pytest.mark.django_db

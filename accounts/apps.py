@@ -4,7 +4,7 @@ from django.apps import AppConfig
 class AccountsConfig(AppConfig):
     """Sign-in and API credentials: hashed API tokens and the failed sign-in lockout."""
 
-    name = "portal.accounts"
+    name = "accounts"
     label = "accounts"
     verbose_name = "Accounts and API tokens"
 

@@ -2,7 +2,7 @@
 
 from django.db import migrations
 
-from portal.audit import db as audit_db
+from audit import db as audit_db
 
 
 def forwards(apps, schema_editor):

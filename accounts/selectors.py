@@ -1,6 +1,6 @@
 """Reads of API tokens, always scoped to the user asking.
 
-``portal.accounts`` sits below ``tenants`` (DESIGN §3): it imports nothing of ``tenants``
+``accounts`` sits below ``tenants`` (DESIGN §3): it imports nothing of ``tenants``
 when loaded; who is a platform admin is read from ``tenants.scoping`` when a read runs.
 """
 

@@ -16,7 +16,7 @@ def _ensure_append_only_guard(sender, using, **kwargs) -> None:
 
 def _anchor_new_log(sender, using, **kwargs) -> None:
     """A log that never held an event is anchored at its start, so that a missing anchor
-    is reported from the first event on (see portal.audit.anchor)."""
+    is reported from the first event on (see audit.anchor)."""
     from django.db import DEFAULT_DB_ALIAS
 
     from .db import _table_exists
@@ -31,7 +31,7 @@ def _anchor_new_log(sender, using, **kwargs) -> None:
 
 
 class AuditConfig(AppConfig):
-    name = "portal.audit"
+    name = "audit"
     label = "audit"
     verbose_name = "Audit log"
 

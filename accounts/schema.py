@@ -5,7 +5,7 @@ from drf_spectacular.plumbing import build_bearer_security_scheme_object
 
 
 class ApiTokenScheme(OpenApiAuthenticationExtension):
-    target_class = "portal.accounts.auth.ApiTokenAuthentication"
+    target_class = "accounts.auth.ApiTokenAuthentication"
     name = "apiToken"
 
     def get_security_definition(self, auto_schema):

@@ -1,6 +1,6 @@
 """Reads of the audit log, scoped to the user asking.
 
-``portal.audit`` sits below ``tenants`` (DESIGN §3): it imports nothing of ``tenants`` when
+``audit`` sits below ``tenants`` (DESIGN §3): it imports nothing of ``tenants`` when
 loaded. The one scoping rule (``tenants.scoping``) is imported where a read runs, as the
 tenant model is looked up by name, so the rule is not written a second time here.
 """

@@ -1,7 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from portal.audit.anchor import anchor_copy_path, anchor_path
-from portal.audit.services import audit_verify
+from audit.anchor import anchor_copy_path, anchor_path
+from audit.services import audit_verify
 
 
 class Command(BaseCommand):

@@ -48,6 +48,30 @@ def _lock_chain() -> None:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_CHAIN_LOCK_KEY])
 
 
+def audit_chain_lock() -> None:
+    """Lock the chain until the transaction ends, for a caller that reads its head in a
+    statement of its own (``audit_chain_head_sql``) and hands it to ``audit_record``."""
+    _lock_chain()
+
+
+def audit_chain_head_sql() -> str:
+    """The newest event's hash (NULL when there is none) as a scalar subquery, for a
+    statement run after ``audit_chain_lock`` in the same transaction: each statement sees
+    what committed before it began (READ COMMITTED), so one begun under the lock sees every
+    event appended before it, as ``audit_record``'s own read does."""
+    quote = connection.ops.quote_name
+    table, id_, hash_ = (
+        quote(AuditEvent._meta.db_table),
+        quote(AuditEvent._meta.pk.column),
+        quote(AuditEvent._meta.get_field("hash").column),
+    )
+    return f"(SELECT {hash_} FROM {table} ORDER BY {id_} DESC LIMIT 1)"
+
+
+#: ``audit_record`` reads the chain's head itself (no ``chain_head`` given).
+_READ_HEAD: Any = object()
+
+
 # No savepoint of its own: the event belongs to its caller's transaction (a failure here
 # fails the audited change too), and a savepoint cost two statements inside the chain lock.
 @transaction.atomic(savepoint=False)
@@ -63,15 +87,23 @@ def audit_record(
     before: dict | None = None,
     after: dict | None = None,
     reason: str = "",
+    chain_head: str | None = _READ_HEAD,
 ) -> AuditEvent:
-    """Append one audit event; ``target`` (a model instance) fills type, id and label."""
+    """Append one audit event; ``target`` (a model instance) fills type, id and label.
+
+    ``chain_head``: the chain's newest hash as the caller read it, in this transaction
+    after ``audit_chain_lock``, with ``audit_chain_head_sql`` inside a statement it runs
+    anyway (a submission's insert): the lock and the read are then not made again."""
     if target is not None:
         target_type = target_type or target._meta.label_lower
         target_id = target_id or target.pk
         target_label = target_label or str(target)
     context = current_request_context()
-    _lock_chain()
-    last = _chain_head_hash()
+    if chain_head is _READ_HEAD:
+        _lock_chain()
+        last = _chain_head_hash()
+    else:
+        last = chain_head
     actor_obj = actor if actor is not None and getattr(actor, "is_authenticated", False) else None
     event = AuditEvent(
         created_at=timezone.now(),
@@ -102,14 +134,8 @@ _INSERT = ModelInsert(AuditEvent)
 
 def _chain_head_hash() -> str | None:
     """The newest event's hash (read under the chain's lock)."""
-    quote = connection.ops.quote_name
-    table, id_, hash_ = (
-        quote(AuditEvent._meta.db_table),
-        quote(AuditEvent._meta.pk.column),
-        quote(AuditEvent._meta.get_field("hash").column),
-    )
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {hash_} FROM {table} ORDER BY {id_} DESC LIMIT 1")
+        cursor.execute(f"SELECT {audit_chain_head_sql()}")
         row = cursor.fetchone()
     return row[0] if row else None
 

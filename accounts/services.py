@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
-from portal.audit.services import audit_record
+from audit.services import audit_record
 from portal.errors import BusinessError, PermissionDeniedError
 
 from .constants import (

@@ -8,7 +8,7 @@ without the audit key can write a new seal. Nothing is written on an empty log.
 from django.db import migrations
 from django.utils import timezone
 
-from portal.audit import chain
+from audit import chain
 
 
 def seal(apps, schema_editor):
