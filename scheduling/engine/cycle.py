@@ -69,12 +69,17 @@ class CycleState:
         self._build_claims()
         for slice_ in self.slices.values():
             slice_.build()
-        bounded = frozenset(
-            job.id
-            for job in cluster.pending
-            if job.reserved_gpu_ids and overdue(job, self.now, policy)
-        )
-        self.previous = PreviousReservations(cluster.pending, self.locator, self.now, bounded)
+        # Jobs past their maximum wait that hold a reservation handed back: *bounded*, they
+        # are considered first (see .ordering), their reservations held from the start
+        # (see .reservations).
+        self.bounded: frozenset[int] = frozenset()
+        if policy.backfill and not policy.global_fifo:
+            self.bounded = frozenset(
+                job.id
+                for job in cluster.pending
+                if job.reserved_gpu_ids and overdue(job, self.now, policy)
+            )
+        self.previous = PreviousReservations(cluster.pending, self.locator, self.now, self.bounded)
         self.has_previous = bool(self.previous)
         # Without backfill jobs start strictly in order, the pool's first blocked job
         # holding back everything behind it: GPUs held for a later job's old reservation
@@ -84,8 +89,7 @@ class CycleState:
         # preemption keeps GPUs) have one handed on (see .explaining).
         self.hold_previous = self.has_previous and policy.backfill
         if self.hold_previous:
-            # Past their maximum wait, jobs' reservations bind every class (.reservations).
-            self.previous.hold_bounded()
+            self.previous.hold_bounded()  # they bind every job considered before them
         if policy.global_fifo and self.hold_previous:
             self.previous.hold_class(None)  # one queue: no class may ignore a hold
 

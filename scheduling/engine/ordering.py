@@ -11,7 +11,7 @@ such a queue that stays unplaced although it could run blocks the rest of it.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Final
 
 from .cycle import CycleState
@@ -42,8 +42,13 @@ class Ordering:
         if policy.fair_share:
             tenants = {job.tenant for job in cluster.pending}
             self._shares = {tenant: self._share(tenant) for tenant in tenants}
-            return fair_share_order(cluster.pending, self._shares, sizes, policy.fair_share_band)
-        return class_order(cluster.pending, sizes)
+            order = fair_share_order(cluster.pending, self._shares, sizes, policy.fair_share_band)
+        else:
+            order = class_order(cluster.pending, sizes)
+        bounded = self.state.bounded
+        if not bounded:
+            return order
+        return bounded_first(order, [job for job in cluster.pending if job.id in bounded])
 
     def placed(self, tenant: str) -> None:
         """A job of ``tenant`` was placed: its share counts the GPUs."""
@@ -82,3 +87,33 @@ class Ordering:
         if queue is not None and queue.strict_fifo and queue.id not in self._queue_heads:
             self._queue_heads[queue.id] = (job.id, code, floor)
             self.heads_known = True
+
+
+def _reserved_key(job: PendingJob) -> tuple[float, int]:
+    start = job.reserved_start
+    return (INF if start is None else start, job.id)
+
+
+def bounded_first(order: Iterable[PendingJob], bounded: list[PendingJob]) -> Iterator[PendingJob]:
+    """``order`` with the ``bounded`` jobs (past their maximum wait, holding a reservation
+    handed back: see :mod:`.order`) moved ahead of every job that may not pass them,
+    earliest reservation first: only a job of a strictly higher class that may preempt
+    still goes before one. Considered before the others, a bounded job keeps its
+    reservation while its GPUs and quota are free by its start, and conservative backfill
+    keeps everyone considered after it from delaying it."""
+    waiting = sorted(bounded, key=_reserved_key)
+    ids = {job.id for job in waiting}
+    for job in order:
+        if waiting:
+            passes = job.can_preempt
+            priority = job.priority
+            left: list[PendingJob] = []
+            for held in waiting:
+                if passes and priority > held.priority:
+                    left.append(held)
+                else:
+                    yield held
+            waiting = left
+        if job.id not in ids:
+            yield job
+    yield from waiting

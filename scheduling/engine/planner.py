@@ -250,6 +250,10 @@ class Planner:
                     self._place(job, option, chosen, mode, end)
                     return None
             gpus_promised |= option.slice.fits_ignoring_reservations(gpus, nodes)
+        if not guaranteed and not soon_guaranteed and job.id in state.bounded:
+            kept = self._keep_bound(job, options, runtime, floor, bool(borrowing or soon_borrowing))
+            if kept is not None:
+                return kept
         if guaranteed or soon_guaranteed:
             return self._wait_for_gpus(
                 job,
@@ -276,6 +280,30 @@ class Planner:
         """Whether the job has waited its maximum wait (see :mod:`.order`): a reservation
         it makes is then bounded (see :mod:`.reservations`)."""
         return overdue(job, self.now, self.policy)
+
+    def _keep_bound(
+        self,
+        job: PendingJob,
+        options: list[Option],
+        runtime: float,
+        floor: float | None,
+        borrows: bool,
+    ) -> tuple[str, float] | None:
+        """A bounded job (see :mod:`.ordering`) that its guarantee does not admit now keeps
+        its reservation if its GPUs and the quota are free by its start (the quota its
+        tenant's own work took since is free by then); None: it is planned as any job."""
+        slot = self.reserving.previous_slot(job, options, floor)
+        if slot is None or slot.start <= self.now:
+            return None
+        reserved = self.reserving.reserve(job, slot, runtime)
+        option = slot.option
+        if borrows:
+            code, message = reasons.WAITING_FOR_GPUS, self.explaining.gpus_message(job, option)
+        else:
+            code = reasons.WAITING_FOR_QUOTA
+            message = self.explaining.quota_message(job, option.account, option.slice)
+        self.explaining.wait(job, code, message, slot.start, reserved, True)
+        return code, slot.start
 
     def _gang_waited_enough(self, job: PendingJob) -> bool:
         """Whether a job of several nodes has waited long enough to reserve GPUs as a

@@ -41,7 +41,11 @@ class Reserving:
         if state.claims:
             self._release_claims(job.id)
         if state.hold_previous:
-            if job.priority != self._class and not state.policy.global_fifo:
+            if (
+                job.priority != self._class
+                and not state.policy.global_fifo
+                and job.id not in state.bounded  # considered ahead of its class (.ordering)
+            ):
                 self._class = job.priority
                 state.previous.hold_class(job.priority)
             state.previous.turn(job.id)

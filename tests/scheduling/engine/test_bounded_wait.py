@@ -58,11 +58,12 @@ def test_a_job_not_past_its_maximum_wait_gets_no_guaranteed_start():
 
 
 def test_a_later_smaller_job_ahead_by_fair_share_does_not_take_the_bounded_gpus():
-    # Job 2 (tenant b, no usage) is ahead of job 1 by fair share and fits the 2 idle GPUs
-    # now, but would run past NOW + 600.
+    # Job 2 (tenant b, no usage) would be ahead of job 1 by fair share and fits the 2 idle
+    # GPUs now, but would run past NOW + 600: the bounded job is considered first.
     small = job(2, "b", gpus=2, runtime=3600, submitted=NOW + 1)
     first, result = _next_cycle([small])
-    assert result.pending[2].pool_position == 1  # ahead of the overdue job
+    assert result.pending[1].pool_position == 1
+    assert result.pending[2].pool_position == 2
     assert result.placements == []
     assert result.pending[1].estimated_start == NOW + 600
     assert result.pending[1].guaranteed_start == NOW + 600
@@ -76,6 +77,7 @@ def test_without_the_bound_the_same_job_takes_the_gpus():
     small = job(2, "b", gpus=2, runtime=3600, submitted=NOW + 1)
     _, result = _next_cycle([small], overdue=False)
     assert [p.job_id for p in result.placements] == [2]
+    assert result.pending[1].guaranteed_start is None
     assert result.pending[1].estimated_start > NOW + 600
 
 

@@ -36,6 +36,8 @@ GAINS = (0.0, 0.0, 1800.0)
 GANG_RESERVES = (0.0, 0.0, 600.0)
 # After how long a job is ordered with the next class up (0: off); jobs waited 0-10,000 s.
 CLASS_AGINGS = (0.0, 0.0, 3000.0)
+# Maximum waits: past it a job's reservation is bounded (12 h: no job here is past it).
+MAX_WAITS = (43200.0, 3000.0, 3000.0)
 
 
 @st.composite
@@ -157,6 +159,7 @@ def snapshots(draw) -> Snapshot:
         preemption_min_gain_seconds=draw(st.sampled_from(GAINS)),
         gang_borrower_reserve_seconds=draw(st.sampled_from(GANG_RESERVES)),
         class_aging_seconds=draw(st.sampled_from(CLASS_AGINGS)),
+        max_wait_seconds=draw(st.sampled_from(MAX_WAITS)),
     )
 
 
@@ -246,6 +249,7 @@ def crowded_tenants(draw) -> Snapshot:
         preemption_min_gain_seconds=draw(st.sampled_from(GAINS)),
         gang_borrower_reserve_seconds=draw(st.sampled_from(GANG_RESERVES)),
         class_aging_seconds=draw(st.sampled_from(CLASS_AGINGS)),
+        max_wait_seconds=draw(st.sampled_from(MAX_WAITS)),
     )
 
 
@@ -450,3 +454,134 @@ def test_decisions_only_cycles_after_preemptions(snap):
         assert (fast.placements, fast.preemptions) == (full.placements, full.preemptions)
         sim.next_event()
         sim.advance(sim.snap.now + pause)
+
+
+@st.composite
+def arriving_work(draw) -> tuple[Snapshot, list[PendingJob]]:
+    """One pool of one GPU model, busy, with jobs waiting and more arriving over the next
+    two hours, of three classes that may not preempt, tenants waiting for their
+    guarantees at times; the maximum wait is short, so many reservations are bounded."""
+    nodes = []
+    for node_id in range(draw(st.integers(1, 3))):
+        gpus = [
+            GpuInfo(node_id * 10 + index, node_id, index, "H100", 81920)
+            for index in range(draw(st.sampled_from([4, 8])))
+        ]
+        nodes.append(NodeInfo(node_id, f"n{node_id}", "training", gpus))
+    total = sum(len(node.gpus) for node in nodes)
+    # Guarantees of at least the largest node, none to borrow (a reclaim is a preemption).
+    largest = max(len(node.gpus) for node in nodes)
+    quotas = [
+        QuotaInfo(tenant, "training", "", draw(st.integers(largest, total)), 0, None)
+        for tenant in TENANTS
+    ]
+    running = []
+    for node in nodes:
+        free = [gpu.id for gpu in node.gpus]
+        while free and draw(st.integers(0, 3)) > 0:
+            size = draw(st.integers(1, len(free)))
+            running.append(
+                RunningJob(
+                    id=1000 + len(running),
+                    tenant=draw(st.sampled_from(TENANTS)),
+                    pool="training",
+                    workload_type="training",
+                    priority=100,
+                    priority_class="normal",
+                    preemptible=True,
+                    gpu_ids=tuple(free[:size]),
+                    gpu_model="H100",
+                    borrowed=False,
+                    started_at=NOW - 10,
+                    max_runtime_seconds=draw(st.sampled_from([600, 1800, 3600])),
+                )
+            )
+            del free[:size]
+    jobs = []
+    for job_id in range(1, draw(st.integers(2, 16)) + 1):
+        priority, name = draw(st.sampled_from(CLASSES))
+        per_node = draw(st.sampled_from([1, 1, 2, 4, 8]))
+        jobs.append(
+            PendingJob(
+                id=job_id,
+                tenant=draw(st.sampled_from(TENANTS)),
+                project="p",
+                queue_id=1,
+                pool="training",
+                workload_type="training",
+                priority=priority,
+                priority_class=name,
+                preemptible=True,
+                can_preempt=False,
+                gpus_per_node=min(per_node, largest),
+                nodes=draw(st.sampled_from([1, 1, 1, 2])) if len(nodes) > 1 else 1,
+                gpu_models=(),
+                min_gpu_memory_mb=0,
+                submitted_at=NOW + draw(st.sampled_from([-3000, -600, 0, 0, 300, 1200, 4000])),
+                max_runtime_seconds=draw(st.sampled_from([300, 900, 3600, 7200])),
+            )
+        )
+    snap = Snapshot(
+        now=NOW,
+        nodes=nodes,
+        quotas=quotas,
+        queues=[QueueInfo(1, "open", "a")],
+        running=running,
+        pending=[job for job in jobs if job.submitted_at <= NOW],
+        usage={tenant: draw(st.floats(0, 1e5)) for tenant in TENANTS},
+        fair_share=draw(st.booleans()),
+        preemption=draw(st.booleans()),
+        max_wait_seconds=draw(st.sampled_from([300.0, 900.0])),
+    )
+    return snap, [job for job in jobs if job.submitted_at > NOW]
+
+
+@dataclasses.dataclass
+class BoundedReplay(Simulation):
+    """A replay with jobs arriving at their submit times; records the first guaranteed
+    start each job is given."""
+
+    arrivals: list = dataclasses.field(default_factory=list)
+    bounds: dict = dataclasses.field(default_factory=dict)
+
+    def step(self):
+        result = super().step()
+        for info in result.pending.values():
+            if info.guaranteed_start is not None:
+                assert info.estimated_start is not None
+                assert info.estimated_start <= info.guaranteed_start
+                self.bounds.setdefault(info.job_id, info.guaranteed_start)
+        return result
+
+    def advance(self, until: float) -> None:
+        super().advance(until)
+        arrived = [job for job in self.arrivals if job.submitted_at <= until]
+        self.arrivals = [job for job in self.arrivals if job.submitted_at > until]
+        self.snap.pending.extend(arrived)
+
+    def run(self, cycles: int = 1000) -> None:
+        for _ in range(cycles):
+            self.step()
+            upcoming = [t for t in (self.next_event(),) if t is not None]
+            upcoming += [job.submitted_at for job in self.arrivals]
+            if not upcoming:
+                break
+            self.advance(max(min(upcoming), self.snap.now))
+
+
+@FAST
+@given(arriving_work())
+def test_a_bounded_job_starts_no_later_than_its_bound(work):
+    """Once a job past its maximum wait holds a reservation, it starts by the guaranteed
+    start it was first given, whatever arrives later and whatever backfills, as long as
+    running jobs end by their limits and no class that may preempt is involved."""
+    snap, arrivals = work
+    replay = BoundedReplay(snap, arrivals=arrivals)
+    replay.run()
+    for job_id, bound in replay.bounds.items():
+        assert job_id in replay.started, (job_id, bound - NOW)
+        assert replay.started[job_id] <= bound + 1e-6, (
+            job_id,
+            replay.started[job_id] - NOW,
+            bound - NOW,
+        )
