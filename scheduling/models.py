@@ -538,6 +538,17 @@ class Job(models.Model):
     def estimated_start(self, value) -> None:
         self._set_standing(2, value)
 
+    @property
+    def guaranteed_start(self):
+        """When the job is guaranteed to start by: set once it has waited its maximum wait
+        and holds a reservation that backfill and later jobs may not take (None
+        otherwise; scheduling/engine/reservations.py says what the bound does not cover)."""
+        return self._standing()[3]
+
+    @guaranteed_start.setter
+    def guaranteed_start(self, value) -> None:
+        self._set_standing(3, value)
+
     def _standing(self) -> tuple:
         cached = self.__dict__.get("_standing_cache")
         if cached is None:
@@ -547,7 +558,7 @@ class Job(models.Model):
         return cached
 
     def _set_standing(self, index: int, value) -> None:
-        values = list(self.__dict__.get("_standing_cache") or (None, None, None))
+        values = list(self.__dict__.get("_standing_cache") or (None, None, None, None))
         values[index] = value
         self.__dict__["_standing_cache"] = tuple(values)
 
@@ -577,6 +588,10 @@ class PoolEstimates(models.Model):
     computed_at = models.DateTimeField()
     starts = models.JSONField(
         default=dict, help_text='{"<job id>": unix seconds, or null when unknown}'
+    )
+    guaranteed = models.JSONField(
+        default=dict,
+        help_text='{"<job id>": unix seconds} of the jobs holding a bounded reservation',
     )
 
     class Meta:

@@ -47,8 +47,9 @@ def positions_attached(job: Job) -> bool:
 
 
 def positions_attach(jobs: Iterable[Job]) -> list[Job]:
-    """Set ``queue_position``, ``pool_position`` and ``estimated_start`` of every job, two
-    queries whatever their number (none when no job waits); returns the jobs as a list."""
+    """Set ``queue_position``, ``pool_position``, ``estimated_start`` and
+    ``guaranteed_start`` of every job, two queries whatever their number (none when no
+    job waits); returns the jobs as a list."""
     from .models import PoolEstimates
 
     jobs = list(jobs)
@@ -60,20 +61,27 @@ def positions_attach(jobs: Iterable[Job]) -> list[Job]:
     # A job has an estimate once a cycle planned it, and that cycle ranked it too: the
     # pools to read estimates from are those of the ranked jobs found waiting.
     waiting = {j.pk for j in ranked if j.state == JobState.PENDING and j.pk in found}
-    starts: dict[int, dict] = {}
+    starts: dict[int, tuple[dict, dict]] = {}
     if waiting:
         pools = {found[pk][2] for pk in waiting}
-        starts = dict(
-            PoolEstimates.objects.filter(pool_id__in=pools).values_list("pool_id", "starts")
-        )
+        rows = PoolEstimates.objects.filter(pool_id__in=pools)
+        starts = {
+            pool: (row, bounds)
+            for pool, row, bounds in rows.values_list("pool_id", "starts", "guaranteed")
+        }
     for job in jobs:
         queue_position, pool_position, pool_id = found.get(job.pk, (None, None, None))
-        estimate = None
+        estimate = bound = None
         if job.pk in waiting:
-            value = starts.get(pool_id, {}).get(str(job.pk))
-            estimate = datetime.fromtimestamp(value, tz=UTC) if value is not None else None
-        job.__dict__["_standing_cache"] = (queue_position, pool_position, estimate)
+            pool_starts, pool_bounds = starts.get(pool_id, ({}, {}))
+            estimate = _when(pool_starts.get(str(job.pk)))
+            bound = _when(pool_bounds.get(str(job.pk)))
+        job.__dict__["_standing_cache"] = (queue_position, pool_position, estimate, bound)
     return jobs
+
+
+def _when(value: int | None) -> datetime | None:
+    return datetime.fromtimestamp(value, tz=UTC) if value is not None else None
 
 
 def _positions(job_ids: list[int]) -> dict[int, tuple[int, int, int]]:

@@ -468,6 +468,8 @@ class JobSerializer(FastRepresentationMixin, serializers.ModelSerializer):
     queue_position = serializers.IntegerField(read_only=True, allow_null=True)
     pool_position = serializers.IntegerField(read_only=True, allow_null=True)
     estimated_start = serializers.DateTimeField(read_only=True, allow_null=True)
+    # Set once the job has waited its maximum wait and holds a bounded reservation.
+    guaranteed_start = serializers.DateTimeField(read_only=True, allow_null=True)
     allocations = serializers.SerializerMethodField()
     expected_runtime = serializers.SerializerMethodField()
     wait = serializers.SerializerMethodField()
@@ -523,6 +525,7 @@ class JobSerializer(FastRepresentationMixin, serializers.ModelSerializer):
             "queue_position",
             "pool_position",
             "estimated_start",
+            "guaranteed_start",
             "expected_runtime",
             "wait",
             "exit_code",

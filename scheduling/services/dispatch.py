@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
@@ -695,29 +696,36 @@ def _apply_pending(
 
 
 def _write_estimates(plan: engine.Plan, loaded: Loaded, now: datetime) -> None:
-    """One row per pool: ``{job id: estimated start}`` of its waiting jobs, to the second."""
+    """One row per pool: ``{job id: estimated start}`` of its waiting jobs, to the second,
+    and ``{job id: guaranteed start}`` of those holding a bounded reservation."""
     by_pool: dict[int, dict[str, int | None]] = {pool_id: {} for pool_id in loaded.pool_ids}
+    bounds: dict[int, dict[str, int]] = {pool_id: {} for pool_id in loaded.pool_ids}
     for job_id, info in plan.pending.items():
         row = loaded.pending.get(job_id)
         if row is None:
             continue
         start = info.estimated_start
         by_pool[row.pool_id][str(job_id)] = round(start) if start is not None else None
+        if info.guaranteed_start is not None:
+            # Rounded up: the job starts by then (the estimate is rounded to the nearest).
+            bounds[row.pool_id][str(job_id)] = math.ceil(info.guaranteed_start)
     changed = [
-        PoolEstimates(pool_id=pool_id, computed_at=now, starts=starts)
+        PoolEstimates(pool_id=pool_id, computed_at=now, starts=starts, guaranteed=bounds[pool_id])
         for pool_id, starts in by_pool.items()
-        if LEADER_CACHE.estimates.get(pool_id) != starts
+        if LEADER_CACHE.estimates.get(pool_id) != (starts, bounds[pool_id])
     ]
     if changed:
         PoolEstimates.objects.bulk_create(
             changed,
             update_conflicts=True,
             unique_fields=["pool"],
-            update_fields=["computed_at", "starts"],
+            update_fields=["computed_at", "starts", "guaranteed"],
         )
         # Known as written once the cycle commits (a rollback leaves the rows as they were).
         transaction.on_commit(
-            lambda: LEADER_CACHE.estimates.update({e.pool_id: e.starts for e in changed})
+            lambda: LEADER_CACHE.estimates.update(
+                {e.pool_id: (e.starts, e.guaranteed) for e in changed}
+            )
         )
 
 

@@ -98,8 +98,9 @@ class PendingCache:
         self.whole_reads = 0  # jobs read whole by the last load (for the cycle's figures)
         #: Pool positions of the last committed cycle's plan (see ``previous_positions``).
         self.positions: dict[int, int] = {}
-        #: The estimates last written, by pool id: an unchanged pool is not rewritten.
-        self.estimates: dict[int, dict[str, int | None]] = {}
+        #: The estimates and guaranteed starts last written, by pool id: an unchanged pool
+        #: is not rewritten.
+        self.estimates: dict[int, tuple[dict[str, int | None], dict[str, int]]] = {}
         #: When the last cycle that wrote every waiting job's sort key and estimate began
         #: (time.monotonic(); see dispatch._explain_now); None: none since the copy was
         #: cleared.
