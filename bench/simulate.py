@@ -17,7 +17,8 @@ the pools of any trace; ``--max-jobs N`` replays only the first N jobs by submit
 (for profiling). Every line gives the waits' tail too: ``wait_max_h`` (the longest
 wait of one job), ``waited_over_day`` and ``big_waited_over_day`` (jobs, and jobs over
 8 GPUs, that waited more than a day in all) and ``wait_beyond_day_h`` (what the waits
-beyond their first day add to the average). ``--wait-reasons`` adds ``wait_by_size``:
+beyond their first day add to the average), and ``tail_by_class``: per priority class,
+the longest wait (``longest_h``) and the jobs past a day (``over_day``). ``--wait-reasons`` adds ``wait_by_size``:
 per size of job, its waits and the part of the average it carries, split by the reason
 the engine gave its jobs while they waited (``scheduling.simulator.metrics.wait_by_size``),
 and ``wait_by_class``: the same per priority class, split by size (``wait_by_class``). ``--knob NAME=VALUE``
@@ -26,7 +27,8 @@ sets an engine setting of every policy but FIFO (e.g.
 scenario's workload policy (e.g. ``min_runtime_before_preemption=1800``), to measure a
 setting before making it a policy. ``--seed 1,2,3`` replays the scenario drawn with each
 seed and ends with a ``summary`` line per policy: each figure per seed and its mean, and
-with ``fifo`` among the policies the ratio of FIFO's average wait to the policy's (a
+with ``fifo`` among the policies the ratio of FIFO's average wait to the policy's, and
+the policy's longest wait over FIFO's (``max_wait_vs_fifo``) (a
 lever is judged on several seeds: one seed to the next moves a figure by up to a quarter).
 ``--class-mix high=0.1,normal=0.9`` draws the classes of jobs without one with other weights.
 ``--reference sjf,sjf-classes,srtf,srtf-limited`` (one pool only) adds a line per reference
@@ -51,7 +53,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from scheduling.engine import native  # noqa: E402
 from scheduling.simulator import DEFAULT_POLICIES, SimConfig, parse_policies  # noqa: E402
 from scheduling.simulator.cli import default_traces_dir  # noqa: E402
-from scheduling.simulator.metrics import summarize, wait_by_class, wait_by_size  # noqa: E402
+from scheduling.simulator.metrics import (  # noqa: E402
+    summarize,
+    tail_by_class,
+    wait_by_class,
+    wait_by_size,
+)
 from scheduling.simulator.model import WorkloadSpec  # noqa: E402
 from scheduling.simulator.parallel import replay_split  # noqa: E402
 from scheduling.simulator.policies import KNOBS  # noqa: E402
@@ -257,6 +264,8 @@ def replay_seed(args, trace, seed, read, knobs, one_pool, load, target) -> list[
                 "waited_over_day": summary["waited_over_day"],
                 "wait_beyond_day_h": round(summary["wait_beyond_day_s"] / 3600, 4),
                 "big_waited_over_day": summary["big_waited_over_day"],
+                # Per priority class: the longest wait (h) and the jobs past a day.
+                "tail_by_class": tail_by_class(result),
                 "jain_daily": round(summary["fairness_daily"], 3),
                 "jain_hourly": round(summary["fairness_hourly"], 3),
                 "lost_share": round(summary["lost_share"], 4),
@@ -336,6 +345,8 @@ SUMMED = (
     "wait_avg_h",
     "wait_first_avg_h",
     "wait_big_avg_h",
+    "wait_max_h",
+    "waited_over_day",
     "big_waited_over_day",
     "preemptions",
     "lost_share",
@@ -350,12 +361,15 @@ def seed_summaries(lines: list[dict]) -> list[dict]:
     quarter). Replays that stalled are left out of their policy's figures."""
     done = [line for line in lines if "stalled" not in line]
     fifo = {line["seed"]: line["wait_avg_h"] for line in done if line["policy"] == "fifo"}
+    longest = {line["seed"]: line.get("wait_max_h") for line in done if line["policy"] == "fifo"}
     summaries = []
     for policy in dict.fromkeys(line["policy"] for line in done):
         mine = [line for line in done if line["policy"] == policy]
         summary: dict = {"summary": policy, "seeds": [line["seed"] for line in mine]}
         for key in SUMMED:
-            values = [line[key] for line in mine]
+            values = [line.get(key) for line in mine]
+            if None in values:
+                continue  # a figure a reference scheduler does not give
             summary[key] = values
             summary[f"{key}_mean"] = round(sum(values) / len(values), 4)
         if policy != "fifo" and all(line["seed"] in fifo for line in mine):
@@ -366,6 +380,11 @@ def seed_summaries(lines: list[dict]) -> list[dict]:
             mean_fifo = sum(fifo[line["seed"]] for line in mine) / len(mine)
             wait = summary["wait_avg_h_mean"]
             summary["vs_fifo_of_means"] = round(mean_fifo / wait, 2) if wait else None
+            # The longest wait against FIFO's, per seed (a bound on every wait: at most 2).
+            if all("wait_max_h" in line and longest.get(line["seed"]) for line in mine):
+                summary["max_wait_vs_fifo"] = [
+                    round(line["wait_max_h"] / longest[line["seed"]], 2) for line in mine
+                ]
         summaries.append(summary)
     return summaries
 

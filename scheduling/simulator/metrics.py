@@ -28,8 +28,10 @@ Definitions (docs/simulator.md repeats them):
   carry, split by the reason the engine gave them while they waited when the replay
   recorded it (``SimConfig.wait_reasons``);
 - *waits by class* (:func:`wait_by_class`): the same per priority class (first wait,
-  re-wait, preemptions, and the part of the average wait its jobs carry, split by size),
-  the classes that carry most first: a class below others waits for what they leave;
+  re-wait, preemptions, the longest wait and the jobs that waited more than a day, and
+  the part of the average wait its jobs carry, split by size), the classes that carry
+  most first: a class below others waits for what they leave; :func:`tail_by_class`
+  gives only the longest wait and the jobs past a day of each class;
 - *the tail* (``wait_max_s``, ``waited_over_day``, ``wait_beyond_day_s``): the longest
   wait of a started job (re-waits counted), how many started jobs waited more than a
   day in all, and what the waits beyond their first day add to the average wait (the
@@ -383,7 +385,8 @@ def wait_by_size(result: ReplayResult) -> dict[str, dict]:
 def wait_by_class(result: ReplayResult) -> dict[str, dict]:
     """Per priority class, the classes whose jobs carry most of the average wait first:
     ``jobs``, ``first_wait_h`` and ``rewait_h`` (averages over the class's started
-    jobs), ``preemptions`` (of its jobs), ``of_average_h`` (what its jobs add to the
+    jobs), ``preemptions`` (of its jobs), ``longest_h`` and ``over_day`` (as in
+    :func:`tail_by_class`), ``of_average_h`` (what its jobs add to the
     replay's average wait, as in :func:`wait_by_size`) and ``by_size_h``: that part
     split by size of job (:data:`SIZE_BUCKETS`, sizes without jobs of the class left
     out)."""
@@ -403,6 +406,7 @@ def wait_by_class(result: ReplayResult) -> dict[str, dict]:
             "jobs": len(mine),
             **_first_and_rewait(ran),
             "preemptions": sum(run.preemptions for run in mine),
+            **_tail(ran),
             "of_average_h": round(sum(by_size.values()) / per_job, 4),
             "by_size_h": {
                 label: round(by_size[label] / per_job, 4)
@@ -411,3 +415,21 @@ def wait_by_class(result: ReplayResult) -> dict[str, dict]:
             },
         }
     return dict(sorted(figures.items(), key=lambda item: (-item[1]["of_average_h"], item[0])))
+
+
+def _tail(ran: list[JobRun]) -> dict[str, float]:
+    """``longest_h`` (the longest wait, re-waits counted, of the started jobs ``ran``)
+    and ``over_day`` (how many of them waited more than a day in all)."""
+    waits = [run.total_wait or 0.0 for run in ran]
+    return {"longest_h": round(max(waits, default=0.0) / HOUR, 1), "over_day": _over_day(waits)}
+
+
+def tail_by_class(result: ReplayResult) -> dict[str, dict]:
+    """Per priority class (by name): the longest wait of its started jobs (``longest_h``, re-waits counted) and how many of
+    them waited more than a day in all (``over_day``): a bound on every wait is a bound
+    in every class, and a class-wide average hides the tail of a small class."""
+    classes: dict[str, list[JobRun]] = defaultdict(list)
+    for run in result.runs:
+        if run.first_start is not None:
+            classes[run.job.priority_class].append(run)
+    return {name: _tail(ran) for name, ran in sorted(classes.items())}

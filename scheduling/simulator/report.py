@@ -141,9 +141,23 @@ def size_table(entries: list[dict]) -> str:
 
 def class_table(entries: list[dict]) -> str:
     """Waits by priority class (``wait_by_class``), one line per policy and class: the
-    jobs, their average first wait and re-wait, their preemptions, what they add to the
-    average wait, and how that splits by job size."""
-    rows = [["policy", "class", "jobs", "1st wait", "re-wait", "preemptions", "of avg", "by GPUs"]]
+    jobs, their average first wait and re-wait, their preemptions, their longest wait
+    and how many waited more than a day, what they add to the average wait, and how
+    that splits by job size."""
+    rows = [
+        [
+            "policy",
+            "class",
+            "jobs",
+            "1st wait",
+            "re-wait",
+            "preemptions",
+            "longest",
+            ">1 d",
+            "of avg",
+            "by GPUs",
+        ]
+    ]
     for entry in entries:
         for name, figures in entry["wait_by_class"].items():
             rows.append(
@@ -154,6 +168,8 @@ def class_table(entries: list[dict]) -> str:
                     duration(figures["first_wait_h"] * 3600),
                     duration(figures["rewait_h"] * 3600),
                     f"{figures['preemptions']:,}",
+                    duration(figures["longest_h"] * 3600),
+                    f"{figures['over_day']:,}",
                     duration(figures["of_average_h"] * 3600),
                     ", ".join(
                         f"{size}: {duration(hours * 3600)}"

@@ -137,6 +137,14 @@ def test_the_bench_sums_up_several_seeds_per_policy():
     assert sluice["big_waited_over_day"] == [2, 4] and sluice["big_waited_over_day_mean"] == 3
     assert sluice["vs_fifo"] == [10.0, 6.0]
     assert sluice["vs_fifo_of_means"] == round(2.5 / 0.35, 2)
+    assert "max_wait_vs_fifo" not in sluice  # these lines give no longest wait
+    longest = [
+        _line("fifo", 1, 2.0, wait_max_h=40.0, waited_over_day=3),
+        _line("sluice", 1, 0.2, wait_max_h=60.0, waited_over_day=5),
+    ]
+    _, bounded = bench.seed_summaries(longest)
+    assert bounded["max_wait_vs_fifo"] == [1.5]
+    assert bounded["wait_max_h"] == [60.0] and bounded["waited_over_day_mean"] == 5
     # Without FIFO for every seed of a policy there is no ratio.
     (alone,) = bench.seed_summaries([_line("sluice", 1, 0.2), _line("sluice", 2, 0.5)])
     assert "vs_fifo" not in alone

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from scheduling.simulator import ClassSpec, SimConfig, replay
-from scheduling.simulator.metrics import summarize, wait_by_class, wait_by_size
+from scheduling.simulator.metrics import summarize, tail_by_class, wait_by_class, wait_by_size
 from scheduling.simulator.simulation import COMPLETED, Replay
 
 from .conftest import ANY_GAIN, scenario, sim_job
@@ -136,6 +136,8 @@ def test_waits_by_class_count_the_victims_rewait_against_its_class():
         "first_wait_h": 0.0,
         "rewait_h": round(100 / 3600, 3),
         "preemptions": 1,
+        "longest_h": round(100 / 3600, 1),
+        "over_day": 0,
         "of_average_h": round(100 / per_job, 4),
         "by_size_h": {"2-4": round(100 / per_job, 4)},
     }
@@ -144,6 +146,26 @@ def test_waits_by_class_count_the_victims_rewait_against_its_class():
     assert by_class["high"]["of_average_h"] == round(5 / per_job, 4)
     total = sum(figures["of_average_h"] for figures in by_class.values())
     assert total == pytest.approx(summarize(result)["wait_avg_s"] / 3600, abs=1e-4)
+    assert tail_by_class(result) == {
+        "high": {"longest_h": 0.0, "over_day": 0},
+        "low": {"longest_h": 0.0, "over_day": 0},
+    }
+
+
+def test_the_tail_by_class_counts_the_jobs_past_a_day():
+    # One node of 4: A (4 GPUs, 30 h) runs first; B (low, 4 GPUs) waits 30 h, C (high,
+    # 1 GPU, arriving 1 h later) 29 h.
+    jobs = [
+        sim_job(1, 0, 30 * 3600, 4, cls="normal"),
+        sim_job(2, 10, 3600, 4, cls="low"),
+        sim_job(3, 3610, 3600, 1, cls="high"),
+    ]
+    result = replay(scenario(jobs), ANY_GAIN["fifo"], SimConfig(dispatch_interval=0))
+    tail = tail_by_class(result)
+    assert tail["normal"] == {"longest_h": 0.0, "over_day": 0}
+    assert tail["low"]["over_day"] == 1 and tail["low"]["longest_h"] >= 29.9
+    assert tail["high"]["over_day"] == 1 and tail["high"]["longest_h"] >= 24.0
+    assert wait_by_class(result)["low"]["over_day"] == 1
 
 
 def test_a_job_arriving_before_its_victim_may_be_preempted_preempts_it_when_it_may():
