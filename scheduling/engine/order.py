@@ -22,9 +22,11 @@ changes over time; a job that has waited its *maximum wait* (``max_wait_seconds`
 job's workload policy, else the snapshot's) goes before every job of its class and band
 that has waited less, oldest first: small work that keeps arriving in its class and band
 no longer passes a big or long job. Between bands the lowest share goes first as before.
-The maximum wait is an order, not a bound on the wait: higher classes and lower bands
-still go first, and a job at its preemption limit waits for room inside its tenant's
-guarantee (measured in the README, *Where the big jobs' wait sits*).
+By itself the maximum wait is an order: higher classes and lower bands still go first.
+Once such a job holds a reservation it is *bounded* (:func:`overdue`): from the next
+cycle on it is considered before every job but those of a higher class that may preempt,
+and its reservation is held from the cycle's start (see :func:`.ordering.bounded_first`
+and :mod:`.reservations`).
 
 With ``size_order`` off, inside a class the lowest share goes first, then submit time.
 Then id, always.

@@ -42,7 +42,9 @@ class Ordering:
         if policy.fair_share:
             tenants = {job.tenant for job in cluster.pending}
             self._shares = {tenant: self._share(tenant) for tenant in tenants}
-            order = fair_share_order(cluster.pending, self._shares, sizes, policy.fair_share_band)
+            order: Iterable[PendingJob] = fair_share_order(
+                cluster.pending, self._shares, sizes, policy.fair_share_band
+            )
         else:
             order = class_order(cluster.pending, sizes)
         bounded = self.state.bounded

@@ -251,9 +251,11 @@ class Planner:
                     return None
             gpus_promised |= option.slice.fits_ignoring_reservations(gpus, nodes)
         if not guaranteed and not soon_guaranteed and job.id in state.bounded:
-            kept = self._keep_bound(job, options, runtime, floor, bool(borrowing or soon_borrowing))
-            if kept is not None:
-                return kept
+            bound = self._keep_bound(
+                job, options, runtime, floor, bool(borrowing or soon_borrowing)
+            )
+            if bound is not None:
+                return bound
         if guaranteed or soon_guaranteed:
             return self._wait_for_gpus(
                 job,

@@ -36,12 +36,14 @@ class is reached), except *bounded* ones.
 **Bounded reservations** (DESIGN.md §6: every wait has a bound). The reservation of a
 job past its maximum wait (:func:`.order.overdue`) is held from the start of the cycle,
 before any class is considered, and it is never given back to a job that overtook its
-owner or would start first on its GPUs: backfill may use its GPUs only where it ends
-before the reservation starts, and later arrivals of every class wait for it, except a
-job of a strictly higher class that may preempt (DESIGN.md §6 lets such a job stop
-lower work anyway: for it a bounded hold is given back like any other). The job keeps
-its reservation while its GPUs and quota are free by its start, so its estimate only
-moves earlier: the engine reports it as ``PendingInfo.guaranteed_start``.
+owner or would start first on its GPUs; its owner is considered before every job but
+those of a strictly higher class that may preempt (:func:`.ordering.bounded_first`). So
+backfill may use its GPUs only where it ends before the reservation starts, and later
+arrivals of every class wait for it, except a job of a strictly higher class that may
+preempt (DESIGN.md §6 lets such a job stop lower work anyway: for it a bounded hold is
+given back like any other). The job keeps its reservation while its GPUs and quota are
+free by its start, so its estimate only moves earlier: the engine reports it as
+``PendingInfo.guaranteed_start``.
 """
 
 from __future__ import annotations
