@@ -101,6 +101,7 @@ class ModelInsert:
         # the database (Django makes none unless asked), so the column's default is NULL.
         self._nullable = [f.null and f.db_default is models.NOT_PROVIDED for f in self.fields]
         self._sql: dict[tuple[str, tuple[bool, ...]], tuple[str, bool]] = {}
+        self._columns: dict[tuple, tuple[list[str], list[int]]] = {}
 
     def _statement(self, connection, sent: tuple[bool, ...]) -> tuple[str, bool]:
         """The INSERT of the fields ``sent`` flags, and whether it returns the key."""
@@ -123,11 +124,10 @@ class ModelInsert:
         """A new instance from ``values``, inserted; as ``Model.objects.create(**values)``."""
         return self.insert(self.model(**values), using)
 
-    def insert(self, obj: models.Model, using: str = "default") -> models.Model:
-        """Insert ``obj``, a new instance (no primary key yet), as ``obj.save()`` would."""
+    def _prepared(self, obj: models.Model, connection) -> tuple[tuple[bool, ...], list]:
+        """The flags of the fields sent and their values, prepared as the ORM prepares them."""
         if obj.pk is not None or not obj._state.adding:
             raise ValueError("only a new instance is inserted")
-        connection = connections[using]
         prepared = [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in self.fields]
         # NULLs the column's default gives anyway are not sent: a new job leaves a third of
         # its columns empty, and the statement's parameters are what the driver and the
@@ -136,15 +136,44 @@ class ModelInsert:
             value is not None or not nullable
             for value, nullable in zip(prepared, self._nullable, strict=True)
         )
+        return sent, [value for value, send in zip(prepared, sent, strict=True) if send]
+
+    def insert(self, obj: models.Model, using: str = "default") -> models.Model:
+        """Insert ``obj``, a new instance (no primary key yet), as ``obj.save()`` would."""
+        connection = connections[using]
+        sent, params = self._prepared(obj, connection)
         sql, returning = self._statement(connection, sent)
         meta = self.model._meta
         with connection.cursor() as cursor:
-            cursor.execute(sql, [value for value, send in zip(prepared, sent, strict=True) if send])
+            cursor.execute(sql, params)
             if returning:
                 pk = cursor.fetchone()[0]
             else:
                 pk = connection.ops.last_insert_id(cursor, meta.db_table, meta.pk.column)
+        return self.inserted(obj, pk, using)
+
+    def inserted(self, obj: models.Model, pk, using: str = "default") -> models.Model:
+        """``obj`` as ``save()`` leaves it, once a statement of the caller's own inserted it
+        (``columns_and_values``) and gave it the key ``pk``."""
         obj.pk = pk
         obj._state.adding = False
         obj._state.db = using
         return obj
+
+    def columns_and_values(
+        self, obj: models.Model, using: str = "default", *, leave_out: tuple[str, ...] = ()
+    ) -> tuple[list[str], list]:
+        """The quoted columns and prepared values of ``obj``'s insert, as ``insert`` sends
+        them, for a caller that writes the statement itself (several inserts in one
+        statement); the fields named in ``leave_out`` are the caller's to give."""
+        connection = connections[using]
+        sent, params = self._prepared(obj, connection)
+        key = (connection.alias, sent, leave_out)
+        found = self._columns.get(key)
+        if found is None:
+            quote = connection.ops.quote_name
+            fields = [f for f, send in zip(self.fields, sent, strict=True) if send]
+            kept = [i for i, f in enumerate(fields) if f.name not in leave_out]
+            found = self._columns[key] = ([quote(fields[i].column) for i in kept], kept)
+        columns, kept = found
+        return columns, [params[i] for i in kept]

@@ -106,3 +106,28 @@ def test_empty_nullable_columns_are_left_out_and_stay_null(world):
     statements = {sql for sql, _ in insert._sql.values()}
     assert len(statements) == 2
     assert any('"actor_id"' not in sql for sql in statements)
+
+
+def test_a_callers_own_statement_from_the_columns_stores_the_same_row(world):
+    """``columns_and_values`` gives what ``insert`` sends, less the fields the caller gives
+    itself: an INSERT written from them stores the row ``insert`` stores."""
+    job = f.JobFactory(queue=world.queue, project=world.project, submitted_by=world.member)
+    insert = ModelInsert(JobEvent)
+    now = timezone.now()
+    fields = {"created_at": now, "kind": "submitted", "message": "m", "actor": world.member}
+    columns, values = insert.columns_and_values(JobEvent(**fields), leave_out=("job",))
+    assert '"job_id"' not in columns and '"actor_id"' in columns
+    assert len(columns) == len(values)
+    table = connection.ops.quote_name(JobEvent._meta.db_table)
+    marks = ", ".join(["%s"] * (len(values) + 1))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f'INSERT INTO {table} ("job_id", {", ".join(columns)}) VALUES ({marks})',
+            [job.pk, *values],
+        )
+    written = insert.create(job=job, **fields)
+    own, theirs = JobEvent.objects.exclude(pk=written.pk).get(), JobEvent.objects.get(pk=written.pk)
+    assert {**_values(own), "id": None} == {**_values(theirs), "id": None}
+    # A nullable column left empty is not among them, as insert leaves it out.
+    columns, _ = insert.columns_and_values(JobEvent(created_at=now, kind="k", message=""))
+    assert '"actor_id"' not in columns and '"job_id"' in columns

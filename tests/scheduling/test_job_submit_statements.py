@@ -1,0 +1,117 @@
+"""What one submission writes, whichever way its statements are put together: on
+PostgreSQL the job, its event and the audit chain's head go in one statement after the
+chain's lock (scheduling.services.jobs._job_and_event_insert); elsewhere one statement each.
+The rows are the same, and the audit chain stays one chain under concurrent submissions."""
+
+import threading
+
+import pytest
+from django.db import connection
+
+from audit.models import AuditEvent
+from audit.services import audit_record, audit_verify_chain
+from scheduling.choices import JobState
+from scheduling.models import Job, JobEvent
+from scheduling.services.jobs import JobSpec, job_submit
+
+URL = "/api/v1/jobs"
+
+
+def _spec(world, **overrides) -> JobSpec:
+    values = {
+        "project": world.project,
+        "queue": world.queue,
+        "name": "train",
+        "workload_type": "training",
+        "command": ["python", "train.py"],
+        **overrides,
+    }
+    return JobSpec(**values)
+
+
+def test_a_submission_stores_its_job_event_and_audit_row(world, api, dispatch_requests):
+    audit_record(action="test.note", target_type="thing", target_id=1, actor=world.platform_admin)
+    before = AuditEvent.objects.order_by("-id").first()
+    body = {
+        "project": world.project.pk,
+        "queue": world.queue.pk,
+        "workload_type": "training",
+        "command": ["python", "train.py"],
+        "env": {"EPOCHS": "3"},
+        "labels": {"team": "nlp"},
+        "gpus_per_node": 2,
+        "seed": 11,
+    }
+    response = api(world.member).post(URL, body, format="json")
+    assert response.status_code == 201, response.content
+
+    job = Job.objects.get(pk=response.json()["id"])
+    assert job.state == JobState.PENDING
+    assert (job.env, job.labels, job.gpus_per_node, job.seed) == (
+        {"EPOCHS": "3"},
+        {"team": "nlp"},
+        2,
+        11,
+    )
+    assert response.json()["submitted_at"] is not None
+    [event] = JobEvent.objects.filter(job=job)
+    assert (event.kind, event.actor_id, event.created_at, event.data) == (
+        "submitted",
+        world.member.pk,
+        job.submitted_at,
+        {},
+    )
+    assert event.message == f"Submitted to queue {world.queue} by {world.member.username}."
+    audit = AuditEvent.objects.get(action="job.submit")
+    assert (audit.target_id, audit.actor_id, audit.tenant_id) == (
+        str(job.pk),
+        world.member.pk,
+        world.tenant.pk,
+    )
+    assert audit.prev_hash == before.hash
+    assert audit.after == {"queue": str(world.queue), "gpus": 2, "priority_class": "normal"}
+    assert audit_verify_chain()[1] is None
+
+
+def test_submissions_in_a_row_chain_their_audit_rows(world, dispatch_requests):
+    jobs = [job_submit(user=world.member, spec=_spec(world, name=f"j{i}")) for i in range(3)]
+    rows = list(AuditEvent.objects.filter(action="job.submit").order_by("id"))
+    assert [r.target_id for r in rows] == [str(j.pk) for j in jobs]
+    assert [r.prev_hash for r in rows[1:]] == [r.hash for r in rows[:-1]]
+    assert audit_verify_chain()[1] is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_submissions_keep_one_audit_chain_on_postgresql(world):
+    """Each submission reads the chain's head in a statement begun once it holds the
+    chain's lock, so one that waited for the lock sees the event appended meanwhile: no
+    two events chain onto the same one."""
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite serialises writers; this needs PostgreSQL (the CI suite runs it)")
+    threads_count, per_thread = 4, 5
+    barrier = threading.Barrier(threads_count)
+    errors: list = []
+
+    def submit_some():
+        try:
+            barrier.wait()
+            for i in range(per_thread):
+                job_submit(user=world.member, spec=_spec(world, name=f"race-{i}"))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=submit_some) for _ in range(threads_count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors, errors
+    rows = list(AuditEvent.objects.order_by("id"))
+    submitted = [r for r in rows if r.action == "job.submit"]
+    assert len(submitted) == threads_count * per_thread
+    assert len({r.prev_hash for r in rows}) == len(rows)
+    checked, broken, why = audit_verify_chain()
+    assert (checked, broken) == (len(rows), None), why
+    assert JobEvent.objects.filter(kind="submitted").count() == threads_count * per_thread
