@@ -1,12 +1,13 @@
-import copy
 from datetime import datetime, timedelta
 
 from django.core.exceptions import ObjectDoesNotExist
 from django.db import models
 from django.utils import timezone
+from django.utils.functional import cached_property
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import ISO_8601, serializers
 from rest_framework.settings import api_settings
+from rest_framework.utils.serializer_helpers import BindingDict
 
 from tenants.models import Project, Tenant
 
@@ -683,15 +684,27 @@ def submit_fields(fields=jobspec.JOB_FIELDS) -> dict[str, serializers.Field]:
 
 
 class JobSubmitChecks(serializers.Serializer):
-    """How a submitted spec is read; ``JobSubmitSerializer`` adds the declared fields."""
+    """How a submitted spec is read; ``JobSubmitSerializer`` adds the declared fields.
 
-    def get_fields(self):
-        # DRF deep-copies, that is re-instantiates, the declared fields for every
-        # serializer made: a tenth of a submission's CPU. A shallow copy does:
-        # the copy is what gets bound to this serializer (name, parent, source, label), and
-        # validating changes nothing else on a field; the dict fields' children are shared,
-        # they hold no state and read no context.
-        return {name: copy.copy(field) for name, field in self._declared_fields.items()}
+    DRF copies and binds every declared field for each serializer made: for a submission,
+    more than its validation. These fields are made and bound once per class, to a
+    serializer of their own, and shared: a submission's serializer is only validated, no
+    field reads the context or the serializer it is bound to, and validating changes no
+    field. A partial serializer (none is made today) gets its own, as DRF makes them."""
+
+    @cached_property
+    def fields(self):
+        if self.partial:
+            return super().fields
+        cls = type(self)
+        shared = cls.__dict__.get("_shared_fields")
+        if shared is None:
+            owner = cls()
+            shared = BindingDict(owner)
+            for name, field in owner.get_fields().items():
+                shared[name] = field
+            cls._shared_fields = shared
+        return shared
 
 
 def submit_serializer_class(fields=jobspec.JOB_FIELDS) -> type[serializers.Serializer]:
