@@ -112,9 +112,9 @@ def _jobs_added() -> None:
         _bump_waiting_version()
         request_dispatch()
         return
-    # The cache's own client and key names, so that the dispatcher's cache.delete() and
-    # the leader's cache.get() see these keys (an int is stored as is, not pickled).
-    pipeline = backend._cache.get_client(write=True).pipeline(transaction=False)
+    # The cache's own connections and key names, so that the dispatcher's cache.delete()
+    # and the leader's cache.get() see these keys (an int is stored as is, not pickled).
+    pipeline = _redis_client(backend).pipeline(transaction=False)
     pipeline.incr(backend.make_and_validate_key(WAITING_VERSION_KEY))
     pipeline.set(
         backend.make_and_validate_key(DISPATCH_REQUESTED_KEY),
@@ -125,6 +125,17 @@ def _jobs_added() -> None:
     _, requested = pipeline.execute()
     if requested:
         _send_dispatch()
+
+
+def _redis_client(backend: RedisCache):
+    """The cache's Redis client for writes, made once per cache object: Django's
+    ``get_client`` makes a new one at each call, and redis-py fills a table of ~170 reply
+    handlers for each client made (half the CPU of the round trip it is made for). A client
+    only holds its connection pool, which it shares."""
+    client = backend.__dict__.get("_sluice_write_client")
+    if client is None:
+        client = backend.__dict__["_sluice_write_client"] = backend._cache.get_client(write=True)
+    return client
 
 
 def reports_probe_enqueue(sent_at: float) -> None:

@@ -124,3 +124,24 @@ def test_on_redis_both_signals_are_one_round_trip(
     redis_cache.delete(DISPATCH_REQUESTED_KEY)
     _submit(world, django_capture_on_commit_callbacks)
     assert sent == [1, 1]
+
+
+def test_on_redis_the_client_is_made_once(
+    world, sent, redis_cache, monkeypatch, django_capture_on_commit_callbacks
+):
+    """Each client redis-py makes builds its table of reply handlers: the submissions of
+    one process use one client (over the cache's own connection pool)."""
+    from django.core.cache.backends.redis import RedisCacheClient
+
+    made: list[bool] = []
+    real_get_client = RedisCacheClient.get_client
+
+    def get_client(self, key=None, *, write=False):
+        made.append(write)
+        return real_get_client(self, key, write=write)
+
+    monkeypatch.setattr(RedisCacheClient, "get_client", get_client)
+    for _ in range(3):
+        _submit(world, django_capture_on_commit_callbacks)
+    assert made == [True]
+    assert redis_cache.get(WAITING_VERSION_KEY) == 3
