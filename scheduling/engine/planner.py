@@ -489,6 +489,17 @@ class Planner:
                 return outcome
         account = options[0].account
         message = self.explaining.quota_message(job, account, options[0].slice)
+        if slot is not None and slot.start < INF and self._overdue(job):
+            # Past its maximum wait a job waiting for quota reserves GPUs and quota from
+            # when both are free, like a borrower: otherwise its tenant's later work keeps
+            # taking the quota its own jobs free (a job at its stop limit waits inside
+            # the guarantee), and its wait has no bound.
+            self.placing.choose_positions(job, slot)
+            reserved = self.reserving.reserve(job, slot, runtime)
+            self.explaining.wait(
+                job, reasons.WAITING_FOR_QUOTA, message, slot.start, reserved, True
+            )
+            return reasons.WAITING_FOR_QUOTA, slot.start
         start = self.explaining.estimate_without_gpus(job, options, floor, slot)
         self.explaining.wait(job, reasons.WAITING_FOR_QUOTA, message, start)
         return reasons.WAITING_FOR_QUOTA, start

@@ -116,3 +116,25 @@ def test_the_bounded_job_starts_on_its_gpus_at_its_bound():
     third = run_plan(make_snapshot(nodes, quotas, pending, [], usage=usage, now=NOW + 600))
     assert [p.job_id for p in third.placements] == [1]
     assert set(third.placements[0].gpu_ids) == set(first.pending[1].reserved_gpu_ids)
+
+
+def test_an_overdue_job_waiting_for_its_tenants_quota_is_bounded_too():
+    # Tenant a's guarantee (8) is held by its own job until NOW + 600; job 1 (8 GPUs, past
+    # its maximum wait) waits for that quota and reserves it from then; a later small job
+    # of the same tenant does not take the quota when it frees.
+    nodes = [node(1, gpus=8), node(2, gpus=8)]
+    quotas = [quota("a", 8)]
+    run = [running(10, "a", gpu_ids(1, 0, 1, 2, 3, 4, 5, 6, 7), age=3000, runtime=3600)]
+    big = job(1, "a", gpus=8, runtime=7200, submitted=NOW - 3 * DAY)
+    first = run_plan(make_snapshot(nodes, quotas, [big], run))
+    assert first.pending[1].code == reasons.WAITING_FOR_QUOTA
+    assert first.pending[1].guaranteed_start == NOW + 600
+    assert first.pending[1].reserved_gpu_ids
+
+    small = job(2, "a", gpus=1, runtime=7200, submitted=NOW + 1)
+    pending = [*handed_back([big], first), small]
+    second = run_plan(make_snapshot(nodes, quotas, pending, run, now=NOW + 5))
+    assert second.pending[1].guaranteed_start == NOW + 600
+    pending = handed_back(pending, second)
+    third = run_plan(make_snapshot(nodes, quotas, pending, [], now=NOW + 600))
+    assert [p.job_id for p in third.placements] == [1]
