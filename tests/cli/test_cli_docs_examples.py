@@ -138,7 +138,9 @@ def test_every_curl_example_runs_as_written_against_the_demo(demo, live_server):
     token = None
 
     for snippet in curl_examples():
+        # A reader runs the blocks in one shell: a TOKEN one block sets, the next ones use.
         script = snippet.replace(DEMO_URL, live_server.url)
+        script += '\necho "__TOKEN=${TOKEN:-}" >&2\n'
         result = subprocess.run(
             ["bash", "-euo", "pipefail", "-c", script],
             env={**env, **({"TOKEN": token} if token else {})},
@@ -148,6 +150,9 @@ def test_every_curl_example_runs_as_written_against_the_demo(demo, live_server):
         )
 
         assert result.returncode == 0, (snippet, result.stderr)
+        kept = re.findall(r"^__TOKEN=(\S+)$", result.stderr, re.MULTILINE)
+        if kept:
+            token = kept[-1]
         for answer in json_documents(result.stdout):
             assert "errors" not in answer, (snippet, answer)
             if "token" in answer:
