@@ -48,24 +48,14 @@ def _lock_chain() -> None:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_CHAIN_LOCK_KEY])
 
 
-def audit_chain_lock() -> None:
-    """Lock the chain until the transaction ends, for a caller that reads its head in a
-    statement of its own (``audit_chain_head_sql``) and hands it to ``audit_record``."""
-    _lock_chain()
-
-
-def audit_chain_head_sql() -> str:
-    """The newest event's hash (NULL when there is none) as a scalar subquery, for a
-    statement run after ``audit_chain_lock`` in the same transaction: each statement sees
-    what committed before it began (READ COMMITTED), so one begun under the lock sees every
-    event appended before it, as ``audit_record``'s own read does."""
-    quote = connection.ops.quote_name
-    table, id_, hash_ = (
-        quote(AuditEvent._meta.db_table),
-        quote(AuditEvent._meta.pk.column),
-        quote(AuditEvent._meta.get_field("hash").column),
-    )
-    return f"(SELECT {hash_} FROM {table} ORDER BY {id_} DESC LIMIT 1)"
+def audit_chain_head_locked_sql() -> str:
+    """PostgreSQL: an SQL expression that locks the chain until the transaction ends and
+    answers its newest hash (NULL when there is none), for a caller that appends an event
+    in this transaction and reads the head inside a statement it runs anyway (a
+    submission's insert), then hands it to ``audit_record(chain_head=...)``. The function
+    behind it (migration 0006) reads with a fresh snapshot once it holds the lock, so it
+    sees every event appended before, as ``audit_record``'s own lock and read do."""
+    return f"audit_chain_head_locked({_CHAIN_LOCK_KEY})"
 
 
 #: ``audit_record`` reads the chain's head itself (no ``chain_head`` given).
@@ -91,9 +81,9 @@ def audit_record(
 ) -> AuditEvent:
     """Append one audit event; ``target`` (a model instance) fills type, id and label.
 
-    ``chain_head``: the chain's newest hash as the caller read it, in this transaction
-    after ``audit_chain_lock``, with ``audit_chain_head_sql`` inside a statement it runs
-    anyway (a submission's insert): the lock and the read are then not made again."""
+    ``chain_head``: the chain's newest hash as the caller read it, and the chain locked,
+    in this transaction with ``audit_chain_head_locked_sql``: the lock and the read are
+    then not made again."""
     if target is not None:
         target_type = target_type or target._meta.label_lower
         target_id = target_id or target.pk
@@ -134,8 +124,14 @@ _INSERT = ModelInsert(AuditEvent)
 
 def _chain_head_hash() -> str | None:
     """The newest event's hash (read under the chain's lock)."""
+    quote = connection.ops.quote_name
+    table, id_, hash_ = (
+        quote(AuditEvent._meta.db_table),
+        quote(AuditEvent._meta.pk.column),
+        quote(AuditEvent._meta.get_field("hash").column),
+    )
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {audit_chain_head_sql()}")
+        cursor.execute(f"SELECT {hash_} FROM {table} ORDER BY {id_} DESC LIMIT 1")
         row = cursor.fetchone()
     return row[0] if row else None
 

@@ -13,7 +13,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from audit.services import audit_chain_head_sql, audit_chain_lock, audit_record
+from audit.services import audit_chain_head_locked_sql, audit_record
 from portal.errors import BusinessError, NotFoundError, PermissionDeniedError
 from portal.sqlrows import ModelInsert
 from portal.text import holds_bad_text
@@ -786,7 +786,6 @@ def job_submit(*, user, spec: JobSpec, lookups: Lookups | None = None) -> Job:
         message=f"Submitted to queue {spec.queue} by {user.username}.",
     )
     if connection.vendor == "postgresql":
-        audit_chain_lock()
         chain = {"chain_head": _job_and_event_insert(job, event)}
     else:
         _JOB_INSERT.insert(job)
@@ -810,8 +809,8 @@ def job_submit(*, user, spec: JobSpec, lookups: Lookups | None = None) -> Job:
 
 
 def _job_and_event_insert(job: Job, event: JobEvent) -> str | None:
-    """PostgreSQL: insert the job and its event, and read the audit chain's head (the
-    caller holds the chain's lock), in one statement instead of three; returns the head."""
+    """PostgreSQL: insert the job and its event, lock the audit chain and read its head,
+    in one statement instead of four; returns the head."""
     job_columns, job_values = _JOB_INSERT.columns_and_values(job)
     event_columns, event_values = _EVENT_INSERT.columns_and_values(event, leave_out=("job",))
     job_table, event_table = _table(Job), _table(JobEvent)
@@ -822,7 +821,7 @@ def _job_and_event_insert(job: Job, event: JobEvent) -> str | None:
         f"VALUES ({', '.join(['%s'] * len(job_values))}) RETURNING {pk_column}), "
         f"e AS (INSERT INTO {event_table} ({job_id}, {', '.join(event_columns)}) "
         f"SELECT j.{pk_column}, {', '.join(['%s'] * len(event_values))} FROM j) "
-        f"SELECT j.{pk_column}, {audit_chain_head_sql()} FROM j"
+        f"SELECT j.{pk_column}, {audit_chain_head_locked_sql()} FROM j"
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, [*job_values, *event_values])

@@ -33,11 +33,11 @@ from tests import factories as f
 URL = "/api/v1/jobs"
 # A submission: token and user, the user's roles with the project, queue and policy
 # (scheduling.selectors.submission_targets), the admission read (with the runtime
-# histories of the answer's prediction), the audit chain's lock, then on PostgreSQL one
-# statement for the job, its event and the chain's last hash, and the audit row; BEGIN and
-# COMMIT (a savepoint and its release in a test). SQLite inserts the job and the event
-# apart and reads the last hash on its own, but needs no lock.
-SUBMIT_QUERIES = {"postgresql": 8, "sqlite": 9}
+# histories of the answer's prediction), on PostgreSQL one statement for the job, its
+# event, the audit chain's lock and its last hash, then the audit row; BEGIN and COMMIT (a
+# savepoint and its release in a test). SQLite inserts the job and the event apart and
+# reads the last hash on its own (it needs no lock).
+SUBMIT_QUERIES = {"postgresql": 7, "sqlite": 9}
 # A page: token and user, count, the page's jobs (no joins), their names (tenants,
 # projects, queues, pools, submitters, classes), the GPUs they hold, runtime histories,
 # positions (their ranks and pools, the pools' estimates).

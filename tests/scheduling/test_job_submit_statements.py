@@ -1,6 +1,6 @@
 """What one submission writes, whichever way its statements are put together: on
-PostgreSQL the job, its event and the audit chain's head go in one statement after the
-chain's lock (scheduling.services.jobs._job_and_event_insert); elsewhere one statement each.
+PostgreSQL the job, its event, the audit chain's lock and its head go in one statement
+(scheduling.services.jobs._job_and_event_insert); elsewhere one statement each.
 The rows are the same, and the audit chain stays one chain under concurrent submissions."""
 
 import threading
@@ -83,7 +83,7 @@ def test_submissions_in_a_row_chain_their_audit_rows(world, dispatch_requests):
 
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_submissions_keep_one_audit_chain_on_postgresql(world):
-    """Each submission reads the chain's head in a statement begun once it holds the
+    """Each submission reads the chain's head with a snapshot taken once it holds the
     chain's lock, so one that waited for the lock sees the event appended meanwhile: no
     two events chain onto the same one."""
     if connection.vendor != "postgresql":
