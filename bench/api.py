@@ -12,8 +12,9 @@ Production-like settings (``DEBUG=0``, no eager Celery: the dispatch request aft
 submission goes to an in-memory broker). With ``REDIS_URL`` set, the cache is that Redis,
 as in production (a submission's dispatch request is then one round trip to it; give a
 database no running Sluice uses, e.g. ``redis://127.0.0.1:6379/15``); without, files in
-the temporary directory, whose writes cost a submission about a millisecond more. The world: one pool of 16 nodes × 8 GPUs, 5
-tenants with a quota and a queue each, and ``--jobs`` jobs stored in the bench user's
+the temporary directory, whose writes cost a submission about a millisecond more.
+
+The world: one pool of 16 nodes × 8 GPUs, 5 tenants with a quota and a queue each, and ``--jobs`` jobs stored in the bench user's
 tenant (ended, running with their GPUs, and waiting with ranks), runtime history for the
 predictions. The bench user is a member of its tenant and authenticates with an API token
 (``Authorization: Token ...``), through the Django test client: the whole stack but the
