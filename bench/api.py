@@ -14,11 +14,11 @@ as in production (a submission's dispatch request is then one round trip to it; 
 database no running Sluice uses, e.g. ``redis://127.0.0.1:6379/15``); without, files in
 the temporary directory, whose writes cost a submission about a millisecond more.
 
-The world: one pool of 16 nodes × 8 GPUs, 5 tenants with a quota and a queue each, and ``--jobs`` jobs stored in the bench user's
-tenant (ended, running with their GPUs, and waiting with ranks), runtime history for the
-predictions. The bench user is a member of its tenant and authenticates with an API token
-(``Authorization: Token ...``), through the Django test client: the whole stack but the
-socket and the WSGI server.
+The world: one pool of 16 nodes × 8 GPUs, 5 tenants with a quota and a queue each, and
+``--jobs`` jobs stored in the bench user's tenant (ended, running with their GPUs, and
+waiting with ranks), runtime history for the predictions. The bench user is a member of its
+tenant and authenticates with an API token (``Authorization: Token ...``), through the
+Django test client: the whole stack but the socket and the WSGI server.
 
 Figures (one JSON line each): ``post_one`` (``POST /api/v1/jobs/``, one job),
 ``post_bulk_100`` (``POST /api/v1/jobs/bulk``, 100 jobs), ``get_list``
