@@ -649,6 +649,10 @@ class SlurmExecutor(Executor):
             # arrives (or keep it so): a cancelled job never succeeded.
             exit_code, sig = None, signal.SIGKILL if tracked.killed else signal.SIGTERM
             sig = int(sig)
+        elif job is not None and job.state == "CANCELLED" and sig is None and exit_code > 128:
+            # Or the batch step's shell reported its command killed by a signal the way
+            # shells do (128 + the signal): the job was ended by that signal.
+            exit_code, sig = None, exit_code - 128
         if job is not None and job.state == "CANCELLED" and not tracked.stop_reason:
             message = "cancelled in Slurm, not by Sluice (scancel behind Sluice's back)"
         if tracked.stop_reason and job is not None and job.state == "CANCELLED":

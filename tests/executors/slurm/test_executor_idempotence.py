@@ -323,3 +323,18 @@ def test_a_restarted_bridge_reports_how_a_job_ended_while_no_bridge_watched(cont
     assert controller.submitted == [slurm_id]
     summary = {(s["job_id"], s["attempt"]): s for s in second.job_summaries("sn1")}[(7, 0)]
     assert summary["running"] is False and summary["exit_code"] == 2
+
+
+def test_a_job_cancelled_in_slurm_whose_shell_reports_128_plus_the_signal(controller, tmp_path):
+    executor = _bridge(controller, tmp_path)
+    executor.launch("sn1", _launch())
+    _, exited = _ended_once(controller, executor, exit_status=143 << 8, state="CANCELLED")
+    assert exited.exit_code is None and exited.signal == signal.SIGTERM
+    assert "not by Sluice" in exited.message
+
+
+def test_a_job_that_exits_143_by_itself_keeps_its_exit_code(controller, tmp_path):
+    executor = _bridge(controller, tmp_path)
+    executor.launch("sn1", _launch())
+    _, exited = _ended_once(controller, executor, exit_status=143 << 8, state="FAILED")
+    assert exited.exit_code == 143 and exited.signal is None
