@@ -1,4 +1,4 @@
-"""Fleet benchmark: the real control plane against N simulated nodes (issue 52).
+"""Fleet benchmark: the real control plane against N simulated nodes.
 
     .venv/bin/python bench/fleet.py [--nodes 1000] [--gpus 8] [--jobs 10000] [--shards 4]
                                     [--heartbeat 10] [--runtime-median 20] [--keep]

@@ -1,4 +1,4 @@
-"""A Slurm pool against Slurm itself, in the same run (issue 48's targets).
+"""A Slurm pool against Slurm itself, in the same run.
 
     sudo .venv/bin/python bench/slurm_drain.py [--jobs 1000] [--rounds 1] [--idle 10] [--keep]
 
