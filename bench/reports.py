@@ -34,6 +34,7 @@ be read), ``wall_ms_per_job`` and ``queries_per_job``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -170,29 +171,11 @@ def run(world, jobs: int, size: int, shape: str, *, count_queries: bool) -> dict
     from django.db import connection
 
     from scheduling.models import Allocation, Job
-    from scheduling.services.reports import agent_reports_process
 
     per_node = size if shape == "split" else max(size // 2, 1)
     placed = admitted_jobs(world, jobs, per_node)
     work = batches(placed, size, shape)
-    queries = [0]
-
-    def count(execute, sql, params, many, context):
-        queries[0] += 1
-        return execute(sql, params, many, context)
-
-    db_before = backend_cpu_seconds()
-    cpu, wall = time.process_time(), time.perf_counter()
-    failed = 0
-    if count_queries:
-        with connection.execute_wrapper(count):
-            for batch in work:
-                failed += agent_reports_process(reports=batch)["failed"]
-    else:
-        for batch in work:
-            failed += agent_reports_process(reports=batch)["failed"]
-    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-    db_after = backend_cpu_seconds()
+    failed, cpu, wall, db_before, db_after, queries = _process_timed(work, count_queries)
     ids = [job_id for job_id, _ in placed]
     states = set(Job.objects.filter(pk__in=ids).values_list("state", flat=True))
     assert states == {"SUCCEEDED"} and not failed, (states, failed)
@@ -318,7 +301,6 @@ def run_heartbeats(fleet: list[dict], size: int, *, count_queries: bool) -> dict
     from django.db import connection
 
     from scheduling.models import Job
-    from scheduling.services.reports import agent_reports_process
 
     if not _beat_clock[0]:
         _beat_clock[0] = time.time()
@@ -328,24 +310,7 @@ def run_heartbeats(fleet: list[dict], size: int, *, count_queries: bool) -> dict
         last = _beat_clock[0]
         beats = [_heartbeat(node, last) for node in fleet]
         work += [beats[i : i + size] for i in range(0, len(beats), size)]
-    queries = [0]
-
-    def count(execute, sql, params, many, context):
-        queries[0] += 1
-        return execute(sql, params, many, context)
-
-    db_before = backend_cpu_seconds()
-    cpu, wall = time.process_time(), time.perf_counter()
-    failed = 0
-    if count_queries:
-        with connection.execute_wrapper(count):
-            for batch in work:
-                failed += agent_reports_process(reports=batch)["failed"]
-    else:
-        for batch in work:
-            failed += agent_reports_process(reports=batch)["failed"]
-    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-    db_after = backend_cpu_seconds()
+    failed, cpu, wall, db_before, db_after, queries = _process_timed(work, count_queries)
     ids = [j for node in fleet for j in node["jobs"]]
     active = set(Job.objects.filter(pk__in=ids).values_list("last_active_at", flat=True))
     assert all(abs(a.timestamp() - last) < 1e-3 for a in active) and not failed, (active, failed)
@@ -379,6 +344,29 @@ def _median(timings: list[dict]) -> dict:
         figure[name] = round(statistics.median(values), 3) if values else None
     figure["runs"] = len(timings)
     return figure
+
+
+def _process_timed(work, count_queries):
+    """Hand each batch of reports to the reports task's code; (failed, CPU s, wall s,
+    PostgreSQL CPU before, after, [statements])."""
+    from django.db import connection
+
+    from scheduling.services.reports import agent_reports_process
+
+    queries = [0]
+
+    def count(execute, sql, params, many, context):
+        queries[0] += 1
+        return execute(sql, params, many, context)
+
+    db_before = backend_cpu_seconds()
+    cpu, wall = time.process_time(), time.perf_counter()
+    failed = 0
+    with connection.execute_wrapper(count) if count_queries else contextlib.nullcontext():
+        for batch in work:
+            failed += agent_reports_process(reports=batch)["failed"]
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    return failed, cpu, wall, db_before, backend_cpu_seconds(), queries
 
 
 def main() -> int:
