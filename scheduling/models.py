@@ -63,6 +63,13 @@ class ResourcePool(models.Model):
         blank=True,
         help_text="What the pool's executor said it enforces when it last registered.",
     )
+    topology_label = models.CharField(
+        max_length=100,
+        blank=True,
+        default="topology.sluice.io/block",
+        help_text="Node label naming the block (switch, rack or NVLink domain) a node is in: "
+        "a multi-node job is kept inside one block. Blank: the topology is ignored.",
+    )
 
     class Meta:
         ordering = ["name"]
@@ -259,6 +266,12 @@ class WorkloadPolicy(models.Model):
         help_text="How long a job at its preemption limit is protected, from the start of "
         "its run (0: for the rest of the run).",
     )
+    topology_wait_seconds = models.PositiveIntegerField(
+        default=1800,
+        validators=[MaxValueValidator(MAX_POLICY_SECONDS)],
+        help_text="How long a multi-node job waits for one block that can hold it before it "
+        "is spread over several blocks (0: spread at once when no block can hold it).",
+    )
 
     class Meta:
         ordering = ["workload_type"]
@@ -362,6 +375,12 @@ class Queue(models.Model):
         help_text="Highest class a member may choose without approval.",
     )
     strict_fifo = models.BooleanField(default=False)
+    time_sharing = models.BooleanField(
+        default=False,
+        help_text="Time-sharing: within one class, a job that has used more GPU-time may be "
+        "stopped for a waiting job that has used less (least attained service). Only "
+        "preemptible jobs that checkpoint (a checkpoint directory) are stopped for it.",
+    )
     state = models.CharField(max_length=10, choices=QueueState.choices, default=QueueState.OPEN)
     description = models.TextField(blank=True, max_length=2000)
 

@@ -293,7 +293,9 @@ def test_runtime_limit_warns_twice_then_times_out_and_kills_after_the_grace(
     assert took < 3, f"the polite job took {took} s to end on SIGTERM"
     job = _job(stubborn)
     took = (job.finished_at - job.stop_requested_at).total_seconds()
-    assert took >= 2.5, f"killed {took} s after the stop, before the 3 s grace"
+    # Slurm's EndTime is in whole seconds (truncated): a kill 3 s after the stop at the
+    # earliest reads as more than 2 s; a kill without the grace would read 0-1 s.
+    assert took > 2, f"killed {took} s after the stop, before the 3 s grace"
     (slurm_job,) = _slurm_jobs(pool, stubborn)
     assert slurm_job.state == "CANCELLED"
 
