@@ -1,4 +1,5 @@
-"""Benchmark: one run of the rollup writer (insights.rollups.rollup_write) on a large cluster.
+"""Benchmark: one run of the rollup writer (insights.services.rollups.rollup_write) on a
+large cluster.
 
     .venv/bin/python bench/rollup_writer.py [--database-url sqlite:////tmp/sluice-bench-writer.sqlite3]
                                             [--database-url postgres://postgres@127.0.0.1:5432/sluice_bench_writer]
@@ -205,7 +206,7 @@ def timed_run(moment) -> tuple[float, int, object]:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from insights.rollups import rollup_write
+    from insights.services.rollups import rollup_write
 
     with CaptureQueriesContext(connection) as ctx:
         started = time.perf_counter()

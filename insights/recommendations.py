@@ -1,10 +1,11 @@
-"""Recommendations that close the loop: rules over the recorded history, and what a platform
-admin does with their result (simulate, apply, dismiss).
+"""Recommendations that close the loop: the rules over the recorded history and what their
+result says (ranking, simulated effect). What is written from them (the daily refresh, and a
+platform admin's simulate, apply and dismiss) is in ``insights.services.recommendations``.
 
 Each rule reads the history of one period (the rollups of ``insights.models`` and the
 scheduling tables) and proposes at most one recommendation per *key* (kind and target):
 its evidence (the numbers and the period), and a concrete change. The daily beat task
-``insights.recommendations`` calls :func:`recommendations_refresh`, which
+``insights.recommendations`` calls ``recommendations_refresh`` (the services), which
 
 - refreshes the open recommendation of a key (new evidence and change; a simulation run for
   another change is unlinked, it no longer says anything about this one);
@@ -34,20 +35,15 @@ from datetime import datetime, time, timedelta
 from zoneinfo import ZoneInfo
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import QuerySet
 from django.urls import reverse
 from django.utils import timezone
 
 from audit.models import AuditEvent
-from audit.services import audit_record
-from portal.errors import BusinessError, NotFoundError, PermissionDeniedError
 from scheduling.choices import (
     ExtensionState,
     GpuHealth,
     JobState,
     NodeState,
-    NotificationKind,
     ReclaimKind,
     SimulationState,
     WorkloadType,
@@ -57,24 +53,18 @@ from scheduling.models import (
     Gpu,
     Job,
     JobEvent,
-    Node,
     PriorityClass,
     PriorityRaise,
     Queue,
     Quota,
     ReclaimRecord,
     RuntimeExtension,
-    SimulationRun,
     WorkloadPolicy,
 )
-from scheduling.services import config as config_services
-from scheduling.services import whatif
-from scheduling.services.notifications import notification_send
 from tenants.choices import Role
 from tenants.models import Membership, Project, Tenant
-from tenants.scoping import is_platform_admin, restrict, tenant_ids_for
 
-from .choices import RecommendationKind, RecommendationState, Resolution
+from .choices import RecommendationKind, Resolution
 from .models import GpuActivity, QueueRollup, Recommendation, UsageRollup
 
 # -- thresholds (override with settings SLUICE_RECOMMEND_<NAME>) -------------------------------
@@ -479,7 +469,7 @@ def rule_repeated_failure(now: datetime) -> list[Proposal]:
     if not wanted:
         return []
     projects = Project.objects.select_related("tenant").in_bulk([k[0] for k in wanted])
-    users = {u.pk: u for u in _users([k[1] for k in wanted])}
+    users = {u.pk: u for u in users_with_ids([k[1] for k in wanted])}
     proposals = []
     for (project_id, user_id, exit_key), jobs in wanted.items():
         project, owner = projects[project_id], users.get(user_id)
@@ -547,7 +537,8 @@ def rule_repeated_failure(now: datetime) -> list[Proposal]:
     return proposals
 
 
-def _users(ids):
+def users_with_ids(ids):
+    """The users of these ids (those that still exist)."""
     from django.contrib.auth import get_user_model
 
     return get_user_model().objects.filter(pk__in=ids)
@@ -860,32 +851,6 @@ REFRESH_ACTION = "recommendations.refresh"
 BEAT_ENTRY = "insights-recommendations"
 
 
-@transaction.atomic
-def recommendations_refresh(*, now: datetime | None = None, user=None) -> dict:
-    """Run the rules and bring the open recommendations in line (see the module docstring).
-    Returns counts: created, refreshed, held back (cooldown), closed. Each run is audited
-    (``recommendations.refresh``, by ``user`` when an admin asked for it, else by the
-    system): the record of when the recommendations were last computed."""
-    now = now or timezone.now()
-    counts = _refresh(now)
-    audit_record(
-        action=REFRESH_ACTION,
-        target_type="insights.recommendation",
-        target_label="recommendations",
-        actor=user,
-        after={**counts, "computed_at": now.isoformat()},
-        reason="Run now by an admin" if user is not None else "The daily run",
-    )
-    return counts
-
-
-def recommendations_run_now(*, user) -> dict:
-    """Compute the recommendations now instead of waiting for the daily run (platform
-    admins: the rules read and change every tenant's recommendations)."""
-    config_services.require_platform_admin(user)
-    return recommendations_refresh(user=user)
-
-
 def recommendations_last_run() -> datetime | None:
     """When the rules last ran (the daily run or an admin's), ``None`` if they never did."""
     return (
@@ -920,89 +885,7 @@ def recommendations_schedule(now: datetime | None = None) -> dict | None:
     }
 
 
-def _refresh(now: datetime) -> dict:
-    counts = Counter()
-    proposed_keys = set()
-    for proposal in recommendations_compute(now):
-        proposed_keys.add(proposal.key)
-        counts[_upsert(proposal, now)] += 1
-    stale = Recommendation.objects.select_for_update().filter(state=RecommendationState.OPEN)
-    for rec in stale.exclude(key__in=proposed_keys):
-        rec.state = RecommendationState.DISMISSED
-        rec.decided_at = now
-        rec.dismiss_reason = "No longer supported by the history (closed by the daily run)."
-        rec.save(update_fields=["state", "decided_at", "dismiss_reason"])
-        counts["closed"] += 1
-    return {k: counts.get(k, 0) for k in ("created", "refreshed", "held", "closed")}
-
-
-def _upsert(proposal: Proposal, now: datetime) -> str:
-    open_rec = (
-        Recommendation.objects.select_for_update()
-        .filter(key=proposal.key, state=RecommendationState.OPEN)
-        .first()
-    )
-    if open_rec is not None:
-        if open_rec.change != proposal.change:
-            open_rec.simulation = None  # it replayed another change
-        open_rec.title = proposal.title[:300]
-        open_rec.evidence = proposal.evidence
-        open_rec.change = proposal.change
-        open_rec.tenant = proposal.tenant
-        open_rec.updated_at = now
-        open_rec.save()
-        return "refreshed"
-    recent = (
-        Recommendation.objects.filter(
-            key=proposal.key,
-            decided_at__gte=now - timedelta(days=threshold("COOLDOWN_DAYS")),
-        )
-        .exclude(state=RecommendationState.OPEN)
-        .order_by("-decided_at")
-        .first()
-    )
-    if recent is not None and recent.decided_by_id is not None:
-        before = float(recent.evidence.get("score") or 0)
-        if float(proposal.evidence.get("score") or 0) < before * threshold("WORSE_FACTOR"):
-            return "held"
-    Recommendation.objects.create(
-        kind=proposal.kind,
-        key=proposal.key,
-        tenant=proposal.tenant,
-        title=proposal.title[:300],
-        evidence=proposal.evidence,
-        change=proposal.change,
-        created_at=now,
-        updated_at=now,
-    )
-    return "created"
-
-
-# -- reads ----------------------------------------------------------------------------------------
-
-
-def recommendations_check_access(user) -> None:
-    """Platform admins and tenant admins read recommendations; everybody else gets 403."""
-    if is_platform_admin(user):
-        return
-    if not tenant_ids_for(user, "admin").exists():
-        raise PermissionDeniedError("Only platform admins and tenant admins see recommendations.")
-
-
-def recommendations_visible_to(user) -> QuerySet[Recommendation]:
-    """Platform admins: every recommendation; tenant admins: their tenants' (those about a
-    pool or a policy, which no tenant owns, are the platform's); others: none."""
-    recs = Recommendation.objects.select_related("tenant", "decided_by", "simulation")
-    return restrict(recs, user, "admin")
-
-
-def recommendation_get(user, pk) -> Recommendation:
-    """One recommendation: 403 for who reads none, 404 when it is not this user's to see."""
-    recommendations_check_access(user)
-    rec = recommendations_visible_to(user).filter(pk=pk).first()
-    if rec is None:
-        raise NotFoundError("Recommendation not found.")
-    return rec
+# -- reading the result --------------------------------------------------------------------------
 
 
 def recommendations_ranked(recs) -> list[Recommendation]:
@@ -1048,212 +931,3 @@ def simulation_effect(rec: Recommendation) -> dict | None:
                 "guaranteed": [row["guaranteed_before"], row["guaranteed_after"]],
             }
     return effect
-
-
-# -- writes ---------------------------------------------------------------------------------------
-
-
-def _require_open(rec: Recommendation) -> Recommendation:
-    rec = Recommendation.objects.select_for_update().get(pk=rec.pk)
-    if rec.state != RecommendationState.OPEN:
-        raise BusinessError(
-            f"Recommendation {rec.pk} is {rec.get_state_display().lower()} already.",
-            code="not_open",
-        )
-    return rec
-
-
-@transaction.atomic
-def recommendation_simulate(*, user, recommendation: Recommendation) -> SimulationRun:
-    """Queue a what-if replay of the recorded history with the change applied (platform
-    admins) and link it to the recommendation."""
-    config_services.require_platform_admin(user)
-    rec = _require_open(recommendation)
-    params = rec.change.get("whatif")
-    if not params:
-        raise BusinessError(
-            rec.change.get("not_simulated") or "The simulator cannot replay this change.",
-            code="not_simulatable",
-        )
-    days = math.ceil(float(rec.evidence.get("period", {}).get("days") or PERIOD_DAYS))
-    run = whatif.simulation_run_create(user=user, params={"days": days, **params})
-    rec.simulation = run
-    rec.save(update_fields=["simulation"])
-    return run
-
-
-@transaction.atomic
-def recommendation_apply(*, user, recommendation: Recommendation) -> Recommendation:
-    """Make the change through the configuration services (audited as a manual edit, with
-    the recommendation as the reason), record ``recommendation.apply`` with the change and
-    the simulated effect, and mark it applied (platform admins)."""
-    config_services.require_platform_admin(user)
-    rec = _require_open(recommendation)
-    effect = simulation_effect(rec)
-    reason = f"Recommendation #{rec.pk}: {rec.title}"
-    target = _apply_change(user, rec.change, reason)
-    now = timezone.now()
-    rec.state = RecommendationState.APPLIED
-    rec.decided_by = user
-    rec.decided_at = now
-    rec.updated_at = now
-    rec.save(update_fields=["state", "decided_by", "decided_at", "updated_at"])
-    audit_record(
-        action="recommendation.apply",
-        target=rec,
-        actor=user,
-        tenant=rec.tenant,
-        before={"state": RecommendationState.OPEN},
-        after={
-            "state": RecommendationState.APPLIED,
-            "kind": rec.kind,
-            "change": rec.change.get("summary", ""),
-            "changed": target,
-            "simulation": effect,
-        },
-        reason=reason[:2000],
-    )
-    return rec
-
-
-def _require_unchanged(change: dict, now: dict, what: str) -> None:
-    """The new values of a change were computed from the values it records in ``from``
-    (a lower guarantee's borrow limit is the old one plus what the guarantee gives up):
-    once someone edited them since, applying would write numbers computed for another
-    configuration. The daily run recomputes the recommendation from the values of then."""
-    before = change.get("from")
-    if not before:
-        return  # recorded before changes named their starting values
-    if any(now.get(name) != value for name, value in before.items()):
-        raise BusinessError(
-            f"{what} was changed since this recommendation was computed (it assumed "
-            + ", ".join(f"{name} {value}" for name, value in before.items())
-            + "); the next daily run recomputes it.",
-            code="stale",
-        )
-
-
-def _apply_change(user, change: dict, reason: str) -> str:
-    """Carry out ``change["action"]``; returns what was changed, in words."""
-    action = change.get("action")
-    if action == "quota_update":
-        quota = Quota.objects.select_related("tenant", "pool").filter(pk=change["quota"]).first()
-        if quota is None:
-            raise BusinessError("The quota of this recommendation no longer exists.")
-        _require_unchanged(
-            change,
-            {"guaranteed": quota.guaranteed_gpus, "borrow_limit": quota.borrow_limit_gpus},
-            f"quota {quota}",
-        )
-        config_services.config_save(
-            actor=user,
-            instance=quota,
-            changes={
-                "guaranteed_gpus": change["guaranteed"],
-                "borrow_limit_gpus": change["borrow_limit"],
-            },
-            action="quota.update",
-            reason=reason,
-        )
-        from scheduling.services.enqueue import dispatch_on_commit
-
-        dispatch_on_commit()
-        return f"quota {quota}"
-    if action == "queue_class":
-        queue = (
-            Queue.objects.select_related("max_self_service_class", "default_priority_class")
-            .filter(pk=change["queue"])
-            .first()
-        )
-        cls = PriorityClass.objects.filter(name=change["priority_class"]).first()
-        if queue is None or cls is None:
-            raise BusinessError("The queue or class of this recommendation no longer exists.")
-        _require_unchanged(
-            change,
-            {"default_priority_class": queue.default_priority_class.name},
-            f"queue {queue}",
-        )
-        ceiling = queue.max_self_service_class
-        config_services.config_save(
-            actor=user,
-            instance=queue,
-            changes={
-                "default_priority_class": cls,
-                "max_self_service_class": cls if cls.value > ceiling.value else ceiling,
-            },
-            action="queue.update",
-            reason=reason,
-        )
-        return f"queue {queue}"
-    if action == "node_cordon":
-        names = []
-        for node in Node.objects.filter(name__in=change["nodes"]).order_by("name"):
-            if node.state == NodeState.READY:
-                config_services.config_save(
-                    actor=user,
-                    instance=node,
-                    changes={"state": NodeState.CORDONED},
-                    action="node.update",
-                    reason=reason,
-                )
-                names.append(node.name)
-        if not names:
-            raise BusinessError("None of these nodes is ready any more: nothing to cordon.")
-        return "nodes " + ", ".join(names)
-    if action == "policy_update":
-        policy = WorkloadPolicy.objects.filter(workload_type=change["policy"]).first()
-        if policy is None:
-            raise BusinessError("The workload policy of this recommendation no longer exists.")
-        _require_unchanged(
-            change,
-            {name: getattr(policy, name) for name in change.get("from") or {}},
-            f"policy {policy.workload_type}",
-        )
-        config_services.config_save(
-            actor=user,
-            instance=policy,
-            changes=change["fields"],
-            action="policy.update",
-            reason=reason,
-        )
-        return f"policy {policy.workload_type}"
-    if action == "notify":
-        users = list(_users(change.get("users") or []))
-        if not users:
-            raise BusinessError("Nobody to notify: the users of this recommendation are gone.")
-        notification_send(
-            users=users,
-            kind=NotificationKind.RECOMMENDATION,
-            message=change["message"],
-            link=change.get("link", ""),
-        )
-        return "notified " + ", ".join(sorted(u.get_username() for u in users))
-    raise BusinessError(f"Unknown change {action!r}: nothing to apply.")
-
-
-@transaction.atomic
-def recommendation_dismiss(*, user, recommendation: Recommendation, reason: str) -> Recommendation:
-    """Close a recommendation without acting on it, saying why (platform admins). The daily
-    run does not re-open it for COOLDOWN_DAYS unless its numbers get clearly worse."""
-    config_services.require_platform_admin(user)
-    reason = (reason or "").strip()
-    if not reason:
-        raise BusinessError("Say why the recommendation is dismissed.", field="reason")
-    rec = _require_open(recommendation)
-    now = timezone.now()
-    rec.state = RecommendationState.DISMISSED
-    rec.decided_by = user
-    rec.decided_at = now
-    rec.updated_at = now
-    rec.dismiss_reason = reason[:2000]
-    rec.save(update_fields=["state", "decided_by", "decided_at", "updated_at", "dismiss_reason"])
-    audit_record(
-        action="recommendation.dismiss",
-        target=rec,
-        actor=user,
-        tenant=rec.tenant,
-        before={"state": RecommendationState.OPEN},
-        after={"state": RecommendationState.DISMISSED, "kind": rec.kind},
-        reason=reason[:2000],
-    )
-    return rec

@@ -26,6 +26,7 @@ Tenant admins see their tenant's slice of the stored review: per-tenant figures 
 with the cluster's (a few hundred bytes per tenant), so a review stays what it was when it
 was written even after retention deletes the week's jobs, and a tenant's page costs one row.
 Cluster-wide changes (a pool, a policy, a class: no tenant) count only in the cluster figures.
+A review is stored by ``insights.services.reviews`` (``policy_review_write``).
 """
 
 from __future__ import annotations
@@ -33,14 +34,10 @@ from __future__ import annotations
 import datetime as dt
 from collections import defaultdict
 
-from django.contrib.auth import get_user_model
-from django.db import transaction
 from django.db.models import BooleanField, Count, ExpressionWrapper, F, Q, Sum
-from django.urls import reverse
 from django.utils import timezone
 
 from audit.models import AuditEvent
-from portal.errors import BusinessError
 from scheduling.choices import (
     INFERENCE_TYPES,
     ExtensionState,
@@ -49,7 +46,6 @@ from scheduling.choices import (
     ReclaimKind,
 )
 from scheduling.models import Allocation, Job, PriorityRaise, ReclaimRecord, RuntimeExtension
-from scheduling.services.notifications import notification_send
 from scheduling.services.waste import human_duration
 from scheduling.simulator.metrics import percentile
 from tenants.models import Tenant
@@ -504,61 +500,3 @@ def _reclaims_by_kind(this: dict, last: dict) -> list[dict]:
 def is_final(review: PolicyReview) -> bool:
     """Computed after its week ended (not a "so far" look at the current week)."""
     return bool((review.figures or {}).get("final"))
-
-
-# --- writing --------------------------------------------------------------------------------
-
-
-@transaction.atomic
-def policy_review_write(
-    *, week_start: dt.date, refresh: bool = False, user=None, now: dt.datetime | None = None
-) -> PolicyReview:
-    """Store the review of the week that begins on ``week_start`` (a Monday).
-
-    Idempotent: once a review was computed after its week ended it is kept as it is
-    (``refresh`` recomputes it: the "compute now" button). A week still running may be
-    computed "so far"; the first computation after its end replaces those figures. Platform
-    admins are notified once, when the week's final review is first stored.
-    """
-    now = now or timezone.now()
-    if week_start.weekday() != 0:
-        raise BusinessError("A week starts on a Monday.", field="week_start")
-    if not FIRST_WEEK <= week_start <= LAST_WEEK:
-        raise BusinessError(
-            f"Pick a week from {FIRST_WEEK:%Y-%m-%d} to {LAST_WEEK:%Y-%m-%d}.", field="week_start"
-        )
-    start, end = week_bounds(week_start)
-    if start > now:
-        raise BusinessError("That week has not begun yet.", field="week_start")
-    review, _ = PolicyReview.objects.get_or_create(
-        week_start=week_start, defaults={"created_at": now, "figures": {}}
-    )
-    review = PolicyReview.objects.select_for_update().get(pk=review.pk)
-    if is_final(review) and not refresh:
-        return review
-    notified_at = (review.figures or {}).get("notified_at")
-    figures = review_compute(week_start)
-    figures.update(
-        computed_at=now.isoformat(),
-        computed_by=user.get_username() if user is not None else "",
-        final=now >= end,
-        notified_at=notified_at,
-    )
-    if figures["final"] and not notified_at:
-        review.figures = figures
-        _notify(review)
-        figures["notified_at"] = now.isoformat()
-    review.figures = figures
-    review.save(update_fields=["figures"])
-    return review
-
-
-def _notify(review: PolicyReview) -> None:
-    verdict = review_slice(review)["verdict"]
-    admins = get_user_model().objects.filter(is_staff=True, is_active=True)
-    notification_send(
-        users=admins,
-        kind=NOTIFICATION_KIND,
-        message=f"Weekly policy review, week of {review.week_start:%Y-%m-%d}: {verdict['text']}",
-        link=reverse("policy-review", args=[review.week_start.isoformat()]),
-    )

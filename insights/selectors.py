@@ -1,4 +1,4 @@
-"""Reads of the insights page, always scoped to the user asking.
+"""Reads of the insights page and of the recommendations, always scoped to the user asking.
 
 Platform admins see everything; a tenant admin sees the queues, projects, jobs and usage of
 the tenants they administer, and pool-level totals (capacity, allocated, used, idle) of every
@@ -37,6 +37,7 @@ from django.utils import timezone
 from inference.choices import BlockedReason
 from inference.models import ScaleDecision, Service
 from inference.selectors import services_near_capacity, with_replica_counts
+from portal.errors import NotFoundError, PermissionDeniedError
 from scheduling.choices import FINAL_STATES, JobState, PoolPurpose, WorkloadType
 from scheduling.models import (
     Allocation,
@@ -49,10 +50,11 @@ from scheduling.models import (
     WorkloadPolicy,
 )
 from tenants.models import Tenant
+from tenants.scoping import restrict, tenant_ids_for
 from tenants.selectors import administered_tenants, is_platform_admin
 
 from .choices import Resolution
-from .models import GpuActivity, QueueRollup, UsageRollup
+from .models import GpuActivity, QueueRollup, Recommendation, UsageRollup
 
 # --- periods --------------------------------------------------------------------------------
 
@@ -856,3 +858,30 @@ def dashboard_glance(user) -> dict | None:
         reverse=True,
     )[:GLANCE_QUEUES]
     return {"pools": pools, "queues": waiting}
+
+
+# -- recommendations -----------------------------------------------------------------------------
+
+
+def recommendations_check_access(user) -> None:
+    """Platform admins and tenant admins read recommendations; everybody else gets 403."""
+    if is_platform_admin(user):
+        return
+    if not tenant_ids_for(user, "admin").exists():
+        raise PermissionDeniedError("Only platform admins and tenant admins see recommendations.")
+
+
+def recommendations_visible_to(user) -> QuerySet[Recommendation]:
+    """Platform admins: every recommendation; tenant admins: their tenants' (those about a
+    pool or a policy, which no tenant owns, are the platform's); others: none."""
+    recs = Recommendation.objects.select_related("tenant", "decided_by", "simulation")
+    return restrict(recs, user, "admin")
+
+
+def recommendation_get(user, pk) -> Recommendation:
+    """One recommendation: 403 for who reads none, 404 when it is not this user's to see."""
+    recommendations_check_access(user)
+    rec = recommendations_visible_to(user).filter(pk=pk).first()
+    if rec is None:
+        raise NotFoundError("Recommendation not found.")
+    return rec

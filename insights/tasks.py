@@ -10,7 +10,7 @@ from celery import shared_task
 @shared_task(name="insights.rollup", ignore_result=True, acks_late=False)
 def rollup() -> dict:
     """One run of the rollup writer (every SLUICE_ROLLUP_INTERVAL seconds, by beat)."""
-    from .rollups import rollup_write
+    from .services.rollups import rollup_write
 
     run = rollup_write()
     return run.as_dict() if run is not None else {"skipped": "another run holds the lock"}
@@ -29,7 +29,7 @@ def metrics_totals() -> None:
 def recommendations() -> dict:
     """The daily recommendations run (control queue): the rules over the recorded history,
     the open recommendations refreshed."""
-    from .recommendations import recommendations_refresh
+    from .services.recommendations import recommendations_refresh
 
     return recommendations_refresh()
 
@@ -44,7 +44,8 @@ def recommendations() -> dict:
 def policy_review() -> str:
     """The review of the week that ended last. Safe to run daily (or hourly): a week's review
     is written, and its admins notified, once."""
-    from .reviews import last_completed_week, policy_review_write
+    from .reviews import last_completed_week
+    from .services.reviews import policy_review_write
 
     week_start = last_completed_week()
     policy_review_write(week_start=week_start)

@@ -5,9 +5,7 @@ from django.urls import path, re_path
 
 from portal.api.routers import OptionalSlashRouter
 
-from .metrics import MetricsSummaryView
-from .recommendations import RecommendationViewSet
-from .usage import UsageSlashView, UsageView
+from .views import MetricsSummaryView, RecommendationViewSet, UsageSlashView, UsageView
 
 router = OptionalSlashRouter()
 router.register("recommendations", RecommendationViewSet, basename="recommendation")

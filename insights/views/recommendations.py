@@ -21,20 +21,26 @@ from scheduling.simulator.report import duration
 from .. import recommendations as recs
 from ..choices import RecommendationKind, RecommendationState
 from ..forms import DismissForm, RecommendationFilterForm
+from ..selectors import (
+    recommendation_get,
+    recommendations_check_access,
+    recommendations_visible_to,
+)
+from ..services import recommendations as services
 
 HISTORY_ROWS = 50
 
 
 def _check_access(user) -> None:
     try:
-        recs.recommendations_check_access(user)
+        recommendations_check_access(user)
     except PermissionDeniedError as exc:
         raise PermissionDenied(exc.message) from None
 
 
 def _get(request, pk: int):
     try:
-        return recs.recommendation_get(request.user, pk)
+        return recommendation_get(request.user, pk)
     except PermissionDeniedError as exc:
         raise PermissionDenied(exc.message) from None
     except NotFoundError:
@@ -49,7 +55,7 @@ def recommendation_list(request):
     kind = state = ""
     if form.is_valid():
         kind, state = form.cleaned_data["kind"], form.cleaned_data["state"]
-    visible = recs.recommendations_visible_to(request.user)
+    visible = recommendations_visible_to(request.user)
     if kind:
         visible = visible.filter(kind=kind)
     open_recs = []
@@ -145,7 +151,7 @@ def recommendation_simulate(request, pk: int):
     """Queue the what-if replay of the change and open its run page."""
     rec = _get(request, pk)
     try:
-        run = recs.recommendation_simulate(user=request.user, recommendation=rec)
+        run = services.recommendation_simulate(user=request.user, recommendation=rec)
     except PermissionDeniedError as exc:
         raise PermissionDenied(exc.message) from None
     except BusinessError as exc:
@@ -160,7 +166,7 @@ def recommendation_apply(request, pk: int):
     """Make the change (platform admins), audited with the recommendation."""
     rec = _get(request, pk)
     try:
-        recs.recommendation_apply(user=request.user, recommendation=rec)
+        services.recommendation_apply(user=request.user, recommendation=rec)
     except PermissionDeniedError as exc:
         raise PermissionDenied(exc.message) from None
     except BusinessError as exc:
@@ -180,7 +186,7 @@ def recommendation_dismiss(request, pk: int):
     form = DismissForm(request.POST)
     if form.is_valid():
         try:
-            recs.recommendation_dismiss(
+            services.recommendation_dismiss(
                 user=request.user, recommendation=rec, reason=form.cleaned_data["reason"]
             )
         except BusinessError as exc:
@@ -198,7 +204,7 @@ def recommendations_run_now(request):
     """Compute the recommendations now (platform admins), then back to the list."""
     _check_access(request.user)
     try:
-        counts = recs.recommendations_run_now(user=request.user)
+        counts = services.recommendations_run_now(user=request.user)
     except PermissionDeniedError as exc:
         raise PermissionDenied(exc.message) from None
     messages.success(

@@ -25,6 +25,7 @@ from tenants.selectors import administered_tenants, is_platform_admin
 
 from .. import reviews
 from ..models import PolicyReview
+from ..services.reviews import policy_review_write
 
 
 def _admin_tenants(user) -> list[str]:
@@ -130,7 +131,7 @@ def policy_review_compute(request):
         messages.error(request, "Pick a week: its Monday, as YYYY-MM-DD.")
         return redirect("policy-reviews")
     try:
-        review = reviews.policy_review_write(week_start=day, refresh=True, user=request.user)
+        review = policy_review_write(week_start=day, refresh=True, user=request.user)
     except BusinessError as error:
         messages.error(request, error.message)
         return redirect("policy-reviews")

@@ -15,6 +15,7 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from insights import reviews
+from insights.services import reviews as review_services
 from tests.insights.rollups_helpers import without_backfilled_history
 from tests.insights.usage_helpers import demo_fortnight, demo_usage
 
@@ -31,8 +32,8 @@ def test_usage_and_review_pages(browser, live_server, transactional_db, tmp_path
     demo_usage(today=now.date())
     week = reviews.last_completed_week(now)
     demo_fortnight(week)
-    reviews.policy_review_write(week_start=week - dt.timedelta(days=7))
-    reviews.policy_review_write(week_start=week)
+    review_services.policy_review_write(week_start=week - dt.timedelta(days=7))
+    review_services.policy_review_write(week_start=week)
     out = Path(os.environ.get("SLUICE_SCREENSHOTS") or tmp_path / "shots")
     out.mkdir(parents=True, exist_ok=True)
     shots = [

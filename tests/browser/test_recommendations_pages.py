@@ -13,9 +13,9 @@ from django.core.management import call_command
 from django.utils import timezone
 from playwright.sync_api import expect
 
-from insights import recommendations as recs
 from insights.choices import RecommendationKind
 from insights.models import Recommendation
+from insights.services import recommendations as recommendation_services
 from scheduling.choices import JobState, RaiseState, ReclaimKind, WorkloadType
 from scheduling.models import (
     Node,
@@ -149,7 +149,7 @@ def test_recommendations_pages_as_platform_admin(
     call_command("seed_demo", stdout=io.StringIO())
     without_backfilled_history()
     _week_of_history()
-    counts = recs.recommendations_refresh()
+    counts = recommendation_services.recommendations_refresh()
     assert counts["created"] >= 6, [r.title for r in Recommendation.objects.all()]
     folder = _screenshot_dir(tmp_path)
     page.set_viewport_size(VIEWPORT)

@@ -8,9 +8,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from audit.models import AuditEvent
-from insights import recommendations as recs
 from insights.choices import RecommendationKind, RecommendationState
 from insights.models import Recommendation
+from insights.services import recommendations as recommendation_services
 from portal.errors import BusinessError
 from scheduling.choices import NodeState, SimulationState, WorkloadType
 from scheduling.models import Node, Notification, Quota, SimulationRun, WorkloadPolicy
@@ -47,7 +47,7 @@ def _make(kind, key, change, *, tenant=None, score=1.0, impact=10.0, title="a re
 def lower_nlp(world):
     """A real recommendation from the rule: lower nlp's guarantee 8 -> 4, borrow 8 -> 12."""
     h.usage_hours(world.pool, {world.tenant: [1.0] * 90 + [3.0] * 10, world.other: 8.0}, hours=100)
-    recs.recommendations_refresh()
+    recommendation_services.recommendations_refresh()
     return Recommendation.objects.get(kind=RecommendationKind.LOWER_GUARANTEE)
 
 
@@ -106,7 +106,9 @@ def test_simulate_replays_a_queue_class_and_cordoned_nodes(
     )
 
     with django_capture_on_commit_callbacks(execute=True):
-        run = recs.recommendation_simulate(user=world.platform_admin, recommendation=rec)
+        run = recommendation_services.recommendation_simulate(
+            user=world.platform_admin, recommendation=rec
+        )
 
     run.refresh_from_db()
     assert run.state == SimulationState.DONE, run.error
@@ -209,7 +211,7 @@ def test_apply_each_kind_of_change(world):
     )
 
     for rec in (policy, notify, cordon, queue):
-        recs.recommendation_apply(user=admin, recommendation=rec)
+        recommendation_services.recommendation_apply(user=admin, recommendation=rec)
 
     assert WorkloadPolicy.objects.get(workload_type="interactive").idle_window_seconds == 1800
     [note] = Notification.objects.filter(user=world.member)
@@ -224,7 +226,9 @@ def test_apply_each_kind_of_change(world):
 
 
 def test_an_applied_recommendation_cannot_be_applied_again(api, world, lower_nlp):
-    recs.recommendation_apply(user=world.platform_admin, recommendation=lower_nlp)
+    recommendation_services.recommendation_apply(
+        user=world.platform_admin, recommendation=lower_nlp
+    )
 
     response = api(world.platform_admin).post(f"/api/v1/recommendations/{lower_nlp.pk}/apply")
 
@@ -250,11 +254,13 @@ def test_a_quota_edited_since_the_recommendation_is_not_overwritten(client, api,
     assert lower_nlp.state == RecommendationState.OPEN
     assert not AuditEvent.objects.filter(action__in=["quota.update", "recommendation.apply"])
     # The daily run recomputes it from the quota as it is now.
-    recs.recommendations_refresh()
+    recommendation_services.recommendations_refresh()
     lower_nlp.refresh_from_db()
     assert lower_nlp.change["from"] == {"guaranteed": 6, "borrow_limit": 2}
     assert (lower_nlp.change["guaranteed"], lower_nlp.change["borrow_limit"]) == (4, 4)
-    recs.recommendation_apply(user=world.platform_admin, recommendation=lower_nlp)
+    recommendation_services.recommendation_apply(
+        user=world.platform_admin, recommendation=lower_nlp
+    )
     quota.refresh_from_db()
     assert (quota.guaranteed_gpus, quota.borrow_limit_gpus) == (4, 4)
 
@@ -275,7 +281,7 @@ def test_a_policy_edited_since_the_recommendation_is_not_overwritten(world):
     )
 
     with pytest.raises(BusinessError) as raised:
-        recs.recommendation_apply(user=world.platform_admin, recommendation=rec)
+        recommendation_services.recommendation_apply(user=world.platform_admin, recommendation=rec)
 
     assert raised.value.code == "stale"
     policy = WorkloadPolicy.objects.get(workload_type=WorkloadType.INTERACTIVE)
@@ -302,7 +308,7 @@ def test_a_queue_class_raised_since_the_recommendation_is_not_lowered(world):
     world.queue.save()
 
     with pytest.raises(BusinessError) as raised:
-        recs.recommendation_apply(user=world.platform_admin, recommendation=rec)
+        recommendation_services.recommendation_apply(user=world.platform_admin, recommendation=rec)
 
     assert raised.value.code == "stale"
     world.queue.refresh_from_db()
@@ -434,7 +440,9 @@ def test_the_outsider_gets_404_for_another_tenants_recommendation(client, api, w
 
 def test_the_list_filters_by_kind_and_state(client, world, three):
     nlp = three[0]
-    recs.recommendation_dismiss(user=world.platform_admin, recommendation=nlp, reason="handled")
+    recommendation_services.recommendation_dismiss(
+        user=world.platform_admin, recommendation=nlp, reason="handled"
+    )
     client.force_login(world.platform_admin)
 
     page = client.get(reverse("recommendations"), {"state": "dismissed"})
@@ -479,7 +487,9 @@ def test_the_list_queries_do_not_grow_with_the_rows(
         if number % 3 == 0:
             Recommendation.objects.filter(pk=rec.pk).update(simulation=run)
         if number % 5 == 0:
-            recs.recommendation_dismiss(user=world.platform_admin, recommendation=rec, reason="r")
+            recommendation_services.recommendation_dismiss(
+                user=world.platform_admin, recommendation=rec, reason="r"
+            )
     client.force_login(world.platform_admin)
     user_api = api(world.platform_admin)
 

@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from insights import recommendations as recs
 from insights.choices import RecommendationKind
-from insights.rollups import rollups_backfill
+from insights.services.rollups import rollups_backfill
 from scheduling.choices import JobState, WorkloadType
 from scheduling.models import Quota, WorkloadPolicy
 from tests import factories as f

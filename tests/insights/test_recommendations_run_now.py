@@ -10,6 +10,7 @@ from audit.models import AuditEvent
 from insights import recommendations as recs
 from insights.choices import RecommendationKind, RecommendationState
 from insights.models import Recommendation
+from insights.services import recommendations as recommendation_services
 from tests.insights import recommendations_helpers as h
 
 pytestmark = pytest.mark.django_db
@@ -53,7 +54,12 @@ def test_a_platform_admin_runs_it_now_and_the_run_is_audited(client, world):
 def test_after_a_run_with_nothing_to_propose_the_page_says_the_history_argued_for_none(
     client, world
 ):
-    assert recs.recommendations_refresh() == {"created": 0, "refreshed": 0, "held": 0, "closed": 0}
+    assert recommendation_services.recommendations_refresh() == {
+        "created": 0,
+        "refreshed": 0,
+        "held": 0,
+        "closed": 0,
+    }
     assert AuditEvent.objects.get(action=recs.REFRESH_ACTION).actor is None  # the daily run
     _, body = _page(client, world.platform_admin)
     assert "at its last run the history argued for no change" in body

@@ -11,6 +11,7 @@ from freezegun import freeze_time
 from audit.services import audit_record
 from insights import reviews
 from insights.models import PolicyReview
+from insights.services import reviews as review_services
 from insights.tasks import policy_review
 from scheduling.choices import ExtensionState, JobState, ReclaimKind
 from scheduling.models import Notification, PriorityRaise, ReclaimRecord, RuntimeExtension
@@ -196,7 +197,7 @@ def test_figures_per_tenant(fortnight):
 
 
 def test_rows_deltas_and_verdicts(fortnight):
-    review = reviews.policy_review_write(week_start=WEEK, now=at(1, 0, month=12))
+    review = review_services.policy_review_write(week_start=WEEK, now=at(1, 0, month=12))
     cluster = reviews.review_slice(review)
     rows = {r["key"]: r for rows in cluster["sections"].values() for r in rows}
     assert rows["interventions"]["delta"] == -5
@@ -262,7 +263,7 @@ def test_write_is_idempotent_and_notifies_once(
     fortnight.platform_admin.email = "root@example.org"
     fortnight.platform_admin.save()
     with django_capture_on_commit_callbacks(execute=True):
-        first = reviews.policy_review_write(week_start=WEEK, now=at(1, 0, month=12))
+        first = review_services.policy_review_write(week_start=WEEK, now=at(1, 0, month=12))
     assert reviews.is_final(first)
     notes = list(Notification.objects.all())
     assert [(n.user.username, n.kind, n.link) for n in notes] == [
@@ -275,12 +276,12 @@ def test_write_is_idempotent_and_notifies_once(
     # more history arrives; the beat runs again: nothing changes, nobody is told twice
     audit_at(at(26), "quota.update", actor=fortnight.platform_admin, tenant=fortnight.tenant)
     with django_capture_on_commit_callbacks(execute=True):
-        again = reviews.policy_review_write(week_start=WEEK, now=at(2, 0, month=12))
+        again = review_services.policy_review_write(week_start=WEEK, now=at(2, 0, month=12))
     assert again.pk == first.pk and again.figures == first.figures
     assert PolicyReview.objects.count() == 1 and Notification.objects.count() == 1
     # "compute now" recomputes (the new override counts) without a second notification
     with django_capture_on_commit_callbacks(execute=True):
-        refreshed = reviews.policy_review_write(
+        refreshed = review_services.policy_review_write(
             week_start=WEEK, refresh=True, user=fortnight.platform_admin, now=at(3, 0, month=12)
         )
     assert refreshed.figures["all"]["this"]["admin_overrides"] == 2
@@ -290,10 +291,10 @@ def test_write_is_idempotent_and_notifies_once(
 
 def test_a_running_week_is_so_far_and_final_later(fortnight):
     running = dt.date(2026, 11, 30)
-    so_far = reviews.policy_review_write(week_start=running, now=at(2, 12, month=12))
+    so_far = review_services.policy_review_write(week_start=running, now=at(2, 12, month=12))
     assert not reviews.is_final(so_far)
     assert Notification.objects.count() == 0
-    final = reviews.policy_review_write(week_start=running, now=at(7, 0, month=12))
+    final = review_services.policy_review_write(week_start=running, now=at(7, 0, month=12))
     assert reviews.is_final(final) and final.pk == so_far.pk
     assert Notification.objects.count() == 1
 
@@ -309,7 +310,7 @@ def test_bad_weeks_are_refused(world, day, message):
     from portal.errors import BusinessError
 
     with pytest.raises(BusinessError, match=message):
-        reviews.policy_review_write(week_start=day, now=at(4, 12, month=12))
+        review_services.policy_review_write(week_start=day, now=at(4, 12, month=12))
 
 
 def test_beat_task_writes_the_week_that_ended_once(fortnight):

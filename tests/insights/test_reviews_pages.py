@@ -9,6 +9,7 @@ from freezegun import freeze_time
 
 from insights import reviews
 from insights.models import PolicyReview
+from insights.services import reviews as review_services
 from portal.errors import BusinessError
 from tests.insights.test_reviews import WEEK, at, fortnight  # noqa: F401  (the fixture)
 
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def review(fortnight):  # noqa: F811
-    return reviews.policy_review_write(week_start=WEEK, now=at(1, 0, month=12))
+    return review_services.policy_review_write(week_start=WEEK, now=at(1, 0, month=12))
 
 
 def test_platform_admin_sees_the_cluster_and_each_tenant(client, review, fortnight):  # noqa: F811
@@ -114,7 +115,7 @@ def test_weeks_at_the_ends_of_the_calendar_are_refused_not_a_500(client, fortnig
         assert client.get(f"/reviews/{bad}/").status_code == 404
     assert not PolicyReview.objects.exists()
     with pytest.raises(BusinessError):
-        reviews.policy_review_write(week_start=dt.date(9999, 12, 27))
+        review_services.policy_review_write(week_start=dt.date(9999, 12, 27))
 
 
 def test_empty_list(client, world):

@@ -11,7 +11,7 @@ from freezegun import freeze_time
 
 from insights.choices import Resolution
 from insights.models import QueueRollup, UsageDay, UsageRollup
-from insights.rollups import rollups_backfill
+from insights.services.rollups import rollups_backfill
 from scheduling.choices import JobState
 
 from .rollups_helpers import at, gpus_of, pending, placed

@@ -9,7 +9,7 @@ import pytest
 from django.urls import reverse
 
 from insights.models import JobGpuSeries
-from insights.rollups import rollup_write
+from insights.services.rollups import rollup_write
 from insights.templatetags.insights_jobs import chart_config, usage_summary, usage_verdict
 from scheduling.choices import JobState
 

@@ -13,7 +13,8 @@ from freezegun import freeze_time
 
 from insights.choices import Resolution
 from insights.models import GpuActivity, JobGpuSeries, QueueRollup, UsageDay, UsageRollup
-from insights.rollups import guarantees, rollup_write, series_merge
+from insights.rollups import guarantees, series_merge
+from insights.services.rollups import rollup_write
 from scheduling.choices import GpuHealth, JobState, WorkloadType
 from scheduling.models import Gpu, Quota
 from tests import factories as f

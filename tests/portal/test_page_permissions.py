@@ -88,7 +88,8 @@ def objects(world) -> Objects:
     from accounts import robots
     from accounts.services import api_token_create
     from insights.models import Recommendation
-    from insights.reviews import last_completed_week, policy_review_write
+    from insights.reviews import last_completed_week
+    from insights.services.reviews import policy_review_write
     from scheduling.choices import NodeState, NotificationKind, SimulationState
     from scheduling.models import Notification, SimulationRun, WorkloadPolicy
     from scheduling.services.limits import runtime_extension_request

@@ -121,8 +121,9 @@ def site(db) -> Site:
     from accounts.services import api_token_create
     from inference.models import Service
     from insights.models import Recommendation
-    from insights.recommendations import recommendations_refresh
-    from insights.reviews import last_completed_week, policy_review_write
+    from insights.reviews import last_completed_week
+    from insights.services.recommendations import recommendations_refresh
+    from insights.services.reviews import policy_review_write
     from scheduling.choices import SimulationState
     from scheduling.models import (
         Node,

@@ -1,9 +1,9 @@
 """Rebuild the hour rollups and daily usage of the last days from the recorded jobs and
-allocations (see insights.rollups.rollups_backfill): history for a fresh install."""
+allocations (see insights.services.rollups.rollups_backfill): history for a fresh install."""
 
 from django.core.management.base import BaseCommand, CommandError
 
-from insights.rollups import rollups_backfill
+from insights.services.rollups import rollups_backfill
 
 
 class Command(BaseCommand):

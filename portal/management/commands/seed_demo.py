@@ -525,7 +525,7 @@ class Command(BaseCommand):
         # The insights' hourly history of the demo's week (kept hours stay as they are),
         # with the GPU utilization samples of the jobs stored here (none ran on an agent).
         from insights.demo import demo_utilization_series
-        from insights.rollups import rollups_backfill
+        from insights.services.rollups import rollups_backfill
 
         demo_utilization_series(
             Job.objects.filter(
