@@ -6,61 +6,77 @@ import shlex
 
 from django import forms
 
-from scheduling.choices import ImagePullPolicy
 from scheduling.forms import NameValueLinesField, command_arguments
-from scheduling.jobspec import FIELDS_BY_NAME as JOB_FIELDS
 
 from .scaling import form_field as scaling_field
 from .services import EDITABLE_FIELDS
+from .spec import FIELDS_BY_NAME as SPEC
 
 
 class ServiceForm(forms.Form):
     """Create a service (every field) or edit one (project and name fixed)."""
 
     project = forms.ModelChoiceField(queryset=None)
-    queue = forms.ModelChoiceField(
-        queryset=None, help_text="An inference queue: its pool runs the replicas."
-    )
-    name = forms.SlugField(max_length=50, help_text="Unique in the project, e.g. chat-7b.")
+    queue = forms.ModelChoiceField(queryset=None, help_text=SPEC["queue"].form_help)
+    name = forms.SlugField(max_length=SPEC["name"].max_length, help_text=SPEC["name"].form_help)
     description = forms.CharField(
-        required=False, max_length=2000, widget=forms.Textarea(attrs={"rows": 2})
+        required=False,
+        max_length=SPEC["description"].max_length,
+        widget=forms.Textarea(attrs={"rows": 2}),
     )
     command = forms.CharField(
-        max_length=65536,
+        max_length=SPEC["command"].max_length,
         widget=forms.Textarea(attrs={"rows": 2}),
-        help_text="The model server, run without a shell: it must read its port from the "
-        "environment variable PORT (e.g. sh -c 'exec python -m vllm.entrypoints.openai."
-        'api_server --port "$PORT"\'); a $PORT written in the command stays as written.',
+        help_text=SPEC["command"].form_help,
     )
     env = NameValueLinesField(
-        max_value_length=JOB_FIELDS["env"].max_length,
+        max_value_length=SPEC["env"].max_length,
         required=False,
-        help_text="NAME=value lines.",
+        help_text=SPEC["env"].form_help,
     )
-    working_dir = forms.CharField(required=False, max_length=500)
+    working_dir = forms.CharField(required=False, max_length=SPEC["working_dir"].max_length)
     gpus_per_node = forms.IntegerField(
-        min_value=0, max_value=64, initial=1, label="GPUs per replica"
+        min_value=SPEC["gpus_per_node"].min_value,
+        max_value=SPEC["gpus_per_node"].max_value,
+        initial=SPEC["gpus_per_node"].default,
+        label=SPEC["gpus_per_node"].label,
+        help_text=SPEC["gpus_per_node"].form_help,
     )
+    # Typed as one comma-separated line.
     gpu_models = forms.CharField(
-        required=False, max_length=200, label="GPU models", help_text="Comma list; empty: any."
+        required=False,
+        max_length=200,
+        label=SPEC["gpu_models"].label,
+        help_text=SPEC["gpu_models"].form_help,
     )
     priority_class = forms.ModelChoiceField(
-        queryset=None, required=False, empty_label="queue default"
+        queryset=None,
+        required=False,
+        empty_label=SPEC["priority_class"].empty_label,
+        help_text=SPEC["priority_class"].form_help,
     )
-    health_path = forms.CharField(max_length=200, initial="/health")
-    metrics_path = forms.CharField(max_length=200, initial="/metrics")
+    health_path = forms.CharField(
+        max_length=SPEC["health_path"].max_length, initial=SPEC["health_path"].default
+    )
+    metrics_path = forms.CharField(
+        max_length=SPEC["metrics_path"].max_length, initial=SPEC["metrics_path"].default
+    )
     image = forms.CharField(
         required=False,
-        max_length=255,
-        label="Container image",
-        help_text="Only where the queue's pool runs images (Kubernetes, Slurm with pyxis).",
+        max_length=SPEC["image"].max_length,
+        label=SPEC["image"].label,
+        help_text=SPEC["image"].form_help,
     )
     image_pull_policy = forms.ChoiceField(
-        choices=[("", "the executor's default"), *ImagePullPolicy.choices],
+        choices=[("", SPEC["image_pull_policy"].empty_label), *SPEC["image_pull_policy"].choices],
         required=False,
-        label="Image pull policy",
+        label=SPEC["image_pull_policy"].label,
     )
-    image_pull_secret = forms.CharField(required=False, max_length=253, label="Image pull secret")
+    image_pull_secret = forms.CharField(
+        required=False,
+        max_length=SPEC["image_pull_secret"].max_length,
+        label=SPEC["image_pull_secret"].label,
+    )
     # Scaling settings: bounds, defaults, labels and help from inference/scaling.py.
     min_replicas = scaling_field("min_replicas")
     max_replicas = scaling_field("max_replicas")

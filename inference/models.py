@@ -8,12 +8,12 @@ from django.core.validators import MaxValueValidator
 from django.db import models
 from django.db.models import Q
 
-from scheduling.choices import ImagePullPolicy
 from scheduling.models import Job, PriorityClass, Queue
 from tenants.models import Project, Tenant, slug_validator
 
 from .choices import ServiceState
 from .scaling import model_field as scaling_field
+from .spec import FIELDS_BY_NAME as SPEC
 
 #: A replica whose job is in one of these states is alive (it holds or waits for GPUs).
 LIVE_JOB_STATES = ("PENDING", "HELD", "ADMITTED", "RUNNING", "STOPPING")
@@ -34,38 +34,44 @@ class Service(models.Model):
         Queue,
         on_delete=models.PROTECT,
         related_name="services",
-        help_text="An inference queue of the tenant: its pool runs the replicas.",
+        help_text=SPEC["queue"].help_text,
     )
-    name = models.CharField(max_length=50, validators=[slug_validator])
-    description = models.TextField(blank=True, max_length=2000)
+    name = models.CharField(max_length=SPEC["name"].max_length, validators=[slug_validator])
+    description = models.TextField(blank=True, max_length=SPEC["description"].max_length)
 
-    # --- the replica's spec (as a job's) ---
-    command = models.JSONField(help_text="Argument list of the model server.")
+    # --- the replica's spec (as a job's; declared in inference/spec.py) ---
+    command = models.JSONField(help_text=SPEC["command"].help_text)
     env = models.JSONField(default=dict, blank=True)
-    working_dir = models.CharField(max_length=500, blank=True)
+    working_dir = models.CharField(max_length=SPEC["working_dir"].max_length, blank=True)
     gpus_per_node = models.PositiveSmallIntegerField(
-        default=1, validators=[MaxValueValidator(64)], help_text="GPUs of each replica."
+        default=SPEC["gpus_per_node"].default,
+        validators=[MaxValueValidator(SPEC["gpus_per_node"].max_value)],
+        help_text=SPEC["gpus_per_node"].help_text,
     )
-    gpu_models = models.JSONField(
-        default=list, blank=True, help_text="Acceptable GPU models; empty = any."
-    )
+    gpu_models = models.JSONField(default=list, blank=True, help_text=SPEC["gpu_models"].help_text)
     priority_class = models.ForeignKey(
         PriorityClass,
         null=True,
         blank=True,
         on_delete=models.PROTECT,
         related_name="+",
-        help_text="Empty: the queue's default class.",
+        help_text=SPEC["priority_class"].help_text,
     )
-    health_path = models.CharField(max_length=200, default="/health")
-    metrics_path = models.CharField(max_length=200, default="/metrics")
+    health_path = models.CharField(
+        max_length=SPEC["health_path"].max_length, default=SPEC["health_path"].default
+    )
+    metrics_path = models.CharField(
+        max_length=SPEC["metrics_path"].max_length, default=SPEC["metrics_path"].default
+    )
     image = models.CharField(
-        max_length=255,
-        blank=True,
-        help_text="The replicas' container image (pools whose executor runs images).",
+        max_length=SPEC["image"].max_length, blank=True, help_text=SPEC["image"].help_text
     )
-    image_pull_policy = models.CharField(max_length=20, choices=ImagePullPolicy.choices, blank=True)
-    image_pull_secret = models.CharField(max_length=253, blank=True)
+    image_pull_policy = models.CharField(
+        max_length=20, choices=SPEC["image_pull_policy"].choices, blank=True
+    )
+    image_pull_secret = models.CharField(
+        max_length=SPEC["image_pull_secret"].max_length, blank=True
+    )
 
     # --- scaling bounds and targets (declared in inference/scaling.py) ---
     min_replicas = scaling_field("min_replicas")

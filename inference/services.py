@@ -34,24 +34,11 @@ from .choices import BlockedReason, ServiceState
 from .models import LIVE_JOB_STATES, ScaleDecision, Service, ServiceReplica
 from .scaling import DEFAULTS as SCALING_DEFAULTS
 from .scaling import NAMES as SCALING_NAMES
+from .spec import DEFAULTS as SPEC_DEFAULTS
+from .spec import SPEC_FIELDS
 
 log = logging.getLogger(__name__)
 
-#: Changing one of these makes a new spec version: its replicas replace the old ones.
-SPEC_FIELDS = (
-    "queue",
-    "command",
-    "env",
-    "working_dir",
-    "gpus_per_node",
-    "gpu_models",
-    "priority_class",
-    "health_path",
-    "metrics_path",
-    "image",
-    "image_pull_policy",
-    "image_pull_secret",
-)
 #: Fields that only change how many replicas run.
 SCALING_FIELDS = ("description", *SCALING_NAMES)
 EDITABLE_FIELDS = SPEC_FIELDS + SCALING_FIELDS
@@ -71,17 +58,18 @@ class ServiceSpec:
     queue: Queue
     name: str
     command: list
+    # The replica's spec: defaults from inference/spec.py.
     env: dict = field(default_factory=dict)
-    working_dir: str = ""
-    gpus_per_node: int = 1
+    working_dir: str = SPEC_DEFAULTS["working_dir"]
+    gpus_per_node: int = SPEC_DEFAULTS["gpus_per_node"]
     gpu_models: list = field(default_factory=list)
-    priority_class: PriorityClass | None = None
-    health_path: str = "/health"
-    metrics_path: str = "/metrics"
-    image: str = ""
-    image_pull_policy: str = ""
-    image_pull_secret: str = ""
-    description: str = ""
+    priority_class: PriorityClass | None = SPEC_DEFAULTS["priority_class"]
+    health_path: str = SPEC_DEFAULTS["health_path"]
+    metrics_path: str = SPEC_DEFAULTS["metrics_path"]
+    image: str = SPEC_DEFAULTS["image"]
+    image_pull_policy: str = SPEC_DEFAULTS["image_pull_policy"]
+    image_pull_secret: str = SPEC_DEFAULTS["image_pull_secret"]
+    description: str = SPEC_DEFAULTS["description"]
     # Scaling settings: defaults from inference/scaling.py.
     min_replicas: int = SCALING_DEFAULTS["min_replicas"]
     max_replicas: int = SCALING_DEFAULTS["max_replicas"]

@@ -5,12 +5,13 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from portal.api.filters import MAX_ID
-from scheduling.choices import ImagePullPolicy
-from scheduling.jobspec import FIELDS_BY_NAME as JOB_FIELDS
 
 from ..choices import ServiceState
 from ..models import ScaleDecision, Service
+from ..scaling import NAMES as SCALING_NAMES
 from ..scaling import serializer_field as scaling_field
+from ..spec import FIELDS_BY_NAME as SPEC
+from ..spec import NAMES as SPEC_NAMES
 
 SLUG = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$"
 
@@ -20,41 +21,57 @@ class ServiceInputSerializer(serializers.Serializer):
 
     project = serializers.IntegerField(min_value=1, max_value=MAX_ID)
     queue = serializers.IntegerField(
-        min_value=1, max_value=MAX_ID, help_text="An inference queue of the project's tenant."
+        min_value=1, max_value=MAX_ID, help_text=SPEC["queue"].help_text
     )
-    name = serializers.RegexField(SLUG, max_length=50)
-    description = serializers.CharField(max_length=2000, required=False, allow_blank=True)
+    name = serializers.RegexField(SLUG, max_length=SPEC["name"].max_length)
+    description = serializers.CharField(
+        max_length=SPEC["description"].max_length, required=False, allow_blank=True
+    )
     command = serializers.ListField(
         child=serializers.CharField(allow_blank=True, trim_whitespace=False),
         allow_empty=False,
-        help_text='The model server, as an argument list, e.g. ["python", "server.py"]; it '
-        "listens on $PORT.",
+        help_text=SPEC["command"].help_text,
     )
     env = serializers.DictField(
-        child=serializers.CharField(allow_blank=True, max_length=JOB_FIELDS["env"].max_length),
+        child=serializers.CharField(allow_blank=True, max_length=SPEC["env"].max_length),
         required=False,
     )
-    working_dir = serializers.CharField(max_length=500, required=False, allow_blank=True)
-    gpus_per_node = serializers.IntegerField(min_value=0, max_value=64, required=False)
+    working_dir = serializers.CharField(
+        max_length=SPEC["working_dir"].max_length, required=False, allow_blank=True
+    )
+    gpus_per_node = serializers.IntegerField(
+        min_value=SPEC["gpus_per_node"].min_value,
+        max_value=SPEC["gpus_per_node"].max_value,
+        required=False,
+        help_text=SPEC["gpus_per_node"].help_text,
+    )
     gpu_models = serializers.ListField(
-        child=serializers.CharField(max_length=40), required=False, max_length=16
+        child=serializers.CharField(max_length=SPEC["gpu_models"].max_length),
+        required=False,
+        max_length=SPEC["gpu_models"].max_items,
+        help_text=SPEC["gpu_models"].help_text,
     )
     priority_class = serializers.CharField(
-        max_length=50, required=False, allow_blank=True, allow_null=True
-    )
-    health_path = serializers.CharField(max_length=200, required=False)
-    metrics_path = serializers.CharField(max_length=200, required=False)
-    image = serializers.CharField(
-        max_length=255,
+        max_length=SPEC["priority_class"].max_length,
         required=False,
         allow_blank=True,
-        help_text="The replicas' container image, e.g. registry.example.com/team/server:1.0; "
-        "only on a pool whose executor runs images.",
+        allow_null=True,
+        help_text=SPEC["priority_class"].help_text,
+    )
+    health_path = serializers.CharField(max_length=SPEC["health_path"].max_length, required=False)
+    metrics_path = serializers.CharField(max_length=SPEC["metrics_path"].max_length, required=False)
+    image = serializers.CharField(
+        max_length=SPEC["image"].max_length,
+        required=False,
+        allow_blank=True,
+        help_text=SPEC["image"].help_text,
     )
     image_pull_policy = serializers.ChoiceField(
-        choices=ImagePullPolicy.choices, required=False, allow_blank=True
+        choices=SPEC["image_pull_policy"].choices, required=False, allow_blank=True
     )
-    image_pull_secret = serializers.CharField(max_length=253, required=False, allow_blank=True)
+    image_pull_secret = serializers.CharField(
+        max_length=SPEC["image_pull_secret"].max_length, required=False, allow_blank=True
+    )
     # Scaling settings: bounds and help from inference/scaling.py.
     min_replicas = scaling_field("min_replicas")
     max_replicas = scaling_field("max_replicas")
@@ -90,11 +107,14 @@ class ServiceChangeSerializer(ServiceInputSerializer):
 
     project = None
     name = None
-    queue = serializers.IntegerField(min_value=1, max_value=MAX_ID, required=False)
+    queue = serializers.IntegerField(
+        min_value=1, max_value=MAX_ID, required=False, help_text=SPEC["queue"].help_text
+    )
     command = serializers.ListField(
         child=serializers.CharField(allow_blank=True, trim_whitespace=False),
         allow_empty=False,
         required=False,
+        help_text=SPEC["command"].help_text,
     )
 
 
@@ -107,7 +127,7 @@ class ServiceSerializer(serializers.ModelSerializer):
     created_by = serializers.CharField(source="created_by.username")
     # Blank (no image) or one of the policies: documented so (a model field's blank is not).
     image_pull_policy = serializers.ChoiceField(
-        choices=ImagePullPolicy.choices, allow_blank=True, read_only=True
+        choices=SPEC["image_pull_policy"].choices, allow_blank=True, read_only=True
     )
     replicas = serializers.IntegerField(
         source="live_replicas", read_only=True, help_text="Replicas alive (any spec version)."
@@ -127,32 +147,8 @@ class ServiceSerializer(serializers.ModelSerializer):
             "queue",
             "queue_name",
             "pool",
-            "name",
-            "description",
-            "command",
-            "env",
-            "working_dir",
-            "gpus_per_node",
-            "gpu_models",
-            "priority_class",
-            "health_path",
-            "metrics_path",
-            "image",
-            "image_pull_policy",
-            "image_pull_secret",
-            "min_replicas",
-            "max_replicas",
-            "target_running_per_replica",
-            "latency_slo_ms",
-            "error_rate_max",
-            "gpu_util_max",
-            "stable_window_s",
-            "panic_window_s",
-            "panic_threshold",
-            "scale_up_max_step",
-            "scale_down_delay_s",
-            "scale_to_zero",
-            "scale_to_zero_grace_s",
+            *(name for name in SPEC_NAMES if name != "queue"),
+            *SCALING_NAMES,
             "spec_version",
             "state",
             "created_by",
