@@ -3,9 +3,10 @@
 The submit API's serializer (``scheduling.api.serializers.JobSubmitSerializer``, which the
 bulk endpoint takes a list of) and the submit page's form (``scheduling.forms.JobSubmitForm``)
 are built from ``JOB_FIELDS``; change a default, a bound or a help text here and both follow.
-The spec the services take (``scheduling.services.jobs.JobSpec``), the ``Job`` model's
-columns and the command-line client's flags (``sluice_cli``, installed without the server,
-so it cannot read this module) are checked against it by
+The ``Job`` model's columns take their help texts, lengths and defaults from it
+(``column_help``). The spec the services take (``scheduling.services.jobs.JobSpec``), the
+``Job`` model's columns and the command-line client's flags (``sluice_cli``, installed
+without the server, so it cannot read this module) are checked against it by
 ``tests/scheduling/test_jobspec_declared_once.py``.
 
 Standard library and ``scheduling.choices`` only: the builders live with the serializer and
@@ -332,3 +333,8 @@ def help_for_form(field: JobField) -> str:
     if field.kind == DURATION:
         return f"e.g. 2h30m, 90m, 1d. {field.help_text}"
     return field.help_text
+
+
+def column_help(name: str) -> str:
+    """The help of the ``Job`` column that keeps a declared field: the API's description."""
+    return help_for_api(FIELDS_BY_NAME[name])

@@ -28,6 +28,8 @@ from .choices import (
     StopReason,
     WorkloadType,
 )
+from .jobspec import FIELDS_BY_NAME as JOB
+from .jobspec import column_help
 
 #: The longest duration a workload policy may set for its scheduling times (a year): more
 #: is no policy, and date arithmetic on it must stay within the calendar.
@@ -406,8 +408,10 @@ class Job(models.Model):
     submitted_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs"
     )
-    name = models.CharField(max_length=120)
-    workload_type = models.CharField(max_length=20, choices=WorkloadType.choices)
+    name = models.CharField(max_length=JOB["name"].max_length, help_text=column_help("name"))
+    workload_type = models.CharField(
+        max_length=20, choices=WorkloadType.choices, help_text=column_help("workload_type")
+    )
     base_priority_class = models.ForeignKey(
         PriorityClass, on_delete=models.PROTECT, related_name="+"
     )
@@ -419,37 +423,58 @@ class Job(models.Model):
     )
     state = models.CharField(max_length=10, choices=JobState.choices, default=JobState.PENDING)
 
-    # --- spec ---
-    command = models.JSONField(help_text="Argument list; with shell=true a single shell string.")
-    shell = models.BooleanField(default=False)
-    env = models.JSONField(default=dict, blank=True)
-    working_dir = models.CharField(max_length=500, blank=True)
-    gpus_per_node = models.PositiveSmallIntegerField(default=1)
-    nodes = models.PositiveSmallIntegerField(default=1)
-    gpu_models = models.JSONField(
-        default=list, blank=True, help_text="Acceptable GPU models; empty = any."
+    # --- spec (help texts, bounds and defaults declared in scheduling/jobspec.py) ---
+    command = models.JSONField(help_text=column_help("command"))
+    shell = models.BooleanField(default=JOB["shell"].default, help_text=column_help("shell"))
+    env = models.JSONField(default=dict, blank=True, help_text=column_help("env"))
+    working_dir = models.CharField(
+        max_length=JOB["working_dir"].max_length, blank=True, help_text=column_help("working_dir")
     )
-    min_gpu_memory_mb = models.PositiveIntegerField(default=0)
-    cpus = models.PositiveIntegerField(default=1)
-    memory_mb = models.PositiveIntegerField(default=0)
-    max_runtime_seconds = models.PositiveIntegerField()
-    checkpoint_dir = models.CharField(max_length=500, blank=True)
-    labels = models.JSONField(default=dict, blank=True)
+    gpus_per_node = models.PositiveSmallIntegerField(
+        default=JOB["gpus_per_node"].default, help_text=column_help("gpus_per_node")
+    )
+    nodes = models.PositiveSmallIntegerField(
+        default=JOB["nodes"].default, help_text=column_help("nodes")
+    )
+    gpu_models = models.JSONField(default=list, blank=True, help_text=column_help("gpu_model"))
+    min_gpu_memory_mb = models.PositiveIntegerField(
+        default=JOB["min_gpu_memory_mb"].default, help_text=column_help("min_gpu_memory_mb")
+    )
+    cpus = models.PositiveIntegerField(default=JOB["cpus"].default, help_text=column_help("cpus"))
+    memory_mb = models.PositiveIntegerField(
+        default=JOB["memory_mb"].default, help_text=column_help("memory_mb")
+    )
+    max_runtime_seconds = models.PositiveIntegerField(help_text=column_help("max_runtime_seconds"))
+    checkpoint_dir = models.CharField(
+        max_length=JOB["checkpoint_dir"].max_length,
+        blank=True,
+        help_text=column_help("checkpoint_dir"),
+    )
+    labels = models.JSONField(default=dict, blank=True, help_text=column_help("labels"))
     array_id = models.CharField(max_length=32, blank=True, db_index=True)
     array_index = models.PositiveIntegerField(null=True, blank=True)
-    dataset = models.CharField(max_length=200, blank=True)
-    dataset_version = models.CharField(max_length=100, blank=True)
-    code_ref = models.CharField(max_length=200, blank=True, help_text="e.g. a git commit")
-    parameters = models.JSONField(default=dict, blank=True)
+    dataset = models.CharField(max_length=JOB["dataset"].max_length, blank=True)
+    dataset_version = models.CharField(max_length=JOB["dataset_version"].max_length, blank=True)
+    code_ref = models.CharField(
+        max_length=JOB["code_ref"].max_length, blank=True, help_text=column_help("code_ref")
+    )
+    parameters = models.JSONField(default=dict, blank=True, help_text=column_help("parameters"))
     seed = models.BigIntegerField(null=True, blank=True)
 
     # --- container (executors that run images: kubernetes, slurm with pyxis) ---
     image = models.CharField(
-        max_length=255, blank=True, help_text="e.g. registry.example.com/team/img:tag"
+        max_length=JOB["image"].max_length, blank=True, help_text=column_help("image")
     )
-    image_pull_policy = models.CharField(max_length=20, choices=ImagePullPolicy.choices, blank=True)
+    image_pull_policy = models.CharField(
+        max_length=20,
+        choices=ImagePullPolicy.choices,
+        blank=True,
+        help_text=column_help("image_pull_policy"),
+    )
     image_pull_secret = models.CharField(
-        max_length=253, blank=True, help_text="The name of a registry credential secret."
+        max_length=JOB["image_pull_secret"].max_length,
+        blank=True,
+        help_text=column_help("image_pull_secret"),
     )
 
     # --- times ---
@@ -494,11 +519,7 @@ class Job(models.Model):
     log_size = models.PositiveBigIntegerField(default=0)
 
     # --- serving: a job that is an HTTP replica, scraped by its node's agent ---
-    serve = models.JSONField(
-        default=dict,
-        blank=True,
-        help_text='Empty: not a serving job; else {"health_path": ..., "metrics_path": ...}.',
-    )
+    serve = models.JSONField(default=dict, blank=True, help_text=column_help("serve"))
     serve_port = models.PositiveIntegerField(
         null=True, blank=True, help_text="The port the agent gave the replica (latest sample)."
     )

@@ -219,6 +219,23 @@ def test_model_column(field):
         assert column.default == field.default
 
 
+#: Columns whose help is their own: the project and queue are foreign keys (the API takes
+#: their ids), and ``priority_class`` is the effective class (raises change it), which the
+#: job keeps beside the class it was submitted at.
+OWN_HELP = {"project", "queue", "priority_class"}
+
+
+@FIELDS
+def test_model_column_help_and_default(field):
+    """A column that keeps a declared field takes its help and default from the declaration."""
+    if field.name == "array" or field.name in OWN_HELP:
+        return
+    column = Job._meta.get_field(field.attribute)
+    assert column.help_text == jobspec.column_help(field.name) == jobspec.help_for_api(field)
+    if field.kind in (jobspec.INT, jobspec.BOOL) and not field.nullable:
+        assert column.default == field.default
+
+
 # --- the CLI -----------------------------------------------------------------------------------
 
 
