@@ -9,12 +9,14 @@ from django import forms
 from scheduling.forms import NameValueLinesField, command_arguments
 
 from .scaling import form_field as scaling_field
+from .scaling import with_settings
 from .services import EDITABLE_FIELDS
 from .spec import FIELDS_BY_NAME as SPEC
 
 
-class ServiceForm(forms.Form):
-    """Create a service (every field) or edit one (project and name fixed)."""
+class ServiceFormChecks(forms.Form):
+    """A service's own fields as the page asks for them, and how they are cleaned;
+    ``ServiceForm`` adds the scaling settings (inference/scaling.py)."""
 
     project = forms.ModelChoiceField(queryset=None)
     queue = forms.ModelChoiceField(queryset=None, help_text=SPEC["queue"].form_help)
@@ -77,20 +79,6 @@ class ServiceForm(forms.Form):
         max_length=SPEC["image_pull_secret"].max_length,
         label=SPEC["image_pull_secret"].label,
     )
-    # Scaling settings: bounds, defaults, labels and help from inference/scaling.py.
-    min_replicas = scaling_field("min_replicas")
-    max_replicas = scaling_field("max_replicas")
-    target_running_per_replica = scaling_field("target_running_per_replica")
-    latency_slo_ms = scaling_field("latency_slo_ms")
-    error_rate_max = scaling_field("error_rate_max")
-    gpu_util_max = scaling_field("gpu_util_max")
-    stable_window_s = scaling_field("stable_window_s")
-    panic_window_s = scaling_field("panic_window_s")
-    panic_threshold = scaling_field("panic_threshold")
-    scale_up_max_step = scaling_field("scale_up_max_step")
-    scale_down_delay_s = scaling_field("scale_down_delay_s")
-    scale_to_zero = scaling_field("scale_to_zero")
-    scale_to_zero_grace_s = scaling_field("scale_to_zero_grace_s")
 
     def __init__(self, *args, projects, queues, priority_classes, editing=False, **kwargs):
         super().__init__(*args, **kwargs)
@@ -119,6 +107,14 @@ class ServiceForm(forms.Form):
     def changes(self) -> dict:
         """The editable fields, as the services take them."""
         return {k: self.cleaned_data[k] for k in EDITABLE_FIELDS if k in self.cleaned_data}
+
+
+ServiceForm = with_settings(
+    ServiceFormChecks,
+    scaling_field,
+    name="ServiceForm",
+    doc="Create a service (every field) or edit one (project and name fixed).",
+)
 
 
 def initial_from(service) -> dict:

@@ -224,3 +224,12 @@ def form_field(name: str):
     if setting.kind is int:
         return forms.IntegerField(**kwargs)
     return forms.FloatField(**kwargs)
+
+
+def with_settings(base: type, field_of, *, name: str, doc: str) -> type:
+    """``base`` (the API's input serializer, the service form) with one field per setting,
+    ``field_of(setting name)``, after its own: made through its metaclass as a class
+    statement would make it."""
+    fields = {setting.name: field_of(setting.name) for setting in SCALING_SETTINGS}
+    namespace = {"__module__": base.__module__, "__qualname__": name, "__doc__": doc}
+    return type(base)(name, (base,), {**namespace, **fields})

@@ -48,6 +48,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from scheduling.choices import (
+    DEFAULT_IDLE_THRESHOLD,
     FINAL_STATES,
     STOP_REASON_END_STATE,
     WAITING_STATES,
@@ -73,7 +74,6 @@ NEW_REASON = "NEW"
 #: End states counted as outcomes: the final ones, and preempted or lost jobs that were
 #: not requeued (a requeued job waits again; its preemption is counted anyway).
 OUTCOME_STATES = (*FINAL_STATES, JobState.PREEMPTED, JobState.LOST)
-DEFAULT_IDLE_THRESHOLD = 5.0
 
 
 # --- reading ------------------------------------------------------------------------------

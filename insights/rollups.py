@@ -16,7 +16,6 @@ from scheduling.choices import JobState
 
 MINUTE = timedelta(minutes=1)
 HOUR = timedelta(hours=1)
-DEFAULT_IDLE_THRESHOLD = 5.0
 #: States in which a job's GPUs are charted (an ADMITTED job is still launching).
 SERIES_STATES = (JobState.RUNNING, JobState.STOPPING)
 

@@ -110,6 +110,9 @@ STOP_REASON_END_STATE = {
 # Workload types that count as "inference" for the never-preempt-inference-by-training rule.
 INFERENCE_TYPES = (WorkloadType.INFERENCE,)
 TRAINING_TYPES = (WorkloadType.TRAINING, WorkloadType.FINE_TUNING)
+#: A workload policy's idle utilization threshold (%) unless it sets another; the one read for
+#: a workload type that has no policy.
+DEFAULT_IDLE_THRESHOLD = 5.0
 
 
 class RaiseState(models.TextChoices):

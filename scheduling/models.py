@@ -11,6 +11,7 @@ from scheduling.engine import defaults as order_defaults
 from tenants.models import Project, Tenant, slug_validator
 
 from .choices import (
+    DEFAULT_IDLE_THRESHOLD,
     ContainerRuntime,
     Environment,
     ExecutorKind,
@@ -203,7 +204,7 @@ class WorkloadPolicy(models.Model):
     requeue_on_lost = models.BooleanField(default=True)
     idle_reclaim_enabled = models.BooleanField(default=False)
     idle_utilization_threshold = models.FloatField(
-        default=5.0,
+        default=DEFAULT_IDLE_THRESHOLD,
         validators=[MinValueValidator(0), MaxValueValidator(100)],
         help_text="Percent; a GPU below this is idle.",
     )

@@ -10,14 +10,16 @@ from ..choices import ServiceState
 from ..models import ScaleDecision, Service
 from ..scaling import NAMES as SCALING_NAMES
 from ..scaling import serializer_field as scaling_field
+from ..scaling import with_settings
 from ..spec import FIELDS_BY_NAME as SPEC
 from ..spec import NAMES as SPEC_NAMES
 
 SLUG = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$"
 
 
-class ServiceInputSerializer(serializers.Serializer):
-    """What a user gives to create a service (all of it) or change one (any part)."""
+class ServiceInputChecks(serializers.Serializer):
+    """A service's own fields as the API takes them, and the checks that need two fields;
+    ``ServiceInputSerializer`` adds the scaling settings (inference/scaling.py)."""
 
     project = serializers.IntegerField(min_value=1, max_value=MAX_ID)
     queue = serializers.IntegerField(
@@ -72,20 +74,6 @@ class ServiceInputSerializer(serializers.Serializer):
     image_pull_secret = serializers.CharField(
         max_length=SPEC["image_pull_secret"].max_length, required=False, allow_blank=True
     )
-    # Scaling settings: bounds and help from inference/scaling.py.
-    min_replicas = scaling_field("min_replicas")
-    max_replicas = scaling_field("max_replicas")
-    target_running_per_replica = scaling_field("target_running_per_replica")
-    latency_slo_ms = scaling_field("latency_slo_ms")
-    error_rate_max = scaling_field("error_rate_max")
-    gpu_util_max = scaling_field("gpu_util_max")
-    stable_window_s = scaling_field("stable_window_s")
-    panic_window_s = scaling_field("panic_window_s")
-    panic_threshold = scaling_field("panic_threshold")
-    scale_up_max_step = scaling_field("scale_up_max_step")
-    scale_down_delay_s = scaling_field("scale_down_delay_s")
-    scale_to_zero = scaling_field("scale_to_zero")
-    scale_to_zero_grace_s = scaling_field("scale_to_zero_grace_s")
 
     def validate(self, attrs):
         """The checks that need two fields, where both are given (the service checks them
@@ -100,6 +88,14 @@ class ServiceInputSerializer(serializers.Serializer):
         if errors:
             raise serializers.ValidationError(errors)
         return attrs
+
+
+ServiceInputSerializer = with_settings(
+    ServiceInputChecks,
+    scaling_field,
+    name="ServiceInputSerializer",
+    doc="What a user gives to create a service (all of it) or change one (any part).",
+)
 
 
 class ServiceChangeSerializer(ServiceInputSerializer):

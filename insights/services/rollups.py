@@ -64,14 +64,13 @@ from django.db.models import (
 )
 from django.utils import timezone
 
-from scheduling.choices import JobState, NodeState
+from scheduling.choices import DEFAULT_IDLE_THRESHOLD, JobState, NodeState
 from scheduling.models import Allocation, Gpu, Job, Queue, Quota, WorkloadPolicy
 from scheduling.services.leader import file_leader_lock
 
 from ..choices import Resolution
 from ..models import GpuActivity, JobGpuSeries, QueueRollup, UsageDay, UsageRollup
 from ..rollups import (
-    DEFAULT_IDLE_THRESHOLD,
     HOUR,
     MINUTE,
     SERIES_STATES,

@@ -11,7 +11,7 @@ from django import template
 from django.utils import timezone
 
 from insights.models import JobGpuSeries
-from insights.rollups import DEFAULT_IDLE_THRESHOLD
+from scheduling.choices import DEFAULT_IDLE_THRESHOLD
 from scheduling.models import WorkloadPolicy
 from scheduling.services.waste import human_duration
 

@@ -21,6 +21,7 @@ from scheduling.agent.protocol import stop_message
 
 from ..choices import (
     ACTIVE_STATES,
+    DEFAULT_IDLE_THRESHOLD,
     STOP_REASON_END_STATE,
     WAITING_STATES,
     GpuHealth,
@@ -241,9 +242,6 @@ def _reconcile_jobs(
 #: A job attempt placed on a node: its state, started at, node count, admitted at, the ids
 #: of its GPUs there and its workload policy's idle utilization threshold.
 Placed = tuple[str, datetime | None, int, datetime | None, list[int], float]
-
-#: The idle utilization threshold of a workload type without a policy (the policy's default).
-DEFAULT_IDLE_THRESHOLD = 5.0
 
 
 def _placed_jobs(node_ids: Sequence[int]) -> dict[int, dict[tuple[int, int], Placed]]:
