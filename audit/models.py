@@ -18,6 +18,26 @@ class AuditEventQuerySet(models.QuerySet):
         raise AppendOnlyError("Audit events are append-only; they cannot be deleted.")
 
 
+#: An event's columns as the API and the CSV export show them, in this order.
+EVENT_COLUMNS = (
+    "id",
+    "created_at",
+    "actor",
+    "action",
+    "target_type",
+    "target_id",
+    "target_label",
+    "tenant",
+    "reason",
+    "before",
+    "after",
+    "source_address",
+    "request_id",
+    "prev_hash",
+    "hash",
+)
+
+
 class AuditEvent(models.Model):
     """One audited action: who did what to which object, before and after, chained by hash.
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 
 from django.contrib.auth.decorators import login_required
@@ -13,29 +12,12 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from portal.csvexport import line_writer, spreadsheet_safe
+
 from .filters import AuditEventFilter
+from .models import EVENT_COLUMNS
 from .selectors import audit_events_visible_to, audit_tenant_slugs, may_read_audit_log
 from .services import audit_last_verification
-
-CSV_COLUMNS = [
-    "id",
-    "created_at",
-    "actor",
-    "action",
-    "target_type",
-    "target_id",
-    "target_label",
-    "tenant",
-    "reason",
-    "before",
-    "after",
-    "source_address",
-    "request_id",
-    "prev_hash",
-    "hash",
-]
-# A spreadsheet runs a cell that starts with one of these as a formula.
-_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 
 def _filtered(request) -> AuditEventFilter:
@@ -72,46 +54,34 @@ def _verification_for_page() -> dict:
     return {**last, "known": True, "verified_at": parse_datetime(last["verified_at"])}
 
 
-class _Echo:
-    """A file-like object whose write returns the line, for csv.writer in a stream."""
-
-    def write(self, value: str) -> str:
-        return value
-
-
 def _cell(value) -> str:
     if isinstance(value, (dict, list)):
         value = json.dumps(value, sort_keys=True)
     text = "" if value is None else str(value)
-    return "'" + text if text.startswith(_FORMULA_STARTS) else text
+    return spreadsheet_safe(text)
+
+
+def _value(event, column: str):
+    if column == "id":
+        return event.pk
+    if column == "created_at":
+        return event.created_at.isoformat()
+    if column == "actor":
+        return event.actor_label
+    if column == "tenant":
+        return event.tenant.slug if event.tenant_id else ""
+    return getattr(event, column)
 
 
 def _row(event) -> list[str]:
-    values = [
-        event.pk,
-        event.created_at.isoformat(),
-        event.actor_label,
-        event.action,
-        event.target_type,
-        event.target_id,
-        event.target_label,
-        event.tenant.slug if event.tenant_id else "",
-        event.reason,
-        event.before,
-        event.after,
-        event.source_address,
-        event.request_id,
-        event.prev_hash,
-        event.hash,
-    ]
-    return [_cell(v) for v in values]
+    return [_cell(_value(event, column)) for column in EVENT_COLUMNS]
 
 
 @login_required
 def audit_export(request):
     """The events of the current filters as CSV, streamed (no size limit, flat memory)."""
     events = _filtered(request)
-    writer = csv.writer(_Echo())
+    writer = line_writer()
     rows = (_row(e) for e in events.qs.iterator(chunk_size=2000))
     lines = (writer.writerow(r) for r in _with_header(rows))
     response = StreamingHttpResponse(lines, content_type="text/csv; charset=utf-8")
@@ -121,5 +91,5 @@ def audit_export(request):
 
 
 def _with_header(rows):
-    yield CSV_COLUMNS
+    yield list(EVENT_COLUMNS)
     yield from rows

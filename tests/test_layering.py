@@ -36,6 +36,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "kit",
         (
             "portal.api",
+            "portal.csvexport",
             "portal.env",
             "portal.errors",
             "portal.forms",

@@ -1,6 +1,6 @@
 from rest_framework import serializers
 
-from ..models import AuditEvent
+from ..models import EVENT_COLUMNS, AuditEvent
 
 
 class AuditEventSerializer(serializers.ModelSerializer):
@@ -9,21 +9,5 @@ class AuditEventSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = AuditEvent
-        fields = [
-            "id",
-            "created_at",
-            "actor",
-            "action",
-            "target_type",
-            "target_id",
-            "target_label",
-            "tenant",
-            "before",
-            "after",
-            "reason",
-            "source_address",
-            "request_id",
-            "prev_hash",
-            "hash",
-        ]
+        fields = list(EVENT_COLUMNS)
         read_only_fields = fields

@@ -16,8 +16,6 @@
 
 from __future__ import annotations
 
-import csv
-
 from django.db.models import Case, F, FloatField, Value, When
 from django.db.models.functions import Cast
 from django.http import StreamingHttpResponse
@@ -40,6 +38,7 @@ from portal.api.filters import path_id
 from portal.api.pagination import StandardPagination
 from portal.api.renderers import JSONRenderer
 from portal.api.views import validated
+from portal.csvexport import line_writer, spreadsheet_safe
 from scheduling.selectors import queues_visible_to
 from tenants.selectors import is_platform_admin
 
@@ -97,9 +96,6 @@ class MetricsSummaryView(APIView):
 
 # -- the usage report ---------------------------------------------------------------------------
 
-# A spreadsheet runs a cell that starts with one of these as a formula (OWASP's list).
-FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r", "\n")
-
 
 def csv_cell(value) -> str | float | int:
     """A cell for CSV: numbers as they are, text defused when a spreadsheet would run it."""
@@ -107,8 +103,7 @@ def csv_cell(value) -> str | float | int:
         return ""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return value
-    text = str(value)
-    return "'" + text if text.startswith(FORMULA_STARTS) else text
+    return spreadsheet_safe(str(value))
 
 
 class UsageCSVRenderer(renderers.BaseRenderer):
@@ -123,14 +118,9 @@ class UsageCSVRenderer(renderers.BaseRenderer):
         return b""
 
 
-class _Echo:
-    def write(self, value: str) -> str:
-        return value
-
-
 def csv_lines(report_columns, rows, totals):
     """The CSV text of a report, line by line."""
-    writer = csv.writer(_Echo())
+    writer = line_writer()
     header = [*report_columns, *usage.FIGURE_COLUMNS]
     yield writer.writerow(header)
     for row in rows:

@@ -125,6 +125,29 @@ def test_csv_cells_cannot_run_as_formulas(world, events):
     assert reason == '\'=HYPERLINK("http://evil")'
 
 
+@pytest.mark.parametrize("start", ["=", "+", "-", "@", "\t", "\r", "\n"])
+def test_every_formula_start_is_defused_as_in_every_export(world, start):
+    """The audit log's export defuses the same cells as the usage report's (one list)."""
+    audit_record(
+        action="test.note",
+        target_type="thing",
+        target_id=1,
+        tenant=world.tenant,
+        reason=start + "1",
+    )
+    rows = rows_of(client_for(world.tenant_admin).get("/audit/export.csv", {"action": "test.note"}))
+
+    assert dict(zip(rows[0], rows[1], strict=True))["reason"] == "'" + start + "1"
+
+
+def test_the_export_and_the_api_show_the_same_columns_in_the_same_order(world, events):
+    client = client_for(world.tenant_admin)
+    header = rows_of(client.get("/audit/export.csv"))[0]
+    api_event = client.get("/api/v1/audit-events/").json()["results"][0]
+
+    assert list(api_event) == header
+
+
 def test_csv_export_is_scoped_like_the_page(world, events):
     rows = rows_of(client_for(world.tenant_admin).get("/audit/export.csv"))
 
