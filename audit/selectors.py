@@ -20,8 +20,7 @@ def _scoping():
 
 def may_read_audit_log(user) -> bool:
     """Platform admins and tenant admins read the log; members and viewers do not (403)."""
-    scoping = _scoping()
-    return scoping.is_platform_admin(user) or scoping.tenant_ids_for(user, "admin").exists()
+    return _scoping().administers_any_tenant(user)
 
 
 def audit_events_visible_to(user) -> QuerySet[AuditEvent]:

@@ -50,8 +50,8 @@ from scheduling.models import (
     WorkloadPolicy,
 )
 from tenants.models import Tenant
-from tenants.scoping import restrict, tenant_ids_for
-from tenants.selectors import administered_tenants, is_platform_admin
+from tenants.scoping import restrict
+from tenants.selectors import administered_tenants, administers_any_tenant, is_platform_admin
 
 from .choices import Resolution
 from .models import GpuActivity, QueueRollup, Recommendation, UsageRollup
@@ -828,7 +828,6 @@ def dashboard_glance(user) -> dict | None:
     unavailable) and the queues waiting longest (theirs), from the metrics summary (five
     queries; not in the polled part)."""
     from scheduling.selectors import queues_visible_to
-    from tenants.selectors import administers_any_tenant
 
     from .metrics import metrics_summary
 
@@ -865,9 +864,7 @@ def dashboard_glance(user) -> dict | None:
 
 def recommendations_check_access(user) -> None:
     """Platform admins and tenant admins read recommendations; everybody else gets 403."""
-    if is_platform_admin(user):
-        return
-    if not tenant_ids_for(user, "admin").exists():
+    if not administers_any_tenant(user):
         raise PermissionDeniedError("Only platform admins and tenant admins see recommendations.")
 
 

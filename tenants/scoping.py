@@ -86,6 +86,12 @@ def tenant_ids_for(user, action: str = "view") -> QuerySet:
     ).values("tenant_id")
 
 
+def administers_any_tenant(user) -> bool:
+    """Platform admins, and admins of at least one active tenant: who reads the audit log,
+    the approvals inbox and the recommendations (each then scoped to their tenants)."""
+    return is_platform_admin(user) or tenant_ids_for(user, "admin").exists()
+
+
 def restrict(
     qs: QuerySet,
     user,

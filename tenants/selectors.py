@@ -13,7 +13,8 @@ from portal.errors import NotFoundError
 
 from .choices import Role
 from .models import Membership, Project, Tenant
-from .scoping import (  # noqa: F401  (has_role, member_tenant_ids: read from here by callers)
+from .scoping import (  # noqa: F401  (read from here by callers)
+    administers_any_tenant,
     has_role,
     is_platform_admin,
     member_tenant_ids,
@@ -82,11 +83,6 @@ def administered_tenants(user) -> QuerySet[Tenant]:
     """The active tenants ``user`` is an admin of (by membership; platform rights aside),
     in slug order."""
     return Tenant.objects.filter(pk__in=tenant_ids_for(user, "admin")).order_by("slug")
-
-
-def administers_any_tenant(user) -> bool:
-    """Platform admins, and admins of at least one active tenant (approvals inbox, audit log)."""
-    return is_platform_admin(user) or administered_tenants(user).exists()
 
 
 #: What a Unix account name may be (useradd's portable set, at most 32 characters).

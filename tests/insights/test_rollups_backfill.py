@@ -1,4 +1,4 @@
-"""The backfill (insights.rollups.rollups_backfill and ``manage.py insights_backfill``):
+"""The backfill (insights.services.rollups.rollups_backfill and ``manage.py insights_backfill``):
 hour rows and daily usage rebuilt exactly from recorded jobs and allocations."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The rollup writer (insights.rollups.rollup_write) on hand-made state: exact figures."""
+"""The rollup writer (insights.services.rollups.rollup_write) on hand-made state: exact figures."""
 
 from __future__ import annotations
 

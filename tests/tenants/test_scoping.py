@@ -106,7 +106,7 @@ SELECTOR_MODULES = (
     "scheduling/selectors.py",
     "scheduling/limits/selectors.py",
     "insights/usage.py",
-    "insights/recommendations.py",
+    "insights/selectors.py",
     "audit/selectors.py",
     "accounts/selectors.py",
     "inference/selectors.py",
