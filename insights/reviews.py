@@ -19,8 +19,8 @@ for each tenant (from the same queries, grouped by tenant):
   and admin overrides: audit events by platform admins that change quotas, queues, pools,
   priority classes, workload policies or raise ceilings.
 
-The verdict compares the two things the issue names: fewer manual interventions and shorter
-waits for key work mean the policy works.
+The verdict compares the two things a policy is judged by: fewer manual interventions and
+shorter waits for key work mean the policy works.
 
 Tenant admins see their tenant's slice of the stored review: per-tenant figures are stored
 with the cluster's (a few hundred bytes per tenant), so a review stays what it was when it
