@@ -15,9 +15,9 @@ import math
 from typing import Final
 
 from . import messages, reasons
-from .cluster import SliceIndex
+from .cluster import ANY_NODES, ONE_BLOCK, SliceIndex
 from .cycle import CycleState
-from .placing import Option, Placing, Slot
+from .placing import Option, Placing, Slot, topology_of
 from .preemption import at_preemption_limit, protected_borrowers
 from .quota import Account
 from .results import _SET_PENDING, PendingInfo
@@ -245,6 +245,28 @@ class Explaining:
             message = messages.reserved_gpus(job, owners, self.state.now)
             self._message_cache[key] = message
         return message
+
+    def topology_blocked(self, job: PendingJob, options: list[Option], end: float) -> str:
+        """For a job kept inside one block (topology) that would start now spread over
+        blocks until ``end``: why it waits (``reasons.WAITING_FOR_TOPOLOGY``); "" else."""
+        now = self.state.now
+        if job.nodes <= 1 or topology_of(job, now) != ONE_BLOCK:
+            return ""
+        gpus, nodes = job.gpus_per_node, job.nodes
+        for option in options:
+            slice_ = option.slice
+            if not slice_.blocks or not slice_.block_could_hold(gpus, nodes):
+                continue
+            mode = option.account.mode(job.gpus, job.preemptible)
+            if mode is None or not option.account.fits_now(job.gpus, mode, end):
+                continue
+            if slice_.find_now(gpus, nodes, end, ANY_NODES) is None:
+                continue
+            remaining = job.submitted_at + job.topology_wait_seconds - now
+            return messages.topology_wait(
+                job, slice_.model, slice_.most_free_in_block(gpus), remaining
+            )
+        return ""
 
     def gpus_message(self, job: PendingJob, option: Option) -> str:
         slice_ = option.slice

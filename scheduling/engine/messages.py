@@ -108,6 +108,17 @@ def gpus_wait(job: PendingJob, model: str, idle: int, largest: int) -> str:
     )
 
 
+def topology_wait(job: PendingJob, model: str, most_in_block: int, remaining: float) -> str:
+    """A job kept inside one block (topology) that the idle GPUs hold only spread."""
+    plural = "" if most_in_block == 1 else "s"
+    return (
+        f"waiting for one block to hold {shape(job)} of {model} in pool {job.pool} "
+        f"(topology): the idle GPUs hold it only spread over blocks, at most "
+        f"{most_in_block} node{plural} of one block free; spread over blocks in "
+        f"{duration(remaining)}"
+    )
+
+
 def kept_for_preemptors(job_ids: list[int]) -> str:
     """GPUs being freed by a preemption, kept for the jobs it was made for."""
     if len(job_ids) == 1:

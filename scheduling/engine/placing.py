@@ -14,13 +14,27 @@ from __future__ import annotations
 import math
 from typing import Final
 
-from .cluster import NodeSlot, SliceIndex
+from .cluster import ANY_NODES, ONE_BLOCK, PREFER_BLOCK, NodeSlot, SliceIndex
 from .cycle import CycleState
 from .quota import BORROWED, Account, PlacedJob, placed_within_guarantee
 from .results import Placement
 from .snapshot import PendingJob
 
 INF: Final = math.inf
+
+
+def topology_of(job: PendingJob, now: float) -> int:
+    """How the job's nodes are chosen where the pool has blocks (see :mod:`.cluster`): a
+    job of several nodes inside one block only, until it has waited its topology wait
+    (``PendingJob.topology_wait_seconds``) since its submission; after that in one
+    block where one can hold it now, else spread over blocks."""
+    if job.nodes <= 1:
+        return ANY_NODES
+    wait = job.topology_wait_seconds
+    if wait > 0 and now - job.submitted_at < wait:
+        return ONE_BLOCK
+    return PREFER_BLOCK
+
 
 # Option and Slot are plain classes, not dataclasses: compiled, a dataclass keeps the
 # ``__init__`` that ``dataclasses`` generates, interpreted Python (cycles make millions).
@@ -137,8 +151,9 @@ class Placing:
         lowest = self.state.now if floor is None else floor
         gpus, nodes = job.gpus_per_node, job.nodes
         total, preemptible = gpus * nodes, job.preemptible
+        topology = topology_of(job, self.state.now) if nodes > 1 else ANY_NODES
         for option in options:
-            found = option.slice.earliest(gpus, nodes)
+            found = option.slice.earliest(gpus, nodes, topology)
             if found is None or found[0] >= best_start:
                 continue
             start = option.account.earliest(total, preemptible)
