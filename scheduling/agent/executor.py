@@ -136,7 +136,13 @@ class LocalProcessExecutor(Executor):
         )
 
     def nodes(self) -> list[NodeInfo]:
-        return [NodeInfo(name=self.config.node, gpus=[g.as_dict() for g in self.gpus])]
+        return [
+            NodeInfo(
+                name=self.config.node,
+                gpus=[g.as_dict() for g in self.gpus],
+                labels=dict(self.config.labels),
+            )
+        ]
 
     def launch(self, node: str, message: Any) -> None:
         self.launcher.launch(dict(message))

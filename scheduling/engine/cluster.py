@@ -17,10 +17,13 @@ scheduler without scanning nodes:
   now only by using holes: the job must end before the window closes.
 
 Topology: a node may be in a *block* (a leaf switch, rack or NVLink domain;
-``NodeInfo.block``). Where a slice has blocks, a job of several nodes asks for the nodes
-of one block (``ONE_BLOCK``: only there, while it waits for its topology wait;
-``PREFER_BLOCK``: there if one block can hold it now, else spread as before), the block
-left with the fewest idle GPUs first; a single-node job takes a node of a block already
+``NodeInfo.block``). Where a slice has blocks, a job of several nodes is given a
+*patience* (its topology wait; ``NO_TOPOLOGY``: none asked): it takes the nodes of one
+block that can hold it now (the block left with the fewest idle GPUs first); if none
+can, it starts spread over blocks now only if no block can hold it within its patience
+(by the timeline: running jobs end by their limits), and otherwise waits for that
+block; its reservation is inside one block unless that starts more than its patience
+after the earliest spread start. A single-node job takes a node of a block already
 partly in use (or of no block) before one of a block wholly idle, so that whole blocks
 stay free for the jobs of several nodes. These searches scan the slice's nodes instead
 of the heaps; a slice without blocks answers exactly as before.
@@ -39,10 +42,8 @@ if TYPE_CHECKING:  # pragma: no cover
 INF: Final = math.inf
 NEG_INF: Final = -math.inf
 
-# How a query treats the topology (see the module doc).
-ANY_NODES: Final = 0
-PREFER_BLOCK: Final = 1
-ONE_BLOCK: Final = 2
+# The patience of a query that asks nothing of the topology (see the module doc).
+NO_TOPOLOGY: Final = -1.0
 
 
 def _free_by(ordered: list[float], size: int, key: float) -> int:
@@ -437,30 +438,29 @@ class SliceIndex:
     # -- queries ---------------------------------------------------------------------
 
     def find_now(
-        self, gpus: int, nodes: int, end: float, topology: int = ANY_NODES
+        self, gpus: int, nodes: int, end: float, patience: float = NO_TOPOLOGY
     ) -> list[NodeSlot] | None:
         """Slots that can run ``nodes`` x ``gpus`` now until ``end`` without delaying a
         reservation; holes first (only short jobs fit there), then best-fit idle GPUs
-        (where the slice has blocks, as ``topology`` asks: see the module doc)."""
+        (where the slice has blocks, with the topology and ``patience`` of the module
+        doc)."""
         if gpus > self.largest:
             return None
         # A search that failed for jobs ending at ``no_fit`` fails for those ending later
-        # (absent: none failed; an unlimited job ends at INF and may still fit now). A
-        # search inside one block fails wherever the search over every node does.
+        # (absent: none failed; an unlimited job ends at INF and may still fit now).
         no_fit = self._no_fit.get((gpus, nodes))
         if no_fit is not None and end >= no_fit:
             return None
-        if self.blocks:
-            if nodes == 1:
-                found = self._pack_now(gpus, end)
-            else:
-                found = None
-                if topology != ANY_NODES and self.block_could_hold(gpus, nodes):
-                    found = self._block_now(gpus, nodes, end)
-                    if found is None and topology == ONE_BLOCK:
-                        return None  # not a failure of the search over every node
-                if found is None:
-                    found = self._find_now(gpus, nodes, end)
+        if not self.blocks:
+            found = self._find_now(gpus, nodes, end)
+        elif nodes == 1:
+            found = self._pack_now(gpus, end)
+        elif patience >= 0 and self.block_could_hold(gpus, nodes):
+            found = self._block_now(gpus, nodes, end)
+            if found is None:
+                found = self._find_now(gpus, nodes, end)
+                if found is not None and self.block_due(gpus, nodes, self.now + patience):
+                    return None  # waits for the block (not a failure of the search)
         else:
             found = self._find_now(gpus, nodes, end)
         if found is None:
@@ -487,21 +487,20 @@ class SliceIndex:
         return list(chosen.values()) if len(chosen) >= nodes else None
 
     def earliest(
-        self, gpus: int, nodes: int, topology: int = ANY_NODES
+        self, gpus: int, nodes: int, patience: float = NO_TOPOLOGY
     ) -> tuple[float, list[NodeSlot]] | None:
         """Earliest time ``nodes`` slots each have ``gpus`` GPUs free for good, and those
-        slots (None if never: not enough nodes, or GPUs held without end). With
-        ``ONE_BLOCK``, on a slice with a block that can ever hold the job: the earliest
-        time inside one block."""
+        slots (None if never: not enough nodes, or GPUs held without end). With a
+        ``patience`` on a slice with blocks: inside one block unless that is more than
+        ``patience`` later than spread over blocks (see the module doc)."""
         if gpus > self.largest:
             return None
-        if (
-            topology == ONE_BLOCK
-            and nodes > 1
-            and self.blocks
-            and self.block_could_hold(gpus, nodes)
-        ):
-            return self._block_earliest(gpus, nodes)
+        if patience >= 0 and nodes > 1 and self.blocks and self.block_could_hold(gpus, nodes):
+            inside = self._block_earliest(gpus, nodes)
+            spread = self.earliest(gpus, nodes)
+            if inside is not None and (spread is None or inside[0] <= spread[0] + patience):
+                return inside
+            return spread
         heap = self._heaps(gpus)[0]
         if nodes == 1:
             slots = self.slots
@@ -542,6 +541,11 @@ class SliceIndex:
                     break
             self._block_holds[key] = known
         return known
+
+    def block_due(self, gpus: int, nodes: int, by: float) -> bool:
+        """Whether some block can hold ``nodes`` x ``gpus`` by ``by`` (the timeline)."""
+        inside = self._block_earliest(gpus, nodes)
+        return inside is not None and inside[0] <= by
 
     def most_free_in_block(self, gpus: int) -> int:
         """The most nodes of one block with ``gpus`` GPUs idle and unreserved now."""

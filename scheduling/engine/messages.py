@@ -108,14 +108,15 @@ def gpus_wait(job: PendingJob, model: str, idle: int, largest: int) -> str:
     )
 
 
-def topology_wait(job: PendingJob, model: str, most_in_block: int, remaining: float) -> str:
-    """A job kept inside one block (topology) that the idle GPUs hold only spread."""
+def topology_wait(job: PendingJob, model: str, most_in_block: int, wait: float) -> str:
+    """A job of several nodes that the idle GPUs hold only spread over topology blocks,
+    waiting for one block due within its topology wait."""
     plural = "" if most_in_block == 1 else "s"
     return (
         f"waiting for one block to hold {shape(job)} of {model} in pool {job.pool} "
-        f"(topology): the idle GPUs hold it only spread over blocks, at most "
-        f"{most_in_block} node{plural} of one block free; spread over blocks in "
-        f"{duration(remaining)}"
+        f"(topology): the idle GPUs hold it only spread over blocks (at most "
+        f"{most_in_block} node{plural} of one block free); a block is due within its "
+        f"topology wait of {duration(wait)}"
     )
 
 

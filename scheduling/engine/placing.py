@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Final
 
-from .cluster import ANY_NODES, ONE_BLOCK, PREFER_BLOCK, NodeSlot, SliceIndex
+from .cluster import NO_TOPOLOGY, NodeSlot, SliceIndex
 from .cycle import CycleState
 from .quota import BORROWED, Account, PlacedJob, placed_within_guarantee
 from .results import Placement
@@ -23,17 +23,14 @@ from .snapshot import PendingJob
 INF: Final = math.inf
 
 
-def topology_of(job: PendingJob, now: float) -> int:
-    """How the job's nodes are chosen where the pool has blocks (see :mod:`.cluster`): a
-    job of several nodes inside one block only, until it has waited its topology wait
-    (``PendingJob.topology_wait_seconds``) since its submission; after that in one
-    block where one can hold it now, else spread over blocks."""
+def block_patience(job: PendingJob) -> float:
+    """How much later than spread over blocks a job may start inside one block (see
+    :mod:`.cluster`, topology): its topology wait for a job of several nodes
+    (``PendingJob.topology_wait_seconds``, 0 at least); ``NO_TOPOLOGY`` for one node."""
     if job.nodes <= 1:
-        return ANY_NODES
+        return NO_TOPOLOGY
     wait = job.topology_wait_seconds
-    if wait > 0 and now - job.submitted_at < wait:
-        return ONE_BLOCK
-    return PREFER_BLOCK
+    return wait if wait > 0 else 0.0
 
 
 # Option and Slot are plain classes, not dataclasses: compiled, a dataclass keeps the
@@ -151,9 +148,9 @@ class Placing:
         lowest = self.state.now if floor is None else floor
         gpus, nodes = job.gpus_per_node, job.nodes
         total, preemptible = gpus * nodes, job.preemptible
-        topology = topology_of(job, self.state.now) if nodes > 1 else ANY_NODES
+        patience = block_patience(job)
         for option in options:
-            found = option.slice.earliest(gpus, nodes, topology)
+            found = option.slice.earliest(gpus, nodes, patience)
             if found is None or found[0] >= best_start:
                 continue
             start = option.account.earliest(total, preemptible)

@@ -57,12 +57,12 @@ from collections.abc import Iterable
 from typing import Final
 
 from . import messages, reasons
-from .cluster import ANY_NODES, NodeSlot
+from .cluster import NodeSlot
 from .cycle import CycleState, CycleView
 from .explaining import Explaining
 from .order import age_classes, overdue
 from .ordering import Ordering
-from .placing import Option, Placing, Slot, topology_of
+from .placing import Option, Placing, Slot, block_patience
 from .preempting import Preempting
 from .preemption import Preemptor, at_preemption_limit
 from .quota import BORROWED, GUARANTEED
@@ -212,7 +212,7 @@ class Planner:
         state = self.state
         floor = state.pool_floor.get(job.pool) if state.pool_floor else None
         preemptible = job.preemptible
-        topology = topology_of(job, self.now) if nodes > 1 else ANY_NODES
+        patience = block_patience(job)
         guaranteed: list[Option] = []
         borrowing: list[Option] = []
         # Options whose quota is held by stopping jobs: the job fits once they are gone.
@@ -243,7 +243,7 @@ class Planner:
                     if kept is not None:
                         self._place(job, option, kept[0], mode, end, kept[1])
                         return None
-                chosen = option.slice.find_now(gpus, nodes, end, topology)
+                chosen = option.slice.find_now(gpus, nodes, end, patience)
                 if chosen is None and state.hold_previous:
                     # GPUs held for jobs behind it (see .reservations).
                     chosen = self.reserving.start_past_holds(job, option, options, end)
@@ -364,7 +364,7 @@ class Planner:
                         else BORROWED
                     )
                     chosen = option.slice.find_now(
-                        job.gpus_per_node, job.nodes, self.now + runtime, topology_of(job, self.now)
+                        job.gpus_per_node, job.nodes, self.now + runtime, block_patience(job)
                     )
                     if chosen is not None and option.account.fits_now(
                         job.gpus, mode, self.now + runtime

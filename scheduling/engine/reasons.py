@@ -12,7 +12,7 @@ WAITING_FOR_PREEMPTION: Final = "WAITING_FOR_PREEMPTION"
 RESERVED_FOR_HIGHER_PRIORITY: Final = "RESERVED_FOR_HIGHER_PRIORITY"
 BLOCKED_BY_QUEUE_HEAD: Final = "BLOCKED_BY_QUEUE_HEAD"
 # A job of several nodes that would start now spread over topology blocks, waiting for
-# one block to hold it (until its topology wait is over).
+# one block that can hold it within its topology wait.
 WAITING_FOR_TOPOLOGY: Final = "WAITING_FOR_TOPOLOGY"
 
 ALL: Final = (

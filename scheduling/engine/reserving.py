@@ -17,7 +17,7 @@ from typing import Final
 
 from .cluster import NodeSlot
 from .cycle import CycleState
-from .placing import Option, Placing, Slot, any_releasing, topology_of
+from .placing import Option, Placing, Slot, any_releasing, block_patience
 from .snapshot import PendingJob
 
 INF: Final = math.inf
@@ -83,7 +83,7 @@ class Reserving:
         released = previous.release_for(job, own_start)
         if not released:
             return None
-        chosen = option.slice.find_now(gpus, nodes, end, topology_of(job, state.now))
+        chosen = option.slice.find_now(gpus, nodes, end, block_patience(job))
         if chosen is None:
             previous.rehold(released)
         return chosen

@@ -310,6 +310,16 @@ def _previous_reservation(entry) -> tuple[tuple[int, ...], float | None, tuple[i
     return tuple(gpu_ids), start, tuple(rest[0]) if rest else ()
 
 
+def node_block(labels: object, topology_label: str) -> str:
+    """The topology block of a node: the value of its pool's topology label among the
+    node's labels ("" when the pool ignores the topology or the node lacks the label:
+    then the node is in no block)."""
+    if not topology_label or not isinstance(labels, dict):
+        return ""
+    value = labels.get(topology_label)
+    return str(value).strip() if value not in (None, "") else ""
+
+
 def order_settings() -> dict:
     """The engine's ordering knobs and the minimum preemption gain from the settings (see
     SLUICE_SIZE_ORDER, SLUICE_PREEMPTION_MIN_GAIN_SECONDS and SLUICE_CLASS_AGING_SECONDS
@@ -341,11 +351,19 @@ def load_snapshot(
     }
     nodes: dict[int, engine.NodeInfo] = {}
     node_names: dict[int, str] = {}
-    node_rows = Node.objects.select_related("pool").values_list("id", "name", "pool__name", "state")
-    for node_id, name, pool, state in node_rows:
+    node_rows = Node.objects.select_related("pool").values_list(
+        "id", "name", "pool__name", "state", "labels", "pool__topology_label"
+    )
+    for node_id, name, pool, state, labels, topology_label in node_rows:
         node_names[node_id] = name
         if state == NodeState.READY:
-            nodes[node_id] = engine.NodeInfo(id=node_id, name=name, pool=pool, gpus=[])
+            nodes[node_id] = engine.NodeInfo(
+                id=node_id,
+                name=name,
+                pool=pool,
+                gpus=[],
+                block=node_block(labels, topology_label),
+            )
     gpus: dict[int, tuple[int, int, str]] = {}
     for gpu_id, node_id, index, uuid, model, mem, health, outside in Gpu.objects.values_list(
         "id", "node_id", "index", "uuid", "model", "memory_mb", "health", "held_outside"

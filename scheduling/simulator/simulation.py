@@ -58,7 +58,7 @@ from .snapshot import SnapshotBuilder
 INF = math.inf
 
 # Event kinds. Events of one time are handled in the order they were scheduled.
-ARRIVE, END, STOPPED, WAKE = range(4)
+ARRIVE, END, STOPPED, WAKE, SPREAD = range(5)
 
 # Outcomes of a job.
 COMPLETED = "completed"
@@ -332,6 +332,13 @@ class Replay:
             self.pool_nodes[pool] = [node.id for node in nodes]
             for node in nodes:
                 self.node_free[node.id] = len(node.gpus)
+        # Pools with topology blocks: a job of several nodes kept inside one block there
+        # is planned again when its topology wait is over (it may then be spread).
+        self.block_pools = {
+            pool
+            for pool, nodes in self.builder.nodes_by_pool.items()
+            if any(node.block for node in nodes)
+        }
         # Each pool's cluster index, reset for each cycle instead of built anew.
         self.kept_clusters = {pool: KeptCluster() for pool in self.pools}
         self.pending: dict[str, dict[int, JobRun]] = defaultdict(dict)
@@ -423,6 +430,8 @@ class Replay:
                 self._end(subject, when, epoch)
             elif kind == STOPPED:
                 self._stopped(subject, when, epoch)
+            elif kind == SPREAD:
+                self._touch(subject, when)
             else:
                 self._wake(subject, when)
             self._record(when)
@@ -512,6 +521,10 @@ class Replay:
             insort(self.groups[job.pool][(job.tenant, job.priority_class)], (job.submit, job.id))
         self.waiting += 1
         self._touch(job.pool, when)
+        if job.nodes > 1 and job.pool in self.block_pools:
+            spread_at = job.submit + run.pending_record.topology_wait_seconds
+            if spread_at > when:
+                self._push(spread_at, SPREAD, job.pool, 0)
 
     def _dequeue(self, run: JobRun) -> None:
         job = run.job
