@@ -65,7 +65,14 @@ class GpuInline(admin.TabularInline):
 
 @admin.register(ResourcePool)
 class ResourcePoolAdmin(AuditedAdmin):
-    list_display = ["name", "purpose", "executor", "container_runtime", "allowed_workload_types"]
+    list_display = [
+        "name",
+        "purpose",
+        "executor",
+        "container_runtime",
+        "allowed_workload_types",
+        "topology_label",
+    ]
     list_filter = ["executor"]
     readonly_fields = ["executor_capabilities"]
 
@@ -101,6 +108,7 @@ class WorkloadPolicyAdmin(AuditedAdmin):
         "max_wait_seconds",
         "max_preemptions",
         "preemption_protection_seconds",
+        "topology_wait_seconds",
     ]
     filter_horizontal = ["allowed_pools"]
 

@@ -98,6 +98,16 @@ class ResourcePool(models.Model):
         return not self.allowed_workload_types or workload_type in self.allowed_workload_types
 
 
+def topology_block(labels: object, topology_label: str) -> str:
+    """The topology block a node is in: the value of its pool's topology label among the
+    node's labels; "" (in no block) when the pool ignores the topology or the node lacks
+    the label."""
+    if not topology_label or not isinstance(labels, dict):
+        return ""
+    value = labels.get(topology_label)
+    return str(value).strip() if value not in (None, "") else ""
+
+
 class Node(models.Model):
     """A GPU machine running a node agent; registered and updated by the agent's reports."""
 
@@ -130,6 +140,11 @@ class Node(models.Model):
     @property
     def queue_name(self) -> str:
         return f"node.{self.name}"
+
+    @property
+    def topology_block(self) -> str:
+        """The topology block the node is in ("" none; see :func:`topology_block`)."""
+        return topology_block(self.labels, self.pool.topology_label)
 
 
 class Gpu(models.Model):

@@ -83,8 +83,15 @@ class PoolSerializer(serializers.ModelSerializer):
             "description",
             "executor",
             "container_runtime",
+            "topology_label",
             "capabilities",
         ]
+
+    def validate_topology_label(self, value):
+        value = value.strip()
+        if any(ch.isspace() or ch == "\x00" for ch in value):
+            raise serializers.ValidationError("A label name has no spaces or NUL characters.")
+        return value
 
     @extend_schema_field(CapabilitiesSerializer)
     def get_capabilities(self, pool):
@@ -118,6 +125,12 @@ class NodeSerializer(serializers.ModelSerializer):
     labels = serializers.DictField(
         child=StrictCharField(max_length=200, allow_blank=True), required=False
     )
+    block = serializers.CharField(
+        source="topology_block",
+        read_only=True,
+        help_text="The topology block the node is in: the value of its pool's "
+        "topology_label among its labels (empty: none).",
+    )
 
     class Meta:
         model = Node
@@ -127,6 +140,7 @@ class NodeSerializer(serializers.ModelSerializer):
             "pool",
             "state",
             "labels",
+            "block",
             "cpus",
             "memory_mb",
             "hostname",
@@ -205,6 +219,7 @@ class WorkloadPolicySerializer(serializers.ModelSerializer):
             "max_wait_seconds",
             "max_preemptions",
             "preemption_protection_seconds",
+            "topology_wait_seconds",
             "allowed_pools",
         ]
         extra_kwargs = {"retention_days": {"max_value": MAX_RETENTION_DAYS}}

@@ -18,15 +18,15 @@ scheduler without scanning nodes:
 
 Topology: a node may be in a *block* (a leaf switch, rack or NVLink domain;
 ``NodeInfo.block``). Where a slice has blocks, a job of several nodes is given a
-*patience* (its topology wait; ``NO_TOPOLOGY``: none asked): it takes the nodes of one
-block that can hold it now (the block left with the fewest idle GPUs first); if none
-can, it starts spread over blocks now only if no block can hold it within its patience
-(by the timeline: running jobs end by their limits), and otherwise waits for that
-block; its reservation is inside one block unless that starts more than its patience
-after the earliest spread start. A single-node job takes a node of a block already
-partly in use (or of no block) before one of a block wholly idle, so that whole blocks
-stay free for the jobs of several nodes. These searches scan the slice's nodes instead
-of the heaps; a slice without blocks answers exactly as before.
+*patience* (what is left of its topology wait; ``NO_TOPOLOGY``: nothing asked). It takes
+the nodes of one block that can hold it now (the block left with the fewest idle GPUs
+first); with patience left it waits for one otherwise, and its reservation is inside one
+block (unless that starts more than its patience after the earliest spread start: then
+spread, from then); with none left it is spread over blocks as before. A single-node
+job takes a node of a block already partly in use (or of no block) before one of a
+block wholly idle, so that whole blocks stay free for the jobs of several nodes. These
+searches scan the slice's nodes instead of the heaps; a slice without blocks, and a
+slice whose blocks cannot hold the job, answer exactly as before.
 """
 
 from __future__ import annotations
@@ -458,9 +458,9 @@ class SliceIndex:
         elif patience >= 0 and self.block_could_hold(gpus, nodes):
             found = self._block_now(gpus, nodes, end)
             if found is None:
+                if patience > 0:
+                    return None  # waits for a block (not a failure of the search)
                 found = self._find_now(gpus, nodes, end)
-                if found is not None and self.block_due(gpus, nodes, self.now + patience):
-                    return None  # waits for the block (not a failure of the search)
         else:
             found = self._find_now(gpus, nodes, end)
         if found is None:
@@ -498,9 +498,12 @@ class SliceIndex:
         if patience >= 0 and nodes > 1 and self.blocks and self.block_could_hold(gpus, nodes):
             inside = self._block_earliest(gpus, nodes)
             spread = self.earliest(gpus, nodes)
-            if inside is not None and (spread is None or inside[0] <= spread[0] + patience):
+            if spread is None:
                 return inside
-            return spread
+            if inside is not None and inside[0] <= spread[0] + patience:
+                return inside
+            # Spread once its patience is over (the GPUs are free for good by then).
+            return spread[0] + patience, spread[1]
         heap = self._heaps(gpus)[0]
         if nodes == 1:
             slots = self.slots
@@ -541,11 +544,6 @@ class SliceIndex:
                     break
             self._block_holds[key] = known
         return known
-
-    def block_due(self, gpus: int, nodes: int, by: float) -> bool:
-        """Whether some block can hold ``nodes`` x ``gpus`` by ``by`` (the timeline)."""
-        inside = self._block_earliest(gpus, nodes)
-        return inside is not None and inside[0] <= by
 
     def most_free_in_block(self, gpus: int) -> int:
         """The most nodes of one block with ``gpus`` GPUs idle and unreserved now."""

@@ -17,7 +17,7 @@ from typing import Final
 from . import messages, reasons
 from .cluster import SliceIndex
 from .cycle import CycleState
-from .placing import Option, Placing, Slot
+from .placing import Option, Placing, Slot, block_patience
 from .preemption import at_preemption_limit, protected_borrowers
 from .quota import Account
 from .results import _SET_PENDING, PendingInfo
@@ -247,12 +247,13 @@ class Explaining:
         return message
 
     def topology_blocked(self, job: PendingJob, options: list[Option], end: float) -> str:
-        """For a job of several nodes that would start now spread over blocks until
-        ``end`` but waits for one block due within its topology wait (see
-        :mod:`.cluster`): why it waits (``reasons.WAITING_FOR_TOPOLOGY``); "" else."""
+        """For a job of several nodes with topology wait left (see :mod:`.cluster`) that
+        would start now spread over blocks until ``end``: why it waits
+        (``reasons.WAITING_FOR_TOPOLOGY``); "" else."""
+        patience = block_patience(job, self.state.now)
+        if patience <= 0:
+            return ""
         gpus, nodes = job.gpus_per_node, job.nodes
-        now = self.state.now
-        wait = job.topology_wait_seconds if job.topology_wait_seconds > 0 else 0.0
         for option in options:
             slice_ = option.slice
             if not slice_.blocks or not slice_.block_could_hold(gpus, nodes):
@@ -260,11 +261,10 @@ class Explaining:
             mode = option.account.mode(job.gpus, job.preemptible)
             if mode is None or not option.account.fits_now(job.gpus, mode, end):
                 continue
-            if not slice_.block_due(gpus, nodes, now + wait):
-                continue
             if slice_.find_now(gpus, nodes, end) is None:
                 continue  # not even spread: it waits for GPUs
-            return messages.topology_wait(job, slice_.model, slice_.most_free_in_block(gpus), wait)
+            most = slice_.most_free_in_block(gpus)
+            return messages.topology_wait(job, slice_.model, most, patience)
         return ""
 
     def gpus_message(self, job: PendingJob, option: Option) -> str:

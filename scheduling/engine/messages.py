@@ -108,15 +108,15 @@ def gpus_wait(job: PendingJob, model: str, idle: int, largest: int) -> str:
     )
 
 
-def topology_wait(job: PendingJob, model: str, most_in_block: int, wait: float) -> str:
+def topology_wait(job: PendingJob, model: str, most_in_block: int, left: float) -> str:
     """A job of several nodes that the idle GPUs hold only spread over topology blocks,
-    waiting for one block due within its topology wait."""
+    waiting for one block for what is left of its topology wait."""
     plural = "" if most_in_block == 1 else "s"
     return (
         f"waiting for one block to hold {shape(job)} of {model} in pool {job.pool} "
         f"(topology): the idle GPUs hold it only spread over blocks (at most "
-        f"{most_in_block} node{plural} of one block free); a block is due within its "
-        f"topology wait of {duration(wait)}"
+        f"{most_in_block} node{plural} of one block free); spread over blocks in "
+        f"{duration(left)} if no block is free by then"
     )
 
 

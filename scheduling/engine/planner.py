@@ -212,7 +212,7 @@ class Planner:
         state = self.state
         floor = state.pool_floor.get(job.pool) if state.pool_floor else None
         preemptible = job.preemptible
-        patience = block_patience(job)
+        patience = block_patience(job, self.now)
         guaranteed: list[Option] = []
         borrowing: list[Option] = []
         # Options whose quota is held by stopping jobs: the job fits once they are gone.
@@ -364,7 +364,10 @@ class Planner:
                         else BORROWED
                     )
                     chosen = option.slice.find_now(
-                        job.gpus_per_node, job.nodes, self.now + runtime, block_patience(job)
+                        job.gpus_per_node,
+                        job.nodes,
+                        self.now + runtime,
+                        block_patience(job, self.now),
                     )
                     if chosen is not None and option.account.fits_now(
                         job.gpus, mode, self.now + runtime

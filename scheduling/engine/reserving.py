@@ -83,7 +83,7 @@ class Reserving:
         released = previous.release_for(job, own_start)
         if not released:
             return None
-        chosen = option.slice.find_now(gpus, nodes, end, block_patience(job))
+        chosen = option.slice.find_now(gpus, nodes, end, block_patience(job, state.now))
         if chosen is None:
             previous.rehold(released)
         return chosen

@@ -38,6 +38,7 @@ from ..models import (
     ResourcePool,
     TenantUsage,
     WorkloadPolicy,
+    topology_block,
 )
 from ..runtime_prediction import expected_runtimes
 from .enqueue import WAITING_VERSION_KEY, dispatch_on_commit
@@ -310,16 +311,6 @@ def _previous_reservation(entry) -> tuple[tuple[int, ...], float | None, tuple[i
     return tuple(gpu_ids), start, tuple(rest[0]) if rest else ()
 
 
-def node_block(labels: object, topology_label: str) -> str:
-    """The topology block of a node: the value of its pool's topology label among the
-    node's labels ("" when the pool ignores the topology or the node lacks the label:
-    then the node is in no block)."""
-    if not topology_label or not isinstance(labels, dict):
-        return ""
-    value = labels.get(topology_label)
-    return str(value).strip() if value not in (None, "") else ""
-
-
 def order_settings() -> dict:
     """The engine's ordering knobs and the minimum preemption gain from the settings (see
     SLUICE_SIZE_ORDER, SLUICE_PREEMPTION_MIN_GAIN_SECONDS and SLUICE_CLASS_AGING_SECONDS
@@ -362,7 +353,7 @@ def load_snapshot(
                 name=name,
                 pool=pool,
                 gpus=[],
-                block=node_block(labels, topology_label),
+                block=topology_block(labels, topology_label),
             )
     gpus: dict[int, tuple[int, int, str]] = {}
     for gpu_id, node_id, index, uuid, model, mem, health, outside in Gpu.objects.values_list(

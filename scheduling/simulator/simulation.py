@@ -332,7 +332,7 @@ class Replay:
             self.pool_nodes[pool] = [node.id for node in nodes]
             for node in nodes:
                 self.node_free[node.id] = len(node.gpus)
-        # Pools with topology blocks: a job of several nodes kept inside one block there
+        # Pools with topology blocks: a job of several nodes waiting for one block there
         # is planned again when its topology wait is over (it may then be spread).
         self.block_pools = {
             pool
@@ -521,10 +521,7 @@ class Replay:
             insort(self.groups[job.pool][(job.tenant, job.priority_class)], (job.submit, job.id))
         self.waiting += 1
         self._touch(job.pool, when)
-        if job.nodes > 1 and job.pool in self.block_pools:
-            spread_at = job.submit + run.pending_record.topology_wait_seconds
-            if spread_at > when:
-                self._push(spread_at, SPREAD, job.pool, 0)
+        run.pending_record.topology_since = None  # a requeued job waits for a block anew
 
     def _dequeue(self, run: JobRun) -> None:
         job = run.job
@@ -790,7 +787,22 @@ class Replay:
             run.outcome, run.code = UNSCHEDULABLE, code
         if self.config.keep_reservations:
             self._keep_reservations(result.pending, pool)
+        if pool in self.block_pools:
+            self._keep_topology_waits(result.pending, now, pool)
         return bool(hopeless)
+
+    def _keep_topology_waits(self, infos: dict[int, PendingInfo], now: float, pool: str) -> None:
+        """Remember when each job first waited for one topology block (as the dispatch
+        loop does), and plan the pool again when that wait is over: the job may then be
+        spread over blocks."""
+        by_id = self.by_id
+        for job_id, info in infos.items():
+            if info.code != reasons.WAITING_FOR_TOPOLOGY:
+                continue
+            record = by_id[job_id].pending_record
+            if record.topology_since is None:
+                record.topology_since = now
+                self._push(now + record.topology_wait_seconds, SPREAD, pool, 0)
 
     def _worth_a_cycle(self, pool: str, now: float) -> bool:
         """A cheap necessary condition for a cycle to start or stop anything; a cycle
