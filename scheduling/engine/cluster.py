@@ -21,8 +21,7 @@ Topology: a node may be in a *block* (a leaf switch, rack or NVLink domain;
 *patience* (what is left of its topology wait; ``NO_TOPOLOGY``: nothing asked). It takes
 the nodes of one block that can hold it now (the block left with the fewest idle GPUs
 first); with patience left it waits for one otherwise, and its reservation is inside one
-block (unless that starts more than its patience after the earliest spread start: then
-spread, from then); with none left it is spread over blocks as before. A single-node
+block; with none left it is spread over blocks where no block is as early. A single-node
 job takes a node of a block already partly in use (or of no block) before one of a
 block wholly idle, so that whole blocks stay free for the jobs of several nodes. These
 searches scan the slice's nodes instead of the heaps; a slice without blocks, and a
@@ -491,19 +490,18 @@ class SliceIndex:
     ) -> tuple[float, list[NodeSlot]] | None:
         """Earliest time ``nodes`` slots each have ``gpus`` GPUs free for good, and those
         slots (None if never: not enough nodes, or GPUs held without end). With a
-        ``patience`` on a slice with blocks: inside one block unless that is more than
-        ``patience`` later than spread over blocks (see the module doc)."""
+        ``patience`` on a slice with blocks: inside one block while there is patience
+        left, else where earliest, one block first (see the module doc)."""
         if gpus > self.largest:
             return None
         if patience >= 0 and nodes > 1 and self.blocks and self.block_could_hold(gpus, nodes):
             inside = self._block_earliest(gpus, nodes)
+            if patience > 0 and inside is not None:
+                return inside
             spread = self.earliest(gpus, nodes)
-            if spread is None:
+            if spread is None or (inside is not None and inside[0] <= spread[0]):
                 return inside
-            if inside is not None and inside[0] <= spread[0] + patience:
-                return inside
-            # Spread once its patience is over (the GPUs are free for good by then).
-            return spread[0] + patience, spread[1]
+            return spread
         heap = self._heaps(gpus)[0]
         if nodes == 1:
             slots = self.slots
@@ -544,6 +542,19 @@ class SliceIndex:
                     break
             self._block_holds[key] = known
         return known
+
+    def in_one_block(self, slots: list[NodeSlot], job: Any) -> bool:
+        """Whether ``slots`` are all in one block, or the topology asks nothing of
+        ``job`` (a pending job) here: no blocks, one node, or no block can hold it."""
+        if not self.blocks or job.nodes <= 1:
+            return True
+        if not self.block_could_hold(job.gpus_per_node, job.nodes):
+            return True
+        first = self.block_of[slots[0].idx] if slots else -1
+        same = first >= 0
+        for slot in slots:  # a loop: all() of a generator is a generic call, compiled
+            same = same and self.block_of[slot.idx] == first
+        return same
 
     def most_free_in_block(self, gpus: int) -> int:
         """The most nodes of one block with ``gpus`` GPUs idle and unreserved now."""

@@ -267,6 +267,14 @@ class Explaining:
             return messages.topology_wait(job, slice_.model, most, patience)
         return ""
 
+    def topology_preemption(self, job: PendingJob, option: Option) -> str:
+        """Why a job with topology wait left waits rather than stop jobs spread over
+        blocks (``reasons.WAITING_FOR_TOPOLOGY``)."""
+        slice_ = option.slice
+        most = slice_.most_free_in_block(job.gpus_per_node)
+        patience = block_patience(job, self.state.now)
+        return messages.topology_wait(job, slice_.model, most, patience, preempting=True)
+
     def gpus_message(self, job: PendingJob, option: Option) -> str:
         slice_ = option.slice
         return messages.gpus_wait(job, slice_.model, slice_.idle, slice_.largest_idle_block())

@@ -340,7 +340,7 @@ class Planner:
         """The job fits its guarantee (``soon``: once stopping jobs are gone) but not the
         idle GPUs: preempt, or reserve (or start, when the holds it overtook were all that
         stopped it: None)."""
-        # Kept inside one block while the idle GPUs would hold it spread (topology): it
+        # Waiting for one block while the idle GPUs would hold it spread (topology): it
         # waits for a block, stopping nobody.
         topology = (
             self.explaining.topology_blocked(job, options, self.now + runtime)
@@ -386,6 +386,8 @@ class Planner:
             outcome = self.preempting.preempt(job, preemptors, runtime, slot)
             if outcome is not None:
                 return outcome
+            if self.preempting.topology_skipped:
+                topology = self.explaining.topology_preemption(job, options[0])
         state = self.state
         if not self.policy.backfill:
             state.pool_blocker.setdefault(job.pool, job.id)
@@ -471,6 +473,8 @@ class Planner:
             outcome = self.preempting.preempt(job, preemptors, runtime, slot)
             if outcome is not None:
                 return outcome
+            if self.preempting.topology_skipped:
+                topology = self.explaining.topology_preemption(job, options[0])
         if (
             slot is not None
             and not slot.releasing
