@@ -235,7 +235,9 @@ class LocalProcessExecutor(Executor):
             self._sync_watches()
 
     def register_fields(self, node: str) -> dict[str, Any]:
-        optional = {"isolation": self.isolation.report()} if self.isolation else {}
+        optional: dict[str, Any] = {"isolation": self.isolation.report()} if self.isolation else {}
+        if self.config.labels:
+            optional["labels"] = dict(self.config.labels)
         return {
             "hostname": socket.gethostname(),
             "cpus": os.cpu_count() or 1,
