@@ -311,9 +311,7 @@ def _remember_topology_waits(plan: engine.Plan, loaded: Loaded) -> None:
     stopped waiting) drops it."""
     now = loaded.snapshot.now
     previous = cache.get(TOPOLOGY_WAITS_KEY) or {}
-    waits = {
-        job_id: since for job_id, since in previous.items() if job_id in loaded.pending
-    }
+    waits = {job_id: since for job_id, since in previous.items() if job_id in loaded.pending}
     for job_id in (p.job_id for p in plan.placements):
         waits.pop(job_id, None)
     for job_id, info in plan.pending.items():

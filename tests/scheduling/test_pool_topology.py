@@ -2,7 +2,7 @@
 label name; each node's block in the node API and on the nodes page."""
 
 from audit.models import AuditEvent
-from scheduling.models import Node, ResourcePool
+from scheduling.models import Node, ResourcePool, WorkloadPolicy
 
 URL = "/api/v1/pools/training"
 LABEL = "topology.sluice.io/block"
@@ -50,3 +50,16 @@ def test_a_pool_that_ignores_the_topology_shows_no_blocks(world, api, client):
     client.force_login(world.member)
     page = client.get("/nodes/").content.decode()
     assert "block <strong>" not in page and "no block" not in page
+
+
+def test_a_workload_policy_carries_its_topology_wait(world, api):
+    url = "/api/v1/workload-policies/training"
+    assert api(world.member).get(url).json()["topology_wait_seconds"] == 1800
+    response = api(world.platform_admin).patch(url, {"topology_wait_seconds": 0}, format="json")
+    assert response.status_code == 200, response.content
+    assert WorkloadPolicy.objects.get(workload_type="training").topology_wait_seconds == 0
+    for value in (-1, "soon", 2**40):
+        bad = api(world.platform_admin).patch(url, {"topology_wait_seconds": value}, format="json")
+        assert bad.status_code == 400 and "topology_wait_seconds" in bad.json()["errors"]
+    refused = api(world.member).patch(url, {"topology_wait_seconds": 60}, format="json")
+    assert refused.status_code == 403

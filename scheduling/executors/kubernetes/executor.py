@@ -93,6 +93,8 @@ def passed_on(name: str) -> bool:
     ``network.topology.kubernetes.io/...`` ones), which a pool's ``topology_label`` may
     name as the node's block."""
     return name in NODE_LABELS or "topology" in name
+
+
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"  # MiB, as NVIDIA's GPU feature discovery sets it
 #: Seconds of overlap when reading a Pod's log again (the API only offers sinceSeconds).
