@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
@@ -96,6 +97,15 @@ class ResourcePool(models.Model):
 
     def allows(self, workload_type: str) -> bool:
         return not self.allowed_workload_types or workload_type in self.allowed_workload_types
+
+
+def clean_topology_label(value: str) -> str:
+    """A pool's topology label, stripped; ValidationError when it cannot be a label name
+    (spaces or NUL characters)."""
+    value = (value or "").strip()
+    if any(ch.isspace() or ch == "\x00" for ch in value):
+        raise ValidationError("A label name has no spaces or NUL characters.")
+    return value
 
 
 def topology_block(labels: object, topology_label: str) -> str:

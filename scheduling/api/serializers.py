@@ -27,6 +27,7 @@ from ..models import (
     Quota,
     ResourcePool,
     WorkloadPolicy,
+    clean_topology_label,
 )
 from ..positions import positions_attach, positions_attached
 from ..runtime_prediction import predict_live_runtimes, predict_runtime
@@ -88,10 +89,7 @@ class PoolSerializer(serializers.ModelSerializer):
         ]
 
     def validate_topology_label(self, value):
-        value = value.strip()
-        if any(ch.isspace() or ch == "\x00" for ch in value):
-            raise serializers.ValidationError("A label name has no spaces or NUL characters.")
-        return value
+        return clean_topology_label(value)
 
     @extend_schema_field(CapabilitiesSerializer)
     def get_capabilities(self, pool):

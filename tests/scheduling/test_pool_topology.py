@@ -1,6 +1,8 @@
 """A pool's topology label: set by platform admins in the API, refused when it cannot be a
 label name; each node's block in the node API and on the nodes page."""
 
+from django.forms.models import model_to_dict
+
 from audit.models import AuditEvent
 from scheduling.models import Node, ResourcePool, WorkloadPolicy
 
@@ -63,3 +65,19 @@ def test_a_workload_policy_carries_its_topology_wait(world, api):
         assert bad.status_code == 400 and "topology_wait_seconds" in bad.json()["errors"]
     refused = api(world.member).patch(url, {"topology_wait_seconds": 60}, format="json")
     assert refused.status_code == 403
+
+
+def test_the_django_admin_refuses_a_label_with_spaces(world, client):
+    client.force_login(world.platform_admin)
+    pool = ResourcePool.objects.get(name="training")
+    data = {k: v for k, v in model_to_dict(pool).items() if v is not None}
+    data.update(topology_label="my rack", _save="Save")
+    data["allowed_workload_types"] = ""
+    response = client.post(f"/admin/scheduling/resourcepool/{pool.pk}/change/", data)
+    assert response.status_code == 200  # the form again, with the error
+    assert "A label name has no spaces" in response.content.decode()
+    assert ResourcePool.objects.get(name="training").topology_label == LABEL
+    data["topology_label"] = "rack"
+    response = client.post(f"/admin/scheduling/resourcepool/{pool.pk}/change/", data)
+    assert response.status_code == 302, response.content.decode()[:2000]
+    assert ResourcePool.objects.get(name="training").topology_label == "rack"
