@@ -35,6 +35,12 @@ lever is judged on several seeds: one seed to the next moves a figure by up to a
 scheduler on the same scenario (``scheduling.simulator.reference``: real runtimes known, no
 quotas, no reservations; what a kind of scheduler can reach, for scale, not a policy),
 counted in the seed summaries like a policy (``ref-`` before its name).
+``--nodes-per-block N`` puts the cluster's nodes in topology blocks of N nodes and
+``--multi-node-share S`` re-draws the jobs' shapes with a share S on several whole nodes
+(``scheduling.simulator.scenario``); each line then gives ``one_block_share`` (the starts
+of multi-node jobs inside one block) and ``multi_node_wait_avg_h``; ``--topology-blind``
+replays the same scenario with the blocks hidden from the engine (the share still
+counted against them), the baseline of topology-aware placement.
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ from scheduling.engine import native  # noqa: E402
 from scheduling.simulator import DEFAULT_POLICIES, SimConfig, parse_policies  # noqa: E402
 from scheduling.simulator.cli import default_traces_dir  # noqa: E402
 from scheduling.simulator.metrics import (  # noqa: E402
+    block_placement,
     summarize,
     tail_by_class,
     wait_by_class,
@@ -73,6 +80,7 @@ from scheduling.simulator.scenario import (  # noqa: E402
     parse_class_mix,
 )
 from scheduling.simulator.simulation import ReplayStalled  # noqa: E402
+from scheduling.simulator.snapshot import SnapshotBuilder  # noqa: E402
 
 TARGET_SECONDS = 60.0
 DEEP_TARGET_SECONDS = 120.0
@@ -170,6 +178,13 @@ def main() -> None:
         metavar="NAME=SECONDS",
         help=f"override an engine setting of every policy ({', '.join(KNOBS)})",
     )
+    parser.add_argument("--nodes-per-block", type=int, default=0, help="topology blocks")
+    parser.add_argument(
+        "--multi-node-share", type=float, help="share of jobs re-drawn on several nodes"
+    )
+    parser.add_argument(
+        "--topology-blind", action="store_true", help="hide the blocks from the engine"
+    )
     parser.add_argument(
         "--workload",
         action="append",
@@ -206,8 +221,15 @@ def replay_seed(args, trace, seed, read, knobs, one_pool, load, target) -> list[
         max_jobs=args.max_jobs,
         seed=seed,
         class_mix=args.class_mix,
+        nodes_per_block=args.nodes_per_block,
+        multi_node_share=args.multi_node_share,
     )
     scenario = build_scenario(trace, options)
+    block_of = {node.name: node.block for node in scenario.nodes if node.block}
+    topology = bool(block_of) or args.multi_node_share is not None
+    gpu_node = gpu_namer(scenario) if topology else None
+    if args.topology_blind:
+        scenario.nodes = [replace(node, block="") for node in scenario.nodes]
     if args.workload:
         fields = parse_workload(args.workload)
         scenario.workloads = {
@@ -281,6 +303,13 @@ def replay_seed(args, trace, seed, read, knobs, one_pool, load, target) -> list[
                 "ok": result.wall_seconds <= target,
             }
         )
+        if gpu_node is not None:
+            placed = block_placement(result, gpu_node, block_of)
+            line["nodes_per_block"] = args.nodes_per_block
+            line["topology_blind"] = args.topology_blind
+            line["multi_node_starts"] = placed["starts"]
+            line["one_block_share"] = round(placed["share"], 4)
+            line["multi_node_wait_avg_h"] = round(placed["wait_avg_s"] / 3600, 3)
         if args.wait_reasons:
             line["wait_by_size"] = wait_by_size(result)
             line["wait_by_class"] = wait_by_class(result)
@@ -291,6 +320,17 @@ def replay_seed(args, trace, seed, read, knobs, one_pool, load, target) -> list[
         print(json.dumps(line), flush=True)
         lines.append(line)
     return lines
+
+
+def gpu_namer(scenario):
+    """The node name of a GPU id of a replay of ``scenario``, whose pools must be replayed
+    in one piece (pools replayed apart number their GPUs alike)."""
+    if scenario.independent_pools and len(scenario.pool_capacity()) > 1:
+        raise SystemExit(
+            "--nodes-per-block/--multi-node-share: one pool only (--quick, --one-pool)"
+        )
+    builder = SnapshotBuilder(scenario)
+    return lambda gpu_id: builder.gpu_label(gpu_id)[0]
 
 
 def reference_line(result, trace: str, load: float, seed: int) -> dict:

@@ -1,5 +1,6 @@
 """Django admin for platform configuration. Every change made here is audited like one made in the API."""
 
+from django import forms
 from django.contrib import admin
 
 from audit.services import audit_record
@@ -20,6 +21,7 @@ from .models import (
     RuntimeHistory,
     TenantRaiseCeiling,
     WorkloadPolicy,
+    clean_topology_label,
 )
 from .services.config import object_state
 
@@ -63,9 +65,26 @@ class GpuInline(admin.TabularInline):
     readonly_fields = ["utilization", "memory_used_mb", "sampled_at"]
 
 
+class ResourcePoolForm(forms.ModelForm):
+    class Meta:
+        model = ResourcePool
+        fields = ["topology_label"]  # the admin adds the others
+
+    def clean_topology_label(self):
+        return clean_topology_label(self.cleaned_data.get("topology_label", ""))
+
+
 @admin.register(ResourcePool)
 class ResourcePoolAdmin(AuditedAdmin):
-    list_display = ["name", "purpose", "executor", "container_runtime", "allowed_workload_types"]
+    form = ResourcePoolForm
+    list_display = [
+        "name",
+        "purpose",
+        "executor",
+        "container_runtime",
+        "allowed_workload_types",
+        "topology_label",
+    ]
     list_filter = ["executor"]
     readonly_fields = ["executor_capabilities"]
 
@@ -101,6 +120,7 @@ class WorkloadPolicyAdmin(AuditedAdmin):
         "max_wait_seconds",
         "max_preemptions",
         "preemption_protection_seconds",
+        "topology_wait_seconds",
     ]
     filter_horizontal = ["allowed_pools"]
 

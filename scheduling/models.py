@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
@@ -101,6 +102,25 @@ class ResourcePool(models.Model):
         return not self.allowed_workload_types or workload_type in self.allowed_workload_types
 
 
+def clean_topology_label(value: str) -> str:
+    """A pool's topology label, stripped; ValidationError when it cannot be a label name
+    (spaces or NUL characters)."""
+    value = (value or "").strip()
+    if any(ch.isspace() or ch == "\x00" for ch in value):
+        raise ValidationError("A label name has no spaces or NUL characters.")
+    return value
+
+
+def topology_block(labels: object, topology_label: str) -> str:
+    """The topology block a node is in: the value of its pool's topology label among the
+    node's labels; "" (in no block) when the pool ignores the topology or the node lacks
+    the label."""
+    if not topology_label or not isinstance(labels, dict):
+        return ""
+    value = labels.get(topology_label)
+    return str(value).strip() if value not in (None, "") else ""
+
+
 class Node(models.Model):
     """A GPU machine running a node agent; registered and updated by the agent's reports."""
 
@@ -133,6 +153,11 @@ class Node(models.Model):
     @property
     def queue_name(self) -> str:
         return f"node.{self.name}"
+
+    @property
+    def topology_block(self) -> str:
+        """The topology block the node is in ("" none; see :func:`topology_block`)."""
+        return topology_block(self.labels, self.pool.topology_label)
 
 
 class Gpu(models.Model):

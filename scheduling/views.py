@@ -508,7 +508,19 @@ def node_list(request):
             allocation = active.get(g.pk)
             job_visible = allocation is not None and allocation.job.tenant_id in visible_tenants
             gpus.append({"gpu": g, "allocation": allocation, "job_visible": job_visible})
-        rows.append({"node": node, "gpus": gpus, "busy": any(g["allocation"] for g in gpus)})
+        rows.append(
+            {
+                "node": node,
+                "gpus": gpus,
+                "busy": any(g["allocation"] for g in gpus),
+                "block": node.topology_block,
+            }
+        )
+    # A pool has a topology where one of its nodes is in a block: its other nodes show
+    # that they are in none (a multi-node job is never kept inside one on them).
+    with_blocks = {row["node"].pool_id for row in rows if row["block"]}
+    for row in rows:
+        row["topology"] = row["node"].pool_id in with_blocks
     template = "scheduling/_nodes_table.html" if request.htmx else "scheduling/node_list.html"
     # Which executor runs each pool and what it enforces (the full page only: it rarely changes).
     pools = (

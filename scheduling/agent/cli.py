@@ -42,6 +42,7 @@ from scheduling.agent.protocol import (
 from scheduling.agent.runner import SYSTEM_JOB_PATH
 from scheduling.agent.serving import DEFAULT_SCRAPE_SECONDS, DEFAULT_SERVE_PORTS, parse_port_range
 from scheduling.agent.workdir import FALLBACK_WORK_ROOT
+from scheduling.executors.base import TOPOLOGY_LABEL
 
 logger = logging.getLogger("scheduling.agent")
 
@@ -54,6 +55,22 @@ SUBCOMMANDS = {
 ONCE_DELIVERY_ATTEMPTS = 3
 
 
+def node_label(text: str) -> tuple[str, str]:
+    """``--label KEY=VALUE`` (both non-empty)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip() or not value.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE")
+    return key.strip(), value.strip()
+
+
+def node_labels(args: argparse.Namespace) -> dict[str, str]:
+    """The labels the node reports: ``--label`` ones, then ``--topology``."""
+    labels = dict(args.label)
+    if args.topology:
+        labels[TOPOLOGY_LABEL] = args.topology.strip()
+    return labels
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sluice-agent",
@@ -64,6 +81,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--node", help="node name (its queue is node.<name>); required")
     parser.add_argument("--pool", help="resource pool this node belongs to")
+    parser.add_argument(
+        "--label",
+        action="append",
+        default=[],
+        type=node_label,
+        metavar="KEY=VALUE",
+        help="a label the node reports at registration (repeatable)",
+    )
+    parser.add_argument(
+        "--topology",
+        metavar="BLOCK",
+        help=f"the node's topology block (switch, rack or NVLink domain): the label "
+        f"{TOPOLOGY_LABEL}=BLOCK",
+    )
     parser.add_argument(
         "--broker", help="broker URL (default: $CELERY_BROKER_URL, else filesystem://)"
     )
@@ -283,6 +314,7 @@ def _run(args: argparse.Namespace) -> int:
     config = AgentConfig(
         node=args.node,
         pool=args.pool,
+        labels=node_labels(args),
         work_dir=Path(args.work_dir or Path("var") / "agent" / args.node),
         # A chosen work dir is never moved; the default one is, where jobs cannot reach it.
         fallback_work_root=None if args.work_dir else FALLBACK_WORK_ROOT,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from scheduling.agent.isolation import MOUNTS_FILE
@@ -95,6 +95,10 @@ class AgentConfig:
     #: and serving replicas must not outlive ``make run``.
     stop_jobs_on_exit: bool = False
     exit_stop_grace_seconds: float = 2.0
+    #: Labels the node reports at registration (``--label KEY=VALUE``), e.g. its topology
+    #: block under ``topology.sluice.io/block`` (``--topology``), which the pool's
+    #: ``topology_label`` names; labels an admin set on the node stay.
+    labels: dict[str, str] = field(default_factory=dict)
 
 
 class AgentStartError(RuntimeError):

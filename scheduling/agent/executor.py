@@ -136,7 +136,13 @@ class LocalProcessExecutor(Executor):
         )
 
     def nodes(self) -> list[NodeInfo]:
-        return [NodeInfo(name=self.config.node, gpus=[g.as_dict() for g in self.gpus])]
+        return [
+            NodeInfo(
+                name=self.config.node,
+                gpus=[g.as_dict() for g in self.gpus],
+                labels=dict(self.config.labels),
+            )
+        ]
 
     def launch(self, node: str, message: Any) -> None:
         self.launcher.launch(dict(message))
@@ -229,7 +235,9 @@ class LocalProcessExecutor(Executor):
             self._sync_watches()
 
     def register_fields(self, node: str) -> dict[str, Any]:
-        optional = {"isolation": self.isolation.report()} if self.isolation else {}
+        optional: dict[str, Any] = {"isolation": self.isolation.report()} if self.isolation else {}
+        if self.config.labels:
+            optional["labels"] = dict(self.config.labels)
         return {
             "hostname": socket.gethostname(),
             "cpus": os.cpu_count() or 1,

@@ -27,6 +27,7 @@ from ..models import (
     Quota,
     ResourcePool,
     WorkloadPolicy,
+    clean_topology_label,
 )
 from ..positions import positions_attach, positions_attached
 from ..runtime_prediction import predict_live_runtimes, predict_runtime
@@ -83,8 +84,12 @@ class PoolSerializer(serializers.ModelSerializer):
             "description",
             "executor",
             "container_runtime",
+            "topology_label",
             "capabilities",
         ]
+
+    def validate_topology_label(self, value):
+        return clean_topology_label(value)
 
     @extend_schema_field(CapabilitiesSerializer)
     def get_capabilities(self, pool):
@@ -118,6 +123,12 @@ class NodeSerializer(serializers.ModelSerializer):
     labels = serializers.DictField(
         child=StrictCharField(max_length=200, allow_blank=True), required=False
     )
+    block = serializers.CharField(
+        source="topology_block",
+        read_only=True,
+        help_text="The topology block the node is in: the value of its pool's "
+        "topology_label among its labels (empty: none).",
+    )
 
     class Meta:
         model = Node
@@ -127,6 +138,7 @@ class NodeSerializer(serializers.ModelSerializer):
             "pool",
             "state",
             "labels",
+            "block",
             "cpus",
             "memory_mb",
             "hostname",
@@ -205,6 +217,7 @@ class WorkloadPolicySerializer(serializers.ModelSerializer):
             "max_wait_seconds",
             "max_preemptions",
             "preemption_protection_seconds",
+            "topology_wait_seconds",
             "allowed_pools",
         ]
         extra_kwargs = {"retention_days": {"max_value": MAX_RETENTION_DAYS}}

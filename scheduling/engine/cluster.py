@@ -15,6 +15,17 @@ scheduler without scanning nodes:
   first);
 - ``hole_heaps[g]``: (-longest window, slot, version) for nodes that can run ``g`` GPUs
   now only by using holes: the job must end before the window closes.
+
+Topology: a node may be in a *block* (a leaf switch, rack or NVLink domain;
+``NodeInfo.block``). Where a slice has blocks, a job of several nodes is given a
+*patience* (what is left of its topology wait; ``NO_TOPOLOGY``: nothing asked). It takes
+the nodes of one block that can hold it now (the block left with the fewest idle GPUs
+first); with patience left it waits for one otherwise, and its reservation is inside one
+block; with none left it is spread over blocks where no block is as early. A single-node
+job takes a node of a block already partly in use (or of no block) before one of a
+block wholly idle, so that whole blocks stay free for the jobs of several nodes. These
+searches scan the slice's nodes instead of the heaps; a slice without blocks, and a
+slice whose blocks cannot hold the job, answer exactly as before.
 """
 
 from __future__ import annotations
@@ -29,6 +40,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 INF: Final = math.inf
 NEG_INF: Final = -math.inf
+
+# The patience of a query that asks nothing of the topology (see the module doc).
+NO_TOPOLOGY: Final = -1.0
 
 
 def _free_by(ordered: list[float], size: int, key: float) -> int:
@@ -191,6 +205,10 @@ class SliceIndex:
         "grown",
         "dirty",
         "synced",
+        "block_of",
+        "blocks",
+        "_block_names",
+        "_block_holds",
     )
 
     def __init__(self, pool: str, model: str, memory_mb: int, now: float) -> None:
@@ -221,6 +239,12 @@ class SliceIndex:
         # and per job size how far its heaps took them in (see refresh and _sync).
         self.dirty: list[int] = []
         self.synced: dict[int, int] = {}
+        # Topology: the block number of each node slot (-1: in no block), and the node
+        # slots of each block; (gpus, nodes) -> whether some block can ever hold it.
+        self.block_of: list[int] = []
+        self.blocks: list[list[int]] = []
+        self._block_names: dict[str, int] = {}
+        self._block_holds: dict[tuple[int, int], bool] = {}
 
     # -- building -------------------------------------------------------------------
 
@@ -240,10 +264,22 @@ class SliceIndex:
         for slot in self.slots:
             slot.reset(now)
 
-    def add_slot(self, node_id: int, node_name: str, gpu_ids: list[int]) -> NodeSlot:
-        """Add a node's GPUs of this slice (all idle until running jobs are applied)."""
+    def add_slot(
+        self, node_id: int, node_name: str, gpu_ids: list[int], block: str = ""
+    ) -> NodeSlot:
+        """Add a node's GPUs of this slice (all idle until running jobs are applied), in
+        topology ``block`` ("": none)."""
         slot = NodeSlot(len(self.slots), node_id, node_name, gpu_ids, self.now)
         self.slots.append(slot)
+        number = -1
+        if block:
+            found = self._block_names.get(block)
+            if found is None:
+                found = self._block_names[block] = len(self.blocks)
+                self.blocks.append([])
+            number = found
+            self.blocks[number].append(slot.idx)
+        self.block_of.append(number)
         return slot
 
     def build(self) -> None:
@@ -400,9 +436,13 @@ class SliceIndex:
 
     # -- queries ---------------------------------------------------------------------
 
-    def find_now(self, gpus: int, nodes: int, end: float) -> list[NodeSlot] | None:
+    def find_now(
+        self, gpus: int, nodes: int, end: float, patience: float = NO_TOPOLOGY
+    ) -> list[NodeSlot] | None:
         """Slots that can run ``nodes`` x ``gpus`` now until ``end`` without delaying a
-        reservation; holes first (only short jobs fit there), then best-fit idle GPUs."""
+        reservation; holes first (only short jobs fit there), then best-fit idle GPUs
+        (where the slice has blocks, with the topology and ``patience`` of the module
+        doc)."""
         if gpus > self.largest:
             return None
         # A search that failed for jobs ending at ``no_fit`` fails for those ending later
@@ -410,7 +450,18 @@ class SliceIndex:
         no_fit = self._no_fit.get((gpus, nodes))
         if no_fit is not None and end >= no_fit:
             return None
-        found = self._find_now(gpus, nodes, end)
+        if not self.blocks:
+            found = self._find_now(gpus, nodes, end)
+        elif nodes == 1:
+            found = self._pack_now(gpus, end)
+        elif patience >= 0 and self.block_could_hold(gpus, nodes):
+            found = self._block_now(gpus, nodes, end)
+            if found is None:
+                if patience > 0:
+                    return None  # waits for a block (not a failure of the search)
+                found = self._find_now(gpus, nodes, end)
+        else:
+            found = self._find_now(gpus, nodes, end)
         if found is None:
             self._no_fit[(gpus, nodes)] = end
         return found
@@ -434,11 +485,23 @@ class SliceIndex:
             heappush(heap, entry)
         return list(chosen.values()) if len(chosen) >= nodes else None
 
-    def earliest(self, gpus: int, nodes: int) -> tuple[float, list[NodeSlot]] | None:
+    def earliest(
+        self, gpus: int, nodes: int, patience: float = NO_TOPOLOGY
+    ) -> tuple[float, list[NodeSlot]] | None:
         """Earliest time ``nodes`` slots each have ``gpus`` GPUs free for good, and those
-        slots (None if never: not enough nodes, or GPUs held without end)."""
+        slots (None if never: not enough nodes, or GPUs held without end). With a
+        ``patience`` on a slice with blocks: inside one block while there is patience
+        left, else where earliest, one block first (see the module doc)."""
         if gpus > self.largest:
             return None
+        if patience >= 0 and nodes > 1 and self.blocks and self.block_could_hold(gpus, nodes):
+            inside = self._block_earliest(gpus, nodes)
+            if patience > 0 and inside is not None:
+                return inside
+            spread = self.earliest(gpus, nodes)
+            if spread is None or (inside is not None and inside[0] <= spread[0]):
+                return inside
+            return spread
         heap = self._heaps(gpus)[0]
         if nodes == 1:
             slots = self.slots
@@ -459,6 +522,152 @@ class SliceIndex:
         if len(chosen) < nodes:
             return None
         return start, list(chosen.values())
+
+    # -- topology --------------------------------------------------------------------
+
+    def block_could_hold(self, gpus: int, nodes: int) -> bool:
+        """Whether some block has ``nodes`` nodes of at least ``gpus`` GPUs (busy or not)."""
+        key = (gpus, nodes)
+        known = self._block_holds.get(key)
+        if known is None:
+            known = False
+            slots = self.slots
+            for members in self.blocks:
+                count = 0
+                for idx in members:
+                    if len(slots[idx].gpu_ids) >= gpus:
+                        count += 1
+                if count >= nodes:
+                    known = True
+                    break
+            self._block_holds[key] = known
+        return known
+
+    def in_one_block(self, slots: list[NodeSlot], job: Any) -> bool:
+        """Whether ``slots`` are all in one block, or the topology asks nothing of
+        ``job`` (a pending job) here: no blocks, one node, or no block can hold it."""
+        if not self.blocks or job.nodes <= 1:
+            return True
+        if not self.block_could_hold(job.gpus_per_node, job.nodes):
+            return True
+        first = self.block_of[slots[0].idx] if slots else -1
+        same = first >= 0
+        for slot in slots:  # a loop: all() of a generator is a generic call, compiled
+            same = same and self.block_of[slot.idx] == first
+        return same
+
+    def most_free_in_block(self, gpus: int) -> int:
+        """The most nodes of one block with ``gpus`` GPUs idle and unreserved now."""
+        most = 0
+        slots = self.slots
+        for members in self.blocks:
+            count = 0
+            for idx in members:
+                if self._state(slots[idx])[1] >= gpus:
+                    count += 1
+            if count > most:
+                most = count
+        return most
+
+    def _pack_now(self, gpus: int, end: float) -> list[NodeSlot] | None:
+        """One slot that can run ``gpus`` GPUs now until ``end``: a hole first (as
+        :meth:`_find_now`), else idle GPUs on a node of a block already partly in use
+        or of no block before one of a block wholly idle, best fit inside each."""
+        hole_heap = self._heaps(gpus)[1]
+        entry = self._top(hole_heap)
+        if entry is not None and -entry[0] >= end:
+            return [self.slots[entry[1]]]
+        now = self.now
+        slots = self.slots
+        whole: list[bool] = []
+        for members in self.blocks:
+            idle = True
+            for idx in members:
+                for value in slots[idx].af:
+                    if value > now:
+                        idle = False
+                        break
+                if not idle:
+                    break
+            whole.append(idle)
+        best: NodeSlot | None = None
+        best_key: tuple[int, float, int, int] | None = None
+        block_of = self.block_of
+        for slot in slots:
+            if len(slot.gpu_ids) < gpus:
+                continue
+            ordered, free, _ = self._state(slot)
+            if free < gpus:
+                continue
+            number = block_of[slot.idx]
+            rank = 1 if number >= 0 and whole[number] else 0
+            at = ordered[gpus - 1]
+            key = (rank, at, _free_by(ordered, gpus, at), slot.idx)
+            if best_key is None or key < best_key:
+                best_key = key
+                best = slot
+        return None if best is None else [best]
+
+    def _block_now(self, gpus: int, nodes: int, end: float) -> list[NodeSlot] | None:
+        """``nodes`` slots of one block that can run ``gpus`` GPUs each now until
+        ``end`` (holes first, then best-fit idle GPUs), in the block left with the
+        fewest idle GPUs; None if no block can now."""
+        slots = self.slots
+        best: list[NodeSlot] | None = None
+        best_key: tuple[int, int] | None = None
+        for members in self.blocks:
+            if len(members) < nodes:
+                continue
+            found: list[tuple[int, float, int, int]] = []
+            idle = 0
+            for idx in members:
+                slot = slots[idx]
+                ordered, free, windows = self._state(slot)
+                idle += free
+                if len(slot.gpu_ids) < gpus:
+                    continue
+                if free >= gpus:
+                    at = ordered[gpus - 1]
+                    found.append((1, at, _free_by(ordered, gpus, at), idx))
+                elif gpus <= free + len(windows) and windows[gpus - free - 1] >= end:
+                    found.append((0, -windows[gpus - free - 1], 0, idx))
+            if len(found) < nodes:
+                continue
+            key = (idle - gpus * nodes, members[0])
+            if best_key is None or key < best_key:
+                found.sort()
+                best_key = key
+                best = [slots[item[3]] for item in found[:nodes]]
+        return best
+
+    def _block_earliest(self, gpus: int, nodes: int) -> tuple[float, list[NodeSlot]] | None:
+        """Earliest time ``nodes`` slots of one block each have ``gpus`` GPUs free for
+        good, and those slots (the block with the fewest idle GPUs on a tie)."""
+        slots = self.slots
+        best: tuple[float, list[NodeSlot]] | None = None
+        best_key: tuple[float, int, int] | None = None
+        for members in self.blocks:
+            if len(members) < nodes:
+                continue
+            found: list[tuple[float, int, int]] = []
+            idle = 0
+            for idx in members:
+                slot = slots[idx]
+                ordered, free, _ = self._state(slot)
+                idle += free
+                if len(ordered) < gpus:
+                    continue
+                at = ordered[gpus - 1]
+                if at != INF:
+                    found.append((at, _free_by(ordered, gpus, at), idx))
+            if len(found) < nodes:
+                continue
+            found.sort()
+            key = (found[nodes - 1][0], idle, members[0])
+            if best_key is None or key < best_key:
+                best_key = key
+                best = (key[0], [slots[item[2]] for item in found[:nodes]])
+        return best
 
     def fits_ignoring_reservations(self, gpus: int, nodes: int) -> bool:
         """Whether the job would fit on the GPUs idle now if nothing were reserved."""

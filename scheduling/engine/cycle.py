@@ -112,7 +112,7 @@ class CycleState:
                 if slice_ is None:
                     slice_ = self.slices[key] = SliceIndex(node.pool, model, memory, now)
                     self.pool_slices[node.pool].append(slice_)
-                self.locator.add(slice_, slice_.add_slot(node.id, node.name, gpu_ids))
+                self.locator.add(slice_, slice_.add_slot(node.id, node.name, gpu_ids, node.block))
         if kept is not None:
             kept.keep(self.cluster.nodes, self.slices, self.pool_slices, self.locator)
             kept.running = self.kept_running = KeptRunning()

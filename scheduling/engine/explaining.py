@@ -17,7 +17,7 @@ from typing import Final
 from . import messages, reasons
 from .cluster import SliceIndex
 from .cycle import CycleState
-from .placing import Option, Placing, Slot
+from .placing import Option, Placing, Slot, block_patience
 from .preemption import at_preemption_limit, protected_borrowers
 from .quota import Account
 from .results import _SET_PENDING, PendingInfo
@@ -245,6 +245,35 @@ class Explaining:
             message = messages.reserved_gpus(job, owners, self.state.now)
             self._message_cache[key] = message
         return message
+
+    def topology_blocked(self, job: PendingJob, options: list[Option], end: float) -> str:
+        """For a job of several nodes with topology wait left (see :mod:`.cluster`) that
+        would start now spread over blocks until ``end``: why it waits
+        (``reasons.WAITING_FOR_TOPOLOGY``); "" else."""
+        patience = block_patience(job, self.state.now)
+        if patience <= 0:
+            return ""
+        gpus, nodes = job.gpus_per_node, job.nodes
+        for option in options:
+            slice_ = option.slice
+            if not slice_.blocks or not slice_.block_could_hold(gpus, nodes):
+                continue
+            mode = option.account.mode(job.gpus, job.preemptible)
+            if mode is None or not option.account.fits_now(job.gpus, mode, end):
+                continue
+            if slice_.find_now(gpus, nodes, end) is None:
+                continue  # not even spread: it waits for GPUs
+            most = slice_.most_free_in_block(gpus)
+            return messages.topology_wait(job, slice_.model, most, patience)
+        return ""
+
+    def topology_preemption(self, job: PendingJob, option: Option) -> str:
+        """Why a job with topology wait left waits rather than stop jobs spread over
+        blocks (``reasons.WAITING_FOR_TOPOLOGY``)."""
+        slice_ = option.slice
+        most = slice_.most_free_in_block(job.gpus_per_node)
+        patience = block_patience(job, self.state.now)
+        return messages.topology_wait(job, slice_.model, most, patience, preempting=True)
 
     def gpus_message(self, job: PendingJob, option: Option) -> str:
         slice_ = option.slice

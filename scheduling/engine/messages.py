@@ -108,6 +108,22 @@ def gpus_wait(job: PendingJob, model: str, idle: int, largest: int) -> str:
     )
 
 
+def topology_wait(
+    job: PendingJob, model: str, most_in_block: int, left: float, preempting: bool = False
+) -> str:
+    """A job of several nodes that the idle GPUs (or, ``preempting``, the GPUs of the jobs
+    it may stop) hold only spread over topology blocks, waiting for one block for what is
+    left of its topology wait."""
+    plural = "" if most_in_block == 1 else "s"
+    held = "the GPUs it may preempt" if preempting else "the idle GPUs"
+    return (
+        f"waiting for one block to hold {shape(job)} of {model} in pool {job.pool} "
+        f"(topology): {held} hold it only spread over blocks (at most "
+        f"{most_in_block} node{plural} of one block free); spread over blocks in "
+        f"{duration(left)} if no block is free by then"
+    )
+
+
 def kept_for_preemptors(job_ids: list[int]) -> str:
     """GPUs being freed by a preemption, kept for the jobs it was made for."""
     if len(job_ids) == 1:

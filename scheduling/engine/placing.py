@@ -14,13 +14,29 @@ from __future__ import annotations
 import math
 from typing import Final
 
-from .cluster import NodeSlot, SliceIndex
+from .cluster import NO_TOPOLOGY, NodeSlot, SliceIndex
 from .cycle import CycleState
 from .quota import BORROWED, Account, PlacedJob, placed_within_guarantee
 from .results import Placement
 from .snapshot import PendingJob
 
 INF: Final = math.inf
+
+
+def block_patience(job: PendingJob, now: float) -> float:
+    """What is left at ``now`` of the topology wait of a job of several nodes (see
+    :mod:`.cluster`, topology): its whole wait until it first waits for a block
+    (``PendingJob.topology_since``), then less as it waits, 0 at least; ``NO_TOPOLOGY``
+    for a job of one node."""
+    if job.nodes <= 1:
+        return NO_TOPOLOGY
+    wait = job.topology_wait_seconds
+    if wait <= 0:
+        return 0.0
+    since = job.topology_since
+    left = wait if since is None else wait - (now - since)
+    return left if left > 0 else 0.0
+
 
 # Option and Slot are plain classes, not dataclasses: compiled, a dataclass keeps the
 # ``__init__`` that ``dataclasses`` generates, interpreted Python (cycles make millions).
@@ -137,8 +153,9 @@ class Placing:
         lowest = self.state.now if floor is None else floor
         gpus, nodes = job.gpus_per_node, job.nodes
         total, preemptible = gpus * nodes, job.preemptible
+        patience = block_patience(job, self.state.now)
         for option in options:
-            found = option.slice.earliest(gpus, nodes)
+            found = option.slice.earliest(gpus, nodes, patience)
             if found is None or found[0] >= best_start:
                 continue
             start = option.account.earliest(total, preemptible)

@@ -62,7 +62,7 @@ from .cycle import CycleState, CycleView
 from .explaining import Explaining
 from .order import age_classes, overdue
 from .ordering import Ordering
-from .placing import Option, Placing, Slot
+from .placing import Option, Placing, Slot, block_patience
 from .preempting import Preempting
 from .preemption import Preemptor, at_preemption_limit
 from .quota import BORROWED, GUARANTEED
@@ -212,6 +212,7 @@ class Planner:
         state = self.state
         floor = state.pool_floor.get(job.pool) if state.pool_floor else None
         preemptible = job.preemptible
+        patience = block_patience(job, self.now)
         guaranteed: list[Option] = []
         borrowing: list[Option] = []
         # Options whose quota is held by stopping jobs: the job fits once they are gone.
@@ -242,7 +243,7 @@ class Planner:
                     if kept is not None:
                         self._place(job, option, kept[0], mode, end, kept[1])
                         return None
-                chosen = option.slice.find_now(gpus, nodes, end)
+                chosen = option.slice.find_now(gpus, nodes, end, patience)
                 if chosen is None and state.hold_previous:
                     # GPUs held for jobs behind it (see .reservations).
                     chosen = self.reserving.start_past_holds(job, option, options, end)
@@ -339,6 +340,13 @@ class Planner:
         """The job fits its guarantee (``soon``: once stopping jobs are gone) but not the
         idle GPUs: preempt, or reserve (or start, when the holds it overtook were all that
         stopped it: None)."""
+        # Waiting for one block while the idle GPUs would hold it spread (topology): it
+        # waits for a block, stopping nobody.
+        topology = (
+            self.explaining.topology_blocked(job, options, self.now + runtime)
+            if job.nodes > 1
+            else ""
+        )
         slot = self.reserving.previous_slot(job, options, floor)
         lost = slot is None  # no reservation kept: it is planned afresh
         if slot is None:
@@ -355,7 +363,12 @@ class Planner:
                         if option.account.mode(job.gpus, job.preemptible) == GUARANTEED
                         else BORROWED
                     )
-                    chosen = option.slice.find_now(job.gpus_per_node, job.nodes, self.now + runtime)
+                    chosen = option.slice.find_now(
+                        job.gpus_per_node,
+                        job.nodes,
+                        self.now + runtime,
+                        block_patience(job, self.now),
+                    )
                     if chosen is not None and option.account.fits_now(
                         job.gpus, mode, self.now + runtime
                     ):
@@ -363,6 +376,7 @@ class Planner:
                         return None
         if (
             self.policy.preemption
+            and not topology
             and (slot is None or not slot.releasing)
             and self.preempting.may_pay(slot)
         ):
@@ -372,12 +386,17 @@ class Planner:
             outcome = self.preempting.preempt(job, preemptors, runtime, slot)
             if outcome is not None:
                 return outcome
+            if self.preempting.topology_skipped:
+                topology = self.explaining.topology_preemption(job, options[0])
         state = self.state
         if not self.policy.backfill:
             state.pool_blocker.setdefault(job.pool, job.id)
         if slot is None:
             if not self.policy.backfill:
                 state.pool_floor[job.pool] = INF
+            if topology:
+                self.explaining.wait(job, reasons.WAITING_FOR_TOPOLOGY, topology, None)
+                return reasons.WAITING_FOR_TOPOLOGY, None
             message = self.explaining.gpus_message(job, options[0]) + self.explaining.reclaim_note(
                 job, options
             )
@@ -391,6 +410,8 @@ class Planner:
         if stopping_quota and not slot.releasing:
             code = reasons.WAITING_FOR_PREEMPTION
             message = messages.stopping_quota_wait(slot.option.account, slot.start, self.now)
+        elif topology and not slot.releasing:
+            code, message = reasons.WAITING_FOR_TOPOLOGY, topology
         else:
             code, message = self.explaining.gpu_wait_reason(
                 job, slot, quota_promised, gpus_promised
@@ -413,6 +434,11 @@ class Planner:
         """Beyond its guarantee a job only borrows idle GPUs: it reserves none, except
         GPUs being freed for it by a preemption (or a lower class it preempts), and GPUs
         it only waits to use for quota that stopping jobs of its tenant are freeing."""
+        topology = (
+            self.explaining.topology_blocked(job, options, self.now + runtime)
+            if job.nodes > 1
+            else ""
+        )
         found = self.placing.earliest_start(job, options, floor)
         slot = None if found is None else Slot(found[0], found[1], found[2], [], False)
         if slot is not None and (
@@ -435,13 +461,20 @@ class Planner:
                 self._overdue(job),
             )
             return reasons.WAITING_FOR_PREEMPTION, slot.start
-        if self.policy.preemption and job.can_preempt and self.preempting.may_pay(slot):
+        if (
+            self.policy.preemption
+            and job.can_preempt
+            and not topology
+            and self.preempting.may_pay(slot)
+        ):
             preemptors = [
                 (option, Preemptor.under(job, option.account, False)) for option in options
             ]
             outcome = self.preempting.preempt(job, preemptors, runtime, slot)
             if outcome is not None:
                 return outcome
+            if self.preempting.topology_skipped:
+                topology = self.explaining.topology_preemption(job, options[0])
         if (
             slot is not None
             and not slot.releasing
@@ -454,12 +487,17 @@ class Planner:
             if not slot.positions:
                 self.placing.choose_positions(job, slot)
             reserved = self.reserving.reserve(job, slot, runtime)
-            message = self.explaining.gpus_message(job, slot.option)
-            self.explaining.wait(
-                job, reasons.WAITING_FOR_GPUS, message, slot.start, reserved, self._overdue(job)
-            )
-            return reasons.WAITING_FOR_GPUS, slot.start
-        if gpus_promised or quota_promised:
+            code, message = reasons.WAITING_FOR_TOPOLOGY, topology
+            if not topology:
+                code, message = (
+                    reasons.WAITING_FOR_GPUS,
+                    self.explaining.gpus_message(job, slot.option),
+                )
+            self.explaining.wait(job, code, message, slot.start, reserved, self._overdue(job))
+            return code, slot.start
+        if topology:
+            code, message = reasons.WAITING_FOR_TOPOLOGY, topology
+        elif gpus_promised or quota_promised:
             code = reasons.RESERVED_FOR_HIGHER_PRIORITY
             message = self.explaining.reserved_message(job, options[0], quota_promised)
         else:

@@ -16,7 +16,7 @@ from typing import Final
 from . import messages, reasons
 from .cycle import CycleState
 from .explaining import Explaining
-from .placing import Option, Slot
+from .placing import Option, Slot, block_patience
 from .preemption import Preemptor, RunningRecord, VictimChoice, VictimFinder
 from .quota import Account
 from .reserving import Reserving
@@ -38,6 +38,9 @@ class Preempting:
         # Search for victims even where no preemption could pay (see may_pay): the
         # plain way, which the tests compare with.
         self.always_search = False
+        # The last search found victims only spread over topology blocks for a job with
+        # topology wait left (see :mod:`.cluster`): it then waits for a block instead.
+        self.topology_skipped = False
 
     def may_pay(self, slot: Slot | None) -> bool:
         """Whether a preemption could get the job running at least the minimum gain
@@ -94,6 +97,8 @@ class Preempting:
             if not preemptors:
                 return None  # its quota is not due when victims would be gone: no search
         best: tuple[VictimChoice, Option, Preemptor] | None = None
+        self.topology_skipped = False
+        patience = block_patience(job, now)
         for option, preemptor in preemptors:
             # Searches only get harder during a cycle: a failed one stays failed.
             key = (
@@ -114,6 +119,8 @@ class Preempting:
                 self._hopeless.add(key)
             elif not choice.victims:
                 continue  # idle GPUs enough: nothing to stop (a later search may be)
+            elif patience > 0 and not option.slice.in_one_block(choice.slots, job):
+                self.topology_skipped = True  # it waits for one block (topology)
             elif best is None or choice.cost < best[0].cost:
                 best = (choice, option, preemptor)
         if best is None:

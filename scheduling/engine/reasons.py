@@ -11,6 +11,9 @@ WAITING_FOR_GPUS: Final = "WAITING_FOR_GPUS"
 WAITING_FOR_PREEMPTION: Final = "WAITING_FOR_PREEMPTION"
 RESERVED_FOR_HIGHER_PRIORITY: Final = "RESERVED_FOR_HIGHER_PRIORITY"
 BLOCKED_BY_QUEUE_HEAD: Final = "BLOCKED_BY_QUEUE_HEAD"
+# A job of several nodes that would start now spread over topology blocks, waiting for
+# one block that can hold it within its topology wait.
+WAITING_FOR_TOPOLOGY: Final = "WAITING_FOR_TOPOLOGY"
 
 ALL: Final = (
     QUEUE_CLOSED,
@@ -22,6 +25,7 @@ ALL: Final = (
     WAITING_FOR_PREEMPTION,
     RESERVED_FOR_HIGHER_PRIORITY,
     BLOCKED_BY_QUEUE_HEAD,
+    WAITING_FOR_TOPOLOGY,
 )
 
 # Codes of jobs that cannot start whatever happens to the other jobs: they get no

@@ -17,7 +17,7 @@ from typing import Final
 
 from .cluster import NodeSlot
 from .cycle import CycleState
-from .placing import Option, Placing, Slot, any_releasing
+from .placing import Option, Placing, Slot, any_releasing, block_patience
 from .snapshot import PendingJob
 
 INF: Final = math.inf
@@ -83,7 +83,7 @@ class Reserving:
         released = previous.release_for(job, own_start)
         if not released:
             return None
-        chosen = option.slice.find_now(gpus, nodes, end)
+        chosen = option.slice.find_now(gpus, nodes, end, block_patience(job, state.now))
         if chosen is None:
             previous.rehold(released)
         return chosen

@@ -54,6 +54,10 @@ class NodeInfo:
     _kinds: list[tuple[str, int, list[int]]] | None = field(
         default=None, init=False, repr=False, compare=False
     )
+    # The topology block (leaf switch, rack or NVLink domain) the node is in; "" (the
+    # default): in no block. A job of several nodes is kept inside one block where one
+    # can hold it (see :mod:`.cluster`, topology).
+    block: str = ""
 
     def kinds(self) -> list[tuple[str, int, list[int]]]:
         """(model, memory, GPU ids in index order) per kind of GPU on the node, in the
@@ -169,6 +173,13 @@ class PendingJob:
     # Total GPUs of the job (``gpus_per_node * nodes``), worked out once: read millions
     # of times per replay.
     gpus: int = field(default=0, init=False, repr=False, compare=False)
+    # Topology (see :mod:`.cluster`): how long a job of several nodes waits for one
+    # block to hold it whole, once the idle GPUs would hold it spread over blocks, before
+    # it is spread (<= 0: spread at once when no block can hold it now); and since when
+    # it waits so (None: it has not yet): the caller keeps the time of the first cycle
+    # that gave the job ``reasons.WAITING_FOR_TOPOLOGY``, as it keeps reservations.
+    topology_wait_seconds: float = 0.0
+    topology_since: float | None = None
 
     def __post_init__(self) -> None:
         self.gpus = self.gpus_per_node * self.nodes
@@ -214,6 +225,8 @@ class PendingJob:
             self.max_wait_seconds,
             self.preemptions,
             self.max_preemptions,
+            topology_wait_seconds=self.topology_wait_seconds,
+            topology_since=self.topology_since,
         )
 
 

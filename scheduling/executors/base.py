@@ -37,6 +37,12 @@ class Capabilities:
         return dataclasses.asdict(self)
 
 
+#: The node label that names a node's topology block (leaf switch, rack or NVLink
+#: domain), the default of ``ResourcePool.topology_label``: executors that learn the
+#: topology themselves (Slurm) set it.
+TOPOLOGY_LABEL = "topology.sluice.io/block"
+
+
 @dataclasses.dataclass(frozen=True)
 class NodeInfo:
     """A node an executor offers, as it registers (``register`` report)."""

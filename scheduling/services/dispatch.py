@@ -38,6 +38,7 @@ from ..models import (
     ResourcePool,
     TenantUsage,
     WorkloadPolicy,
+    topology_block,
 )
 from ..runtime_prediction import expected_runtimes
 from .enqueue import WAITING_VERSION_KEY, dispatch_on_commit
@@ -57,6 +58,8 @@ log = logging.getLogger(__name__)
 # stay upper bounds. Derived scheduler state, not business data: losing it (cache flush,
 # restart) only makes the next cycle compute reservations afresh.
 RESERVATIONS_KEY = "sluice:dispatch:reservations"
+#: When each waiting job first waited for one topology block (epoch seconds, by job id).
+TOPOLOGY_WAITS_KEY = "sluice:dispatch:topology-waits"
 _LEADER_LOCK_KEY = 0x51_1CE_D15
 #: The waiting jobs as the dispatch leader last read them (see pending_cache).
 LEADER_CACHE = PendingCache()
@@ -301,6 +304,23 @@ def _waiting_to_read(monotonic: float) -> bool:
     return not skip
 
 
+def _remember_topology_waits(plan: engine.Plan, loaded: Loaded) -> None:
+    """Keep, for the next cycles, when each waiting job first waited for one topology
+    block (``engine.PendingJob.topology_since``): its topology wait counts from then. A
+    job keeps it while it waits, whatever its later reasons; a job that started (or
+    stopped waiting) drops it."""
+    now = loaded.snapshot.now
+    previous = cache.get(TOPOLOGY_WAITS_KEY) or {}
+    waits = {job_id: since for job_id, since in previous.items() if job_id in loaded.pending}
+    for job_id in (p.job_id for p in plan.placements):
+        waits.pop(job_id, None)
+    for job_id, info in plan.pending.items():
+        if info.code == engine.reasons.WAITING_FOR_TOPOLOGY:
+            waits.setdefault(job_id, now)
+    if waits or previous:
+        cache.set(TOPOLOGY_WAITS_KEY, waits, timeout=24 * 3600)
+
+
 def _previous_reservation(entry) -> tuple[tuple[int, ...], float | None, tuple[int, ...]]:
     """``PendingJob``'s reserved GPUs, reserved start and claimed GPUs from a remembered
     reservation (also one from before claims were remembered: two fields)."""
@@ -341,11 +361,19 @@ def load_snapshot(
     }
     nodes: dict[int, engine.NodeInfo] = {}
     node_names: dict[int, str] = {}
-    node_rows = Node.objects.select_related("pool").values_list("id", "name", "pool__name", "state")
-    for node_id, name, pool, state in node_rows:
+    node_rows = Node.objects.select_related("pool").values_list(
+        "id", "name", "pool__name", "state", "labels", "pool__topology_label"
+    )
+    for node_id, name, pool, state, labels, topology_label in node_rows:
         node_names[node_id] = name
         if state == NodeState.READY:
-            nodes[node_id] = engine.NodeInfo(id=node_id, name=name, pool=pool, gpus=[])
+            nodes[node_id] = engine.NodeInfo(
+                id=node_id,
+                name=name,
+                pool=pool,
+                gpus=[],
+                block=topology_block(labels, topology_label),
+            )
     gpus: dict[int, tuple[int, int, str]] = {}
     for gpu_id, node_id, index, uuid, model, mem, health, outside in Gpu.objects.values_list(
         "id", "node_id", "index", "uuid", "model", "memory_mb", "health", "held_outside"
@@ -426,6 +454,7 @@ def load_snapshot(
     pending_rows, pending = pending_cache.load(policies, read_waiting=read_waiting)
     previous = pending_cache.previous_positions(pending_rows)
     reservations = cache.get(RESERVATIONS_KEY) or {}
+    topology_waits = cache.get(TOPOLOGY_WAITS_KEY) or {}
     for job in pending:
         # Last cycle's pool position: a job that overtakes another one does not wait for
         # that one's held reservation (engine/reservations.py). The records are the
@@ -434,6 +463,7 @@ def load_snapshot(
         (job.reserved_gpu_ids, job.reserved_start, job.claimed_gpu_ids) = _previous_reservation(
             reservations.get(job.id)
         )
+        job.topology_since = topology_waits.get(job.id)
     usage = _update_usage(now, in_use) if update_usage else {}
     snapshot = engine.Snapshot(
         now=now.timestamp(),
@@ -816,6 +846,7 @@ def dispatch_cycle(now: datetime | None = None) -> dict:
                 )
             transaction.on_commit(lambda: send_node_messages(messages))
             transaction.on_commit(lambda: _remember_reservations(plan, loaded))
+            transaction.on_commit(lambda: _remember_topology_waits(plan, loaded))
             transaction.on_commit(lambda: _remember_positions(plan, loaded))
             placed_ids = [p.job_id for p in plan.placements]
             transaction.on_commit(lambda: LEADER_CACHE.forget(placed_ids))

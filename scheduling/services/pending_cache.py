@@ -179,7 +179,12 @@ class PendingCache:
             tuple(sorted(projects.items())),
             tuple(sorted(pools.items())),
             tuple(sorted(classes.values())),
-            tuple(sorted((t, p.preemptible, p.max_wait_seconds) for t, p in policies.items())),
+            tuple(
+                sorted(
+                    (t, p.preemptible, p.max_wait_seconds, p.topology_wait_seconds)
+                    for t, p in policies.items()
+                )
+            ),
         )
         stale = time.monotonic() - self._loaded_at > self._full_reload_seconds
         if fingerprint != self._fingerprint or stale:
@@ -336,6 +341,7 @@ def _entry(whole: tuple, tenants, projects, pools, classes, policies) -> _Entry:
         max_runtime_seconds=max_runtime,
         held=state == JobState.HELD,
         max_wait_seconds=float(policy.max_wait_seconds) if policy else 0.0,
+        topology_wait_seconds=float(policy.topology_wait_seconds) if policy else 0.0,
     )
     return _Entry(
         key=(state, class_id, requeue_count, code, max_runtime),

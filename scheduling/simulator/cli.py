@@ -82,6 +82,17 @@ def add_arguments(parser: argparse.ArgumentParser, *, out_dir: Path) -> None:
         action="store_true",
         help="merge the trace's pools into one (ITP: its ten clusters as one; a deep queue)",
     )
+    add(
+        "--nodes-per-block",
+        type=int,
+        default=0,
+        help="put the nodes in topology blocks of N nodes (0: no topology)",
+    )
+    add(
+        "--multi-node-share",
+        type=float,
+        help="re-draw the jobs' shapes: this share (0-1) on 2 to 4 whole nodes",
+    )
     add("--max-jobs", type=int, help="replay only the first N jobs by submit time")
     add("--alibaba-pods", choices=sorted(ALIBABA_PODS), default="default")
     add("--fractional", choices=FRACTIONAL_MODES, default="round-up")
@@ -140,6 +151,8 @@ def run(
             max_jobs=options.get("max_jobs"),
             target_load=options.get("load", DEFAULT_TARGET_LOAD),
             one_pool=bool(options.get("one_pool")),
+            nodes_per_block=options.get("nodes_per_block") or 0,
+            multi_node_share=options.get("multi_node_share"),
         ),
     )
     config = SimConfig(

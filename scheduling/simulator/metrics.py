@@ -39,6 +39,9 @@ Definitions (docs/simulator.md repeats them):
   an average can hide a few jobs that starve, and this says how many and how much
   (``big_waited_over_day``: those of them over 8 GPUs); ``wait_by_size`` gives the
   longest wait and the count per size (``longest_h``, ``over_day``);
+- *topology* (:func:`block_placement`): of the starts of jobs of several nodes, how many
+  were inside one block (every node of the job in the same block), with the multi-node
+  jobs' average wait;
 - *churn*: ``preempted_jobs`` preempted at least once, ``preempted_2_plus`` /
   ``preempted_5_plus`` at least twice / five times, ``max_preemptions`` the most
   preemptions of one job.
@@ -48,7 +51,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .simulation import (
     COMPLETED,
@@ -152,6 +155,34 @@ def summarize(result: ReplayResult) -> dict:
         "plans": result.plans,
         "plan_seconds": result.plan_seconds,
         "wall_seconds": result.wall_seconds,
+    }
+
+
+def block_placement(
+    result: ReplayResult, gpu_node: Callable[[int], str], block_of: dict[str, str]
+) -> dict:
+    """How the jobs of several nodes were placed over the topology blocks ``block_of``
+    (node name -> block; "" or absent: none), whatever the engine was told: ``starts``
+    of such jobs, ``one_block`` of them inside one block, their ``share``, and the
+    jobs' average wait (``wait_avg_s``, re-waits counted). ``gpu_node`` names the node
+    of a GPU id (``SnapshotBuilder.gpu_label``)."""
+    starts = inside = 0
+    waits = []
+    for run in result.runs:
+        if run.job.nodes <= 1:
+            continue
+        if run.first_start is not None:
+            waits.append(run.total_wait or 0.0)
+        for _, _, gpu_ids in run.attempts:
+            starts += 1
+            blocks = {block_of.get(gpu_node(gpu_id), "") for gpu_id in gpu_ids}
+            if len(blocks) == 1 and "" not in blocks:
+                inside += 1
+    return {
+        "starts": starts,
+        "one_block": inside,
+        "share": inside / starts if starts else 0.0,
+        "wait_avg_s": _mean(waits),
     }
 
 

@@ -41,6 +41,8 @@ class NodeSpec:
 
     ``indices`` (optional) are the GPU indices on the real node (default 0..gpus-1); a
     node whose GPUs are of several models is described by one spec per model.
+    ``block``: the topology block the node is in ("" none; see
+    ``ScenarioOptions.nodes_per_block``).
     """
 
     name: str
@@ -49,6 +51,7 @@ class NodeSpec:
     model: str
     memory_mb: int = 0
     indices: tuple[int, ...] = ()
+    block: str = ""
 
     def gpu_indices(self) -> tuple[int, ...]:
         """The indices of the node's GPUs."""
@@ -83,7 +86,9 @@ class WorkloadSpec:
     ``max_preemptions``: once preempted that many times, a job is protected from higher
     classes (and admitted inside its guarantee) for ``preemption_protection_seconds`` of
     each later run, 0 meaning the whole run; ``max_preemptions`` 0: no limit (see
-    :mod:`scheduling.engine.preemption`).
+    :mod:`scheduling.engine.preemption`). ``topology_wait_seconds``: how long a job of
+    several nodes waits for one topology block before it is spread over blocks (the
+    portal's default; nodes without blocks make it moot).
     """
 
     preemptible: bool = True
@@ -91,6 +96,7 @@ class WorkloadSpec:
     min_runtime_before_preemption: int = 300
     max_preemptions: int = 3
     preemption_protection_seconds: int = 0
+    topology_wait_seconds: int = 1800
 
 
 @dataclass(frozen=True, slots=True)

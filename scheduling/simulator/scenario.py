@@ -28,6 +28,14 @@ Choices made here, all seeded and printed in the scenario's notes:
 - **Limits** - users overestimate: the declared limit is ``duration x limit_factor``
   rounded up to a minute, capped at ``limit_cap``; a job longer than its limit is
   killed at the limit and counts as timed out. A trace's own limits win.
+- **Topology** - ``nodes_per_block`` N > 0 puts the nodes of a synthetic cluster in
+  blocks of N nodes in name order (``<pool>-b1``, ...; a trace's own node list is cut
+  the same way), as a leaf switch or a rack would; 0: no topology.
+- **Multi-node share** - ``multi_node_share`` S (None: the trace's shapes as they are)
+  re-draws the jobs' sizes with a seeded RNG of its own (tenants and classes draw as
+  without it): a share S of the jobs takes 2 to ``max_job_nodes`` whole nodes (at most a
+  block's nodes where there are blocks), the others fit one node (a bigger job is cut
+  to one whole node). The cluster is then sized for the re-drawn jobs.
 - **Workload policy** - one for every job: 30 s grace, 5 minutes at least between two
   preemptions, and at most 3 preemptions of a job, after which it runs protected for
   the rest of its run (:class:`~.model.WorkloadSpec`).
@@ -116,6 +124,9 @@ class ScenarioOptions:
     max_jobs: int | None = None
     target_load: float = DEFAULT_TARGET_LOAD
     one_pool: bool = False
+    nodes_per_block: int = 0
+    multi_node_share: float | None = None
+    max_job_nodes: int = 4
 
 
 def zipf_weights(count: int, exponent: float = 1.0) -> list[float]:
@@ -237,7 +248,8 @@ def build_cluster(
             f"cluster: the trace's node list, {len(nodes):,} nodes, {gpus:,} GPUs; "
             f"offered load {offered_load(jobs, gpus):.1%}"
         )
-        return list(nodes), [note]
+        notes = [note]
+        return with_blocks(list(nodes), options.nodes_per_block, notes), notes
     by_pool: dict[str, list[TraceJob]] = defaultdict(list)
     for job in jobs:
         by_pool[_pool_of(job)].append(job)
@@ -256,7 +268,52 @@ def build_cluster(
         for number in range(1, count + 1):
             name = f"{pool}-n{number:0{width}d}"
             nodes.append(NodeSpec(name, pool, per_node, options.gpu_model))
-    return nodes, notes
+    return with_blocks(nodes, options.nodes_per_block, notes), notes
+
+
+def with_blocks(nodes: list[NodeSpec], per_block: int, notes: list[str]) -> list[NodeSpec]:
+    """``nodes`` in topology blocks of ``per_block`` nodes, per pool in list order (the
+    last block of a pool may be smaller); unchanged for 0."""
+    if per_block <= 0:
+        return nodes
+    seen: dict[str, int] = defaultdict(int)
+    result = []
+    for node in nodes:
+        number = seen[node.pool] // per_block + 1
+        seen[node.pool] += 1
+        result.append(replace(node, block=f"{node.pool}-b{number}"))
+    blocks = sum(math.ceil(count / per_block) for count in seen.values())
+    notes.append(f"topology: blocks of {per_block} nodes, {blocks} in all")
+    return result
+
+
+def reshape_jobs(
+    jobs: list[TraceJob], options: ScenarioOptions
+) -> tuple[list[TraceJob], list[str]]:
+    """The jobs re-drawn with ``options.multi_node_share`` of them on several whole
+    nodes (see the module docstring); unchanged when it is None."""
+    share = options.multi_node_share
+    if share is None:
+        return jobs, []
+    if not 0 <= share <= 1:
+        raise ValueError("the multi-node share must be between 0 and 1")
+    per_node = options.gpus_per_node
+    most = max(options.max_job_nodes, 2)
+    if options.nodes_per_block > 0:
+        most = max(min(most, options.nodes_per_block), 2)
+    rng = random.Random(f"shapes-{options.seed}")
+    reshaped = []
+    for job in jobs:
+        if rng.random() < share:
+            nodes = rng.randint(2, most)
+            reshaped.append(replace(job, num_gpus=nodes * per_node, gpus_per_node=per_node))
+        else:
+            reshaped.append(replace(job, num_gpus=min(job.num_gpus, per_node), gpus_per_node=None))
+    note = (
+        f"shapes: re-drawn with seed {options.seed}: {share:.0%} of the jobs on 2 to {most} "
+        f"whole nodes, the others on one node"
+    )
+    return reshaped, [note]
 
 
 def assign_tenants_and_classes(
@@ -395,6 +452,8 @@ def build_scenario(trace: Trace, options: ScenarioOptions | None = None) -> Scen
     notes = list(trace.notes)
     if options.max_jobs and len(picked) < len(trace.jobs):
         notes.append(f"jobs: the first {len(picked):,} of {len(trace.jobs):,} by submit time")
+    picked, shape_notes = reshape_jobs(picked, options)
+    notes.extend(shape_notes)
     nodes, cluster_notes = build_cluster(trace, picked, options)
     notes.extend(cluster_notes)
     filled, assign_notes = assign_tenants_and_classes(picked, options, trace.independent_pools)

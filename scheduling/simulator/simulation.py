@@ -58,7 +58,7 @@ from .snapshot import SnapshotBuilder
 INF = math.inf
 
 # Event kinds. Events of one time are handled in the order they were scheduled.
-ARRIVE, END, STOPPED, WAKE = range(4)
+ARRIVE, END, STOPPED, WAKE, SPREAD = range(5)
 
 # Outcomes of a job.
 COMPLETED = "completed"
@@ -332,6 +332,13 @@ class Replay:
             self.pool_nodes[pool] = [node.id for node in nodes]
             for node in nodes:
                 self.node_free[node.id] = len(node.gpus)
+        # Pools with topology blocks: a job of several nodes waiting for one block there
+        # is planned again when its topology wait is over (it may then be spread).
+        self.block_pools = {
+            pool
+            for pool, nodes in self.builder.nodes_by_pool.items()
+            if any(node.block for node in nodes)
+        }
         # Each pool's cluster index, reset for each cycle instead of built anew.
         self.kept_clusters = {pool: KeptCluster() for pool in self.pools}
         self.pending: dict[str, dict[int, JobRun]] = defaultdict(dict)
@@ -423,6 +430,8 @@ class Replay:
                 self._end(subject, when, epoch)
             elif kind == STOPPED:
                 self._stopped(subject, when, epoch)
+            elif kind == SPREAD:
+                self._touch(subject, when)
             else:
                 self._wake(subject, when)
             self._record(when)
@@ -512,6 +521,7 @@ class Replay:
             insort(self.groups[job.pool][(job.tenant, job.priority_class)], (job.submit, job.id))
         self.waiting += 1
         self._touch(job.pool, when)
+        run.pending_record.topology_since = None  # a requeued job waits for a block anew
 
     def _dequeue(self, run: JobRun) -> None:
         job = run.job
@@ -777,7 +787,22 @@ class Replay:
             run.outcome, run.code = UNSCHEDULABLE, code
         if self.config.keep_reservations:
             self._keep_reservations(result.pending, pool)
+        if pool in self.block_pools:
+            self._keep_topology_waits(result.pending, now, pool)
         return bool(hopeless)
+
+    def _keep_topology_waits(self, infos: dict[int, PendingInfo], now: float, pool: str) -> None:
+        """Remember when each job first waited for one topology block (as the dispatch
+        loop does), and plan the pool again when that wait is over: the job may then be
+        spread over blocks."""
+        by_id = self.by_id
+        for job_id, info in infos.items():
+            if info.code != reasons.WAITING_FOR_TOPOLOGY:
+                continue
+            record = by_id[job_id].pending_record
+            if record.topology_since is None:
+                record.topology_since = now
+                self._push(now + record.topology_wait_seconds, SPREAD, pool, 0)
 
     def _worth_a_cycle(self, pool: str, now: float) -> bool:
         """A cheap necessary condition for a cycle to start or stop anything; a cycle

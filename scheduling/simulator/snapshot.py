@@ -5,7 +5,8 @@ database, field by field, so that the same state gives the engine the same input
 (a test checks it): nodes in the scenario's order (the database reader gives them in
 name order, as ``load_snapshot`` does) with their GPUs in index order, a job's
 effective preemptibility from its class and its workload policy, the workload policy's
-grace period, minimum runtime before preemption, preemption limit and protection, how
+grace period, minimum runtime before preemption, preemption limit and protection and
+topology wait, each node's topology block, how
 often the job was preempted and when it last saved a checkpoint, and for a job stopping
 because of a preemption the job it makes room for. The replay hands each job's reservation back to
 the next cycle as the dispatch loop does.
@@ -54,7 +55,9 @@ class SnapshotBuilder:
                 self._ids[(spec.name, index)] = gpu_id
                 self._models[gpu_id] = spec.model
                 self._nodes[gpu_id] = node_id
-            self.nodes_by_pool[spec.pool].append(NodeInfo(node_id, spec.name, spec.pool, gpus))
+            self.nodes_by_pool[spec.pool].append(
+                NodeInfo(node_id, spec.name, spec.pool, gpus, block=spec.block)
+            )
         tenants = sorted(
             {job.tenant for job in scenario.jobs} | {q.tenant for q in scenario.quotas}
         )
@@ -113,6 +116,7 @@ class SnapshotBuilder:
             max_runtime_seconds=job.limit,
             preemptions=preemptions,
             max_preemptions=workload.max_preemptions,
+            topology_wait_seconds=float(workload.topology_wait_seconds),
         )
 
     def running_job(

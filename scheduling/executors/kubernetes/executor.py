@@ -73,14 +73,28 @@ IMAGE_ERRORS = frozenset(
 CREATE_ERRORS = frozenset(
     {"CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
 )
-#: Labels of a node passed on at registration (topology and the GPU product).
+#: Labels of a node passed on at registration (topology and the GPU product), besides
+#: every label whose name says ``topology`` (see :func:`passed_on`).
 NODE_LABELS = (
     "kubernetes.io/hostname",
     "topology.kubernetes.io/region",
     "topology.kubernetes.io/zone",
     "nvidia.com/gpu.product",
     "nvidia.com/gpu.memory",
+    # The NVLink domain (multi-node NVLink systems), as NVIDIA's GPU feature discovery
+    # sets it: a topology block a pool's topology_label may name.
+    "nvidia.com/gpu.clique",
 )
+
+
+def passed_on(name: str) -> bool:
+    """Whether a node label is passed on at registration: those of :data:`NODE_LABELS`
+    and every topology label (``topology.sluice.io/block``, the cloud providers' and
+    ``network.topology.kubernetes.io/...`` ones), which a pool's ``topology_label`` may
+    name as the node's block."""
+    return name in NODE_LABELS or "topology" in name
+
+
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"  # MiB, as NVIDIA's GPU feature discovery sets it
 #: Seconds of overlap when reading a Pod's log again (the API only offers sinceSeconds).
@@ -278,7 +292,7 @@ class KubernetesExecutor(Executor):
                 NodeInfo(
                     name=name,
                     gpus=gpus,
-                    labels={k: v for k, v in labels.items() if k in NODE_LABELS},
+                    labels={k: v for k, v in labels.items() if passed_on(k)},
                 )
             )
         return infos

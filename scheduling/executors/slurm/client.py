@@ -101,6 +101,44 @@ def expand_indices(text: str) -> list[int]:
     return indices
 
 
+def expand_hostlist(text: str) -> list[str]:
+    """A Slurm host list as node names: ``sn[1-3,7],gpu-a[01-02],head`` → ``sn1 sn2 sn3
+    sn7 gpu-a01 gpu-a02 head`` (zero padding kept; one bracket group per name)."""
+    names: list[str] = []
+    for match in re.finditer(r"([^,\[]+)(?:\[([^\]]*)\])?", text):
+        prefix, ranges = match.group(1).strip(), match.group(2)
+        if ranges is None:
+            if prefix:
+                names.append(prefix)
+            continue
+        for part in ranges.split(","):
+            low, _, high = part.strip().partition("-")
+            if not low:
+                continue
+            width = len(low)
+            for number in range(int(low), int(high or low) + 1):
+                names.append(f"{prefix}{number:0{width}d}")
+    return names
+
+
+def parse_topology(text: str) -> dict[str, str]:
+    """The topology block of each node from ``scontrol show topology``: with the tree
+    plugin, the leaf switch (``Level=0``) a node hangs from; with the block plugin, its
+    block (``BlockName=``). Empty without a topology plugin (the command then prints
+    nothing, its error says "No topology information available")."""
+    blocks: dict[str, str] = {}
+    for line in text.splitlines():
+        fields = dict(item.split("=", 1) for item in line.split() if "=" in item)
+        name = fields.get("BlockName") or (
+            fields.get("SwitchName") if fields.get("Level", "0") == "0" else None
+        )
+        if not name or not fields.get("Nodes"):
+            continue
+        for node in expand_hostlist(fields["Nodes"]):
+            blocks.setdefault(node, name)
+    return blocks
+
+
 _GRES_RE = re.compile(
     r"^(?P<name>[^:(]+)(?::(?P<type>[^:(]+))?:(?P<count>\d+)(?:\((?P<extra>[^)]*)\))?$"
 )
@@ -405,6 +443,17 @@ class SlurmClient:
         """The partition's nodes."""
         nodes = parse_sinfo(self.run(["sinfo", "--json"]))
         return [n for n in nodes if self.partition in n.partitions]
+
+    def topology(self) -> dict[str, str]:
+        """Node name → topology block (leaf switch or block) from ``scontrol show
+        topology``; empty when the cluster has no topology plugin."""
+        try:
+            text = self.run(["scontrol", "show", "topology"])
+        except SlurmError as error:
+            if "No topology information" in str(error):
+                return {}
+            raise
+        return parse_topology(text)
 
     def jobs(self) -> list[SlurmJob]:
         """The partition's jobs the controller still knows (ended ones for ``MinJobAge``);

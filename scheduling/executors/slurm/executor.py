@@ -32,6 +32,7 @@ from typing import Any
 from scheduling.agent import protocol
 from scheduling.executors.base import (
     SLURM,
+    TOPOLOGY_LABEL,
     Capabilities,
     Event,
     Executor,
@@ -167,6 +168,7 @@ class SlurmExecutor(Executor):
 
     def nodes(self) -> list[NodeInfo]:
         result = []
+        blocks = self.client.topology()
         for node in self.client.nodes():
             gpus = [
                 {
@@ -179,6 +181,8 @@ class SlurmExecutor(Executor):
                 for i in range(node.gpus)
             ]
             labels = {"slurm.partition": self.client.partition, "slurm.state": node.state}
+            if node.name in blocks:
+                labels[TOPOLOGY_LABEL] = blocks[node.name]
             result.append(NodeInfo(name=node.name, gpus=gpus, labels=labels))
         return result
 

@@ -314,3 +314,20 @@ def test_a_field_selector_the_standin_does_not_know_is_refused(standin):
         assert exc.status == 400
     else:
         raise AssertionError("an unknown field selector was accepted")
+
+
+def test_topology_labels_are_passed_on_as_they_are_and_others_are_not(standin, executor):
+    standin.add_node(
+        "gpu-9",
+        labels={
+            "topology.sluice.io/block": "leaf-7",
+            "network.topology.kubernetes.io/block": "nvl-2",
+            "nvidia.com/gpu.clique": "clique-1",
+            "team": "vision",
+        },
+    )
+    labels = {n.name: n.labels for n in executor.nodes()}["gpu-9"]
+    assert labels["topology.sluice.io/block"] == "leaf-7"
+    assert labels["network.topology.kubernetes.io/block"] == "nvl-2"
+    assert labels["nvidia.com/gpu.clique"] == "clique-1"
+    assert "team" not in labels

@@ -69,9 +69,18 @@ def test_serving_options_reach_the_agent(captured):
     assert (config.serve_ports, config.serve_scrape_seconds) == ((21000, 21099), 0.5)
 
 
+def test_labels_and_topology_reach_the_agent(captured):
+    argv = ["--node", "n1", "--simulate", "1xL4", "--once"]
+    argv += ["--label", "rack=r7", "--topology", "leaf-3"]
+    assert cli.main(argv) == 0
+    assert captured["config"].labels == {"rack": "r7", "topology.sluice.io/block": "leaf-3"}
+
+
 @pytest.mark.parametrize(
     ("args", "error"),
     [
+        (["--label", "rack"], "expected KEY=VALUE"),
+        (["--label", "=r7"], "expected KEY=VALUE"),
         (["--allowed-root", "/"], "--allowed-root '/'"),
         (["--allowed-root", "data/{tenant}"], "give an absolute directory"),
         (["--allowed-root", "/data/../etc"], "no '..'"),

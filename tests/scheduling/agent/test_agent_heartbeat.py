@@ -109,6 +109,14 @@ def test_register_describes_the_node(make_agent):
     assert [g["model"] for g in register["gpus"]] == ["A100-40GB"] * 4 + ["L4-24GB"] * 2
     assert set(register["gpus"][0]) == {"index", "uuid", "model", "name", "memory_mb"}
     assert register["jobs"] == []
+    assert "labels" not in register  # none set
+
+
+def test_register_carries_the_node_labels(make_agent):
+    h = make_agent(labels={"topology.sluice.io/block": "leaf-3"})
+    register = h.of_type("register")[0]
+    validate_report(register)
+    assert register["labels"] == {"topology.sluice.io/block": "leaf-3"}
 
 
 def test_zombie_gpu_process_is_reported_and_killed_on_request(make_agent):

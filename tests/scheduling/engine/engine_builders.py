@@ -31,13 +31,15 @@ def node(
     model: str = "H100",
     gpus: int = 8,
     memory: int = 81920,
+    block: str = "",
 ) -> NodeInfo:
-    """A node whose GPU ids are ``node_id * 100 + index``."""
+    """A node whose GPU ids are ``node_id * 100 + index`` (in topology ``block``)."""
     return NodeInfo(
         node_id,
         f"n{node_id}",
         pool,
         [GpuInfo(node_id * 100 + i, node_id, i, model, memory) for i in range(gpus)],
+        block=block,
     )
 
 
@@ -73,6 +75,7 @@ def job(
     submitted: float | None = None,
     queue: int = 1,
     held: bool = False,
+    topology_wait: float = 0.0,
 ) -> PendingJob:
     """A pending job; classes ``high``/``critical`` may preempt, ``critical`` is not
     preemptible (unless told otherwise)."""
@@ -94,6 +97,7 @@ def job(
         submitted_at=NOW - 1000 + job_id if submitted is None else submitted,
         max_runtime_seconds=runtime,
         held=held,
+        topology_wait_seconds=topology_wait,
     )
 
 
@@ -328,6 +332,11 @@ class Simulation:
                     reserved_start=info.estimated_start if info.reserved_gpu_ids else None,
                     previous_position=info.pool_position,
                 )
+        for info in result.pending.values():
+            # When a job first waited for one topology block, as the dispatch loop keeps it.
+            waiting = pending[info.job_id]
+            if info.code == reasons.WAITING_FOR_TOPOLOGY and waiting.topology_since is None:
+                pending[info.job_id] = dataclasses.replace(waiting, topology_since=snap.now)
         runs = {job.id: job for job in snap.running}
         for preemption in result.preemptions:
             victim = runs[preemption.victim_id]
@@ -364,6 +373,11 @@ class Simulation:
                 ends.append(self.stop_time.setdefault(job.id, snap.now + job.grace_seconds))
             else:
                 ends.append(job.started_at + job.max_runtime_seconds)
+        for job in snap.pending:  # a topology wait ends: the job may be spread then
+            if job.topology_since is not None:
+                over = job.topology_since + job.topology_wait_seconds
+                if over > snap.now:
+                    ends.append(over)
         return min(ends) if ends else None
 
     def advance(self, until: float) -> None:

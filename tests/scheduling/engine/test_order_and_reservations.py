@@ -100,19 +100,23 @@ def _as_running(pending_job, placement, now) -> RunningJob:
     )
 
 
-def _random_two_cycles(seed: int):
+def _random_two_cycles(seed: int, topology: bool = False):
     """A one-tenant pool of three 4-GPU nodes: cycle 1 plans a backlog; before cycle 2
-    running jobs end early and new jobs arrive (some smaller, so ahead of held owners)."""
+    running jobs end early and new jobs arrive (some smaller, so ahead of held owners).
+    ``topology``: nodes 1 and 2 are a block, node 3 another, and some jobs need two nodes
+    and may wait for one block."""
     rng = random.Random(seed)
-    nodes = [node(i, gpus=4) for i in range(1, 4)]
+    blocks = {1: "b1", 2: "b1", 3: "b2"} if topology else {}
+    nodes = [node(i, gpus=4, block=blocks.get(i, "")) for i in range(1, 4)]
     shapes = [1, 1, 2, 2, 3, 4]
+    make = _gang_or_not(rng) if topology else job
     runtimes = [300, 900, 1800, 3600, 7200]
     run = [
         running(90 + n, "a", gpu_ids(n, *range(4)), age=0, runtime=rng.choice(runtimes))
         for n in range(1, 4)
     ]
     backlog = [
-        job(i, "a", rng.choice(shapes), runtime=rng.choice(runtimes), submitted=NOW - 500 + i)
+        make(i, "a", rng.choice(shapes), runtime=rng.choice(runtimes), submitted=NOW - 500 + i)
         for i in range(1, 9)
     ]
     snap = snapshot(nodes, [quota("a", 100)], backlog, run)
@@ -123,22 +127,35 @@ def _random_two_cycles(seed: int):
     placed = {p.job_id: p for p in first.placements}
     run2 += [_as_running(j, placed[j.id], NOW) for j in backlog if j.id in placed]
     arrivals = [
-        job(i, "a", rng.choice(shapes), runtime=rng.choice(runtimes), submitted=now - 1)
+        make(i, "a", rng.choice(shapes), runtime=rng.choice(runtimes), submitted=now - 1)
         for i in range(20, 20 + rng.randint(1, 4))
     ]
     pending = [*handed_back(backlog, first), *arrivals]
     return dataclasses.replace(snap, now=now, running=run2, pending=pending)
 
 
+def _gang_or_not(rng):
+    """``job`` for the topology case: a third of the jobs on two nodes (GPUs per node as
+    drawn, at most 2), with a topology wait."""
+
+    def make(job_id, tenant, gpus, **fields):
+        if rng.random() < 1 / 3:
+            return job(job_id, tenant, min(gpus, 2), nodes=2, topology_wait=600.0, **fields)
+        return job(job_id, tenant, gpus, **fields)
+
+    return make
+
+
+@pytest.mark.parametrize("topology", [False, True])
 @pytest.mark.parametrize("seed", range(60))
-def test_jobs_behind_the_first_waiting_job_never_delay_it(seed):
+def test_jobs_behind_the_first_waiting_job_never_delay_it(seed, topology):
     """For the job at pool position 1, after a cycle in which new jobs arrived (some
     smaller, so ahead of older reservations) and running jobs ended early: a job new at
     the front starts as early as it would if the jobs behind it did not exist (held
     reservations of jobs behind it may not make it wait: the report, a job shown first
     told it waits for a job behind it); one that was planned last cycle keeps its
     reservation or better."""
-    snap = _random_two_cycles(seed)
+    snap = _random_two_cycles(seed, topology)
     result = run_plan(snap)
     order = [
         item for _, item in SizeOrder(snap.cluster_state(), snap.policy()).sort(list(snap.pending))

@@ -38,6 +38,8 @@ GANG_RESERVES = (0.0, 0.0, 600.0)
 CLASS_AGINGS = (0.0, 0.0, 3000.0)
 # Maximum waits: past it a job's reservation is bounded (12 h: no job here is past it).
 MAX_WAITS = (43200.0, 3000.0, 3000.0)
+BLOCKS = ("", "", "b1", "b1", "b2")
+TOPOLOGY_WAITS = (0.0, 1800.0, 1800.0)
 
 
 @st.composite
@@ -63,7 +65,10 @@ def snapshots(draw) -> Snapshot:
         for index in range(draw(st.sampled_from([2, 4, 8, 8]))):
             gpus.append(GpuInfo(gpu_id, node_id, index, model, memory))
             gpu_id += 1
-        nodes.append(NodeInfo(node_id, f"n{node_id}", pool, gpus))
+        # Topology blocks on some nodes (most in none), so that every property below
+        # holds with blocks too.
+        block = draw(st.sampled_from(BLOCKS))
+        nodes.append(NodeInfo(node_id, f"n{node_id}", pool, gpus, block=block))
 
     quotas = []
     for tenant in TENANTS:
@@ -137,6 +142,8 @@ def snapshots(draw) -> Snapshot:
                 submitted_at=NOW - draw(st.integers(0, 10_000)),
                 max_runtime_seconds=draw(st.sampled_from([0, 300, 3600, 7200])),
                 held=draw(st.integers(0, 19)) == 0,
+                topology_wait_seconds=draw(st.sampled_from(TOPOLOGY_WAITS)),
+                topology_since=draw(st.sampled_from([None, None, NOW - 100, NOW - 4000])),
             )
         )
     queues = [
