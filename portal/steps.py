@@ -5,6 +5,7 @@ to the page the form came from (its ``next``, when that is a page of this site).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from django import forms
@@ -15,10 +16,6 @@ from django.shortcuts import get_object_or_404, redirect
 from django.utils.http import url_has_allowed_host_and_scheme
 
 from portal.errors import BusinessError
-
-#: The steps of a page: its name in the URL -> (the service, the word its message ends
-#: with), e.g. ``{"approve": (priority_raise_approve, "approved")}``.
-Steps = Mapping[str, tuple[Callable[..., Any], str]]
 
 
 class StepCommentForm(forms.Form):
@@ -36,29 +33,32 @@ def next_url(request: HttpRequest, default: str) -> str:
     return default
 
 
-def step_post(
-    request: HttpRequest,
-    *,
-    steps: Steps,
-    step: str,
-    objects: QuerySet,
-    pk: int,
-    argument: str,
-    noun: str,
-    back: str,
-) -> HttpResponse:
-    """Run ``steps[step]`` as ``service(<argument>=the object, user=, comment=)`` on the
-    object ``pk`` of ``objects`` (what the user may see). An unknown step or an object out
-    of sight is a 404; the service's refusal is shown as an error message."""
-    if step not in steps:
-        raise Http404
-    target = get_object_or_404(objects, pk=pk)
-    service, done = steps[step]
-    form = StepCommentForm(request.POST)
-    comment = form.cleaned_data["comment"] if form.is_valid() else ""
-    try:
-        service(**{argument: target}, user=request.user, comment=comment)
-        messages.success(request, f"{noun} #{target.pk} {done}.")
-    except BusinessError as exc:
-        messages.error(request, exc.message)
-    return redirect(next_url(request, back))
+@dataclass(frozen=True)
+class DecisionSteps:
+    """The decision steps of one kind of object: ``steps`` maps a step's name in the URL
+    to its service and the word its message ends with (``{"approve": (priority_raise_approve,
+    "approved")}``); the service is called as ``service(<argument>=the object, user=,
+    comment=)``; ``noun`` names the object in the message; ``back`` is the page to return
+    to when the form gives no ``next`` of this site."""
+
+    steps: Mapping[str, tuple[Callable[..., Any], str]]
+    argument: str
+    noun: str
+    back: str
+
+    def post(self, request: HttpRequest, *, step: str, objects: QuerySet, pk: int) -> HttpResponse:
+        """Take ``step`` on the object ``pk`` of ``objects`` (what the user may see). An
+        unknown step or an object out of sight is a 404; the service's refusal is shown as
+        an error message."""
+        if step not in self.steps:
+            raise Http404
+        target = get_object_or_404(objects, pk=pk)
+        service, done = self.steps[step]
+        form = StepCommentForm(request.POST)
+        comment = form.cleaned_data["comment"] if form.is_valid() else ""
+        try:
+            service(**{self.argument: target}, user=request.user, comment=comment)
+            messages.success(request, f"{self.noun} #{target.pk} {done}.")
+        except BusinessError as exc:
+            messages.error(request, exc.message)
+        return redirect(next_url(request, self.back))

@@ -20,7 +20,7 @@ from django.views.decorators.http import require_POST
 from portal.api.pagination import CountCappedPaginator
 from portal.errors import BusinessError, PermissionDeniedError
 from portal.forms import add_business_error
-from portal.steps import next_url, step_post
+from portal.steps import DecisionSteps, next_url
 from tenants.selectors import (
     administers_any_tenant,
     projects_visible_to,
@@ -558,12 +558,17 @@ def node_remove(request, pk):
 
 # --- priority raises, approvals inbox, notifications ----------------------------------------
 
-RAISE_STEPS = {
-    "approve": (raise_services.priority_raise_approve, "approved"),
-    "reject": (raise_services.priority_raise_reject, "rejected"),
-    "revoke": (raise_services.priority_raise_revoke, "revoked"),
-    "cancel": (raise_services.priority_raise_cancel, "cancelled"),
-}
+RAISE_STEPS = DecisionSteps(
+    {
+        "approve": (raise_services.priority_raise_approve, "approved"),
+        "reject": (raise_services.priority_raise_reject, "rejected"),
+        "revoke": (raise_services.priority_raise_revoke, "revoked"),
+        "cancel": (raise_services.priority_raise_cancel, "cancelled"),
+    },
+    argument="raise_",
+    noun="Raise",
+    back="approvals",
+)
 
 
 @login_required
@@ -624,15 +629,8 @@ def approvals(request):
 @require_POST
 def raise_action(request, pk, step):
     """Approve, reject, revoke or cancel a raise from the inbox or the job page."""
-    return step_post(
-        request,
-        steps=RAISE_STEPS,
-        step=step,
-        objects=selectors.raises_visible_to(request.user),
-        pk=pk,
-        argument="raise_",
-        noun="Raise",
-        back="approvals",
+    return RAISE_STEPS.post(
+        request, step=step, objects=selectors.raises_visible_to(request.user), pk=pk
     )
 
 

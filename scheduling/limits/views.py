@@ -11,7 +11,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from portal.errors import BusinessError
-from portal.steps import step_post
+from portal.steps import DecisionSteps
 from tenants.selectors import administers_any_tenant
 
 from .. import selectors as scheduling_selectors
@@ -20,10 +20,15 @@ from ..services import limits, reclaim
 from . import selectors
 from .forms import ExtensionRequestForm, IdleExemptForm
 
-EXTENSION_STEPS = {
-    "approve": (limits.runtime_extension_approve, "approved"),
-    "reject": (limits.runtime_extension_reject, "rejected"),
-}
+EXTENSION_STEPS = DecisionSteps(
+    {
+        "approve": (limits.runtime_extension_approve, "approved"),
+        "reject": (limits.runtime_extension_reject, "rejected"),
+    },
+    argument="extension",
+    noun="Extension",
+    back="extension-approvals",
+)
 RECOVERY_PERIODS = (1, 7, 30, 90)
 
 
@@ -97,15 +102,8 @@ def extension_approvals(request):
 @require_POST
 def extension_action(request, pk, step):
     """Approve or reject a runtime extension."""
-    return step_post(
-        request,
-        steps=EXTENSION_STEPS,
-        step=step,
-        objects=selectors.extensions_visible_to(request.user),
-        pk=pk,
-        argument="extension",
-        noun="Extension",
-        back="extension-approvals",
+    return EXTENSION_STEPS.post(
+        request, step=step, objects=selectors.extensions_visible_to(request.user), pk=pk
     )
 
 
