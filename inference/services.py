@@ -20,14 +20,14 @@ from django.db.models import Q
 from django.utils import timezone
 
 from audit.services import audit_record
-from portal.errors import BusinessError, NotFoundError, PermissionDeniedError
+from portal.errors import BusinessError, NotFoundError
 from scheduling.choices import JobState, QueueState, WorkloadType
 from scheduling.models import Gpu, Job, PriorityClass, Queue, WorkloadPolicy
 from scheduling.selectors import pool_gpu_shapes, quota_for
 from scheduling.services.jobs import JobSpec, job_cancel, job_submit, job_validate
 from tenants.choices import Role
 from tenants.models import Project
-from tenants.selectors import has_role
+from tenants.selectors import require_role
 
 from . import autoscaler
 from .choices import BlockedReason, ServiceState
@@ -80,10 +80,13 @@ def _fail(field_name: str | None, message: str, code: str = "invalid") -> None:
 
 def _require_member(user, tenant_id: int) -> None:
     """Viewers may read (403 on writes); someone outside the tenant sees nothing (404)."""
-    if not has_role(user, tenant_id, Role.VIEWER):
-        raise NotFoundError("Service not found.")
-    if not has_role(user, tenant_id, Role.MEMBER):
-        raise PermissionDeniedError("Viewers cannot change services; members and admins can.")
+    require_role(
+        user,
+        tenant_id,
+        Role.MEMBER,
+        not_found="Service not found.",
+        denied="Viewers cannot change services; members and admins can.",
+    )
 
 
 # --- validation -----------------------------------------------------------------------------
