@@ -23,6 +23,7 @@ from portal.forms import add_business_error
 from portal.steps import DecisionSteps, next_url
 from tenants.selectors import (
     administers_any_tenant,
+    is_platform_admin,
     projects_visible_to,
     tenant_get,
     tenants_visible_to,
@@ -526,7 +527,7 @@ def node_list(request):
             "rows": rows,
             "pools": pools,
             "summary": _pool_summary(rows),
-            "is_admin": request.user.is_staff,
+            "is_admin": is_platform_admin(request.user),
             "retired_count": retired,
             "show_retired": show_retired,
             "live_url": request.get_full_path(),

@@ -141,6 +141,42 @@ def test_the_404_then_403_rule_is_not_written_again(path):
     assert "require_role(" in source, path
 
 
+#: Where the staff flag itself is read: the rule, the account edit that may not demote
+#: oneself, and sign-in and directory sync (which grant and withdraw the flag).
+STAFF_FLAG_READERS = {
+    "tenants/scoping.py",
+    "tenants/services.py",
+    "identity/forms.py",
+    "identity/oidc.py",
+    "identity/services.py",
+}
+APP_DIRS = (
+    "accounts",
+    "audit",
+    "identity",
+    "inference",
+    "insights",
+    "portal",
+    "scheduling",
+    "tenants",
+)
+
+
+def test_who_is_a_platform_admin_is_read_from_the_rule():
+    """Pages, services and the navigation ask is_platform_admin (an active staff user), not
+    the staff flag."""
+    found = []
+    for app in APP_DIRS:
+        for path in sorted((ROOT / app).rglob("*.py")):
+            name = path.relative_to(ROOT).as_posix()
+            if "/migrations/" in name or name in STAFF_FLAG_READERS:
+                continue
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if re.search(r"\.is_staff\b", line):
+                    found.append(f"{name}:{number}: {line.strip()}")
+    assert not found, "platform admin read from the staff flag:\n" + "\n".join(found)
+
+
 # --- every selector module scopes through the primitive ---------------------------------------
 
 SELECTOR_MODULES = (
