@@ -13,6 +13,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from portal.csvexport import line_writer, spreadsheet_safe
+from tenants.selectors import is_platform_admin
 
 from .filters import AuditEventFilter
 from .models import EVENT_COLUMNS
@@ -42,7 +43,7 @@ def audit_list(request):
             "query": query.urlencode(),
             "tenant_slugs": audit_tenant_slugs(request.user),
             # The whole log's integrity is a platform matter: tenant admins see their events only.
-            "verification": _verification_for_page() if request.user.is_staff else None,
+            "verification": _verification_for_page() if is_platform_admin(request.user) else None,
         },
     )
 

@@ -64,7 +64,7 @@ import math
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-from .scaling import DEFAULTS
+from .scaling import ScalingSettings
 
 #: Errors of a window count only with at least this many requests in it (1 of 3 failing
 #: says little).
@@ -123,23 +123,9 @@ class Sample:
 
 
 @dataclass(frozen=True, slots=True)
-class Policy:
-    """A service's scaling settings (``inference.models.Service`` fields of the same names;
-    defaults and bounds declared in ``inference/scaling.py``)."""
-
-    min_replicas: int = DEFAULTS["min_replicas"]
-    max_replicas: int = DEFAULTS["max_replicas"]
-    target_running_per_replica: float = DEFAULTS["target_running_per_replica"]
-    latency_slo_ms: float | None = DEFAULTS["latency_slo_ms"]
-    error_rate_max: float | None = DEFAULTS["error_rate_max"]
-    gpu_util_max: float | None = DEFAULTS["gpu_util_max"]
-    stable_window_s: float = DEFAULTS["stable_window_s"]
-    panic_window_s: float = DEFAULTS["panic_window_s"]
-    panic_threshold: float = DEFAULTS["panic_threshold"]
-    scale_up_max_step: int = DEFAULTS["scale_up_max_step"]
-    scale_down_delay_s: float = DEFAULTS["scale_down_delay_s"]
-    scale_to_zero: bool = DEFAULTS["scale_to_zero"]
-    scale_to_zero_grace_s: float = DEFAULTS["scale_to_zero_grace_s"]
+class Policy(ScalingSettings):
+    """A service's scaling settings (``inference.models.Service`` fields of the same names):
+    the fields, their defaults and bounds are those declared in ``inference/scaling.py``."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,22 +1,140 @@
 """A service's scaling settings, declared once: name, type, default, bounds, label, help.
 
-The model fields (``inference.models.Service``), the API's input serializers, the service
-form, the service spec (``inference.services.ServiceSpec``) and the autoscaler's
-``Policy`` defaults are all built from ``SCALING_SETTINGS``; change a default or a bound
-here and every one of them follows (a test checks that they agree).
+``ScalingSettings`` is the declaration: one field a setting, its type and default, and its
+bounds, label and help in the field's metadata. The autoscaler's ``Policy`` and the
+services' ``ServiceSpec`` are subclasses of it (they hold the settings themselves); the
+model fields (``inference.models.Service``), the API's input serializers and the service
+form are built from ``SCALING_SETTINGS``, read from it. Change a default or a bound here
+and every one of them follows (a test checks that they agree).
 
-Standard library only at import time: the autoscaler (no Django) reads the defaults. The
-builders import Django, DRF and the forms module when called.
+Standard library only at import time: the autoscaler (no Django) reads the declaration.
+The builders import Django, DRF and the forms module when called.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import typing
+from dataclasses import dataclass, field, fields
+
+
+def _setting(
+    default: int | float | bool | None,
+    min_value: int | float | None = None,
+    max_value: int | float | None = None,
+    *,
+    label: str,
+    help_text: str,
+) -> typing.Any:
+    """A field of ``ScalingSettings``: its default, and the rest of its declaration."""
+    declared = {"min_value": min_value, "max_value": max_value, "label": label}
+    return field(default=default, metadata={**declared, "help_text": help_text})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScalingSettings:
+    """A service's scaling settings with their defaults. An optional setting (``| None``)
+    is empty by default: no ceiling."""
+
+    min_replicas: int = _setting(
+        1,
+        0,
+        1000,
+        label="Min replicas",
+        help_text="Replicas kept at least (0 only with scale to zero).",
+    )
+    max_replicas: int = _setting(
+        4,
+        1,
+        1000,
+        label="Max replicas",
+        help_text="Replicas at most (the tenant's quota may hold it lower).",
+    )
+    target_running_per_replica: float = _setting(
+        4.0,
+        0.01,
+        100000,
+        label="Target ongoing requests per replica",
+        help_text="Ongoing requests (running + waiting) one replica should carry.",
+    )
+    latency_slo_ms: int | None = _setting(
+        None,
+        1,
+        3_600_000,
+        label="p95 latency SLO (ms)",
+        help_text="p95 request latency to keep under (empty: none).",
+    )
+    error_rate_max: float | None = _setting(
+        None,
+        0.0,
+        1.0,
+        label="Error rate ceiling (0-1)",
+        help_text="Share of failing requests (0-1, e.g. 0.01 for 1 %) above which a replica "
+        "is added (empty: none).",
+    )
+    gpu_util_max: float | None = _setting(
+        None,
+        1.0,
+        100.0,
+        label="GPU utilization ceiling (%)",
+        help_text="Mean GPU utilization (%) of the replicas above which a replica is added "
+        "(empty: none).",
+    )
+    stable_window_s: int = _setting(
+        60,
+        6,
+        3600,
+        label="Stable window (s)",
+        help_text="The load is averaged over this window for the usual decisions.",
+    )
+    panic_window_s: int = _setting(
+        6,
+        1,
+        3600,
+        label="Panic window (s)",
+        help_text="A short window that reacts to bursts (shorter than the stable window).",
+    )
+    panic_threshold: float = _setting(
+        2.0,
+        1.1,
+        100.0,
+        label="Panic threshold (× replicas)",
+        help_text="When the panic window's load needs this many times the current replicas, "
+        "scale up at once and do not scale down for a stable window.",
+    )
+    scale_up_max_step: int = _setting(
+        4,
+        0,
+        1000,
+        label="Scale-up step (replicas)",
+        help_text="Replicas added at most per decision (0: no limit).",
+    )
+    scale_down_delay_s: int = _setting(
+        60,
+        0,
+        86400,
+        label="Scale-down delay (s)",
+        help_text="A scale-down waits until fewer replicas were wanted this long (no flapping).",
+    )
+    scale_to_zero: bool = _setting(
+        False,
+        label="Scale to zero",
+        help_text="Stop the last replica after the grace period without a request; needs "
+        "min replicas 0.",
+    )
+    scale_to_zero_grace_s: int = _setting(
+        300,
+        0,
+        7 * 86400,
+        label="Scale-to-zero grace (s)",
+        help_text="Without a request this long, a service that may scale to zero stops its "
+        "last replica.",
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class ScalingSetting:
-    """One scaling setting. ``default`` None with ``optional``: empty means "none"."""
+    """One setting as the builders read it. ``optional``: its type admits None (empty
+    means "none"), and None is its default."""
 
     name: str
     kind: type  # int, float or bool
@@ -28,132 +146,23 @@ class ScalingSetting:
     help_text: str = ""
 
 
-SCALING_SETTINGS: tuple[ScalingSetting, ...] = (
-    ScalingSetting(
-        "min_replicas",
-        int,
-        1,
-        0,
-        1000,
-        label="Min replicas",
-        help_text="Replicas kept at least (0 only with scale to zero).",
-    ),
-    ScalingSetting(
-        "max_replicas",
-        int,
-        4,
-        1,
-        1000,
-        label="Max replicas",
-        help_text="Replicas at most (the tenant's quota may hold it lower).",
-    ),
-    ScalingSetting(
-        "target_running_per_replica",
-        float,
-        4.0,
-        0.01,
-        100000,
-        label="Target ongoing requests per replica",
-        help_text="Ongoing requests (running + waiting) one replica should carry.",
-    ),
-    ScalingSetting(
-        "latency_slo_ms",
-        int,
-        None,
-        1,
-        3_600_000,
-        optional=True,
-        label="p95 latency SLO (ms)",
-        help_text="p95 request latency to keep under (empty: none).",
-    ),
-    ScalingSetting(
-        "error_rate_max",
-        float,
-        None,
-        0.0,
-        1.0,
-        optional=True,
-        label="Error rate ceiling (0-1)",
-        help_text="Share of failing requests (0-1, e.g. 0.01 for 1 %) above which a replica "
-        "is added (empty: none).",
-    ),
-    ScalingSetting(
-        "gpu_util_max",
-        float,
-        None,
-        1.0,
-        100.0,
-        optional=True,
-        label="GPU utilization ceiling (%)",
-        help_text="Mean GPU utilization (%) of the replicas above which a replica is added "
-        "(empty: none).",
-    ),
-    ScalingSetting(
-        "stable_window_s",
-        int,
-        60,
-        6,
-        3600,
-        label="Stable window (s)",
-        help_text="The load is averaged over this window for the usual decisions.",
-    ),
-    ScalingSetting(
-        "panic_window_s",
-        int,
-        6,
-        1,
-        3600,
-        label="Panic window (s)",
-        help_text="A short window that reacts to bursts (shorter than the stable window).",
-    ),
-    ScalingSetting(
-        "panic_threshold",
-        float,
-        2.0,
-        1.1,
-        100.0,
-        label="Panic threshold (× replicas)",
-        help_text="When the panic window's load needs this many times the current replicas, "
-        "scale up at once and do not scale down for a stable window.",
-    ),
-    ScalingSetting(
-        "scale_up_max_step",
-        int,
-        4,
-        0,
-        1000,
-        label="Scale-up step (replicas)",
-        help_text="Replicas added at most per decision (0: no limit).",
-    ),
-    ScalingSetting(
-        "scale_down_delay_s",
-        int,
-        60,
-        0,
-        86400,
-        label="Scale-down delay (s)",
-        help_text="A scale-down waits until fewer replicas were wanted this long (no flapping).",
-    ),
-    ScalingSetting(
-        "scale_to_zero",
-        bool,
-        False,
-        label="Scale to zero",
-        help_text="Stop the last replica after the grace period without a request; needs "
-        "min replicas 0.",
-    ),
-    ScalingSetting(
-        "scale_to_zero_grace_s",
-        int,
-        300,
-        0,
-        7 * 86400,
-        label="Scale-to-zero grace (s)",
-        help_text="Without a request this long, a service that may scale to zero stops its "
-        "last replica.",
-    ),
-)
+_KINDS = {"int": int, "float": float, "bool": bool}
 
+
+def _read(declared) -> ScalingSetting:
+    """A setting from its field of ``ScalingSettings`` (its type written ``int``,
+    ``float``, ``bool``, or one of them ``| None``)."""
+    kind, _, none = str(declared.type).partition(" | ")
+    return ScalingSetting(
+        declared.name,
+        _KINDS[kind],
+        declared.default,
+        optional=none == "None",
+        **declared.metadata,
+    )
+
+
+SCALING_SETTINGS: tuple[ScalingSetting, ...] = tuple(_read(f) for f in fields(ScalingSettings))
 SETTINGS_BY_NAME: dict[str, ScalingSetting] = {s.name: s for s in SCALING_SETTINGS}
 #: The default of every setting (None: empty, no ceiling).
 DEFAULTS: dict[str, int | float | bool | None] = {s.name: s.default for s in SCALING_SETTINGS}

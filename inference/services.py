@@ -20,20 +20,21 @@ from django.db.models import Q
 from django.utils import timezone
 
 from audit.services import audit_record
-from portal.errors import BusinessError, NotFoundError, PermissionDeniedError
+from portal.errors import BusinessError, NotFoundError
 from scheduling.choices import JobState, QueueState, WorkloadType
 from scheduling.models import Gpu, Job, PriorityClass, Queue, WorkloadPolicy
 from scheduling.selectors import pool_gpu_shapes, quota_for
 from scheduling.services.jobs import JobSpec, job_cancel, job_submit, job_validate
 from tenants.choices import Role
 from tenants.models import Project
-from tenants.selectors import has_role
+from tenants.selectors import require_role
 
 from . import autoscaler
 from .choices import BlockedReason, ServiceState
 from .models import LIVE_JOB_STATES, ScaleDecision, Service, ServiceReplica
-from .scaling import DEFAULTS as SCALING_DEFAULTS
 from .scaling import NAMES as SCALING_NAMES
+from .scaling import SETTINGS_BY_NAME as SCALING
+from .scaling import ScalingSettings
 from .spec import DEFAULTS as SPEC_DEFAULTS
 from .spec import SPEC_FIELDS
 
@@ -50,9 +51,10 @@ SLO_ENV = "SERVE_LATENCY_SLO_SECONDS"
 _JOB_FIELD_NAMES = {"gpu_model": "gpu_models", "serve": "health_path", "nodes": "gpus_per_node"}
 
 
-@dataclass
-class ServiceSpec:
-    """What a user asks for; the API serializer and the form both build one."""
+@dataclass(frozen=True, kw_only=True)
+class ServiceSpec(ScalingSettings):
+    """What a user asks for; the API serializer and the form both build one. Its scaling
+    settings and their defaults are ``ScalingSettings``' (``inference/scaling.py``)."""
 
     project: Project
     queue: Queue
@@ -70,20 +72,6 @@ class ServiceSpec:
     image_pull_policy: str = SPEC_DEFAULTS["image_pull_policy"]
     image_pull_secret: str = SPEC_DEFAULTS["image_pull_secret"]
     description: str = SPEC_DEFAULTS["description"]
-    # Scaling settings: defaults from inference/scaling.py.
-    min_replicas: int = SCALING_DEFAULTS["min_replicas"]
-    max_replicas: int = SCALING_DEFAULTS["max_replicas"]
-    target_running_per_replica: float = SCALING_DEFAULTS["target_running_per_replica"]
-    latency_slo_ms: int | None = SCALING_DEFAULTS["latency_slo_ms"]
-    error_rate_max: float | None = SCALING_DEFAULTS["error_rate_max"]
-    gpu_util_max: float | None = SCALING_DEFAULTS["gpu_util_max"]
-    stable_window_s: int = SCALING_DEFAULTS["stable_window_s"]
-    panic_window_s: int = SCALING_DEFAULTS["panic_window_s"]
-    panic_threshold: float = SCALING_DEFAULTS["panic_threshold"]
-    scale_up_max_step: int = SCALING_DEFAULTS["scale_up_max_step"]
-    scale_down_delay_s: int = SCALING_DEFAULTS["scale_down_delay_s"]
-    scale_to_zero: bool = SCALING_DEFAULTS["scale_to_zero"]
-    scale_to_zero_grace_s: int = SCALING_DEFAULTS["scale_to_zero_grace_s"]
 
 
 def _fail(field_name: str | None, message: str, code: str = "invalid") -> None:
@@ -92,10 +80,13 @@ def _fail(field_name: str | None, message: str, code: str = "invalid") -> None:
 
 def _require_member(user, tenant_id: int) -> None:
     """Viewers may read (403 on writes); someone outside the tenant sees nothing (404)."""
-    if not has_role(user, tenant_id, Role.VIEWER):
-        raise NotFoundError("Service not found.")
-    if not has_role(user, tenant_id, Role.MEMBER):
-        raise PermissionDeniedError("Viewers cannot change services; members and admins can.")
+    require_role(
+        user,
+        tenant_id,
+        Role.MEMBER,
+        not_found="Service not found.",
+        denied="Viewers cannot change services; members and admins can.",
+    )
 
 
 # --- validation -----------------------------------------------------------------------------
@@ -104,8 +95,9 @@ def _require_member(user, tenant_id: int) -> None:
 def _check_scaling(values: dict) -> None:
     """The bounds and targets: each error names its field."""
     lo, hi = values["min_replicas"], values["max_replicas"]
-    if hi < 1:
-        _fail("max_replicas", "max_replicas must be at least 1.")
+    least = SCALING["max_replicas"].min_value
+    if hi < least:
+        _fail("max_replicas", f"max_replicas must be at least {least}.")
     if lo > hi:
         _fail("min_replicas", f"min_replicas ({lo}) must not be above max_replicas ({hi}).")
     if values["scale_to_zero"] and lo != 0:
@@ -120,10 +112,12 @@ def _check_scaling(values: dict) -> None:
             f"The panic window ({values['panic_window_s']} s) must be shorter than the "
             f"stable window ({values['stable_window_s']} s).",
         )
-    if values["panic_threshold"] < 1.1:
+    least = SCALING["panic_threshold"].min_value
+    if values["panic_threshold"] < least:
         _fail(
             "panic_threshold",
-            "panic_threshold must be at least 1.1 (at 1 the service would panic at steady load).",
+            f"panic_threshold must be at least {least} (at 1 the service would panic at "
+            "steady load).",
         )
     slo = values["latency_slo_ms"]
     if slo is not None and slo <= 0:

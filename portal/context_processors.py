@@ -13,11 +13,11 @@ def navigation(request):
         notifications_unread_count = None
     if notifications_unread_count is not None:
         unread = notifications_unread_count(user)
-    from tenants.selectors import administers_any_tenant
+    from tenants.selectors import administers_any_tenant, is_platform_admin
 
     return {
         "nav_unread_notifications": unread,
-        "nav_is_platform_admin": user.is_staff,
+        "nav_is_platform_admin": is_platform_admin(user),
         # Approvals and audit links: evaluated (one query) only when a template asks.
         "nav_is_approver": SimpleLazyObject(lambda: administers_any_tenant(user)),
     }

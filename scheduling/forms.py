@@ -376,9 +376,3 @@ class RaiseRequestForm(forms.Form):
             .filter(value__gt=job.priority_class.value)
             .order_by("value")
         )
-
-
-class RaiseStepForm(forms.Form):
-    """Approve, reject, revoke or cancel a raise, with an optional comment."""
-
-    comment = forms.CharField(max_length=2000, required=False)

@@ -20,8 +20,10 @@ from django.views.decorators.http import require_POST
 from portal.api.pagination import CountCappedPaginator
 from portal.errors import BusinessError, PermissionDeniedError
 from portal.forms import add_business_error
+from portal.steps import DecisionSteps, next_url
 from tenants.selectors import (
     administers_any_tenant,
+    is_platform_admin,
     projects_visible_to,
     tenant_get,
     tenants_visible_to,
@@ -35,7 +37,6 @@ from .forms import (
     JobFilterForm,
     JobSubmitForm,
     RaiseRequestForm,
-    RaiseStepForm,
     pretty_json,
 )
 from .models import Allocation, WorkloadPolicy
@@ -219,7 +220,7 @@ def job_bulk(request):
     """Cancel, hold or release the jobs ticked in the list (each alone: one refusal does not
     stop the others), then back to the list."""
     form = BulkActionForm(request.POST)
-    back = _next_url(request, reverse("job-list"))
+    back = next_url(request, reverse("job-list"))
     if not form.is_valid():
         messages.error(request, "Tick at least one job, then choose what to do.")
         return redirect(back)
@@ -369,7 +370,7 @@ def job_action(request, pk, step):
         messages.success(request, f"Job {job.pk}: {step} done.")
     except BusinessError as exc:
         messages.error(request, exc.message)
-    return redirect(_next_url(request, reverse("job-detail", args=[job.pk])))
+    return redirect(next_url(request, reverse("job-detail", args=[job.pk])))
 
 
 QUEUE_RUNNING_SHOWN = 100
@@ -538,7 +539,7 @@ def node_list(request):
             "rows": rows,
             "pools": pools,
             "summary": _pool_summary(rows),
-            "is_admin": request.user.is_staff,
+            "is_admin": is_platform_admin(request.user),
             "retired_count": retired,
             "show_retired": show_retired,
             "live_url": request.get_full_path(),
@@ -570,12 +571,17 @@ def node_remove(request, pk):
 
 # --- priority raises, approvals inbox, notifications ----------------------------------------
 
-RAISE_STEPS = {
-    "approve": (raise_services.priority_raise_approve, "approved"),
-    "reject": (raise_services.priority_raise_reject, "rejected"),
-    "revoke": (raise_services.priority_raise_revoke, "revoked"),
-    "cancel": (raise_services.priority_raise_cancel, "cancelled"),
-}
+RAISE_STEPS = DecisionSteps(
+    {
+        "approve": (raise_services.priority_raise_approve, "approved"),
+        "reject": (raise_services.priority_raise_reject, "rejected"),
+        "revoke": (raise_services.priority_raise_revoke, "revoked"),
+        "cancel": (raise_services.priority_raise_cancel, "cancelled"),
+    },
+    argument="raise_",
+    noun="Raise",
+    back="approvals",
+)
 
 
 @login_required
@@ -632,29 +638,13 @@ def approvals(request):
     )
 
 
-def _next_url(request, default: str) -> str:
-    target = request.POST.get("next", "")
-    if target and url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
-        return target
-    return default
-
-
 @login_required
 @require_POST
 def raise_action(request, pk, step):
     """Approve, reject, revoke or cancel a raise from the inbox or the job page."""
-    raise_ = get_object_or_404(selectors.raises_visible_to(request.user), pk=pk)
-    if step not in RAISE_STEPS:
-        raise Http404
-    service, done = RAISE_STEPS[step]
-    form = RaiseStepForm(request.POST)
-    comment = form.cleaned_data["comment"] if form.is_valid() else ""
-    try:
-        service(raise_=raise_, user=request.user, comment=comment)
-        messages.success(request, f"Raise #{raise_.pk} {done}.")
-    except BusinessError as exc:
-        messages.error(request, exc.message)
-    return redirect(_next_url(request, "approvals"))
+    return RAISE_STEPS.post(
+        request, step=step, objects=selectors.raises_visible_to(request.user), pk=pk
+    )
 
 
 @login_required

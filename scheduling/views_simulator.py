@@ -17,6 +17,7 @@ from django.shortcuts import redirect, render
 from portal.errors import BusinessError, NotFoundError
 from portal.forms import add_business_error
 from tenants.models import Tenant
+from tenants.selectors import is_platform_admin
 
 from .models import PriorityClass, Quota, SimulationRun
 from .services import whatif
@@ -83,7 +84,7 @@ class WhatIfForm(forms.Form):
 
 
 def _require_platform_admin(user) -> None:
-    if not user.is_staff:
+    if not is_platform_admin(user):
         raise PermissionDenied("Only platform admins run what-if simulations.")
 
 

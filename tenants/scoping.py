@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 
+from portal.errors import NotFoundError, PermissionDeniedError
+
 from .choices import ROLE_RANK, Role
 
 #: The least role each action needs.
@@ -72,6 +74,16 @@ def has_role(user, tenant, role: str) -> bool:
         return True
     actual = role_in(user, tenant)
     return actual is not None and ROLE_RANK[Role(actual)] >= ROLE_RANK[Role(role)]
+
+
+def require_role(user, tenant, role: str, *, not_found: str, denied: str = "") -> None:
+    """The rule of a write on a tenant's object: someone who cannot read the tenant's rows
+    is told the object does not exist (``NotFoundError(not_found)``: 404, as the reads
+    hide it); a member below ``role`` is refused (``PermissionDeniedError(denied)``: 403)."""
+    if not has_role(user, tenant, Role.VIEWER):
+        raise NotFoundError(not_found)
+    if not has_role(user, tenant, role):
+        raise PermissionDeniedError(denied)
 
 
 def tenant_ids_for(user, action: str = "view") -> QuerySet:

@@ -18,6 +18,7 @@ from .scoping import (  # noqa: F401  (read from here by callers)
     has_role,
     is_platform_admin,
     member_tenant_ids,
+    require_role,
     restrict,
     role_in,
     tenant_ids_for,

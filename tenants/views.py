@@ -57,7 +57,7 @@ def tenant_detail(request, slug):
         "tenant": tenant,
         "is_admin": is_admin,
         "my_role": selectors.role_in(request.user, tenant)
-        or ("platform admin" if request.user.is_staff else None),
+        or ("platform admin" if selectors.is_platform_admin(request.user) else None),
         "memberships": memberships,
         "has_directory_members": any(m.source == MembershipSource.DIRECTORY for m in memberships),
         "projects": tenant.projects.all(),

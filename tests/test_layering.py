@@ -43,6 +43,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "portal.logfilters",
             "portal.middleware",
             "portal.sqlrows",
+            "portal.steps",
             "portal.templatetags",
             "portal.text",
             "portal.varfiles",

@@ -17,6 +17,7 @@ from django.views.decorators.http import require_POST
 
 from portal.errors import BusinessError, NotFoundError, PermissionDeniedError
 from scheduling.simulator.report import duration
+from tenants.selectors import is_platform_admin
 
 from .. import recommendations as recs
 from ..choices import RecommendationKind, RecommendationState
@@ -76,7 +77,7 @@ def recommendation_list(request):
             "history": history,
             "state": state,
             "kinds": RecommendationKind.choices,
-            "can_act": request.user.is_staff,
+            "can_act": is_platform_admin(request.user),
             "last_run": recs.recommendations_last_run(),
             "schedule": recs.recommendations_schedule(),
         },
@@ -101,7 +102,7 @@ def _detail_context(request, rec, dismiss_form=None) -> dict:
         "effect": effect,
         "effect_rows": _effect_rows(effect),
         "dismiss_form": dismiss_form or DismissForm(),
-        "can_act": request.user.is_staff and rec.state == RecommendationState.OPEN,
+        "can_act": is_platform_admin(request.user) and rec.state == RecommendationState.OPEN,
         "cooldown_days": recs.threshold("COOLDOWN_DAYS"),
     }
 
@@ -181,7 +182,7 @@ def recommendation_apply(request, pk: int):
 def recommendation_dismiss(request, pk: int):
     """Close it with a reason (required: the form comes back with an error without one)."""
     rec = _get(request, pk)
-    if not request.user.is_staff:
+    if not is_platform_admin(request.user):
         raise PermissionDenied("Only platform admins dismiss recommendations.")
     form = DismissForm(request.POST)
     if form.is_valid():

@@ -1,4 +1,4 @@
-"""Forms of the job page's limits panel and of the extension approvals page."""
+"""Forms of the job page's limits panel (a decision's comment is portal.steps' form)."""
 
 from django import forms
 
@@ -23,9 +23,3 @@ class IdleExemptForm(forms.Form):
         initial=4,
     )
     reason = forms.CharField(max_length=2000, widget=forms.TextInput())
-
-
-class ExtensionDecisionForm(forms.Form):
-    """Approve or reject an extension, with an optional comment."""
-
-    comment = forms.CharField(max_length=2000, required=False)

@@ -6,25 +6,29 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
-from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from portal.errors import BusinessError
+from portal.steps import DecisionSteps
 from tenants.selectors import administers_any_tenant
 
 from .. import selectors as scheduling_selectors
 from ..choices import ExtensionState
 from ..services import limits, reclaim
 from . import selectors
-from .forms import ExtensionDecisionForm, ExtensionRequestForm, IdleExemptForm
+from .forms import ExtensionRequestForm, IdleExemptForm
 
-EXTENSION_STEPS = {
-    "approve": (limits.runtime_extension_approve, "approved"),
-    "reject": (limits.runtime_extension_reject, "rejected"),
-}
+EXTENSION_STEPS = DecisionSteps(
+    {
+        "approve": (limits.runtime_extension_approve, "approved"),
+        "reject": (limits.runtime_extension_reject, "rejected"),
+    },
+    argument="extension",
+    noun="Extension",
+    back="extension-approvals",
+)
 RECOVERY_PERIODS = (1, 7, 30, 90)
 
 
@@ -94,29 +98,13 @@ def extension_approvals(request):
     return render(request, "scheduling/extension_approvals.html", {"page": page})
 
 
-def _next_url(request, default: str) -> str:
-    target = request.POST.get("next", "")
-    if target and url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
-        return target
-    return default
-
-
 @login_required
 @require_POST
 def extension_action(request, pk, step):
     """Approve or reject a runtime extension."""
-    if step not in EXTENSION_STEPS:
-        raise Http404
-    extension = get_object_or_404(selectors.extensions_visible_to(request.user), pk=pk)
-    service, done = EXTENSION_STEPS[step]
-    form = ExtensionDecisionForm(request.POST)
-    comment = form.cleaned_data["comment"] if form.is_valid() else ""
-    try:
-        service(extension=extension, user=request.user, comment=comment)
-        messages.success(request, f"Extension #{extension.pk} {done}.")
-    except BusinessError as exc:
-        messages.error(request, exc.message)
-    return redirect(_next_url(request, "extension-approvals"))
+    return EXTENSION_STEPS.post(
+        request, step=step, objects=selectors.extensions_visible_to(request.user), pk=pk
+    )
 
 
 @login_required

@@ -14,13 +14,13 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from audit.services import audit_chain_head_locked_sql, audit_record
-from portal.errors import BusinessError, NotFoundError, PermissionDeniedError
+from portal.errors import BusinessError, PermissionDeniedError
 from portal.sqlrows import ModelInsert
 from portal.text import holds_bad_text
 from scheduling.agent.protocol import RESERVED_ENV_NAMES, RESERVED_ENV_PREFIXES
 from tenants.choices import Role
 from tenants.models import Project
-from tenants.selectors import can_submit_to_project, has_role, job_unix_account
+from tenants.selectors import can_submit_to_project, has_role, job_unix_account, require_role
 
 from ..choices import (
     ExecutorKind,
@@ -49,6 +49,7 @@ from ..models import (
     WorkloadPolicy,
 )
 from ..runtime_prediction import RuntimePrediction, history_ratios, predict_runtimes
+from ..selectors import can_manage_job
 from .enqueue import dispatch_on_commit, jobs_added_on_commit
 from .lifecycle import job_event, job_transition
 from .raises import higher_class, project_grant_classes
@@ -909,18 +910,9 @@ def job_submit_bulk(*, user, specs: list[JobSpec], lookups: Lookups | None = Non
 # --- the owner's (or an admin's) steps ------------------------------------------------------
 
 
-def _may_manage(user, job: Job) -> bool:
-    return (
-        job.submitted_by_id == user.pk
-        and has_role(user, job.tenant_id, Role.MEMBER)
-        or has_role(user, job.tenant_id, Role.ADMIN)
-    )
-
-
 def _require_manage(user, job: Job) -> None:
-    if not has_role(user, job.tenant_id, Role.VIEWER):
-        raise NotFoundError("Job not found.")
-    if not _may_manage(user, job):
+    require_role(user, job.tenant_id, Role.VIEWER, not_found="Job not found.")
+    if not can_manage_job(user, job):
         raise PermissionDeniedError("Only the job's owner or a tenant admin may do this.")
 
 

@@ -23,10 +23,10 @@ from django.urls import reverse
 from django.utils import timezone
 
 from audit.services import audit_record
-from portal.errors import BusinessError, NotFoundError, PermissionDeniedError
+from portal.errors import BusinessError, PermissionDeniedError
 from scheduling.agent.protocol import extend_message
 from tenants.choices import Role
-from tenants.selectors import has_role
+from tenants.selectors import require_role
 
 from ..choices import (
     RAISABLE_STATES,
@@ -215,10 +215,13 @@ def _policy(job: Job) -> WorkloadPolicy | None:
 
 
 def _check_requester(user, job: Job) -> None:
-    if not has_role(user, job.tenant_id, Role.VIEWER):
-        raise NotFoundError("Job not found.")
-    if not has_role(user, job.tenant_id, Role.MEMBER):
-        raise PermissionDeniedError("Viewers cannot ask for more runtime.")
+    require_role(
+        user,
+        job.tenant_id,
+        Role.MEMBER,
+        not_found="Job not found.",
+        denied="Viewers cannot ask for more runtime.",
+    )
     if not can_manage_job(user, job):
         raise PermissionDeniedError(
             "Only the job's owner or a tenant admin may ask for more runtime for it."

@@ -19,10 +19,10 @@ from django.urls import reverse
 from django.utils import timezone
 
 from audit.services import audit_record
-from portal.errors import BusinessError, NotFoundError, PermissionDeniedError
+from portal.errors import BusinessError, PermissionDeniedError
 from tenants.choices import Role
 from tenants.models import Project, Tenant
-from tenants.selectors import has_role, is_platform_admin
+from tenants.selectors import is_platform_admin, require_role
 
 from ..choices import FINAL_STATES, LIVE_STATES, RAISABLE_STATES, NotificationKind, RaiseState
 from ..models import Job, JobEvent, PriorityClass, PriorityRaise, TenantRaiseCeiling
@@ -212,10 +212,13 @@ def _job_step_event(raise_: PriorityRaise, step: str, message: str, actor, now) 
 
 def _check_requester(user, job: Job | None, project: Project | None) -> None:
     tenant_id = job.tenant_id if job is not None else project.tenant_id
-    if not has_role(user, tenant_id, Role.VIEWER):
-        raise NotFoundError("Job not found." if job is not None else "Project not found.")
-    if not has_role(user, tenant_id, Role.MEMBER):
-        raise PermissionDeniedError("Viewers cannot request priority raises.")
+    require_role(
+        user,
+        tenant_id,
+        Role.MEMBER,
+        not_found="Job not found." if job is not None else "Project not found.",
+        denied="Viewers cannot request priority raises.",
+    )
     if job is not None and not can_manage_job(user, job):
         raise PermissionDeniedError(
             "Only the job's owner or a tenant admin may request a raise for it."

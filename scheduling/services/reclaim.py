@@ -28,9 +28,9 @@ from django.db.models import F
 from django.utils import timezone
 
 from audit.services import audit_record
-from portal.errors import BusinessError, NotFoundError, PermissionDeniedError
+from portal.errors import BusinessError
 from tenants.choices import Role
-from tenants.selectors import has_role
+from tenants.selectors import require_role
 
 from ..choices import RAISABLE_STATES, JobState, NotificationKind, ReclaimKind, StopReason
 from ..models import Job, WorkloadPolicy
@@ -251,12 +251,13 @@ def job_idle_exempt(*, user, job: Job, until: datetime | None, reason: str) -> J
     Tenant admins of the job's tenant and platform admins; at most ``MAX_IDLE_EXEMPTION``
     ahead. When the exemption ends the idle clock starts again, so a warning comes first.
     """
-    if not has_role(user, job.tenant_id, Role.VIEWER):
-        raise NotFoundError("Job not found.")
-    if not has_role(user, job.tenant_id, Role.ADMIN):
-        raise PermissionDeniedError(
-            "Only tenant admins and platform admins may exempt a job from idle reclaim."
-        )
+    require_role(
+        user,
+        job.tenant_id,
+        Role.ADMIN,
+        not_found="Job not found.",
+        denied="Only tenant admins and platform admins may exempt a job from idle reclaim.",
+    )
     reason = (reason or "").strip()
     if not reason:
         raise BusinessError("Say why the job may stay idle.", field="reason")

@@ -27,6 +27,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from portal.errors import BusinessError, NotFoundError, PermissionDeniedError
+from tenants.selectors import is_platform_admin
 
 from ..choices import GpuHealth, NodeState, SimulationState
 from ..engine import QuotaInfo
@@ -272,7 +273,7 @@ def describe_changes(params: dict) -> list[str]:
 def simulation_runs_visible_to(user) -> QuerySet[SimulationRun]:
     """Runs a user may see: platform admins see all of them, nobody else any."""
     runs = SimulationRun.objects.select_related("created_by")
-    return runs if user.is_authenticated and user.is_staff else runs.none()
+    return runs if is_platform_admin(user) else runs.none()
 
 
 def simulation_run_get(user, pk: int) -> SimulationRun:
@@ -334,7 +335,7 @@ def clean_params(params: dict) -> dict:
 @transaction.atomic
 def simulation_run_create(*, user, params: dict) -> SimulationRun:
     """Queue a what-if replay for a platform admin; the Celery task runs it."""
-    if not (user.is_authenticated and user.is_staff):
+    if not is_platform_admin(user):
         raise PermissionDeniedError("Only platform admins run what-if simulations.")
     run = SimulationRun.objects.create(
         created_by=user, params=clean_params(params), created_at=timezone.now()

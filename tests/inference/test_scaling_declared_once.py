@@ -1,6 +1,7 @@
 """A service's scaling settings are declared once (inference/scaling.py): the model fields,
 the API's input serializers, the service form, the service spec, the autoscaler's Policy
-and the services guide's table all agree with that declaration."""
+and the services guide's table all agree with that declaration; the service spec and the
+Policy are the declaration itself (subclasses that redeclare none of its fields)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,14 @@ from inference import autoscaler
 from inference.api.serializers import ServiceChangeSerializer, ServiceInputSerializer
 from inference.forms import ServiceForm
 from inference.models import Service
-from inference.scaling import DEFAULTS, NAMES, SCALING_SETTINGS, SETTINGS_BY_NAME
+from inference.scaling import (
+    DEFAULTS,
+    NAMES,
+    SCALING_SETTINGS,
+    SETTINGS_BY_NAME,
+    ScalingSettings,
+    model_field,
+)
 from inference.services import SCALING_FIELDS, ServiceSpec
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "user" / "services.md"
@@ -37,6 +45,28 @@ def test_the_policy_has_exactly_the_declared_settings():
     assert tuple(f.name for f in dataclasses.fields(autoscaler.Policy)) == NAMES
 
 
+@pytest.mark.parametrize("holder", [autoscaler.Policy, ServiceSpec], ids=lambda c: c.__name__)
+def test_the_policy_and_the_spec_hold_the_declaration_unchanged(holder):
+    """Neither redeclares a setting (a field of its own would take its own type and
+    default): each setting is the declaration's field, as it is there."""
+    assert issubclass(holder, ScalingSettings)
+    for cls in holder.__mro__[: holder.__mro__.index(ScalingSettings)]:
+        redeclared = set(cls.__dict__.get("__annotations__", {})) & set(NAMES)
+        assert not redeclared, f"{cls.__name__} redeclares {sorted(redeclared)}"
+    declared = {f.name: f for f in dataclasses.fields(ScalingSettings)}
+    for held in dataclasses.fields(holder):
+        if held.name in declared:
+            assert (held.type, held.default) == (
+                declared[held.name].type,
+                declared[held.name].default,
+            )
+
+
+@SETTINGS
+def test_an_optional_setting_is_empty_by_default(setting):
+    assert setting.optional is (setting.default is None)
+
+
 @SETTINGS
 def test_policy_default(setting):
     assert getattr(autoscaler.Policy(), setting.name) == setting.default == DEFAULTS[setting.name]
@@ -47,6 +77,14 @@ def test_service_spec_default(setting):
     spec_defaults = {f.name: f.default for f in dataclasses.fields(ServiceSpec)}
     assert spec_defaults[setting.name] == setting.default
     assert setting.name in SCALING_FIELDS
+
+
+@SETTINGS
+def test_the_model_field_is_the_declared_one(setting):
+    """Every argument of the column (type, default, null, validators, help) is the
+    declaration's: a model field written by hand in its place differs here."""
+    _, path, args, kwargs = Service._meta.get_field(setting.name).deconstruct()
+    assert (path, args, kwargs) == model_field(setting.name).deconstruct()[1:]
 
 
 @SETTINGS

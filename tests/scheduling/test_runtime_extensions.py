@@ -247,3 +247,23 @@ def test_extension_approvals_page(world, client):
     assert extension.state == ExtensionState.APPROVED
     client.force_login(world.outsider)
     assert client.post(f"/runtime-extensions/{extension.pk}/reject").status_code == 404
+
+
+def test_an_extension_decision_goes_back_to_a_page_of_this_site_only(world, client):
+    """The approvals page's steps are the raises' (portal.steps): an unknown step is a 404,
+    a ``next`` of this site is followed and one elsewhere is not."""
+    job = placed(world, max_runtime_seconds=1000)
+    first = _ask(world, job, 600)
+    client.force_login(world.tenant_admin)
+    assert client.post(f"/runtime-extensions/{first.pk}/extend-forever").status_code == 404
+    response = client.post(
+        f"/runtime-extensions/{first.pk}/reject", {"next": "https://evil.example/"}
+    )
+    assert response["Location"] == "/approvals/extensions/"
+    first.refresh_from_db()
+    assert first.state == ExtensionState.REJECTED
+    second = _ask(world, job, 600)
+    response = client.post(f"/runtime-extensions/{second.pk}/approve", {"next": f"/jobs/{job.pk}/"})
+    assert response["Location"] == f"/jobs/{job.pk}/"
+    second.refresh_from_db()
+    assert second.state == ExtensionState.APPROVED

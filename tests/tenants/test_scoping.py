@@ -7,10 +7,11 @@ import pytest
 from django.contrib.auth.models import AnonymousUser
 from django.utils import timezone
 
+from portal.errors import NotFoundError, PermissionDeniedError
 from scheduling.models import Job, JobEvent, ReclaimRecord
 from tenants.choices import Role
 from tenants.models import Project, Tenant
-from tenants.scoping import restrict, tenant_ids_for
+from tenants.scoping import require_role, restrict, tenant_ids_for
 from tests import factories as f
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,6 +98,83 @@ def test_tenant_ids_for_ignores_platform_rights(world):
     assert [r["tenant_id"] for r in tenant_ids_for(world.tenant_admin, "admin")] == [
         world.tenant.pk
     ]
+
+
+# --- a write on a tenant's object: 404 out of sight, 403 below the role -------------------
+
+
+def test_require_role_hides_the_object_from_outsiders_and_refuses_low_roles(world):
+    def outcome(user, role):
+        try:
+            require_role(user, world.tenant, role, not_found="gone", denied="no")
+        except NotFoundError as exc:
+            return 404, exc.message
+        except PermissionDeniedError as exc:
+            return 403, exc.message
+        return 200, ""
+
+    assert outcome(world.outsider, Role.VIEWER) == (404, "gone")
+    assert outcome(AnonymousUser(), Role.VIEWER) == (404, "gone")
+    assert outcome(world.viewer, Role.VIEWER) == (200, "")
+    assert outcome(world.viewer, Role.MEMBER) == (403, "no")
+    assert outcome(world.member, Role.MEMBER) == (200, "")
+    assert outcome(world.member, Role.ADMIN) == (403, "no")
+    assert outcome(world.tenant_admin, Role.ADMIN) == (200, "")
+    assert outcome(world.platform_admin, Role.ADMIN) == (200, "")
+
+
+#: Services that write on a tenant's object; each says 404/403 through require_role.
+WRITING_SERVICES = (
+    "scheduling/services/jobs.py",
+    "scheduling/services/limits.py",
+    "scheduling/services/raises.py",
+    "scheduling/services/reclaim.py",
+    "inference/services.py",
+)
+
+
+@pytest.mark.parametrize("path", WRITING_SERVICES)
+def test_the_404_then_403_rule_is_not_written_again(path):
+    """ "Not even a viewer: not found" is tenants.scoping.require_role's, not a service's."""
+    source = (ROOT / path).read_text()
+    assert not re.search(r"has_role\([^)]*Role\.VIEWER\)", source), path
+    assert "require_role(" in source, path
+
+
+#: Where the staff flag itself is read: the rule, the account edit that may not demote
+#: oneself, and sign-in and directory sync (which grant and withdraw the flag).
+STAFF_FLAG_READERS = {
+    "tenants/scoping.py",
+    "tenants/services.py",
+    "identity/forms.py",
+    "identity/oidc.py",
+    "identity/services.py",
+}
+APP_DIRS = (
+    "accounts",
+    "audit",
+    "identity",
+    "inference",
+    "insights",
+    "portal",
+    "scheduling",
+    "tenants",
+)
+
+
+def test_who_is_a_platform_admin_is_read_from_the_rule():
+    """Pages, services and the navigation ask is_platform_admin (an active staff user), not
+    the staff flag."""
+    found = []
+    for app in APP_DIRS:
+        for path in sorted((ROOT / app).rglob("*.py")):
+            name = path.relative_to(ROOT).as_posix()
+            if "/migrations/" in name or name in STAFF_FLAG_READERS:
+                continue
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if re.search(r"\.is_staff\b", line):
+                    found.append(f"{name}:{number}: {line.strip()}")
+    assert not found, "platform admin read from the staff flag:\n" + "\n".join(found)
 
 
 # --- every selector module scopes through the primitive ---------------------------------------
