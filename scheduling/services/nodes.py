@@ -1238,6 +1238,9 @@ def _end_after_loss(job: Job, now: datetime, message: str) -> None:
 
 #: When the last probe handled by a reports worker was sent (unix time; see below).
 REPORTS_PROBE_KEY = "sluice:reports:probe"
+#: When the last drain of the heartbeats queue that emptied it began (unix time): every
+#: heartbeat sent before then was applied (scheduling.services.heartbeats).
+HEARTBEATS_DRAINED_KEY = "sluice:heartbeats:drained"
 
 
 def reports_probe_record(*, sent_at: float) -> None:
@@ -1254,13 +1257,19 @@ def reports_handled_until(now: datetime) -> datetime:
     reports queue (workers down, restarting, or far behind), every node's last heartbeat
     ages although the agents keep sending. Each sweep sends a probe through the queue; a
     probe that has not come back for a while means the reports are not flowing, and nodes
-    are then judged by the time of the last probe that did come back, not by the clock."""
-    probe = cache.get(REPORTS_PROBE_KEY)
-    if probe is None:
-        return now  # nothing known yet (first start, or the cache was emptied)
-    handled = datetime.fromtimestamp(probe, tz=UTC)
+    are then judged by the time of the last probe that did come back, not by the clock.
+    Heartbeats sent apart, on the heartbeats queue, count up to the last drain that
+    emptied that queue (``HEARTBEATS_DRAINED_KEY``), judged the same way."""
     stale_after = timedelta(seconds=3 * settings.SLUICE_CONTROL_INTERVAL + 10)
-    return now if now - handled <= stale_after else min(now, handled)
+    until = now
+    for key in (REPORTS_PROBE_KEY, HEARTBEATS_DRAINED_KEY):
+        mark = cache.get(key)
+        if mark is None:
+            continue  # nothing known yet (first start, or the cache was emptied)
+        handled = datetime.fromtimestamp(mark, tz=UTC)
+        if now - handled > stale_after:
+            until = min(until, handled)
+    return until
 
 
 def nodes_sweep_lost(now: datetime | None = None) -> list[str]:

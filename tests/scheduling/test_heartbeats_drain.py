@@ -1,0 +1,270 @@
+"""Heartbeats batched across messages: agents send them to the heartbeats queue, and each
+drain (``scheduling.heartbeats_drain``) applies every message waiting there as one batch.
+
+Over the embedded filesystem broker (a folder of this test's own), through the agents'
+real sender: each node's heartbeat is a message of its own, as a fleet of agents sends.
+"""
+
+from datetime import timedelta
+
+import pytest
+from django.core.cache import cache
+from django.utils import timezone
+from kombu import Exchange, Queue
+
+from scheduling.agent.protocol import HEARTBEATS_QUEUE, REPORT_TASK, REPORTS_QUEUE
+from scheduling.agent.transport import CeleryReportSender, broker_connection
+from scheduling.choices import JobState, NodeState
+from scheduling.models import Gpu, Node
+from scheduling.services import heartbeats as heartbeats_service
+from scheduling.services.nodes import (
+    HEARTBEATS_DRAINED_KEY,
+    REPORTS_PROBE_KEY,
+    nodes_sweep_lost,
+    reports_handled_until,
+    reports_probe_record,
+)
+from scheduling.tasks import agent_reports, heartbeats_drain
+
+from .test_node_heartbeats_apply import _beat, _busy, _node, _running_job
+from .test_report_batches import _started
+
+
+@pytest.fixture(autouse=True)
+def _marks():
+    cache.delete_many([HEARTBEATS_DRAINED_KEY, REPORTS_PROBE_KEY])
+    yield
+    cache.delete_many([HEARTBEATS_DRAINED_KEY, REPORTS_PROBE_KEY])
+
+
+@pytest.fixture
+def broker(settings, tmp_path):
+    """The embedded broker in a folder of the test's own, for the drain and the senders."""
+    settings.CELERY_BROKER_URL = "filesystem://"
+    settings.SLUICE_BROKER_DIR = str(tmp_path / "broker")
+    return settings.SLUICE_BROKER_DIR
+
+
+@pytest.fixture
+def send(broker):
+    """``send(reports)``: one agent's batch, as its sender publishes it."""
+    senders = []
+
+    def publish(reports, **options):
+        sender = CeleryReportSender("filesystem://", broker, **options)
+        senders.append(sender)
+        sender.send_batch(reports)
+
+    yield publish
+    for sender in senders:
+        sender.close()
+
+
+def _waiting(broker, queue):
+    """The reports of the messages left on ``queue`` (taken off it)."""
+    reports = []
+    with broker_connection("filesystem://", broker) as connection:
+        simple = connection.SimpleQueue(queue, accept=["json"])
+        while True:
+            try:
+                message = simple.get_nowait()
+            except simple.Empty:
+                break
+            reports += message.payload[0][0]
+            message.ack()
+        simple.close()
+    return reports
+
+
+@pytest.fixture
+def nodes(world):
+    """A node running a two-GPU job and three idle nodes."""
+    job, node = _running_job(world)
+    return job, node, [_node(world, f"gpu-1{i}") for i in range(3)]
+
+
+def test_heartbeats_of_many_messages_are_applied_as_one_batch(nodes, send, broker, monkeypatch):
+    job, node, idle = nodes
+    now = timezone.now()
+    send([_beat(node, jobs=[job], sent_at=now, busy=_busy(job, node))])
+    for other in idle:
+        send([_beat(other, sent_at=now)])
+    batches = []
+    process = heartbeats_service.agent_reports_process
+    monkeypatch.setattr(
+        heartbeats_service,
+        "agent_reports_process",
+        lambda *, reports: batches.append(len(reports)) or process(reports=reports),
+    )
+
+    result = heartbeats_drain()
+
+    assert batches == [4]  # four messages, one batch
+    assert result["messages"] == 4 and result["heartbeats"] == 4 and result["failed"] == 0
+    assert result["lag_max_s"] >= result["lag_min_s"] >= 0
+    for each in [node, *idle]:
+        each.refresh_from_db()
+        assert each.last_heartbeat is not None
+        assert set(Gpu.objects.filter(node=each).values_list("sampled_at", flat=True)) == {now}
+    job.refresh_from_db()
+    assert job.last_active_at == now
+    assert _waiting(broker, HEARTBEATS_QUEUE) == []  # taken and acknowledged
+    assert cache.get(HEARTBEATS_DRAINED_KEY) is not None
+
+
+def test_a_heartbeat_older_than_one_applied_does_not_undo_it(nodes, send):
+    job, node, _ = nodes
+    now = timezone.now()
+    send([_beat(node, jobs=[job], sent_at=now, busy=_busy(job, node))])
+    heartbeats_drain()
+    # An older heartbeat of the node, delivered late (a redelivery, a slow agent's outbox),
+    # with every GPU idle and other zombies.
+    older = _beat(node, jobs=[job], sent_at=now - timedelta(seconds=20))
+    older["zombies"] = [{"gpu_index": 7, "pid": 66, "memory_mb": 10, "name": "python"}]
+    send([older])
+    assert heartbeats_drain()["heartbeats"] == 1
+    gpus = Gpu.objects.filter(node=node)
+    assert set(gpus.values_list("sampled_at", flat=True)) == {now}
+    assert {g.utilization for g in gpus if g.index in _busy(job, node)} == {90.0}
+    node.refresh_from_db()
+    assert node.zombies == []
+    job.refresh_from_db()
+    assert job.state == JobState.RUNNING
+    assert job.last_active_at == now
+
+
+def test_activity_of_older_heartbeats_in_other_messages_counts(nodes, send):
+    job, node, _ = nodes
+    now = timezone.now()
+    busy_at = now - timedelta(seconds=10)
+    # The node's agent sent twice before a drain: busy, then idle.
+    send([_beat(node, jobs=[job], sent_at=busy_at, busy=_busy(job, node))])
+    send([_beat(node, jobs=[job], sent_at=now)])
+    result = heartbeats_drain()
+    assert result["heartbeats"] == 2
+    gpus = Gpu.objects.filter(node=node)
+    assert set(gpus.values_list("sampled_at", flat=True)) == {now}  # the newest applied
+    assert set(gpus.values_list("utilization", flat=True)) == {0.0}
+    job.refresh_from_db()
+    assert job.last_active_at == busy_at  # the older one's activity, at its own moment
+
+
+def test_a_failure_in_one_nodes_heartbeat_does_not_lose_the_others(nodes, send):
+    job, node, (bad_node, other, _) = nodes
+    now = timezone.now()
+    bad = _beat(bad_node, sent_at=now)
+    del bad["gpus"][0]["index"]  # its handler fails on it
+    send([_beat(node, jobs=[job], sent_at=now, busy=_busy(job, node))])
+    send([bad])
+    send([_beat(other, sent_at=now)])
+    result = heartbeats_drain()
+    assert result["failed"] == 1 and result["messages"] == 3
+    job.refresh_from_db()
+    assert job.last_active_at == now
+    assert set(Gpu.objects.filter(node=other).values_list("sampled_at", flat=True)) == {now}
+    assert set(Gpu.objects.filter(node=bad_node).values_list("sampled_at", flat=True)) == {None}
+
+
+def test_a_drain_that_fails_leaves_its_messages_for_the_next(nodes, send, broker, monkeypatch):
+    job, node, _ = nodes
+    now = timezone.now()
+    send([_beat(node, jobs=[job], sent_at=now, busy=_busy(job, node))])
+    process = heartbeats_service.agent_reports_process
+
+    def killed(*, reports):
+        raise RuntimeError("worker lost its database")
+
+    monkeypatch.setattr(heartbeats_service, "agent_reports_process", killed)
+    with pytest.raises(RuntimeError):
+        heartbeats_drain()
+    assert cache.get(HEARTBEATS_DRAINED_KEY) is None
+    monkeypatch.setattr(heartbeats_service, "agent_reports_process", process)
+    assert heartbeats_drain()["heartbeats"] == 1  # delivered again
+    job.refresh_from_db()
+    assert job.last_active_at == now
+
+
+def test_messages_drained_in_chunks(nodes, send, monkeypatch):
+    job, node, idle = nodes
+    now = timezone.now()
+    for each in [node, *idle]:
+        send([_beat(each, sent_at=now)])
+    monkeypatch.setattr(heartbeats_service, "MESSAGES_PER_CHUNK", 3)
+    result = heartbeats_drain()
+    assert result["messages"] == 4 and result["heartbeats"] == 4
+    assert Gpu.objects.filter(sampled_at=now).count() == 4 * 8
+
+
+def test_an_older_agents_single_report_and_a_foreign_message(world, broker):
+    job, node = _running_job(world)
+    now = timezone.now()
+    with broker_connection("filesystem://", broker) as connection:
+        queue = Queue(HEARTBEATS_QUEUE, Exchange(HEARTBEATS_QUEUE, type="direct"), HEARTBEATS_QUEUE)
+        producer = connection.Producer(serializer="json")
+        # A report as agents before batches sent it (one report, protocol 2), and a body
+        # that is no report task: dropped, never delivered again.
+        beat = _beat(node, jobs=[job], sent_at=now, busy=_busy(job, node))
+        producer.publish(
+            [[beat], {}, {}], headers={"task": REPORT_TASK}, declare=[queue], routing_key=queue.name
+        )
+        producer.publish({"hello": "world"}, declare=[queue], routing_key=queue.name)
+    result = heartbeats_drain()
+    assert result["messages"] == 2 and result["heartbeats"] == 1 and result["dropped"] == 1
+    job.refresh_from_db()
+    assert job.last_active_at == now
+    assert heartbeats_drain()["messages"] == 0
+
+
+def test_the_sender_puts_heartbeats_on_their_queue_and_the_rest_on_reports(world, send, broker):
+    job, node = _running_job(world)
+    beat = _beat(node, jobs=[job], sent_at=timezone.now())
+    started = _started(node, job)
+    send([started, beat])
+    assert _waiting(broker, REPORTS_QUEUE) == [started]
+    assert _waiting(broker, HEARTBEATS_QUEUE) == [beat]
+    # A heartbeat alone sends nothing to the reports queue (and the reverse).
+    send([beat])
+    send([started])
+    assert _waiting(broker, REPORTS_QUEUE) == [started]
+    assert _waiting(broker, HEARTBEATS_QUEUE) == [beat]
+
+
+def test_without_a_heartbeats_queue_the_sender_keeps_them_with_the_reports(world, send, broker):
+    job, node = _running_job(world)
+    beat = _beat(node, jobs=[job], sent_at=timezone.now())
+    started = _started(node, job)
+    send([started, beat], heartbeats_queue="")
+    assert _waiting(broker, REPORTS_QUEUE) == [started, beat]
+    assert _waiting(broker, HEARTBEATS_QUEUE) == []
+
+
+def test_heartbeats_in_the_reports_queue_are_still_handled(nodes):
+    """An agent older than the heartbeats queue: its heartbeats come with its reports."""
+    job, node, _ = nodes
+    now = timezone.now()
+    agent_reports([_beat(node, jobs=[job], sent_at=now, busy=_busy(job, node))])
+    job.refresh_from_db()
+    assert job.last_active_at == now
+
+
+def test_nodes_are_not_judged_while_the_heartbeats_are_not_drained(world):
+    # The probes come back (the reports queue flows) but no drain emptied the heartbeats
+    # queue for 20 minutes: the nodes' last heartbeats stopped then too.
+    now = timezone.now()
+    reports_probe_record(sent_at=now.timestamp())
+    cache.set(HEARTBEATS_DRAINED_KEY, (now - timedelta(minutes=20)).timestamp())
+    Node.objects.update(last_heartbeat=now - timedelta(minutes=20))
+    assert abs((reports_handled_until(now) - (now - timedelta(minutes=20))).total_seconds()) < 1
+    assert nodes_sweep_lost(now) == []
+    assert set(Node.objects.values_list("state", flat=True)) == {NodeState.READY}
+    # Drained again: the silent nodes are judged by the clock.
+    cache.set(HEARTBEATS_DRAINED_KEY, now.timestamp())
+    assert reports_handled_until(now) == now
+    assert len(nodes_sweep_lost(now)) == Node.objects.count()
+
+
+def test_the_drain_runs_every_second_from_beat(settings):
+    entry = settings.CELERY_BEAT_SCHEDULE["heartbeats-drain"]
+    assert entry["task"] == "scheduling.heartbeats_drain"
+    assert entry["schedule"].run_every == timedelta(seconds=settings.SLUICE_HEARTBEAT_DRAIN_SECONDS)
+    assert settings.CELERY_TASK_ROUTES["scheduling.heartbeats_drain"] == {"queue": "reports"}
