@@ -475,6 +475,18 @@ def _drains(path: Path) -> list[tuple[int, float]]:
     ]
 
 
+def _drain_cpu_ms(path: Path) -> tuple[int, float]:
+    """Heartbeats the worker's drains applied so far, and the drains' own CPU (ms) for them
+    (the drain tasks' bodies: Celery's cost of running each drain task is left out)."""
+    beats, cpu = 0, 0.0
+    if path.exists():
+        for _, value in _task_times(path, "scheduling.heartbeats_drain"):
+            if isinstance(value, dict):
+                beats += value.get("heartbeats") or 0
+                cpu += value.get("cpu_ms") or 0.0
+    return beats, cpu
+
+
 def _weighted_percentile(pairs: list[tuple[int, float]], q: float) -> float | None:
     """The ``q`` percentile of values each counted ``weight`` times ((weight, value) pairs)."""
     total = sum(w for w, _ in pairs)
@@ -596,6 +608,7 @@ def bench(args) -> int:
         worker_log = tmp / "worker.log"
         before, stats0 = cluster.cpu_seconds(), _shard_stats(tmp)
         handled0, drains0 = _reports_handled(worker_log), len(_drains(worker_log))
+        drained0 = _drain_cpu_ms(worker_log)
         time.sleep(args.idle_seconds)
         after, stats1 = cluster.cpu_seconds(), _shard_stats(tmp)
         handled = _reports_handled(worker_log) - handled0
@@ -616,6 +629,11 @@ def bench(args) -> int:
         result["idle_lag_p99_s"] = _percentile(prober.lags[idle_mark:], 0.99)
         result["idle_heartbeat_lag_p99_s"] = _weighted_percentile(idle_drains, 0.99)
         result["idle_heartbeat_drains"] = len(idle_drains)
+        drained1 = _drain_cpu_ms(worker_log)
+        drained = drained1[0] - drained0[0]
+        result["cpu_ms_per_heartbeat_in_drains"] = (
+            round((drained1[1] - drained0[1]) / drained, 3) if drained else None
+        )
         log(f"idle: {beats} heartbeats, worker {result['cpu_ms_per_heartbeat_worker']} ms each")
 
         # The workload.

@@ -102,6 +102,7 @@ def test_heartbeats_of_many_messages_are_applied_as_one_batch(nodes, send, broke
     assert batches == [4]  # four messages, one batch
     assert result["messages"] == 4 and result["heartbeats"] == 4 and result["failed"] == 0
     assert result["lag_max_s"] >= result["lag_min_s"] >= 0
+    assert result["cpu_ms"] > 0
     for each in [node, *idle]:
         each.refresh_from_db()
         assert each.last_heartbeat is not None
