@@ -366,7 +366,8 @@ CELERY_TASK_ROUTES = {
     "scheduling.agent_reports": {"queue": "reports"},
     "scheduling.agent_report": {"queue": "reports"},
     "scheduling.reports_probe": {"queue": "reports"},
-    "scheduling.heartbeats_drain": {"queue": "reports"},
+    # Not behind a backlog of reports: a worker takes its queues in turn.
+    "scheduling.heartbeats_drain": {"queue": "control"},
 }
 # Workers keep their database connections between tasks. Celery's Django fix-up closes
 # them before and after every task unless this is set (then only every 2 × N tasks);

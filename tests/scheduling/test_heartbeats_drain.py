@@ -268,4 +268,5 @@ def test_the_drain_runs_every_second_from_beat(settings):
     entry = settings.CELERY_BEAT_SCHEDULE["heartbeats-drain"]
     assert entry["task"] == "scheduling.heartbeats_drain"
     assert entry["schedule"].run_every == timedelta(seconds=settings.SLUICE_HEARTBEAT_DRAIN_SECONDS)
-    assert settings.CELERY_TASK_ROUTES["scheduling.heartbeats_drain"] == {"queue": "reports"}
+    # On the control queue: a backlog of reports does not hold the heartbeats back.
+    assert settings.CELERY_TASK_ROUTES["scheduling.heartbeats_drain"] == {"queue": "control"}
