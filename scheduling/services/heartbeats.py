@@ -20,6 +20,11 @@ older than a heartbeat already applied changes none of its node's samples and on
 its GPU activity. A heartbeat that cannot be applied is logged and dropped without the
 others; the node's next heartbeat, one interval later, repairs what it would have told.
 
+A heartbeat drained here may overtake a ``started`` or ``exited`` report of its node still
+waiting on the reports queue. Listing a job running or ended (with its exit) repairs the
+same as the report would; not listing a running job makes it LOST only once the reports
+sent before are known to be handled (``nodes.lost_after_reports``).
+
 Reports of other types on the queue (none is sent there) are applied in their order with
 the heartbeats; a message that is no report task is logged and dropped.
 """
@@ -35,7 +40,7 @@ from django.core.cache import cache
 
 from scheduling.agent.protocol import HEARTBEAT, HEARTBEATS_QUEUE, REPORT_TASK, REPORTS_TASK
 
-from .nodes import HEARTBEATS_DRAINED_KEY
+from .nodes import HEARTBEATS_DRAINED_KEY, lost_after_reports
 from .reports import agent_reports_process
 
 log = logging.getLogger(__name__)
@@ -67,7 +72,8 @@ def heartbeats_drain(*, queue: str = HEARTBEATS_QUEUE) -> dict[str, Any]:
                 if not messages:
                     break
                 reports = [r for m in messages for r in _reports_of(m, totals)]
-                counts = agent_reports_process(reports=reports)
+                with lost_after_reports():
+                    counts = agent_reports_process(reports=reports)
                 applied_at = time.time()
                 for message in messages:
                     message.ack()

@@ -194,7 +194,10 @@ def _reconcile_jobs(
     - RUNNING or STOPPING and not listed at all, though the report was sent after the job
       started here: the agent does not know it, so it is LOST (requeued by policy). An
       ADMITTED job not listed may not have reached the node yet: the stuck-launch sweep
-      handles it; a report sent before the job started says nothing about it.
+      handles it; a report sent before the job started says nothing about it. A heartbeat
+      that came apart from the other reports (:func:`lost_after_reports`) may overtake the
+      job's ``exited`` report: the job is then LOST only once the reports sent before the
+      first heartbeat that did not list it have been handled (and it is still not ended).
 
     A job the agent runs that the portal does not place here is stopped (unless the report
     is ``stale``: a newer one was applied already). Each repair is tried on its own: one
@@ -232,10 +235,50 @@ def _reconcile_jobs(
             and started_at is not None
             and sent_at > started_at
             and (nodes == 1 or _started_on(key[0], node.name, admitted_at))
+            and _reports_caught_up(key, node, sent_at)
         ):
             _repair(_job_lost_here, key[0], key[1], node, sent_at)
             repaired = True
     return repaired
+
+
+#: Set while heartbeats that travelled apart from the other reports are applied (see
+#: :func:`lost_after_reports`).
+_apart: ContextVar[bool] = ContextVar("sluice_heartbeats_apart", default=False)
+
+#: How long the first heartbeat that did not list a job attempt is remembered.
+MISSING_SINCE_SECONDS = 3600
+
+
+@contextmanager
+def lost_after_reports() -> Iterator[None]:
+    """Heartbeats applied inside this block came on a queue of their own: a job one does
+    not list may have ended in an ``exited`` report still waiting on the reports queue (an
+    executor that lists only running jobs, as the Kubernetes one does). Such a job is
+    judged LOST only once the reports queue has handled everything sent before the first
+    heartbeat that did not list it (a probe sent after it came back,
+    :data:`REPORTS_PROBE_KEY`); meanwhile its ``exited`` report, if any, ends it."""
+    token = _apart.set(True)
+    try:
+        yield
+    finally:
+        _apart.reset(token)
+
+
+def _reports_caught_up(key: tuple[int, int], node: Node, sent_at: datetime) -> bool:
+    """Whether a running job attempt that a heartbeat sent at ``sent_at`` does not list can
+    be judged now (see :func:`lost_after_reports`)."""
+    if not _apart.get():
+        return True
+    probe = cache.get(REPORTS_PROBE_KEY)
+    if probe is None:
+        return True  # nothing known of the reports queue (first start, cache emptied)
+    since = cache.get_or_set(
+        f"sluice:missing:{node.pk}:{key[0]}:{key[1]}",
+        sent_at.timestamp(),
+        timeout=MISSING_SINCE_SECONDS,
+    )
+    return float(probe) >= float(since)
 
 
 #: A job attempt placed on a node: its state, started at, node count, admitted at, the ids

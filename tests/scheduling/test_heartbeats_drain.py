@@ -19,7 +19,6 @@ from scheduling.models import Gpu, Node
 from scheduling.services import heartbeats as heartbeats_service
 from scheduling.services.nodes import (
     HEARTBEATS_DRAINED_KEY,
-    REPORTS_PROBE_KEY,
     nodes_sweep_lost,
     reports_handled_until,
     reports_probe_record,
@@ -27,14 +26,15 @@ from scheduling.services.nodes import (
 from scheduling.tasks import agent_reports, heartbeats_drain
 
 from .test_node_heartbeats_apply import _beat, _busy, _node, _running_job
-from .test_report_batches import _started
+from .test_report_batches import _exited, _started
 
 
 @pytest.fixture(autouse=True)
 def _marks():
-    cache.delete_many([HEARTBEATS_DRAINED_KEY, REPORTS_PROBE_KEY])
+    """No probe, drain or missing job remembered from another test (the ids repeat)."""
+    cache.clear()
     yield
-    cache.delete_many([HEARTBEATS_DRAINED_KEY, REPORTS_PROBE_KEY])
+    cache.clear()
 
 
 @pytest.fixture
@@ -270,3 +270,46 @@ def test_the_drain_runs_every_second_from_beat(settings):
     assert entry["schedule"].run_every == timedelta(seconds=settings.SLUICE_HEARTBEAT_DRAIN_SECONDS)
     # On the control queue: a backlog of reports does not hold the heartbeats back.
     assert settings.CELERY_TASK_ROUTES["scheduling.heartbeats_drain"] == {"queue": "control"}
+
+
+def test_a_heartbeat_that_overtakes_the_exit_does_not_lose_the_job(nodes, send):
+    """An executor that lists only running jobs (Kubernetes): the job ended, its ``exited``
+    report waits on the reports queue (behind a backlog) while the next heartbeat, which
+    no longer lists it, is drained first."""
+    job, node, _ = nodes
+    now = timezone.now()
+    reports_probe_record(sent_at=(now - timedelta(seconds=30)).timestamp())  # queue behind
+    send([_beat(node, sent_at=now)])
+    heartbeats_drain()
+    job.refresh_from_db()
+    assert job.state == JobState.RUNNING  # not judged before the reports are handled
+    agent_reports([_exited(node, job)])  # the exit, handled at last
+    job.refresh_from_db()
+    assert job.state == JobState.SUCCEEDED
+
+
+def test_a_job_the_agent_forgot_is_lost_once_the_reports_caught_up(nodes, send):
+    job, node, _ = nodes
+    now = timezone.now()
+    reports_probe_record(sent_at=(now - timedelta(seconds=30)).timestamp())
+    send([_beat(node, sent_at=now - timedelta(seconds=10))])
+    heartbeats_drain()
+    job.refresh_from_db()
+    assert job.state == JobState.RUNNING
+    # A probe sent after that heartbeat came back: no exit was waiting for the job.
+    reports_probe_record(sent_at=(now - timedelta(seconds=5)).timestamp())
+    send([_beat(node, sent_at=now)])
+    heartbeats_drain()
+    job.refresh_from_db()
+    assert job.state != JobState.RUNNING
+    assert job.events.filter(message__contains="no longer runs it").exists()
+
+
+def test_heartbeats_with_the_reports_judge_a_missing_job_at_once(nodes):
+    """The path of agents older than the heartbeats queue is as it was."""
+    job, node, _ = nodes
+    now = timezone.now()
+    reports_probe_record(sent_at=(now - timedelta(seconds=30)).timestamp())
+    agent_reports([_beat(node, sent_at=now)])
+    job.refresh_from_db()
+    assert job.state != JobState.RUNNING
