@@ -23,7 +23,7 @@ others; the node's next heartbeat, one interval later, repairs what it would hav
 A heartbeat drained here may overtake a ``started`` or ``exited`` report of its node still
 waiting on the reports queue. Listing a job running or ended (with its exit) repairs the
 same as the report would; not listing a running job makes it LOST only once the reports
-sent before are known to be handled (``nodes.lost_after_reports``).
+sent before are known to be handled (``nodes.heartbeats_apart``).
 
 Reports of other types on the queue (none is sent there) are applied in their order with
 the heartbeats; a message that is no report task is logged and dropped.
@@ -40,7 +40,7 @@ from django.core.cache import cache
 
 from scheduling.agent.protocol import HEARTBEAT, HEARTBEATS_QUEUE, REPORT_TASK, REPORTS_TASK
 
-from .nodes import HEARTBEATS_DRAINED_KEY, lost_after_reports
+from .nodes import HEARTBEATS_DRAINED_KEY, heartbeats_apart
 from .reports import agent_reports_process
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ def heartbeats_drain(*, queue: str = HEARTBEATS_QUEUE) -> dict[str, Any]:
                 if not messages:
                     break
                 reports = [r for m in messages for r in _reports_of(m, totals)]
-                with lost_after_reports():
+                with heartbeats_apart():
                     counts = agent_reports_process(reports=reports)
                 applied_at = time.time()
                 for message in messages:

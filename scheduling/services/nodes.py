@@ -194,10 +194,12 @@ def _reconcile_jobs(
     - RUNNING or STOPPING and not listed at all, though the report was sent after the job
       started here: the agent does not know it, so it is LOST (requeued by policy). An
       ADMITTED job not listed may not have reached the node yet: the stuck-launch sweep
-      handles it; a report sent before the job started says nothing about it. A heartbeat
-      that came apart from the other reports (:func:`lost_after_reports`) may overtake the
-      job's ``exited`` report: the job is then LOST only once the reports sent before the
-      first heartbeat that did not list it have been handled (and it is still not ended).
+      handles it; a report sent before the job started says nothing about it.
+
+    A heartbeat that came apart from the other reports (:func:`heartbeats_apart`) may
+    overtake the job's ``started`` or ``exited`` report: each of these repairs is then made
+    only once the reports sent before the first heartbeat that called for it have been
+    handled, and the job still needs it (else the report did it, set-based and once).
 
     A job the agent runs that the portal does not place here is stopped (unless the report
     is ``stale``: a newer one was applied already). Each repair is tried on its own: one
@@ -220,12 +222,15 @@ def _reconcile_jobs(
             if item.get("running") and not stale:
                 _stop_orphan(node.name, key[0], key[1], "not allocated here")
         elif item.get("running"):
-            if placed[key][0] == JobState.ADMITTED:
+            if placed[key][0] == JobState.ADMITTED and _reports_caught_up(
+                "started", key, node, sent_at
+            ):
                 _repair(job_started, _started_report(node, item, sent_at))
                 repaired = True
         elif _has_exit(item):
-            _repair(job_exited, _exited_report(node, item))
-            repaired = True
+            if _reports_caught_up("exited", key, node, sent_at):
+                _repair(job_exited, _exited_report(node, item))
+                repaired = True
         else:
             _ask_exit_again(node.name, *key)
     for key, (state, started_at, nodes, admitted_at, _gpus, _threshold) in placed.items():
@@ -235,7 +240,7 @@ def _reconcile_jobs(
             and started_at is not None
             and sent_at > started_at
             and (nodes == 1 or _started_on(key[0], node.name, admitted_at))
-            and _reports_caught_up(key, node, sent_at)
+            and _reports_caught_up("missing", key, node, sent_at)
         ):
             _repair(_job_lost_here, key[0], key[1], node, sent_at)
             repaired = True
@@ -243,21 +248,25 @@ def _reconcile_jobs(
 
 
 #: Set while heartbeats that travelled apart from the other reports are applied (see
-#: :func:`lost_after_reports`).
+#: :func:`heartbeats_apart`).
 _apart: ContextVar[bool] = ContextVar("sluice_heartbeats_apart", default=False)
 
-#: How long the first heartbeat that did not list a job attempt is remembered.
+#: How long the first heartbeat that called for a repair of a job attempt is remembered.
 MISSING_SINCE_SECONDS = 3600
 
 
 @contextmanager
-def lost_after_reports() -> Iterator[None]:
-    """Heartbeats applied inside this block came on a queue of their own: a job one does
-    not list may have ended in an ``exited`` report still waiting on the reports queue (an
-    executor that lists only running jobs, as the Kubernetes one does). Such a job is
-    judged LOST only once the reports queue has handled everything sent before the first
-    heartbeat that did not list it (a probe sent after it came back,
-    :data:`REPORTS_PROBE_KEY`); meanwhile its ``exited`` report, if any, ends it."""
+def heartbeats_apart() -> Iterator[None]:
+    """Heartbeats applied inside this block came on a queue of their own, ahead of the
+    reports their node sent before them when the reports queue is behind: a job one lists
+    running may have its ``started`` report still waiting, one it lists ended its
+    ``exited`` report, and one it does not list (an executor that lists only running jobs,
+    as the Kubernetes one does) its ``exited`` report too. Each repair (started, ended,
+    LOST) is made only once the reports queue has handled everything sent before the
+    first heartbeat that called for it (a probe sent after it came back,
+    :data:`REPORTS_PROBE_KEY`), by a later heartbeat; meanwhile the report, if any, does
+    it. Without that, a reports queue that falls behind would have every job's start and
+    end repaired one by one from the heartbeats, then applied again from the reports."""
     token = _apart.set(True)
     try:
         yield
@@ -265,16 +274,17 @@ def lost_after_reports() -> Iterator[None]:
         _apart.reset(token)
 
 
-def _reports_caught_up(key: tuple[int, int], node: Node, sent_at: datetime) -> bool:
-    """Whether a running job attempt that a heartbeat sent at ``sent_at`` does not list can
-    be judged now (see :func:`lost_after_reports`)."""
+def _reports_caught_up(kind: str, key: tuple[int, int], node: Node, sent_at: datetime) -> bool:
+    """Whether the ``kind`` repair ("started", "exited", "missing": LOST) of a job attempt
+    that a heartbeat sent at ``sent_at`` calls for can be made now (see
+    :func:`heartbeats_apart`)."""
     if not _apart.get():
         return True
     probe = cache.get(REPORTS_PROBE_KEY)
     if probe is None:
         return True  # nothing known of the reports queue (first start, cache emptied)
     since = cache.get_or_set(
-        f"sluice:missing:{node.pk}:{key[0]}:{key[1]}",
+        f"sluice:{kind}:{node.pk}:{key[0]}:{key[1]}",
         sent_at.timestamp(),
         timeout=MISSING_SINCE_SECONDS,
     )

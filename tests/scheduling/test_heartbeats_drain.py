@@ -25,6 +25,7 @@ from scheduling.services.nodes import (
 )
 from scheduling.tasks import agent_reports, heartbeats_drain
 
+from .test_agent_reports import _placed_job
 from .test_node_heartbeats_apply import _beat, _busy, _node, _running_job
 from .test_report_batches import _exited, _started
 
@@ -313,3 +314,47 @@ def test_heartbeats_with_the_reports_judge_a_missing_job_at_once(nodes):
     agent_reports([_beat(node, sent_at=now)])
     job.refresh_from_db()
     assert job.state != JobState.RUNNING
+
+
+def test_a_start_is_left_to_its_report_while_the_reports_are_behind(world, send):
+    job, node = _placed_job(world)  # ADMITTED: its started report waits on the reports queue
+    now = timezone.now()
+    listed = [{"job_id": job.pk, "attempt": job.attempt, "pid": 7, "running": True}]
+    reports_probe_record(sent_at=(now - timedelta(seconds=30)).timestamp())
+    send([{**_beat(node, sent_at=now - timedelta(seconds=10)), "jobs": listed}])
+    heartbeats_drain()
+    job.refresh_from_db()
+    assert job.state == JobState.ADMITTED  # not started one by one from the heartbeat
+    # The reports caught up and the job is still not started (its report was lost): the
+    # next heartbeat starts it.
+    reports_probe_record(sent_at=(now - timedelta(seconds=5)).timestamp())
+    send([{**_beat(node, sent_at=now), "jobs": listed}])
+    heartbeats_drain()
+    job.refresh_from_db()
+    assert job.state == JobState.RUNNING
+
+
+def test_an_exit_in_a_heartbeat_is_left_to_its_report_while_the_reports_are_behind(nodes, send):
+    job, node, _ = nodes
+    now = timezone.now()
+    ended = {
+        "job_id": job.pk,
+        "attempt": job.attempt,
+        "pid": 7,
+        "running": False,
+        "stop_reason": None,
+        "exit_code": 3,
+        "signal": None,
+        "finished_at": (now - timedelta(seconds=12)).timestamp(),
+        "message": "",
+    }
+    reports_probe_record(sent_at=(now - timedelta(seconds=30)).timestamp())
+    send([{**_beat(node, sent_at=now - timedelta(seconds=10)), "jobs": [ended]}])
+    heartbeats_drain()
+    job.refresh_from_db()
+    assert job.state == JobState.RUNNING
+    reports_probe_record(sent_at=(now - timedelta(seconds=5)).timestamp())
+    send([{**_beat(node, sent_at=now), "jobs": [ended]}])
+    heartbeats_drain()
+    job.refresh_from_db()
+    assert job.state == JobState.FAILED  # as the exit said
