@@ -191,7 +191,10 @@ a job's reports in order (``started``, ``log``…, ``exited``) and a stopped job
 before the ``started`` of the job that waited for its GPUs, in order within a batch and
 batch after batch (the filesystem broker keeps the order one process wrote its messages
 in), but control workers run batches in parallel, so an ``exited`` may be handled before
-its ``started`` or its last ``log`` chunks when they went in different batches. Messages
+its ``started`` or its last ``log`` chunks when they went in different batches. A heartbeat
+on the heartbeats queue may be handled before reports its agent sent earlier; the control
+side then repairs from it only what those reports did not do once handled
+(``scheduling.services.nodes.heartbeats_apart``). Messages
 to the agent are acknowledged only after they have been handled (up to 32 are handed to
 the agent's loop at a time), and handling them twice is harmless: a repeated ``launch`` is
 answered with ``started`` (running) or ``exited`` (ended), a repeated ``stop`` with nothing
