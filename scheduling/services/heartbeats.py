@@ -23,7 +23,8 @@ others; the node's next heartbeat, one interval later, repairs what it would hav
 A heartbeat drained here may overtake a ``started`` or ``exited`` report of its node still
 waiting on the reports queue. Listing a job running or ended (with its exit) repairs the
 same as the report would; not listing a running job makes it LOST only once the reports
-sent before are known to be handled (``nodes.heartbeats_apart``).
+sent before are known to be handled, when reports were waiting on the reports queue as the
+heartbeats were taken (``nodes.heartbeats_apart``).
 
 Reports of other types on the queue (none is sent there) are applied in their order with
 the heartbeats; a message that is no report task is logged and dropped.
@@ -38,7 +39,13 @@ from typing import Any
 from django.conf import settings
 from django.core.cache import cache
 
-from scheduling.agent.protocol import HEARTBEAT, HEARTBEATS_QUEUE, REPORT_TASK, REPORTS_TASK
+from scheduling.agent.protocol import (
+    HEARTBEAT,
+    HEARTBEATS_QUEUE,
+    REPORT_TASK,
+    REPORTS_QUEUE,
+    REPORTS_TASK,
+)
 
 from .nodes import HEARTBEATS_DRAINED_KEY, heartbeats_apart
 from .reports import agent_reports_process
@@ -68,11 +75,12 @@ def heartbeats_drain(*, queue: str = HEARTBEATS_QUEUE) -> dict[str, Any]:
         source = conn.SimpleQueue(queue, accept=["json"])
         try:
             while time.time() - began < DRAIN_SECONDS:
+                waiting = _reports_waiting(conn)
                 messages, emptied = _take(source, MESSAGES_PER_CHUNK)
                 if not messages:
                     break
                 reports = [r for m in messages for r in _reports_of(m, totals)]
-                with heartbeats_apart():
+                with heartbeats_apart(reports_waiting=waiting):
                     counts = agent_reports_process(reports=reports)
                 applied_at = time.time()
                 for message in messages:
@@ -95,6 +103,15 @@ def heartbeats_drain(*, queue: str = HEARTBEATS_QUEUE) -> dict[str, Any]:
     totals["lag_min_s"] = None if newest is None else round(newest, 3)
     totals["cpu_ms"] = round(1000 * (time.process_time() - cpu), 2)
     return totals
+
+
+def _reports_waiting(conn) -> bool:
+    """Whether messages wait on the reports queue (looked at before the heartbeats are
+    taken: a report their agents sent before them may be among those)."""
+    try:
+        return conn.default_channel.queue_declare(queue=REPORTS_QUEUE, passive=True)[1] > 0
+    except Exception:  # kombu's Redis transport: no such queue while its list is empty
+        return False
 
 
 def _take(source, count: int) -> tuple[list, bool]:

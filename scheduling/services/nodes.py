@@ -248,15 +248,15 @@ def _reconcile_jobs(
 
 
 #: Set while heartbeats that travelled apart from the other reports are applied (see
-#: :func:`heartbeats_apart`).
-_apart: ContextVar[bool] = ContextVar("sluice_heartbeats_apart", default=False)
+#: :func:`heartbeats_apart`), true while reports are waiting on the reports queue.
+_apart: ContextVar[bool | None] = ContextVar("sluice_heartbeats_apart", default=None)
 
 #: How long the first heartbeat that called for a repair of a job attempt is remembered.
 MISSING_SINCE_SECONDS = 3600
 
 
 @contextmanager
-def heartbeats_apart() -> Iterator[None]:
+def heartbeats_apart(*, reports_waiting: bool) -> Iterator[None]:
     """Heartbeats applied inside this block came on a queue of their own, ahead of the
     reports their node sent before them when the reports queue is behind: a job one lists
     running may have its ``started`` report still waiting, one it lists ended its
@@ -266,8 +266,13 @@ def heartbeats_apart() -> Iterator[None]:
     first heartbeat that called for it (a probe sent after it came back,
     :data:`REPORTS_PROBE_KEY`), by a later heartbeat; meanwhile the report, if any, does
     it. Without that, a reports queue that falls behind would have every job's start and
-    end repaired one by one from the heartbeats, then applied again from the reports."""
-    token = _apart.set(True)
+    end repaired one by one from the heartbeats, then applied again from the reports.
+
+    ``reports_waiting``: whether the reports queue held messages when the heartbeats were
+    taken. When it held none, nothing sent before them is still to come (but a report
+    lost with a killed worker, which the heartbeat is there to repair): repairs are made
+    at once, as for heartbeats that came with the other reports."""
+    token = _apart.set(reports_waiting)
     try:
         yield
     finally:
@@ -279,7 +284,7 @@ def _reports_caught_up(kind: str, key: tuple[int, int], node: Node, sent_at: dat
     that a heartbeat sent at ``sent_at`` calls for can be made now (see
     :func:`heartbeats_apart`)."""
     if not _apart.get():
-        return True
+        return True  # not apart, or nothing waiting on the reports queue
     probe = cache.get(REPORTS_PROBE_KEY)
     if probe is None:
         return True  # nothing known of the reports queue (first start, cache emptied)

@@ -27,7 +27,7 @@ from scheduling.tasks import agent_reports, heartbeats_drain
 
 from .test_agent_reports import _placed_job
 from .test_node_heartbeats_apply import _beat, _busy, _node, _running_job
-from .test_report_batches import _exited, _started
+from .test_report_batches import _exited, _log, _started
 
 
 @pytest.fixture(autouse=True)
@@ -273,18 +273,26 @@ def test_the_drain_runs_every_second_from_beat(settings):
     assert settings.CELERY_TASK_ROUTES["scheduling.heartbeats_drain"] == {"queue": "control"}
 
 
-def test_a_heartbeat_that_overtakes_the_exit_does_not_lose_the_job(nodes, send):
+def _behind(send, node, job):
+    """The reports queue is behind: a report waits there, and the last probe that came
+    back was sent 30 s ago."""
+    send([_log(node, job, 0, "x")])
+    reports_probe_record(sent_at=(timezone.now() - timedelta(seconds=30)).timestamp())
+
+
+def test_a_heartbeat_that_overtakes_the_exit_does_not_lose_the_job(nodes, send, broker):
     """An executor that lists only running jobs (Kubernetes): the job ended, its ``exited``
     report waits on the reports queue (behind a backlog) while the next heartbeat, which
     no longer lists it, is drained first."""
     job, node, _ = nodes
     now = timezone.now()
-    reports_probe_record(sent_at=(now - timedelta(seconds=30)).timestamp())  # queue behind
+    _behind(send, node, job)
+    send([_exited(node, job)])
     send([_beat(node, sent_at=now)])
     heartbeats_drain()
     job.refresh_from_db()
     assert job.state == JobState.RUNNING  # not judged before the reports are handled
-    agent_reports([_exited(node, job)])  # the exit, handled at last
+    agent_reports(_waiting(broker, REPORTS_QUEUE))  # the reports, handled at last
     job.refresh_from_db()
     assert job.state == JobState.SUCCEEDED
 
@@ -292,7 +300,7 @@ def test_a_heartbeat_that_overtakes_the_exit_does_not_lose_the_job(nodes, send):
 def test_a_job_the_agent_forgot_is_lost_once_the_reports_caught_up(nodes, send):
     job, node, _ = nodes
     now = timezone.now()
-    reports_probe_record(sent_at=(now - timedelta(seconds=30)).timestamp())
+    _behind(send, node, job)
     send([_beat(node, sent_at=now - timedelta(seconds=10))])
     heartbeats_drain()
     job.refresh_from_db()
@@ -306,6 +314,17 @@ def test_a_job_the_agent_forgot_is_lost_once_the_reports_caught_up(nodes, send):
     assert job.events.filter(message__contains="no longer runs it").exists()
 
 
+def test_with_no_report_waiting_a_missing_job_is_lost_at_once(nodes, send):
+    """Nothing its agent sent before is still to come (an exit lost with a killed worker,
+    an agent that lost the job): the heartbeat repairs at once."""
+    job, node, _ = nodes
+    reports_probe_record(sent_at=(timezone.now() - timedelta(seconds=30)).timestamp())
+    send([_beat(node, sent_at=timezone.now())])
+    heartbeats_drain()
+    job.refresh_from_db()
+    assert job.state != JobState.RUNNING
+
+
 def test_heartbeats_with_the_reports_judge_a_missing_job_at_once(nodes):
     """The path of agents older than the heartbeats queue is as it was."""
     job, node, _ = nodes
@@ -316,17 +335,20 @@ def test_heartbeats_with_the_reports_judge_a_missing_job_at_once(nodes):
     assert job.state != JobState.RUNNING
 
 
-def test_a_start_is_left_to_its_report_while_the_reports_are_behind(world, send):
+def test_a_start_is_left_to_its_report_while_the_reports_are_behind(world, send, broker):
     job, node = _placed_job(world)  # ADMITTED: its started report waits on the reports queue
     now = timezone.now()
     listed = [{"job_id": job.pk, "attempt": job.attempt, "pid": 7, "running": True}]
+    send([_started(node, job)])
     reports_probe_record(sent_at=(now - timedelta(seconds=30)).timestamp())
     send([{**_beat(node, sent_at=now - timedelta(seconds=10)), "jobs": listed}])
     heartbeats_drain()
     job.refresh_from_db()
     assert job.state == JobState.ADMITTED  # not started one by one from the heartbeat
-    # The reports caught up and the job is still not started (its report was lost): the
-    # next heartbeat starts it.
+    # The reports caught up, but the started report was lost (a killed worker took it):
+    # the next heartbeat starts the job.
+    assert _waiting(broker, REPORTS_QUEUE)[0]["type"] == "started"
+    send([_log(node, job, 0, "x")])  # still busy
     reports_probe_record(sent_at=(now - timedelta(seconds=5)).timestamp())
     send([{**_beat(node, sent_at=now), "jobs": listed}])
     heartbeats_drain()
@@ -348,7 +370,7 @@ def test_an_exit_in_a_heartbeat_is_left_to_its_report_while_the_reports_are_behi
         "finished_at": (now - timedelta(seconds=12)).timestamp(),
         "message": "",
     }
-    reports_probe_record(sent_at=(now - timedelta(seconds=30)).timestamp())
+    _behind(send, node, job)
     send([{**_beat(node, sent_at=now - timedelta(seconds=10)), "jobs": [ended]}])
     heartbeats_drain()
     job.refresh_from_db()
