@@ -21,10 +21,10 @@ its GPU activity. A heartbeat that cannot be applied is logged and dropped witho
 others; the node's next heartbeat, one interval later, repairs what it would have told.
 
 A heartbeat drained here may overtake a ``started`` or ``exited`` report of its node still
-waiting on the reports queue. Listing a job running or ended (with its exit) repairs the
-same as the report would; not listing a running job makes it LOST only once the reports
-sent before are known to be handled, when reports were waiting on the reports queue as the
-heartbeats were taken (``nodes.heartbeats_apart``).
+waiting on the reports queue. When reports were waiting there as the heartbeats were
+taken, what a heartbeat would repair of a job (started, ended, LOST) waits until the
+reports sent before it are known to be handled: the report, if any, does it meanwhile
+(``nodes.heartbeats_apart``). When none were waiting, it repairs at once.
 
 Reports of other types on the queue (none is sent there) are applied in their order with
 the heartbeats; a message that is no report task is logged and dropped.
