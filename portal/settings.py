@@ -366,6 +366,8 @@ CELERY_TASK_ROUTES = {
     "scheduling.agent_reports": {"queue": "reports"},
     "scheduling.agent_report": {"queue": "reports"},
     "scheduling.reports_probe": {"queue": "reports"},
+    # Not behind a backlog of reports: a worker takes its queues in turn.
+    "scheduling.heartbeats_drain": {"queue": "control"},
 }
 # Workers keep their database connections between tasks. Celery's Django fix-up closes
 # them before and after every task unless this is set (then only every 2 × N tasks);
@@ -401,6 +403,11 @@ SLUICE_DISPATCH_EXPLAIN_SHARE = env_float("SLUICE_DISPATCH_EXPLAIN_SHARE", 0.1)
 SLUICE_DISPATCH_EXPLAIN_MAX_SECONDS = env_float("SLUICE_DISPATCH_EXPLAIN_MAX_SECONDS", 10.0)
 SLUICE_CONTROL_INTERVAL = env_int("SLUICE_CONTROL_INTERVAL", 5)
 SLUICE_AUDIT_VERIFY_INTERVAL = env_int("SLUICE_AUDIT_VERIFY_INTERVAL", 3600)
+# How often the heartbeats waiting on the "heartbeats" queue are taken and applied together
+# (scheduling/services/heartbeats.py): a heartbeat waits about half of it on average.
+SLUICE_HEARTBEAT_DRAIN_SECONDS = env_float("SLUICE_HEARTBEAT_DRAIN_SECONDS", 1.0)
+if SLUICE_HEARTBEAT_DRAIN_SECONDS <= 0:
+    raise ImproperlyConfigured("SLUICE_HEARTBEAT_DRAIN_SECONDS must be a positive number")
 CELERY_BEAT_SCHEDULE = {
     "dispatch": {
         "task": "scheduling.dispatch",
@@ -409,6 +416,10 @@ CELERY_BEAT_SCHEDULE = {
     "control-sweep": {
         "task": "scheduling.control_sweep",
         "schedule": schedule(timedelta(seconds=SLUICE_CONTROL_INTERVAL)),
+    },
+    "heartbeats-drain": {
+        "task": "scheduling.heartbeats_drain",
+        "schedule": schedule(timedelta(seconds=SLUICE_HEARTBEAT_DRAIN_SECONDS)),
     },
     "audit-verify": {
         "task": "audit.verify",

@@ -34,6 +34,14 @@ def agent_reports(reports: list) -> dict:
     return agent_reports_process(reports=reports)
 
 
+@shared_task(name="scheduling.heartbeats_drain", ignore_result=True)
+def heartbeats_drain() -> dict:
+    """Apply every heartbeat waiting on the heartbeats queue, in batches (periodic)."""
+    from .services.heartbeats import heartbeats_drain as drain
+
+    return drain()
+
+
 @shared_task(name="scheduling.reports_probe", ignore_result=True)
 def reports_probe(sent_at: float) -> None:
     """The reports queue is flowing: everything queued before ``sent_at`` was handled."""

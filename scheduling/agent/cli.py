@@ -35,6 +35,7 @@ from scheduling.agent.protocol import (
     DEFAULT_HEARTBEAT_SECONDS,
     DEFAULT_LOG_CAP_BYTES,
     DEFAULT_RETENTION_DAYS,
+    HEARTBEATS_QUEUE,
     REPORTS_QUEUE,
     ProtocolError,
     validate_node_name,
@@ -133,6 +134,14 @@ def build_parser() -> argparse.ArgumentParser:
         dest="reports_queue",
         default=REPORTS_QUEUE,
         help="queue for reports (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--heartbeats-queue",
+        default=HEARTBEATS_QUEUE,
+        metavar="QUEUE",
+        help="queue for heartbeats, drained in batches by the control side (default: "
+        '%(default)s; "": send them with the other reports, for a control side older than '
+        "that queue)",
     )
     parser.add_argument(
         "--create-accounts",
@@ -331,7 +340,12 @@ def _run(args: argparse.Namespace) -> int:
         serve_scrape_seconds=args.serve_scrape,
     )
     backend = select_backend(node=args.node, simulate=args.simulate)
-    sender = CeleryReportSender(args.broker, args.broker_dir, reports_queue=args.reports_queue)
+    sender = CeleryReportSender(
+        args.broker,
+        args.broker_dir,
+        reports_queue=args.reports_queue,
+        heartbeats_queue=args.heartbeats_queue,
+    )
     try:
         if args.once:
             return _run_once(config, backend, sender)

@@ -322,10 +322,11 @@ class Checks:
 
 class Collector:
     """The agent's reports (Celery task messages on the reports queue: batches, or single
-    reports from agents that do not batch), validated."""
+    reports from agents that do not batch; heartbeats on the heartbeats queue), validated."""
 
     def __init__(self, broker_dir: Path, record: Path) -> None:
         from scheduling.agent.protocol import (
+            HEARTBEATS_QUEUE,
             REPORT_TASK,
             REPORTS_QUEUE,
             REPORTS_TASK,
@@ -336,7 +337,10 @@ class Collector:
         self._single, self._batch = REPORT_TASK, REPORTS_TASK
         self._validate = validate_report
         self.connection = broker_connection("filesystem://", broker_dir)
-        self.queue = self.connection.SimpleQueue(REPORTS_QUEUE, accept=["json"])
+        self.queues = [
+            self.connection.SimpleQueue(name, accept=["json"])
+            for name in (REPORTS_QUEUE, HEARTBEATS_QUEUE)
+        ]
         self.reports: list[dict[str, Any]] = []
         self.invalid: list[str] = []
         self.record = record.open("w")
@@ -344,11 +348,11 @@ class Collector:
     def pump(self, seconds: float = 0.0) -> None:
         end = time.monotonic() + seconds
         while True:
-            try:
-                message = self.queue.get(timeout=0.05)
-            except self.queue.Empty:
+            message = self._next()
+            if message is None:
                 if time.monotonic() >= end:
                     return
+                time.sleep(0.05)
                 continue
             try:
                 task = message.headers.get("task")
@@ -375,6 +379,15 @@ class Collector:
                 self.record.write(json.dumps(report) + "\n")
                 self.record.flush()
 
+    def _next(self) -> Any:
+        """The next message of either queue, or None."""
+        for queue in self.queues:
+            try:
+                return queue.get_nowait()
+            except queue.Empty:
+                continue
+        return None
+
     def of(self, kind: str, job_id: int | None = None) -> list[dict[str, Any]]:
         return [
             r
@@ -397,7 +410,8 @@ class Collector:
 
     def close(self) -> None:
         try:
-            self.queue.close()
+            for queue in self.queues:
+                queue.close()
             self.connection.release()
         finally:
             self.record.close()

@@ -100,7 +100,16 @@ most 200 reports and about 512 KiB of JSON (a bigger report goes alone); more go
 messages, in order. The control side handles a batch's reports in order, each as it would
 alone. Agents of protocol 1 before batches sent one report per message,
 ``send_task(REPORT_TASK, args=[report], queue=CONTROL_QUEUE)``; the control side still
-accepts those. Every report is a dict with ``type``, ``node``, ``sent_at`` (unix time) and:
+accepts those. Heartbeats go apart, as the same task messages (a list of heartbeats) on
+the queue ``heartbeats`` (:data:`HEARTBEATS_QUEUE`, the agent's ``--heartbeats-queue``): the
+control side drains that queue every second or so and applies the heartbeats of every
+message it found together, so a node's heartbeat costs a share of one batch, not a task of
+its own; the other reports never wait behind them. An agent started with
+``--heartbeats-queue ""`` (and any agent older than this queue) sends its heartbeats with
+its other reports, which the control side handles as before. An agent must not be newer
+than its control side (as a kubelet must not be newer than its API server): a control side
+that does not drain ``heartbeats`` would take its nodes for lost. Every report is a dict
+with ``type``, ``node``, ``sent_at`` (unix time) and:
 
 ``register`` (once at agent start)
     ``pool`` str | None, ``hostname``, ``agent_version``, ``protocol_version`` int, ``cpus``,
@@ -182,7 +191,10 @@ a job's reports in order (``started``, ``log``…, ``exited``) and a stopped job
 before the ``started`` of the job that waited for its GPUs, in order within a batch and
 batch after batch (the filesystem broker keeps the order one process wrote its messages
 in), but control workers run batches in parallel, so an ``exited`` may be handled before
-its ``started`` or its last ``log`` chunks when they went in different batches. Messages
+its ``started`` or its last ``log`` chunks when they went in different batches. A heartbeat
+on the heartbeats queue may be handled before reports its agent sent earlier; the control
+side then repairs from it only what those reports did not do once handled
+(``scheduling.services.nodes.heartbeats_apart``). Messages
 to the agent are acknowledged only after they have been handled (up to 32 are handed to
 the agent's loop at a time), and handling them twice is harmless: a repeated ``launch`` is
 answered with ``started`` (running) or ``exited`` (ended), a repeated ``stop`` with nothing
@@ -208,6 +220,10 @@ REPORTS_TASK = "scheduling.agent_reports"
 REPORTS_QUEUE = "reports"
 #: The queue agents older than the reports queue sent to; the control workers still read it.
 CONTROL_QUEUE = "control"
+#: The queue heartbeats are sent to, apart from the other reports: the control side takes
+#: every waiting message at once (``scheduling.services.heartbeats``) and applies all their
+#: nodes' heartbeats together, where a Celery task per message cost more than the heartbeat.
+HEARTBEATS_QUEUE = "heartbeats"
 NODE_QUEUE_PREFIX = "node."
 
 # Control → agent message types.

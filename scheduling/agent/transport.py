@@ -6,7 +6,7 @@
 - :class:`KombuMessageSource`: the agent's consumer of its queue (a thread that wakes the
   agent's loop), reconnecting with backoff.
 - :class:`CeleryReportSender`: the agent's sender of reports, in batches, as Celery task
-  messages on the ``reports`` queue.
+  messages on the ``reports`` queue (heartbeats on the ``heartbeats`` queue).
 - :class:`AtomicFilesystemTransport`: the embedded ``filesystem://`` broker, with complete-file
   writes and readers that wake when a message arrives (inotify) instead of sleeping a
   polling interval, for the agents and the Celery workers alike.
@@ -38,6 +38,8 @@ from kombu.utils.encoding import bytes_to_str, str_to_bytes
 from kombu.utils.json import dumps, loads
 
 from scheduling.agent.protocol import (
+    HEARTBEAT,
+    HEARTBEATS_QUEUE,
     REPORTS_QUEUE,
     REPORTS_TASK,
     node_queue_name,
@@ -549,7 +551,9 @@ class KombuMessageSource:
 
 class CeleryReportSender:
     """Sends reports in batches: one ``scheduling.agent_reports`` Celery task message, whose
-    one argument is the list of reports, to the reports queue.
+    one argument is the list of reports, to the reports queue; the batch's heartbeats go
+    as a message of their own to ``heartbeats_queue`` (see the protocol), unless that is
+    empty (then they stay with the other reports, as agents before that queue sent them).
 
     The Celery app is the agent's own: no Django fix-up (which would import Django when
     ``DJANGO_SETTINGS_MODULE`` is set) and not made the current app, so it cannot disturb
@@ -563,9 +567,11 @@ class CeleryReportSender:
         broker_dir: str | os.PathLike | None = None,
         *,
         reports_queue: str = REPORTS_QUEUE,
+        heartbeats_queue: str = HEARTBEATS_QUEUE,
     ) -> None:
         url = url or default_broker_url()
         self.reports_queue = reports_queue
+        self.heartbeats_queue = heartbeats_queue
         self.app = Celery("sluice-agent", broker=url, set_as_current=False, fixups=[])
         self.app.conf.update(
             broker_transport=broker_transport(url),
@@ -583,11 +589,26 @@ class CeleryReportSender:
         self.connection.connect_timeout = 2.0
 
     def send_batch(self, reports: list[dict[str, Any]]) -> None:
-        """Publish ``reports`` (in order) as one task message."""
+        """Publish ``reports`` (in order) as one task message, and their heartbeats as
+        another to the heartbeats queue (after the rest: a heartbeat that lists a job the
+        agent just reported started or exited is handled either way, see
+        ``scheduling.services.nodes._reconcile_jobs``). Either publish may raise; the
+        caller then sends the whole batch again (every report is idempotent)."""
+        beats: list[dict[str, Any]] = []
+        if self.heartbeats_queue:
+            beats = [r for r in reports if r.get("type") == HEARTBEAT]
+            if beats:
+                reports = [r for r in reports if r.get("type") != HEARTBEAT]
+        if reports:
+            self._publish(reports, self.reports_queue)
+        if beats:
+            self._publish(beats, self.heartbeats_queue)
+
+    def _publish(self, reports: list[dict[str, Any]], queue: str) -> None:
         self.app.send_task(
             REPORTS_TASK,
             args=[reports],
-            queue=self.reports_queue,
+            queue=queue,
             retry=False,
             ignore_result=True,
             connection=self.connection,

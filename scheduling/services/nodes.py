@@ -197,6 +197,11 @@ def _reconcile_jobs(
       ADMITTED job not listed may not have reached the node yet: the stuck-launch sweep
       handles it; a report sent before the job started says nothing about it.
 
+    A heartbeat that came apart from the other reports (:func:`heartbeats_apart`) may
+    overtake the job's ``started`` or ``exited`` report: each of these repairs is then made
+    only once the reports sent before the first heartbeat that called for it have been
+    handled, and the job still needs it (else the report did it, set-based and once).
+
     A job the agent runs that the portal does not place here is stopped (unless the report
     is ``stale``: a newer one was applied already). Each repair is tried on its own: one
     failing leaves the others and the rest of the report applied.
@@ -218,12 +223,15 @@ def _reconcile_jobs(
             if item.get("running") and not stale:
                 _stop_orphan(node.name, key[0], key[1], "not allocated here")
         elif item.get("running"):
-            if placed[key][0] == JobState.ADMITTED:
+            if placed[key][0] == JobState.ADMITTED and _reports_caught_up(
+                "started", key, node, sent_at
+            ):
                 _repair(job_started, _started_report(node, item, sent_at))
                 repaired = True
         elif _has_exit(item):
-            _repair(job_exited, _exited_report(node, item))
-            repaired = True
+            if _reports_caught_up("exited", key, node, sent_at):
+                _repair(job_exited, _exited_report(node, item))
+                repaired = True
         else:
             _ask_exit_again(node.name, *key)
     for key, (state, started_at, nodes, admitted_at, _gpus, _threshold) in placed.items():
@@ -233,10 +241,60 @@ def _reconcile_jobs(
             and started_at is not None
             and sent_at > started_at
             and (nodes == 1 or _started_on(key[0], node.name, admitted_at))
+            and _reports_caught_up("missing", key, node, sent_at)
         ):
             _repair(_job_lost_here, key[0], key[1], node, sent_at)
             repaired = True
     return repaired
+
+
+#: Set while heartbeats that travelled apart from the other reports are applied (see
+#: :func:`heartbeats_apart`), true while reports are waiting on the reports queue.
+_apart: ContextVar[bool | None] = ContextVar("sluice_heartbeats_apart", default=None)
+
+#: How long the first heartbeat that called for a repair of a job attempt is remembered.
+MISSING_SINCE_SECONDS = 3600
+
+
+@contextmanager
+def heartbeats_apart(*, reports_waiting: bool) -> Iterator[None]:
+    """Heartbeats applied inside this block came on a queue of their own, ahead of the
+    reports their node sent before them when the reports queue is behind: a job one lists
+    running may have its ``started`` report still waiting, one it lists ended its
+    ``exited`` report, and one it does not list (an executor that lists only running jobs,
+    as the Kubernetes one does) its ``exited`` report too. Each repair (started, ended,
+    LOST) is made only once the reports queue has handled everything sent before the
+    first heartbeat that called for it (a probe sent after it came back,
+    :data:`REPORTS_PROBE_KEY`), by a later heartbeat; meanwhile the report, if any, does
+    it. Without that, a reports queue that falls behind would have every job's start and
+    end repaired one by one from the heartbeats, then applied again from the reports.
+
+    ``reports_waiting``: whether the reports queue held messages when the heartbeats were
+    taken. When it held none, nothing sent before them is still to come (but a report
+    lost with a killed worker, which the heartbeat is there to repair): repairs are made
+    at once, as for heartbeats that came with the other reports."""
+    token = _apart.set(reports_waiting)
+    try:
+        yield
+    finally:
+        _apart.reset(token)
+
+
+def _reports_caught_up(kind: str, key: tuple[int, int], node: Node, sent_at: datetime) -> bool:
+    """Whether the ``kind`` repair ("started", "exited", "missing": LOST) of a job attempt
+    that a heartbeat sent at ``sent_at`` calls for can be made now (see
+    :func:`heartbeats_apart`)."""
+    if not _apart.get():
+        return True  # not apart, or nothing waiting on the reports queue
+    probe = cache.get(REPORTS_PROBE_KEY)
+    if probe is None:
+        return True  # nothing known of the reports queue (first start, cache emptied)
+    since = cache.get_or_set(
+        f"sluice:{kind}:{node.pk}:{key[0]}:{key[1]}",
+        sent_at.timestamp(),
+        timeout=MISSING_SINCE_SECONDS,
+    )
+    return float(probe) >= float(since)
 
 
 #: A job attempt placed on a node: its state, started at, node count, admitted at, the ids
@@ -1236,6 +1294,9 @@ def _end_after_loss(job: Job, now: datetime, message: str) -> None:
 
 #: When the last probe handled by a reports worker was sent (unix time; see below).
 REPORTS_PROBE_KEY = "sluice:reports:probe"
+#: When the last drain of the heartbeats queue that emptied it began (unix time): every
+#: heartbeat sent before then was applied (scheduling.services.heartbeats).
+HEARTBEATS_DRAINED_KEY = "sluice:heartbeats:drained"
 
 
 def reports_probe_record(*, sent_at: float) -> None:
@@ -1252,13 +1313,19 @@ def reports_handled_until(now: datetime) -> datetime:
     reports queue (workers down, restarting, or far behind), every node's last heartbeat
     ages although the agents keep sending. Each sweep sends a probe through the queue; a
     probe that has not come back for a while means the reports are not flowing, and nodes
-    are then judged by the time of the last probe that did come back, not by the clock."""
-    probe = cache.get(REPORTS_PROBE_KEY)
-    if probe is None:
-        return now  # nothing known yet (first start, or the cache was emptied)
-    handled = datetime.fromtimestamp(probe, tz=UTC)
+    are then judged by the time of the last probe that did come back, not by the clock.
+    Heartbeats sent apart, on the heartbeats queue, count up to the last drain that
+    emptied that queue (``HEARTBEATS_DRAINED_KEY``), judged the same way."""
     stale_after = timedelta(seconds=3 * settings.SLUICE_CONTROL_INTERVAL + 10)
-    return now if now - handled <= stale_after else min(now, handled)
+    until = now
+    for key in (REPORTS_PROBE_KEY, HEARTBEATS_DRAINED_KEY):
+        mark = cache.get(key)
+        if mark is None:
+            continue  # nothing known yet (first start, or the cache was emptied)
+        handled = datetime.fromtimestamp(mark, tz=UTC)
+        if now - handled > stale_after:
+            until = min(until, handled)
+    return until
 
 
 def nodes_sweep_lost(now: datetime | None = None) -> list[str]:

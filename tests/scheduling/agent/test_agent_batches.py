@@ -7,7 +7,13 @@ import pytest
 
 from scheduling.agent import cli
 from scheduling.agent.agent import Outbox
-from scheduling.agent.protocol import REPORTS_QUEUE, REPORTS_TASK, report, validate_report
+from scheduling.agent.protocol import (
+    HEARTBEATS_QUEUE,
+    REPORTS_QUEUE,
+    REPORTS_TASK,
+    report,
+    validate_report,
+)
 from scheduling.agent.transport import CeleryReportSender, broker_connection
 from tests.scheduling.agent.helpers import launch, python_job
 
@@ -167,6 +173,10 @@ def test_the_reports_queue_can_be_chosen(flag, monkeypatch):
     monkeypatch.setattr("scheduling.agent.transport.CeleryReportSender", Sender)
     monkeypatch.setattr(cli, "_run_once", lambda *args: 0)
     assert cli.main(["--node", "n1", "--simulate", "1xL4", "--once", flag, "other"]) == 0
-    assert seen == {"reports_queue": "other"}
+    assert seen == {"reports_queue": "other", "heartbeats_queue": HEARTBEATS_QUEUE}
     assert cli.main(["--node", "n1", "--simulate", "1xL4", "--once"]) == 0
-    assert seen == {"reports_queue": REPORTS_QUEUE}
+    assert seen == {"reports_queue": REPORTS_QUEUE, "heartbeats_queue": HEARTBEATS_QUEUE}
+    # "": heartbeats with the other reports (a control side that does not drain them).
+    args = ["--node", "n1", "--simulate", "1xL4", "--once", "--heartbeats-queue", ""]
+    assert cli.main(args) == 0
+    assert seen == {"reports_queue": REPORTS_QUEUE, "heartbeats_queue": ""}
