@@ -3,6 +3,7 @@ verifying the log: the hash chain, the anchor outside the database, the append-o
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import re
@@ -209,6 +210,7 @@ def audit_insert_sql(
     return AuditInsertSql(sql, params)
 
 
+@functools.lru_cache(maxsize=4)
 def _hmac_pads(key: bytes) -> tuple[bytes, bytes]:
     """HMAC-SHA256's inner and outer padded keys (RFC 2104), as ``hmac.new`` makes them."""
     block = 64
