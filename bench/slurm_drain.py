@@ -70,10 +70,19 @@ def load() -> float:
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
+#: Processes counted by their name: the Slurm daemons, and the servers Sluice shares with
+#: whatever else runs on the machine (all their processes, whoever they serve).
+_SHARED = {
+    name: name
+    for name in ("slurmctld", "slurmd", "slurmstepd", "munged", "postgres", "redis-server")
+}
+
+
 def cpu_by_process(sessions: dict[int, str]) -> dict[str, float]:
     """CPU seconds used so far by every process, summed per Sluice process (the session it
-    started, children included: gunicorn's workers, Celery's pool) and per Slurm daemon
-    (``slurmctld``, ``slurmd``, ``slurmstepd``), and by everything else on the machine."""
+    started, children included: gunicorn's workers, Celery's pool), per Slurm daemon and
+    shared server (``_SHARED``), for this script (``client``: its sbatch children are
+    counted once they are reaped, under ``other``) and for everything else (``other``)."""
     totals: dict[str, float] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -86,7 +95,9 @@ def cpu_by_process(sessions: dict[int, str]) -> dict[str, float]:
         fields = rest.split()
         # After the name: state, ppid, pgrp, session, ... utime (12th), stime (13th).
         seconds = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-        name = sessions.get(int(fields[3])) or (comm if comm.startswith("slurm") else "other")
+        name = sessions.get(int(fields[3])) or _SHARED.get(comm) or "other"
+        if int(entry) == os.getpid():
+            name = "client"
         totals[name] = totals.get(name, 0.0) + seconds
     return totals
 
@@ -286,7 +297,7 @@ def sequential_submissions(bench: e2e.Bench, side: SlurmSide, count: int) -> dic
         "sluice_per_s": round(count / sluice_seconds, 1),
         "jobs": count,
         # CPU milliseconds per submission while each side's submissions ran, by process
-        # ("other": the rest of the machine, this script included).
+        # ("other": the rest of the machine, other users' work included).
         "slurm_cpu_ms": slurm_cpu,
         "sluice_cpu_ms": sluice_cpu,
         "load": round((before + load()) / 2, 2),
