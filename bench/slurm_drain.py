@@ -81,8 +81,8 @@ _SHARED = {
 def cpu_by_process(sessions: dict[int, str]) -> dict[str, float]:
     """CPU seconds used so far by every process, summed per Sluice process (the session it
     started, children included: gunicorn's workers, Celery's pool), per Slurm daemon and
-    shared server (``_SHARED``), for this script (``client``: its sbatch children are
-    counted once they are reaped, under ``other``) and for everything else (``other``)."""
+    shared server (``_SHARED``), for this script (``client``, with the ``sbatch`` processes
+    it ran and reaped) and for everything else (``other``)."""
     totals: dict[str, float] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -96,8 +96,9 @@ def cpu_by_process(sessions: dict[int, str]) -> dict[str, float]:
         # After the name: state, ppid, pgrp, session, ... utime (12th), stime (13th).
         seconds = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
         name = sessions.get(int(fields[3])) or _SHARED.get(comm) or "other"
-        if int(entry) == os.getpid():
+        if int(entry) == os.getpid():  # with the sbatch processes it ran (reaped)
             name = "client"
+            seconds += (int(fields[13]) + int(fields[14])) / CLOCK_TICKS
         totals[name] = totals.get(name, 0.0) + seconds
     return totals
 
