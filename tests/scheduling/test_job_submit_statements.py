@@ -11,9 +11,9 @@ from django.db import connection
 
 from audit.models import AuditEvent
 from audit.services import audit_record, audit_verify_chain
+from portal.errors import BusinessError
 from scheduling.choices import JobState
 from scheduling.models import Job, JobEvent
-from portal.errors import BusinessError
 from scheduling.services.jobs import JobSpec, job_submit
 
 URL = "/api/v1/jobs"
