@@ -21,7 +21,10 @@ then ``GET`` polled every ~20 ms), median of each.
 And ``--seq`` submissions in a row from one client (a ``true`` job each): ``sbatch`` one
 after another, then ``POST /api/v1/jobs/`` one after another (the API's own client, a kept
 connection, as a script or the CLI would use it); submissions/s of each and their ratio
-(target ≥ 1: accepting a job costs no more than ``sbatch``).
+(target ≥ 1: accepting a job costs no more than ``sbatch``), and the CPU per submission
+each process on the machine spent meanwhile (``slurm_cpu_ms``, ``sluice_cpu_ms``: the
+Sluice processes, the Slurm daemons, munge, PostgreSQL, Redis, this client and everything
+else), read from /proc.
 
 Prints one JSON line per figure and a summary: both drain rates, their ratio (target
 ≥ 0.9), both idle medians and their difference (target ≤ 0.5 s), and the load average
