@@ -149,3 +149,24 @@ def test_concurrent_submissions_keep_one_audit_chain_on_postgresql(world):
     checked, broken, why = audit_verify_chain()
     assert (checked, broken) == (len(rows), None), why
     assert JobEvent.objects.filter(kind="submitted").count() == threads_count * per_thread
+
+
+def test_a_submission_statement_is_parsed_once_on_postgresql(world, dispatch_requests, monkeypatch):
+    """psycopg keeps the parsing of the submission's statement (its parameters are more
+    than psycopg's own limit of 50): a submission parses none of its statements again."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the statement is PostgreSQL's (the CI suite runs it)")
+    from psycopg import _queries
+
+    job_submit(user=world.member, spec=_spec(world, name="first"))
+    parsed: list[bytes] = []
+    uncached = _queries._query2pg_nocache
+
+    def parse(query, encoding):
+        parsed.append(query)
+        return uncached(query, encoding)
+
+    # psycopg calls the uncached parser itself only for statements it does not keep.
+    monkeypatch.setattr(_queries, "_query2pg_nocache", parse)
+    job_submit(user=world.member, spec=_spec(world, name="second"))
+    assert parsed == []
