@@ -3,7 +3,11 @@ verifying the log: the hash chain, the anchor outside the database, the append-o
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import logging
+import re
+import secrets
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -115,6 +119,105 @@ def audit_record(
     event.hash = event.compute_hash()
     _INSERT.insert(event)
     return event
+
+
+@dataclass(frozen=True)
+class AuditInsertSql:
+    """An audit event's insert as the tail of a statement that makes the audited change:
+    ``sql`` is ``INSERT INTO <audit table> (...) SELECT ...`` and the caller appends the
+    ``FROM`` that names ``id_sql`` and ``head_sql`` (see ``audit_insert_sql``)."""
+
+    sql: str
+    params: list
+
+
+def audit_insert_sql(
+    *,
+    action: str,
+    target_type: str,
+    id_sql: str,
+    target_label: tuple[str, str],
+    head_sql: str,
+    actor=None,
+    tenant=None,
+    after: dict | None = None,
+) -> AuditInsertSql:
+    """PostgreSQL: append one audit event in the same statement that creates its target,
+    whose key only that statement knows. ``id_sql``: the SQL expression of the target's
+    key (e.g. ``j.id``); ``target_label``: the label's text before and after the key;
+    ``head_sql``: the chain's head read by ``audit_chain_head_locked_sql`` in that
+    statement (NULL when the chain is empty). The event is hashed as ``audit_record``
+    hashes it (``chain.event_hash``, the keyed version): the canonical payload is made
+    here with markers where the key and the previous hash go, and the database fills
+    them in and computes the HMAC-SHA256 with the audit key's pads (RFC 2104), so a
+    submission needs no statement between its insert and its audit row."""
+    label_head, label_tail = target_label
+    if (
+        len(label_head) + len(label_tail) + 20
+        > AuditEvent._meta.get_field("target_label").max_length
+    ):
+        raise ValueError("the label could be cut short; use audit_record")
+    context = current_request_context()
+    actor_obj = actor if actor is not None and getattr(actor, "is_authenticated", False) else None
+    marker = secrets.token_hex(16)
+    key_marker, head_marker = f"<key {marker}>", f"<head {marker}>"
+    event = AuditEvent(
+        created_at=timezone.now(),
+        actor=actor_obj,
+        actor_label=actor_obj.get_username() if actor_obj else "system",
+        action=action,
+        target_type=target_type,
+        target_id=key_marker,
+        target_label=f"{label_head}{key_marker}{label_tail}",
+        tenant=tenant,
+        after=after,
+        source_address=context["source_address"],
+        request_id=context["request_id"],
+        prev_hash=head_marker,
+        hash_version=chain.KEYED,
+    )
+    # The payload is JSON text: the markers (ASCII, no character JSON escapes) appear in
+    # it as they are, once for the previous hash and twice for the key.
+    head_value = f"COALESCE({head_sql}, %s)"
+    id_text = f"({id_sql})::text"
+    pieces = re.split(
+        f"({re.escape(key_marker)}|{re.escape(head_marker)})", chain.canonical_payload(event)
+    )
+    message_sql, message_params = [], []
+    for piece in pieces:
+        if piece == key_marker:
+            message_sql.append(id_text)
+        elif piece == head_marker:
+            message_sql.append(head_value)
+            message_params.append(GENESIS_HASH)
+        elif piece:
+            message_sql.append("%s")
+            message_params.append(piece)
+    inner_pad, outer_pad = _hmac_pads(chain.audit_key())
+    message = f"convert_to({' || '.join(message_sql)}, 'UTF8')"
+    hash_sql = f"encode(sha256(%s::bytea || sha256(%s::bytea || {message})), 'hex')"
+    late = ("target_id", "target_label", "prev_hash", "hash")
+    columns, values = _INSERT.columns_and_values(event, leave_out=late)
+    quote = connection.ops.quote_name
+    meta = AuditEvent._meta
+    columns = [*columns, *(quote(meta.get_field(name).column) for name in late)]
+    sql = (
+        f"INSERT INTO {quote(meta.db_table)} ({', '.join(columns)}) "
+        f"SELECT {', '.join(['%s'] * len(values))}, {id_text}, %s || {id_text} || %s, "
+        f"{head_value}, {hash_sql}"
+    )
+    params = [*values, label_head, label_tail, GENESIS_HASH, outer_pad, inner_pad, *message_params]
+    return AuditInsertSql(sql, params)
+
+
+@functools.lru_cache(maxsize=4)
+def _hmac_pads(key: bytes) -> tuple[bytes, bytes]:
+    """HMAC-SHA256's inner and outer padded keys (RFC 2104), as ``hmac.new`` makes them."""
+    block = 64
+    if len(key) > block:
+        key = hashlib.sha256(key).digest()
+    key = key.ljust(block, b"\0")
+    return bytes(b ^ 0x36 for b in key), bytes(b ^ 0x5C for b in key)
 
 
 #: The event's insert, its statement built once (an audited submission is on the API's

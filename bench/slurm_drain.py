@@ -21,7 +21,10 @@ then ``GET`` polled every ~20 ms), median of each.
 And ``--seq`` submissions in a row from one client (a ``true`` job each): ``sbatch`` one
 after another, then ``POST /api/v1/jobs/`` one after another (the API's own client, a kept
 connection, as a script or the CLI would use it); submissions/s of each and their ratio
-(target ≥ 1: accepting a job costs no more than ``sbatch``).
+(target ≥ 1: accepting a job costs no more than ``sbatch``), and the CPU per submission
+each process on the machine spent meanwhile (``slurm_cpu_ms``, ``sluice_cpu_ms``: the
+Sluice processes, the Slurm daemons, munge, PostgreSQL, Redis, this client and everything
+else), read from /proc.
 
 Prints one JSON line per figure and a summary: both drain rates, their ratio (target
 ≥ 0.9), both idle medians and their difference (target ≤ 0.5 s), and the load average
@@ -65,6 +68,52 @@ def log(message: str) -> None:
 
 def load() -> float:
     return os.getloadavg()[0]
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+#: Processes counted by their name: the Slurm daemons, and the servers Sluice shares with
+#: whatever else runs on the machine (all their processes, whoever they serve).
+_SHARED = {
+    name: name
+    for name in ("slurmctld", "slurmd", "slurmstepd", "munged", "postgres", "redis-server")
+}
+
+
+def cpu_by_process(sessions: dict[int, str]) -> dict[str, float]:
+    """CPU seconds used so far by every process, summed per Sluice process (the session it
+    started, children included: gunicorn's workers, Celery's pool), per Slurm daemon and
+    shared server (``_SHARED``), for this script (``client``, with the ``sbatch`` processes
+    it ran and reaped) and for everything else (``other``)."""
+    totals: dict[str, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:  # ended meanwhile
+            continue
+        comm, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :]
+        fields = rest.split()
+        # After the name: state, ppid, pgrp, session, ... utime (12th), stime (13th).
+        seconds = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+        name = sessions.get(int(fields[3])) or _SHARED.get(comm) or "other"
+        if int(entry) == os.getpid():  # with the sbatch processes it ran (reaped)
+            name = "client"
+            seconds += (int(fields[13]) + int(fields[14])) / CLOCK_TICKS
+        totals[name] = totals.get(name, 0.0) + seconds
+    return totals
+
+
+def cpu_spent(before: dict[str, float], after: dict[str, float], count: int) -> dict[str, float]:
+    """Milliseconds of CPU per submission, per process, between two ``cpu_by_process``
+    (a process that ended meanwhile is not counted)."""
+    return {
+        name: round((after[name] - before.get(name, 0.0)) * 1000 / count, 1)
+        for name in sorted(after)
+        if after[name] - before.get(name, 0.0) > 0
+    }
 
 
 class SluiceOnSlurm(e2e.Cluster):
@@ -228,24 +277,33 @@ def sequential_submissions(bench: e2e.Bench, side: SlurmSide, count: int) -> dic
     alone (the jobs then drain before the next phase)."""
     wait_slurm_idle(side)
     name = f"seq-{os.getpid()}"
+    sessions = {proc.pid: process for process, proc in bench.cluster.procs.items()}
+    cpu_before = cpu_by_process(sessions)
     t0 = time.monotonic()
     for _ in range(count):
         side.sbatch(name, "true")
     slurm_seconds = time.monotonic() - t0
+    slurm_cpu = cpu_spent(cpu_before, cpu_by_process(sessions), count)
     wait_slurm_idle(side, timeout=120 + count)
     bench.wait_idle()
     spec = e2e._spec(bench.world, "seq", ["true"])
     before_ended = bench.ended("seq")
     before = load()
+    cpu_before = cpu_by_process(sessions)
     t0 = time.monotonic()
     for _ in range(count):
         bench.api.post("jobs/", spec)
     sluice_seconds = time.monotonic() - t0
+    sluice_cpu = cpu_spent(cpu_before, cpu_by_process(sessions), count)
     bench.wait_drained("seq", before_ended + count, t0, count)
     return {
         "slurm_per_s": round(count / slurm_seconds, 1),
         "sluice_per_s": round(count / sluice_seconds, 1),
         "jobs": count,
+        # CPU milliseconds per submission while each side's submissions ran, by process
+        # ("other": the rest of the machine, other users' work included).
+        "slurm_cpu_ms": slurm_cpu,
+        "sluice_cpu_ms": sluice_cpu,
         "load": round((before + load()) / 2, 2),
     }
 

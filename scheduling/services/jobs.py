@@ -13,8 +13,8 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from audit.services import audit_chain_head_locked_sql, audit_record
-from portal.errors import BusinessError, PermissionDeniedError
+from audit.services import audit_chain_head_locked_sql, audit_insert_sql, audit_record
+from portal.errors import BusinessError, NotFoundError, PermissionDeniedError
 from portal.sqlrows import ModelInsert
 from portal.text import holds_bad_text
 from scheduling.agent.protocol import RESERVED_ENV_NAMES, RESERVED_ENV_PREFIXES
@@ -765,14 +765,29 @@ _JOB_INSERT = ModelInsert(Job)
 _EVENT_INSERT = ModelInsert(JobEvent)
 
 
-@transaction.atomic
 def job_submit(*, user, spec: JobSpec, lookups: Lookups | None = None) -> Job:
     """Validate and store one job as PENDING (or an array, see ``job_submit_bulk``).
     ``lookups``: the reads the caller made for this request (the API's
-    ``spec_from_input`` reads the workload policy with the project and queue)."""
+    ``spec_from_input`` reads the workload policy with the project and queue).
+
+    On PostgreSQL the job, its event and its audit row are written by one statement,
+    which locks the audit chain and reads its head too (``_job_event_audit_insert``): a
+    statement is atomic, so it needs no transaction around it (no BEGIN and COMMIT),
+    and a client submitting jobs one after another waits on two database round trips
+    fewer per job. Elsewhere, in one transaction, a statement each."""
     if spec.array:
         return job_submit_bulk(user=user, specs=[spec], lookups=lookups)[0]
-    lookups = lookups or Lookups()
+    if connection.vendor != "postgresql":
+        return _job_submit_atomic(user=user, spec=spec, lookups=lookups or Lookups())
+    job, event = _job_and_event(user, spec, lookups or Lookups())
+    _job_event_audit_insert(job, event, user, spec)
+    jobs_added_on_commit()
+    return job
+
+
+def _job_and_event(user, spec: JobSpec, lookups: Lookups) -> tuple[Job, JobEvent]:
+    """The job ``spec`` makes (validated against its queue, policy and quota) and its
+    submitted event, not stored yet."""
     values, _ = job_validate(user=user, spec=spec, lookups=lookups)
     now = timezone.now()
     # A project raise active now (a release push) applies to new jobs from the start.
@@ -786,49 +801,66 @@ def job_submit(*, user, spec: JobSpec, lookups: Lookups | None = None) -> Job:
         actor=user,
         message=f"Submitted to queue {spec.queue} by {user.username}.",
     )
-    if connection.vendor == "postgresql":
-        chain = {"chain_head": _job_and_event_insert(job, event)}
-    else:
-        _JOB_INSERT.insert(job)
-        event.job = job
-        _EVENT_INSERT.insert(event)
-        chain = {}  # the audit record locks the chain and reads its head
+    return job, event
+
+
+def _submit_audit_after(job: Job, spec: JobSpec) -> dict:
+    return {
+        "queue": str(spec.queue),
+        "gpus": job.total_gpus,
+        "priority_class": job.priority_class.name,
+    }
+
+
+@transaction.atomic
+def _job_submit_atomic(*, user, spec: JobSpec, lookups: Lookups) -> Job:
+    job, event = _job_and_event(user, spec, lookups)
+    _JOB_INSERT.insert(job)
+    event.job = job
+    _EVENT_INSERT.insert(event)
     audit_record(
         action="job.submit",
         target=job,
         actor=user,
         tenant=spec.project.tenant,
-        after={
-            "queue": str(spec.queue),
-            "gpus": job.total_gpus,
-            "priority_class": job.priority_class.name,
-        },
-        **chain,
+        after=_submit_audit_after(job, spec),
     )
     jobs_added_on_commit()
     return job
 
 
-def _job_and_event_insert(job: Job, event: JobEvent) -> str | None:
-    """PostgreSQL: insert the job and its event, lock the audit chain and read its head,
-    in one statement instead of four; returns the head."""
+def _job_event_audit_insert(job: Job, event: JobEvent, user, spec: JobSpec) -> None:
+    """PostgreSQL: insert the job, its event and its audit row in one statement, which
+    locks the audit chain (until it commits) and reads its head for the audit row."""
     job_columns, job_values = _JOB_INSERT.columns_and_values(job)
     event_columns, event_values = _EVENT_INSERT.columns_and_values(event, leave_out=("job",))
     job_table, event_table = _table(Job), _table(JobEvent)
     quote = connection.ops.quote_name
     job_id, pk_column = quote(JobEvent._meta.get_field("job").column), quote(Job._meta.pk.column)
+    audit = audit_insert_sql(
+        action="job.submit",
+        target_type=Job._meta.label_lower,
+        id_sql=f"j.{pk_column}",
+        # str(job): "job <id> <name>"
+        target_label=("job ", f" {job.name}"),
+        head_sql="h.head",
+        actor=user,
+        tenant=spec.project.tenant,
+        after=_submit_audit_after(job, spec),
+    )
     sql = (
-        f"WITH j AS (INSERT INTO {job_table} ({', '.join(job_columns)}) "
+        f"WITH h AS MATERIALIZED (SELECT {audit_chain_head_locked_sql()} AS head), "
+        f"j AS (INSERT INTO {job_table} ({', '.join(job_columns)}) "
         f"VALUES ({', '.join(['%s'] * len(job_values))}) RETURNING {pk_column}), "
         f"e AS (INSERT INTO {event_table} ({job_id}, {', '.join(event_columns)}) "
-        f"SELECT j.{pk_column}, {', '.join(['%s'] * len(event_values))} FROM j) "
-        f"SELECT j.{pk_column}, {audit_chain_head_locked_sql()} FROM j"
+        f"SELECT j.{pk_column}, {', '.join(['%s'] * len(event_values))} FROM j), "
+        f"a AS ({audit.sql} FROM j, h) "
+        f"SELECT j.{pk_column} FROM j"
     )
     with connection.cursor() as cursor:
-        cursor.execute(sql, [*job_values, *event_values])
-        pk, chain_head = cursor.fetchone()
+        cursor.execute(sql, [*job_values, *event_values, *audit.params])
+        (pk,) = cursor.fetchone()
     _JOB_INSERT.inserted(job, pk)
-    return chain_head
 
 
 @transaction.atomic

@@ -1,6 +1,7 @@
 """What one submission writes, whichever way its statements are put together: on
-PostgreSQL the job, its event, the audit chain's lock and its head go in one statement
-(scheduling.services.jobs._job_and_event_insert); elsewhere one statement each.
+PostgreSQL the job, its event, the audit chain's lock and head and the audit row (hashed
+by the database) go in one statement (scheduling.services.jobs._job_event_audit_insert);
+elsewhere one statement each.
 The rows are the same, and the audit chain stays one chain under concurrent submissions."""
 
 import threading
@@ -10,6 +11,7 @@ from django.db import connection
 
 from audit.models import AuditEvent
 from audit.services import audit_record, audit_verify_chain
+from portal.errors import BusinessError
 from scheduling.choices import JobState
 from scheduling.models import Job, JobEvent
 from scheduling.services.jobs import JobSpec, job_submit
@@ -73,6 +75,38 @@ def test_a_submission_stores_its_job_event_and_audit_row(world, api, dispatch_re
     assert audit_verify_chain()[1] is None
 
 
+@pytest.mark.parametrize(
+    "name",
+    ['quote " backslash \\ tab\t', "accents éß and 日本", "<key 00> <head 00> %s %% {}"],
+)
+def test_the_audit_row_of_a_submission_hashes_as_the_chain_checks_it(
+    world, dispatch_requests, name
+):
+    """The audit row's hash (made by the database on PostgreSQL) is the one the chain's
+    check recomputes, whatever the job's name holds (JSON escapes, non-ASCII text, SQL
+    and marker look-alikes), and its label and target are the job's."""
+    job = job_submit(user=world.member, spec=_spec(world, name=name))
+    audit = AuditEvent.objects.get(action="job.submit")
+    assert (audit.target_type, audit.target_id, audit.target_label) == (
+        "scheduling.job",
+        str(job.pk),
+        str(job),
+    )
+    assert audit.hash == audit.compute_hash()
+    assert audit_verify_chain()[1] is None
+
+
+def test_a_refused_submission_stores_nothing(world, dispatch_requests):
+    jobs, events, audits = Job.objects.count(), JobEvent.objects.count(), AuditEvent.objects.count()
+    with pytest.raises(BusinessError):
+        job_submit(user=world.member, spec=_spec(world, gpus_per_node=10_000))
+    assert (Job.objects.count(), JobEvent.objects.count(), AuditEvent.objects.count()) == (
+        jobs,
+        events,
+        audits,
+    )
+
+
 def test_submissions_in_a_row_chain_their_audit_rows(world, dispatch_requests):
     jobs = [job_submit(user=world.member, spec=_spec(world, name=f"j{i}")) for i in range(3)]
     rows = list(AuditEvent.objects.filter(action="job.submit").order_by("id"))
@@ -115,3 +149,24 @@ def test_concurrent_submissions_keep_one_audit_chain_on_postgresql(world):
     checked, broken, why = audit_verify_chain()
     assert (checked, broken) == (len(rows), None), why
     assert JobEvent.objects.filter(kind="submitted").count() == threads_count * per_thread
+
+
+def test_a_submission_statement_is_parsed_once_on_postgresql(world, dispatch_requests, monkeypatch):
+    """psycopg keeps the parsing of the submission's statement (its parameters are more
+    than psycopg's own limit of 50): a submission parses none of its statements again."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the statement is PostgreSQL's (the CI suite runs it)")
+    from psycopg import _queries
+
+    job_submit(user=world.member, spec=_spec(world, name="first"))
+    parsed: list[bytes] = []
+    uncached = _queries._query2pg_nocache
+
+    def parse(query, encoding):
+        parsed.append(query)
+        return uncached(query, encoding)
+
+    # psycopg calls the uncached parser itself only for statements it does not keep.
+    monkeypatch.setattr(_queries, "_query2pg_nocache", parse)
+    job_submit(user=world.member, spec=_spec(world, name="second"))
+    assert parsed == []
