@@ -14,7 +14,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from audit.services import audit_chain_head_locked_sql, audit_insert_sql, audit_record
-from portal.errors import BusinessError, NotFoundError, PermissionDeniedError
+from portal.errors import BusinessError, PermissionDeniedError
 from portal.sqlrows import ModelInsert
 from portal.text import holds_bad_text
 from scheduling.agent.protocol import RESERVED_ENV_NAMES, RESERVED_ENV_PREFIXES
