@@ -35,6 +35,14 @@ GANG_BORROWER_RESERVE_SECONDS: Final = 0.0
 #: After this wait a job is ordered with the next class up (0: off).
 CLASS_AGING_SECONDS: Final = 0.0
 
+#: Time-sharing, for the queues that opt in (see .order): a job that checkpoints is in
+#: level 0 until it has used this many GPU-seconds, then in level 1, then level 2; a job
+#: of a lower level may stop a running one of a higher level of its class.
+TIME_SHARING_LEVELS: Final = (4 * 3600.0, 64 * 3600.0)
+#: A time-sharing job that has waited this long since it last entered the queue is back
+#: in level 0 (promotion, so that a job stopped for others does not starve).
+TIME_SHARING_PROMOTION_SECONDS: Final = 8 * 3600.0
+
 #: The same, by the name of the Snapshot field (and of the simulator's policy knob).
 ORDER_DEFAULTS: Final[dict[str, float | bool]] = {
     "size_order": SIZE_ORDER,

@@ -370,6 +370,8 @@ class Planner:
                 (option, Preemptor.under(job, option.account, True)) for option in options
             ]
             outcome = self.preempting.preempt(job, preemptors, runtime, slot)
+            if outcome is None and job.time_sharing:
+                outcome = self.preempting.share_time(job, preemptors, runtime, slot)
             if outcome is not None:
                 return outcome
         state = self.state
@@ -435,11 +437,19 @@ class Planner:
                 self._overdue(job),
             )
             return reasons.WAITING_FOR_PREEMPTION, slot.start
-        if self.policy.preemption and job.can_preempt and self.preempting.may_pay(slot):
+        if (
+            self.policy.preemption
+            and (job.can_preempt or job.time_sharing)
+            and self.preempting.may_pay(slot)
+        ):
             preemptors = [
                 (option, Preemptor.under(job, option.account, False)) for option in options
             ]
-            outcome = self.preempting.preempt(job, preemptors, runtime, slot)
+            outcome = None
+            if job.can_preempt:
+                outcome = self.preempting.preempt(job, preemptors, runtime, slot)
+            if outcome is None and job.time_sharing:
+                outcome = self.preempting.share_time(job, preemptors, runtime, slot)
             if outcome is not None:
                 return outcome
         if (

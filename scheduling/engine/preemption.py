@@ -126,6 +126,11 @@ def protected_until(job: RunningJob) -> float:
     return job.started_at + job.preemption_protection_seconds
 
 
+def attained_service(job: RunningJob, now: float) -> float:
+    """GPU-seconds a running job has used by ``now``: its earlier runs' and this one's."""
+    return job.attained_gpu_seconds + len(job.gpu_ids) * max(now - job.started_at, 0.0)
+
+
 def lost_work(job: RunningJob, now: float) -> float:
     """GPU-seconds a running job would lose if stopped ``now``: its GPUs x the time since
     its last checkpoint in this run (its start when it has none, or none is known; with
@@ -188,6 +193,8 @@ class RunningRecord:
         "expected_end",
         "ending_from",
         "_gain",
+        "time_sharing",
+        "attained",
     )
 
     def __init__(
@@ -238,6 +245,9 @@ class RunningRecord:
         self.expected_end = job.started_at + expected if expected > 0 else INF
         self._gain = gain
         self.ending_from = _ending_from(self.expected_end, job.grace_seconds, gain)
+        # Time-sharing: whether it takes part, and the GPU-seconds it has used by now.
+        self.time_sharing = job.time_sharing
+        self.attained = attained_service(job, now)
 
     def renew(self, now: float, account: Account, gain: float = 0.0) -> None:
         """Back to what a new record of the same running job at ``now`` would be (a
@@ -256,6 +266,8 @@ class RunningRecord:
         self._now = now
         self._lost = -1.0
         self._order_key = None
+        if self.time_sharing:
+            self.attained = attained_service(self.job, now)
 
     @property
     def lost(self) -> float:
@@ -311,7 +323,7 @@ class Rule:
     dataclass keeps the interpreted ``__init__`` (and ``__hash__``) ``dataclasses``
     generates."""
 
-    __slots__ = ("priority", "training", "within_guarantee", "tenant")
+    __slots__ = ("priority", "training", "within_guarantee", "tenant", "sharing", "attained")
 
     def __init__(
         self,
@@ -319,14 +331,25 @@ class Rule:
         training: bool,
         within_guarantee: bool,
         tenant: str | None,
+        sharing: int | None = None,  # time-sharing victims' class; None: no time-sharing
+        attained: float = INF,  # ... that have used at least this many GPU-seconds
     ) -> None:
         self.priority = priority
         self.training = training
         self.within_guarantee = within_guarantee
         self.tenant = tenant
+        self.sharing = sharing
+        self.attained = attained
 
-    def _fields(self) -> tuple[int | None, bool, bool, str | None]:
-        return (self.priority, self.training, self.within_guarantee, self.tenant)
+    def _fields(self) -> tuple[int | None, bool, bool, str | None, int | None, float]:
+        return (
+            self.priority,
+            self.training,
+            self.within_guarantee,
+            self.tenant,
+            self.sharing,
+            self.attained,
+        )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Rule):
@@ -337,9 +360,10 @@ class Rule:
         return hash(self._fields())
 
     def __repr__(self) -> str:
-        return "Rule(priority={!r}, training={!r}, within_guarantee={!r}, tenant={!r})".format(
-            *self._fields()
-        )
+        return (
+            "Rule(priority={!r}, training={!r}, within_guarantee={!r}, tenant={!r}, "
+            "sharing={!r}, attained={!r})"
+        ).format(*self._fields())
 
     def allows(self, record: RunningRecord) -> bool:
         """Whether ``record`` may be stopped (its age and GPUs are checked elsewhere)."""
@@ -354,11 +378,28 @@ class Rule:
                 return False  # a borrower never takes guaranteed GPUs of others
         # Own jobs, borrowed or not, and the rest: a lower, preemptible class, unless the
         # job is protected at its preemption limit.
-        return (
+        if (
             self.priority is not None
             and record.preemptible
             and record.priority < self.priority
             and not record.protected
+        ):
+            return True
+        return self.shares_time(record)
+
+    def shares_time(self, record: RunningRecord) -> bool:
+        """Whether ``record`` may be stopped for time-sharing: a time-sharing job of the
+        rule's class that has used more GPU-time (a higher level), preemptible and not
+        protected, of the preemptor's tenant or borrowing (a guarantee is never taken
+        from another tenant)."""
+        return (
+            self.sharing is not None
+            and record.time_sharing
+            and record.priority == self.sharing
+            and record.attained >= self.attained
+            and record.preemptible
+            and not record.protected
+            and (self.tenant is None or record.tenant == self.tenant or record.borrowed)
         )
 
 
@@ -367,7 +408,7 @@ class Preemptor:
     how much of the tenant's quota (``account``) the victims must free: ``quota_need``
     GPUs and ``jobs_need`` running-job slots (both 0 when the job fits already)."""
 
-    __slots__ = ("job", "within_guarantee", "account", "quota_need", "jobs_need")
+    __slots__ = ("job", "within_guarantee", "account", "quota_need", "jobs_need", "sharing")
 
     def __init__(
         self,
@@ -382,6 +423,18 @@ class Preemptor:
         self.account = account
         self.quota_need = quota_need
         self.jobs_need = jobs_need
+        # Time-sharing (see with_sharing): the attained GPU-seconds from which a
+        # time-sharing job of its class may be stopped for it; INF: none.
+        self.sharing = INF
+
+    def with_sharing(self, attained: float) -> Preemptor:
+        """The same preemptor, that may also stop time-sharing jobs of its class that have
+        used at least ``attained`` GPU-seconds (a higher level than its own)."""
+        twin = Preemptor(
+            self.job, self.within_guarantee, self.account, self.quota_need, self.jobs_need
+        )
+        twin.sharing = attained
+        return twin
 
     @classmethod
     def under(cls, job: PendingJob, account: Account, within_guarantee: bool) -> Preemptor:
@@ -410,7 +463,22 @@ class Preemptor:
             if below:
                 threshold = stats.priorities[below - 1] + 1
         training = job.workload_type in TRAINING_WORKLOADS and stats.has_inference
-        return Rule(threshold, training, self.within_guarantee, job.tenant if exact else None)
+        tenant = job.tenant if exact else None
+        if self.sharing < INF:
+            return Rule(
+                threshold, training, self.within_guarantee, tenant, job.priority, self.sharing
+            )
+        return Rule(threshold, training, self.within_guarantee, tenant)
+
+    def shares_time(self, record: RunningRecord) -> bool:
+        """Whether ``record``, stopped for this preemptor, is stopped for time-sharing
+        (not for a higher class, nor to reclaim borrowed GPUs)."""
+        if self.sharing == INF or self.is_reclaim(record):
+            return False
+        job = self.job
+        if job.can_preempt and record.priority < job.priority:
+            return False
+        return record.time_sharing and record.priority == job.priority
 
     def is_reclaim(self, record: RunningRecord) -> bool:
         """Reclaim: the job is inside its guarantee, the victim borrows (another tenant)."""
@@ -422,6 +490,10 @@ class Preemptor:
         job = self.job
         if job.can_preempt and stats.priorities and stats.priorities[0] < job.priority:
             return True
+        if self.sharing < INF:
+            for priority, attained in stats.sharing:
+                if priority == job.priority and attained >= self.sharing:
+                    return True
         # Reclaiming from other tenants frees none of the tenant's own quota.
         if self.short_of_quota:
             return False
@@ -437,6 +509,8 @@ class SliceStats:
     has_inference: bool
     # (tenant, job id) of borrowed jobs at their stop limit: nobody reclaims them.
     protected_borrowers: tuple[tuple[str, int], ...] = ()
+    # (class, most GPU-seconds attained) of the time-sharing jobs that may be stopped.
+    sharing: tuple[tuple[int, float], ...] = ()
 
 
 def slice_stats(slice_: SliceIndex) -> SliceStats:
@@ -447,6 +521,7 @@ def slice_stats(slice_: SliceIndex) -> SliceStats:
         borrowers = set()
         protected: list[tuple[str, int]] = []
         has_inference = False
+        sharing: dict[int, float] = {}
         for slot in slice_.slots:
             for record in slot.running:
                 if record.stopping:
@@ -457,11 +532,19 @@ def slice_stats(slice_: SliceIndex) -> SliceStats:
                     continue
                 if record.preemptible and not record.protected:
                     priorities.add(record.priority)
+                    if record.time_sharing:
+                        most = sharing.get(record.priority, -INF)
+                        if record.attained > most:
+                            sharing[record.priority] = record.attained
                 if record.borrowed and not record.protected:
                     borrowers.add(record.tenant)
                 has_inference |= record.inference
         stats = SliceStats(
-            sorted(priorities), frozenset(borrowers), has_inference, tuple(sorted(set(protected)))
+            sorted(priorities),
+            frozenset(borrowers),
+            has_inference,
+            tuple(sorted(set(protected))),
+            tuple(sorted(sharing.items())),
         )
         slice_.victim_stats = stats
     return stats
