@@ -202,6 +202,6 @@ def gpu_hours(gpu_seconds: float) -> str:
 def stopped_for_time_sharing(job: PendingJob, attained: float) -> str:
     return (
         f"stopped for time-sharing: job {job.id} of class {job.priority_class} has used "
-        f"{gpu_hours(job.attained_gpu_seconds)} GPU-hours, this job {gpu_hours(attained)}; "
+        f"{gpu_hours(job.attained_gpu_seconds)} GPU-hours, this job {gpu_hours(attained)} GPU-hours; "
         "it resumes from its last checkpoint"
     )

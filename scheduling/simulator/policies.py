@@ -34,6 +34,10 @@ class Policy:
     # After how long a waiting job is ordered with the next class up (Snapshot); None:
     # the default (off).
     class_aging_seconds: float | None = None
+    # Time-sharing (see scheduling.engine.order): every queue opts in, so the jobs that
+    # checkpoint (training-like, preemptible; see snapshot.checkpoints) share GPUs inside
+    # their class by least attained service. Off but in ``sluice-timeshare``.
+    time_sharing: bool = False
 
     def order_knobs(self) -> dict:
         """The order and preemption settings to pass to a Snapshot (only those this
@@ -119,6 +123,18 @@ POLICIES: dict[str, Policy] = {
             backfill=True,
             preemption=True,
             fair_share=True,
+        ),
+        _with(
+            ORDER_DEFAULTS,
+            name="sluice-timeshare",
+            description="Sluice's default with time-sharing on in every queue: inside a class, "
+            "jobs that checkpoint (training-like, preemptible) go by least attained GPU-time "
+            "in levels, a waiting one may stop a running one of a higher level (stop limit, "
+            "minimum run, promotion after a long wait)",
+            backfill=True,
+            preemption=True,
+            fair_share=True,
+            time_sharing=True,
         ),
         _with(
             ORDER_DEFAULTS,
