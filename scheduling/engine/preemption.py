@@ -194,7 +194,7 @@ class RunningRecord:
         "ending_from",
         "_gain",
         "time_sharing",
-        "attained",
+        "_attained",
     )
 
     def __init__(
@@ -245,9 +245,10 @@ class RunningRecord:
         self.expected_end = job.started_at + expected if expected > 0 else INF
         self._gain = gain
         self.ending_from = _ending_from(self.expected_end, job.grace_seconds, gain)
-        # Time-sharing: whether it takes part, and the GPU-seconds it has used by now.
+        # Time-sharing: whether it takes part, and the GPU-seconds it has used by now
+        # (worked out on first use, as the work lost).
         self.time_sharing = job.time_sharing
-        self.attained = attained_service(job, now)
+        self._attained = -1.0
 
     def renew(self, now: float, account: Account, gain: float = 0.0) -> None:
         """Back to what a new record of the same running job at ``now`` would be (a
@@ -266,8 +267,7 @@ class RunningRecord:
         self._now = now
         self._lost = -1.0
         self._order_key = None
-        if self.time_sharing:
-            self.attained = attained_service(self.job, now)
+        self._attained = -1.0
 
     @property
     def lost(self) -> float:
@@ -281,6 +281,13 @@ class RunningRecord:
                 self._now,
             )
         return self._lost
+
+    @property
+    def attained(self) -> float:
+        """GPU-seconds the job has used by now, over all its runs (fixed for the cycle)."""
+        if self._attained < 0:
+            self._attained = attained_service(self.job, self._now)
+        return self._attained
 
     @property
     def ending(self) -> bool:

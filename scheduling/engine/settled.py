@@ -92,6 +92,7 @@ class Remaining:
         "witness",
         "_witness_kept",
         "_sharing",
+        "_sharing_kinds",
     )
 
     def __init__(self, pending: list[PendingJob]) -> None:
@@ -114,14 +115,18 @@ class Remaining:
         self.witness: tuple[str, NodeSlot, tuple[int, int], tuple, str] | None = None
         self._witness_kept = False
         # Time-sharing jobs not considered: id -> (class, the GPU-seconds from which a
-        # running time-sharing job of that class is in a higher level); built on first use
+        # running time-sharing job of that class is in a higher level), and how many of
+        # them of each such kind; built on first use
         self._sharing: dict[int, tuple[int, float]] | None = None
+        self._sharing_kinds: Counter[tuple[int, float]] = Counter()
 
     def remove(self, job: PendingJob) -> None:
         """``job`` has been considered."""
         self._done.add(job.id)
         if self._sharing:
-            self._sharing.pop(job.id, None)
+            kind = self._sharing.pop(job.id, None)
+            if kind is not None:
+                self._sharing_kinds[kind] -= 1
         if job.tenant in self._non_training and job.workload_type not in TRAINING_WORKLOADS:
             self._non_training[job.tenant] -= 1
         witness = self.witness
@@ -173,7 +178,9 @@ class Remaining:
                 if job.time_sharing and job.id not in self._done:
                     floor = sharing_floor(job, now, policy)
                     if floor < INF:
-                        sharing[job.id] = (job.priority, floor)
+                        kind = (job.priority, floor)
+                        sharing[job.id] = kind
+                        self._sharing_kinds[kind] += 1
         if not sharing:
             return False
         most: dict[int, float] = {}
@@ -183,7 +190,10 @@ class Remaining:
                     most[priority] = attained
         if not most:
             return False
-        return any(most.get(priority, -INF) >= floor for priority, floor in sharing.values())
+        return any(
+            count > 0 and most.get(kind[0], -INF) >= kind[1]
+            for kind, count in self._sharing_kinds.items()
+        )
 
     def shortest_runtime(self) -> float:
         """The shortest runtime limit among the remaining jobs (INF: none left)."""
