@@ -42,6 +42,9 @@ TIME_SHARING_LEVELS: Final = (4 * 3600.0, 64 * 3600.0)
 #: A time-sharing job that has waited this long since it last entered the queue is back
 #: in level 0 (promotion, so that a job stopped for others does not starve).
 TIME_SHARING_PROMOTION_SECONDS: Final = 8 * 3600.0
+#: A time-sharing job stops another only once it has waited this long since it last
+#: entered the queue: work that would start soon anyway stops nobody (fewer stops).
+TIME_SHARING_MIN_WAIT_SECONDS: Final = 0.0
 
 #: The same, by the name of the Snapshot field (and of the simulator's policy knob).
 ORDER_DEFAULTS: Final[dict[str, float | bool]] = {

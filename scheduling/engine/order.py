@@ -119,9 +119,13 @@ def sharing_level(job: PendingJob, now: float, policy: Policy) -> int:
 
 def sharing_floor(job: PendingJob, now: float, policy: Policy) -> float:
     """The attained GPU-seconds from which a running time-sharing job of ``job``'s class
-    is in a higher level than ``job`` (INF: ``job`` does not time-share, or is in the
-    last level already)."""
+    is in a higher level than ``job`` (INF: ``job`` does not time-share, has not waited
+    ``time_sharing_min_wait_seconds`` since it last entered the queue, or is in the last
+    level already)."""
     if not job.time_sharing:
+        return INF
+    queued = job.queued_at if job.queued_at > 0 else job.submitted_at
+    if now - queued < policy.time_sharing_min_wait_seconds:
         return INF
     thresholds = policy.time_sharing_levels
     level = sharing_level(job, now, policy)

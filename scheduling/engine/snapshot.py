@@ -17,7 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Final
 
-from .defaults import TIME_SHARING_LEVELS, TIME_SHARING_PROMOTION_SECONDS
+from .defaults import (
+    TIME_SHARING_LEVELS,
+    TIME_SHARING_MIN_WAIT_SECONDS,
+    TIME_SHARING_PROMOTION_SECONDS,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .cluster import KeptCluster
@@ -335,9 +339,11 @@ class Snapshot:
     # Time-sharing (least attained service inside a class, for the jobs whose queue opts
     # in and that checkpoint; see :mod:`.order`): the attained GPU-seconds at which each
     # level after the first begins, ascending, and the wait since a job last entered the
-    # queue after which it is back in the first level (0: never).
+    # queue after which it is back in the first level (0: never), and the wait since then
+    # before which it stops nobody.
     time_sharing_levels: tuple[float, ...] = TIME_SHARING_LEVELS
     time_sharing_promotion_seconds: float = TIME_SHARING_PROMOTION_SECONDS
+    time_sharing_min_wait_seconds: float = TIME_SHARING_MIN_WAIT_SECONDS
     # A caller that plans the same nodes cycle after cycle (the simulator) may hand the
     # same :class:`~.cluster.KeptCluster` to each: the cluster index is then reset
     # instead of built anew (same plan; the dispatch loop builds it every cycle).
@@ -369,6 +375,7 @@ class Snapshot:
             self.gang_borrower_reserve_seconds,
             self.time_sharing_levels,
             self.time_sharing_promotion_seconds,
+            self.time_sharing_min_wait_seconds,
         )
         found = _POLICIES.get(key)
         if found is None:
@@ -414,6 +421,7 @@ class Policy:
     gang_borrower_reserve_seconds: float = 0.0
     time_sharing_levels: tuple[float, ...] = TIME_SHARING_LEVELS
     time_sharing_promotion_seconds: float = TIME_SHARING_PROMOTION_SECONDS
+    time_sharing_min_wait_seconds: float = TIME_SHARING_MIN_WAIT_SECONDS
 
     def __reduce__(self) -> tuple:
         return _by_constructor(self)

@@ -38,6 +38,10 @@ class Policy:
     # checkpoint (training-like, preemptible; see snapshot.checkpoints) share GPUs inside
     # their class by least attained service. Off but in ``sluice-timeshare``.
     time_sharing: bool = False
+    # Time-sharing's settings (Snapshot); None: the engine's defaults.
+    time_sharing_first_level_gpu_seconds: float | None = None
+    time_sharing_promotion_seconds: float | None = None
+    time_sharing_min_wait_seconds: float | None = None
 
     def order_knobs(self) -> dict:
         """The order and preemption settings to pass to a Snapshot (only those this
@@ -47,6 +51,13 @@ class Policy:
             value = getattr(self, name)
             if value is not None:
                 knobs[name] = value
+        if self.time_sharing_promotion_seconds is not None:
+            knobs["time_sharing_promotion_seconds"] = self.time_sharing_promotion_seconds
+        if self.time_sharing_min_wait_seconds is not None:
+            knobs["time_sharing_min_wait_seconds"] = self.time_sharing_min_wait_seconds
+        first = self.time_sharing_first_level_gpu_seconds
+        if first is not None:  # the levels from there, each 16 times the one before
+            knobs["time_sharing_levels"] = (first, 16 * first)
         return knobs
 
 
@@ -59,6 +70,12 @@ KNOBS = (
     "preemption_min_gain_seconds",
     "gang_borrower_reserve_seconds",
     "class_aging_seconds",
+)
+# Time-sharing's settings ``--knob`` may set too (only policies that time-share read them).
+SHARING_KNOBS = (
+    "time_sharing_first_level_gpu_seconds",
+    "time_sharing_promotion_seconds",
+    "time_sharing_min_wait_seconds",
 )
 
 

@@ -47,7 +47,7 @@ from scheduling.engine import (
     promotions,
     reasons,
 )
-from scheduling.engine.defaults import TIME_SHARING_LEVELS
+from scheduling.engine.defaults import TIME_SHARING_LEVELS, TIME_SHARING_MIN_WAIT_SECONDS
 from scheduling.engine.preemption import (
     INFERENCE_WORKLOAD,
     TRAINING_WORKLOADS,
@@ -346,9 +346,18 @@ class Replay:
         self.pending_kinds: dict[str, dict[tuple, int]] = defaultdict(lambda: defaultdict(int))
         # Waiting time-sharing jobs per pool and class (see _might_share).
         self.sharing: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
-        self.sharing_from = 0.0  # GPU-seconds from which a running job may be stopped
+        self.sharing_from = INF  # GPU-seconds from which a running job may be stopped
+        # A waiting time-sharing job stops nobody before it has waited this long: a cycle
+        # is planned then (pool, time) (see _enqueue).
+        self.sharing_wait = 0.0
+        self.sharing_wakes: set[tuple[str, float]] = set()
         if policy.time_sharing:
-            self.sharing_from = TIME_SHARING_LEVELS[0] if TIME_SHARING_LEVELS else INF
+            first = policy.time_sharing_first_level_gpu_seconds
+            if first is None:
+                first = TIME_SHARING_LEVELS[0] if TIME_SHARING_LEVELS else INF
+            self.sharing_from = first
+            wait = policy.time_sharing_min_wait_seconds
+            self.sharing_wait = TIME_SHARING_MIN_WAIT_SECONDS if wait is None else wait
         # ... and by what decides whether they might start (tenant, GPUs per node, GPUs,
         # preemptible): see _might_start.
         self.pending_shapes: dict[str, dict[tuple, int]] = defaultdict(lambda: defaultdict(int))
@@ -520,6 +529,11 @@ class Replay:
         self.pending_kinds[job.pool][_preemptor_kind(run.pending_record)] += 1
         if run.pending_record.time_sharing:
             self.sharing[job.pool][run.pending_record.priority] += 1
+            if self.sharing_wait > 0:
+                wake = (job.pool, when + self.sharing_wait)
+                if wake not in self.sharing_wakes:
+                    self.sharing_wakes.add(wake)
+                    self._push(wake[1], WAKE, job.pool, 0)
         self.pending_shapes[job.pool][_shape(run.pending_record)] += 1
         if self.config.max_waiting_per_tenant:
             insort(self.groups[job.pool][(job.tenant, job.priority_class)], (job.submit, job.id))
@@ -585,6 +599,9 @@ class Replay:
     def _wake(self, pool: str, when: float) -> None:
         if self.wake_at.get(pool) == when:
             del self.wake_at[pool]
+            self._touch(pool, when)
+        if (pool, when) in self.sharing_wakes:
+            self.sharing_wakes.discard((pool, when))
             self._touch(pool, when)
 
     # -- starting and stopping jobs ------------------------------------------------------------
