@@ -71,6 +71,7 @@ def sharing_levels(draw, on: bool) -> dict:
     return {
         "time_sharing_levels": draw(st.sampled_from([(600.0, 5000.0), (3000.0,), ()])),
         "time_sharing_promotion_seconds": draw(st.sampled_from([0.0, 3000.0])),
+        "time_sharing_min_wait_seconds": draw(st.sampled_from([0.0, 0.0, 1000.0])),
     }
 
 

@@ -106,6 +106,15 @@ def test_a_job_that_waited_long_is_promoted_to_the_first_level():
     assert [p.victim_id for p in run_plan(contended(waiting, run)).preemptions] == [50]
 
 
+def test_a_job_stops_nobody_before_its_minimum_wait():
+    waiting = sharing_job(1)  # entered the queue 10 minutes ago
+    patient = contended(waiting, sharing_running(50), time_sharing_min_wait_seconds=900.0)
+    result = run_plan(patient)
+    assert result.preemptions == []
+    waiting.queued_at = NOW - 1000
+    assert [p.victim_id for p in run_plan(patient).preemptions] == [50]
+
+
 def test_off_by_default():
     # Everything as in the first test, but no job takes part: no stop at all.
     waiting = dataclasses.replace(sharing_job(1), time_sharing=False)
