@@ -119,7 +119,7 @@ def test_a_time_sharing_stop_is_counted_and_shown_on_the_job_page(
         base_priority_class=world.low,
         priority_class=world.low,
     )
-    fresh = _job(world, gpus_per_node=8)
+    fresh = _job(world, gpus_per_node=8, submitted_at=timezone.now() - timedelta(hours=2))
 
     with django_capture_on_commit_callbacks(execute=True):
         dispatch_cycle()
@@ -164,7 +164,7 @@ def test_a_job_that_does_not_checkpoint_is_not_stopped(world, django_capture_on_
         base_priority_class=world.low,
         priority_class=world.low,
     )
-    _job(world, gpus_per_node=8)
+    _job(world, gpus_per_node=8, submitted_at=timezone.now() - timedelta(hours=2))
 
     with django_capture_on_commit_callbacks(execute=True):
         dispatch_cycle()

@@ -8,7 +8,11 @@ from engine_builders import NOW, gpu_ids, job, node, quota, run_plan, running, s
 from scheduling.engine import reasons
 from scheduling.engine.planner import Planner
 
-LEVELS = {"time_sharing_levels": (3600.0, 36000.0), "time_sharing_promotion_seconds": 7200.0}
+LEVELS = {
+    "time_sharing_levels": (3600.0, 36000.0),
+    "time_sharing_promotion_seconds": 7200.0,
+    "time_sharing_min_wait_seconds": 0.0,
+}
 HOUR = 3600.0
 
 
