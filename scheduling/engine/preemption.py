@@ -13,10 +13,15 @@ not expected to end within the minimum gain (below), and either
   preemptible, the victim is not protected, and J runs inside its guarantee or the
   victim is borrowed (a borrower never takes guaranteed GPUs of others), or
 - *reclaim*: J runs inside its tenant's guarantee and the victim, of another tenant,
-  runs on borrowed GPUs (whatever its class), and is not protected (below).
+  runs on borrowed GPUs (whatever its class), and is not protected (below), or
+- *time-sharing* (a queue's opt-in, see :mod:`.order`): J and the victim both time-share,
+  are of the same class, the victim is preemptible, not protected, of J's tenant or
+  borrowing, and has used more GPU-time (a higher level than J's); J has waited its
+  minimum wait (:func:`.order.sharing_floor`). Tried only once the rules above found
+  nothing (:meth:`.preempting.Preempting.share_time`).
 
-Every stop counts (DESIGN.md §6): a stop for a higher class and a reclaim of borrowed
-GPUs alike add one to the job's preemptions. A job preempted ``max_preemptions`` times
+Every stop counts (DESIGN.md §6): a stop for a higher class, a reclaim of borrowed GPUs
+and a time-sharing stop alike add one to the job's preemptions. A job preempted ``max_preemptions`` times
 already (> 0) is *protected* during its run: from its start for
 ``preemption_protection_seconds``, or for the whole run when that is 0 (the default:
 :func:`protected_until`). A protected job is stopped by nobody, neither for a higher
