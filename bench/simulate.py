@@ -68,7 +68,7 @@ from scheduling.simulator.metrics import (  # noqa: E402
 )
 from scheduling.simulator.model import WorkloadSpec  # noqa: E402
 from scheduling.simulator.parallel import replay_split  # noqa: E402
-from scheduling.simulator.policies import KNOBS  # noqa: E402
+from scheduling.simulator.policies import KNOBS, SHARING_KNOBS  # noqa: E402
 from scheduling.simulator.readers import load_trace  # noqa: E402
 from scheduling.simulator.reference import parse_references, run_reference  # noqa: E402
 from scheduling.simulator.scenario import (  # noqa: E402
@@ -113,8 +113,9 @@ def parse_knobs(items: list[str]) -> dict[str, float]:
     knobs: dict[str, float] = {}
     for item in items:
         name, _, value = item.partition("=")
-        if name not in KNOBS or not value:
-            raise SystemExit(f"--knob {item!r}: expected NAME=VALUE with NAME one of {KNOBS}")
+        if name not in (*KNOBS, *SHARING_KNOBS) or not value:
+            known = (*KNOBS, *SHARING_KNOBS)
+            raise SystemExit(f"--knob {item!r}: expected NAME=VALUE with NAME one of {known}")
         knobs[name] = float(value)
     return knobs
 
@@ -259,6 +260,9 @@ def replay_seed(args, trace, seed, read, knobs, one_pool, load, target) -> list[
             "class_mix": dict(args.class_mix),
             "full_cycles": args.full_cycles,
             "knobs": {name: getattr(policy, name) for name in KNOBS},
+            "sharing_knobs": {name: getattr(policy, name) for name in SHARING_KNOBS}
+            if policy.time_sharing
+            else None,
             "workload": asdict(scenario.workload("")),
             "read_and_setup_s": round(setup, 2),
             "target_s": target,

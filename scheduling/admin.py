@@ -159,8 +159,17 @@ class ProjectQuotaAdmin(AuditedAdmin):
 
 @admin.register(Queue)
 class QueueAdmin(AuditedAdmin):
-    list_display = ["name", "tenant", "project", "environment", "pool", "strict_fifo", "state"]
-    list_filter = ["tenant", "pool", "environment", "state"]
+    list_display = [
+        "name",
+        "tenant",
+        "project",
+        "environment",
+        "pool",
+        "strict_fifo",
+        "time_sharing",
+        "state",
+    ]
+    list_filter = ["tenant", "pool", "environment", "state", "time_sharing"]
 
 
 @admin.register(Job)

@@ -283,6 +283,7 @@ class QueueSerializer(serializers.ModelSerializer):
             "default_priority_class",
             "max_self_service_class",
             "strict_fifo",
+            "time_sharing",
             "state",
             "description",
         ]

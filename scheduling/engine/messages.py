@@ -208,3 +208,16 @@ def reclaimed(job: PendingJob, account: Account) -> str:
         f"{account.used}/{account.guaranteed} guaranteed {account.label} in pool "
         f"{account.pool}"
     )
+
+
+def gpu_hours(gpu_seconds: float) -> str:
+    """GPU-seconds as GPU-hours, one decimal."""
+    return f"{gpu_seconds / 3600:.1f}"
+
+
+def stopped_for_time_sharing(job: PendingJob, attained: float) -> str:
+    return (
+        f"stopped for time-sharing: job {job.id} of class {job.priority_class} has used "
+        f"{gpu_hours(job.attained_gpu_seconds)} GPU-hours, this job {gpu_hours(attained)} GPU-hours; "
+        "it resumes from its last checkpoint"
+    )

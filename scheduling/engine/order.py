@@ -31,6 +31,18 @@ and :mod:`.reservations`).
 With ``size_order`` off, inside a class the lowest share goes first, then submit time.
 Then id, always.
 
+**Time-sharing** (a queue that opts in; off by default). A job whose queue time-shares
+and that checkpoints (``PendingJob.time_sharing``, set by the caller) is ordered by
+*least attained service*, discretised as in Tiresias: its *level* is the number of
+``Policy.time_sharing_levels`` thresholds its attained GPU-seconds (GPUs x time run, over
+all its runs) have reached, and inside a class the jobs of a lower level go first, each
+level in the order above (fair share, size, maximum wait). Every other job is in level 0.
+A time-sharing job that has waited ``time_sharing_promotion_seconds`` since it last
+entered the queue is promoted back to level 0, so that a job stopped for others does not
+starve. A waiting time-sharing job may stop a running time-sharing job of its class and
+pool in a higher level (see :mod:`.preemption`). With no time-sharing job the order is
+exactly the one above.
+
 **Class aging** (``Snapshot.class_aging_seconds``, off by default; :func:`age_classes`).
 A job whose class may not preempt, once it has waited that long since its submission, is
 ordered with the next class up among the waiting jobs, unless a job of that class may
@@ -61,6 +73,8 @@ from typing import Final
 
 from .snapshot import ClusterState, PendingJob, Policy
 
+INF: Final = math.inf
+
 # A job without a runtime limit is ordered as if it needed this long (7 days).
 NO_LIMIT_RUNTIME: Final = 7 * 86400.0
 # Runtimes under a minute order as a minute: dispatch and start-up cost that much anyway.
@@ -79,6 +93,55 @@ def overdue(job: PendingJob, now: float, policy: Policy) -> bool:
 
 def _submit_key(job: PendingJob) -> tuple[float, int]:
     return (job.submitted_at, job.id)
+
+
+def level_of(attained: float, thresholds: tuple[float, ...]) -> int:
+    """The time-sharing level of ``attained`` GPU-seconds: how many thresholds it reached."""
+    level = 0
+    for threshold in thresholds:
+        if attained < threshold:
+            break
+        level += 1
+    return level
+
+
+def sharing_level(job: PendingJob, now: float, policy: Policy) -> int:
+    """The time-sharing level of a waiting job (see the module doc): 0 for a job that does
+    not time-share or has waited its promotion time since it last entered the queue."""
+    if not job.time_sharing:
+        return 0
+    promotion = policy.time_sharing_promotion_seconds
+    queued = job.queued_at if job.queued_at > 0 else job.submitted_at
+    if promotion > 0 and now - queued >= promotion:
+        return 0
+    return level_of(job.attained_gpu_seconds, policy.time_sharing_levels)
+
+
+def sharing_floor(job: PendingJob, now: float, policy: Policy) -> float:
+    """The attained GPU-seconds from which a running time-sharing job of ``job``'s class
+    is in a higher level than ``job`` (INF: ``job`` does not time-share, has not waited
+    ``time_sharing_min_wait_seconds`` since it last entered the queue, or is in the last
+    level already)."""
+    if not job.time_sharing:
+        return INF
+    queued = job.queued_at if job.queued_at > 0 else job.submitted_at
+    if now - queued < policy.time_sharing_min_wait_seconds:
+        return INF
+    thresholds = policy.time_sharing_levels
+    level = sharing_level(job, now, policy)
+    return thresholds[level] if level < len(thresholds) else INF
+
+
+def sharing_levels(pending: Iterable[PendingJob], now: float, policy: Policy) -> dict[int, int]:
+    """The time-sharing level of each waiting job above level 0, by job id (empty when no
+    job time-shares)."""
+    levels: dict[int, int] = {}
+    for job in pending:
+        if job.time_sharing:
+            level = sharing_level(job, now, policy)
+            if level:
+                levels[job.id] = level
+    return levels
 
 
 def age_classes(cluster: ClusterState, policy: Policy) -> ClusterState:
@@ -219,18 +282,29 @@ def band(share: float, width: float) -> float:
     return float(math.floor(math.log1p(max(share, 0.0)) / math.log1p(width)))
 
 
-def class_order(pending: Iterable[PendingJob], sizes: SizeOrder | None = None) -> list[PendingJob]:
-    """Class, then submit time (or the size key), fair share disabled."""
+def _tier(job: PendingJob, levels: Mapping[int, int] | None) -> tuple[int, int]:
+    """(class, minus the time-sharing level): higher first."""
+    return (job.priority, -levels.get(job.id, 0) if levels else 0)
+
+
+def class_order(
+    pending: Iterable[PendingJob],
+    sizes: SizeOrder | None = None,
+    levels: Mapping[int, int] | None = None,
+) -> list[PendingJob]:
+    """Class, then time-sharing level (``levels``: see :func:`sharing_levels`), then
+    submit time (or the size key), fair share disabled."""
     if sizes is None:
+        if levels:
+            return sorted(
+                pending,
+                key=lambda job: (-job.priority, levels.get(job.id, 0), job.submitted_at, job.id),
+            )
         return sorted(pending, key=lambda job: (-job.priority, job.submitted_at, job.id))
-    classes: dict[int, list[PendingJob]] = defaultdict(list)
+    classes: dict[tuple[int, int], list[PendingJob]] = defaultdict(list)
     for job in pending:
-        classes[job.priority].append(job)
-    return [
-        job
-        for priority in sorted(classes, reverse=True)
-        for _, job in sizes.sort(classes[priority])
-    ]
+        classes[_tier(job, levels)].append(job)
+    return [job for tier in sorted(classes, reverse=True) for _, job in sizes.sort(classes[tier])]
 
 
 def fair_share_order(
@@ -238,21 +312,25 @@ def fair_share_order(
     shares: Mapping[str, float],
     sizes: SizeOrder | None = None,
     band_width: float = 0.0,
+    levels: Mapping[int, int] | None = None,
 ) -> Iterator[PendingJob]:
-    """Class, then lowest current fair share of the tenant (its band, with ``sizes``),
-    then submit time (the size key, with ``sizes``).
+    """Class, then time-sharing level (``levels``: see :func:`sharing_levels`), then
+    lowest current fair share of the tenant (its band, with ``sizes``), then submit time
+    (the size key, with ``sizes``).
 
     ``shares[tenant]`` is read again after each of the tenant's jobs has been yielded,
     so the caller may change it (e.g. count GPUs just placed) between two jobs.
     """
-    classes: dict[int, dict[str, list[PendingJob]]] = defaultdict(lambda: defaultdict(list))
+    classes: dict[tuple[int, int], dict[str, list[PendingJob]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
     for job in pending:
-        classes[job.priority][job.tenant].append(job)
-    for priority in sorted(classes, reverse=True):
+        classes[_tier(job, levels)][job.tenant].append(job)
+    for tier in sorted(classes, reverse=True):
         if sizes is None:
-            yield from _by_share(classes[priority], shares)
+            yield from _by_share(classes[tier], shares)
         else:
-            yield from _by_band_and_size(classes[priority], shares, sizes, band_width)
+            yield from _by_band_and_size(classes[tier], shares, sizes, band_width)
 
 
 def _by_share(tenants: dict[str, list[PendingJob]], shares: Mapping[str, float]):

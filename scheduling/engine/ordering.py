@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from typing import Final
 
 from .cycle import CycleState
-from .order import SizeOrder, class_order, fair_share_order, fifo_order
+from .order import SizeOrder, class_order, fair_share_order, fifo_order, sharing_levels
 from .snapshot import PendingJob, QueueInfo
 
 INF: Final = math.inf
@@ -39,14 +39,15 @@ class Ordering:
         if policy.global_fifo:
             return fifo_order(cluster.pending)
         sizes = SizeOrder(cluster, policy) if policy.size_order else None
+        levels = sharing_levels(cluster.pending, cluster.now, policy)
         if policy.fair_share:
             tenants = {job.tenant for job in cluster.pending}
             self._shares = {tenant: self._share(tenant) for tenant in tenants}
             order: Iterable[PendingJob] = fair_share_order(
-                cluster.pending, self._shares, sizes, policy.fair_share_band
+                cluster.pending, self._shares, sizes, policy.fair_share_band, levels
             )
         else:
-            order = class_order(cluster.pending, sizes)
+            order = class_order(cluster.pending, sizes, levels)
         bounded = self.state.bounded
         if not bounded:
             return order

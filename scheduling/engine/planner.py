@@ -384,6 +384,8 @@ class Planner:
                 (option, Preemptor.under(job, option.account, True)) for option in options
             ]
             outcome = self.preempting.preempt(job, preemptors, runtime, slot)
+            if outcome is None and job.time_sharing:
+                outcome = self.preempting.share_time(job, preemptors, runtime, slot)
             if outcome is not None:
                 return outcome
             if self.preempting.topology_skipped:
@@ -463,14 +465,18 @@ class Planner:
             return reasons.WAITING_FOR_PREEMPTION, slot.start
         if (
             self.policy.preemption
-            and job.can_preempt
+            and (job.can_preempt or job.time_sharing)
             and not topology
             and self.preempting.may_pay(slot)
         ):
             preemptors = [
                 (option, Preemptor.under(job, option.account, False)) for option in options
             ]
-            outcome = self.preempting.preempt(job, preemptors, runtime, slot)
+            outcome = None
+            if job.can_preempt:
+                outcome = self.preempting.preempt(job, preemptors, runtime, slot)
+            if outcome is None and job.time_sharing:
+                outcome = self.preempting.share_time(job, preemptors, runtime, slot)
             if outcome is not None:
                 return outcome
             if self.preempting.topology_skipped:
@@ -511,18 +517,28 @@ class Planner:
         self, job: PendingJob, options: list[Option], runtime: float, floor: float | None
     ) -> tuple[str, float | None]:
         """No option's quota admits the job: a job whose class may preempt stops lower,
-        preemptible jobs of its own tenant to free quota (and GPUs), if that gets it
-        running sooner; otherwise it waits for quota."""
+        preemptible jobs of its own tenant to free quota (and GPUs), and a time-sharing
+        job those of its class in a higher level, if that gets it running sooner;
+        otherwise it waits for quota."""
         found = self.placing.earliest_start(job, options, floor)
         slot = None if found is None else Slot(found[0], found[1], found[2], [], False)
-        if self.policy.preemption and job.can_preempt and self.preempting.may_pay(slot):
+        if (
+            self.policy.preemption
+            and (job.can_preempt or job.time_sharing)
+            and self.preempting.may_pay(slot)
+        ):
             preemptors = []
             for option in options:
                 account = option.account
                 # Non-preemptible work must fit the guarantee; other work may borrow.
                 within = account.cap(job.preemptible) == account.guaranteed
                 preemptors.append((option, Preemptor.under(job, account, within)))
-            outcome = self.preempting.preempt(job, preemptors, runtime, slot)
+            outcome = None
+            if job.can_preempt:
+                outcome = self.preempting.preempt(job, preemptors, runtime, slot)
+            if outcome is None and job.time_sharing:
+                # Its tenant's own jobs of a higher level free the quota (and GPUs).
+                outcome = self.preempting.share_time(job, preemptors, runtime, slot)
             if outcome is not None:
                 return outcome
         account = options[0].account

@@ -16,6 +16,7 @@ from typing import Final
 from . import messages, reasons
 from .cycle import CycleState
 from .explaining import Explaining
+from .order import sharing_floor
 from .placing import Option, Slot, block_patience
 from .preemption import Preemptor, RunningRecord, VictimChoice, VictimFinder
 from .quota import Account
@@ -62,6 +63,7 @@ class Preempting:
         preemptors: list[tuple[Option, Preemptor]],
         runtime: float,
         slot: Slot | None,
+        sharing: bool = False,
     ) -> tuple[str, float] | None:
         """Stop victims for the job if that gets it running at least the snapshot's
         ``preemption_min_gain_seconds`` sooner than waiting (``slot``: its earliest start
@@ -79,7 +81,7 @@ class Preempting:
         ):
             return None
         gain = state.policy.preemption_min_gain_seconds
-        if not job.can_preempt:
+        if not job.can_preempt and not sharing:
             # Its victims can only be reclaimed (borrowed, of other tenants): it starts no
             # sooner than a victim's stop and its guaranteed quota allow, whoever stops.
             due = [
@@ -167,6 +169,23 @@ class Preempting:
         self.explaining.wait(job, reasons.WAITING_FOR_PREEMPTION, message, start, reserved)
         return reasons.WAITING_FOR_PREEMPTION, start
 
+    def share_time(
+        self,
+        job: PendingJob,
+        preemptors: list[tuple[Option, Preemptor]],
+        runtime: float,
+        slot: Slot | None,
+    ) -> tuple[str, float] | None:
+        """Time-sharing (see :mod:`.order`): stop running time-sharing jobs of the job's
+        class in a higher level (more GPU-time used) for it, if that gets it running
+        sooner, as :meth:`preempt` does for a higher class. Nothing for a job that does
+        not time-share."""
+        floor = sharing_floor(job, self.state.now, self.state.policy)
+        if floor == INF:
+            return None
+        sharing = [(option, preemptor.with_sharing(floor)) for option, preemptor in preemptors]
+        return self.preempt(job, sharing, runtime, slot, sharing=True)
+
     def _stop(
         self,
         record: RunningRecord,
@@ -186,6 +205,9 @@ class Preempting:
         victim = record.job
         if preemptor.is_reclaim(record):
             reason, message = reasons.PREEMPT_RECLAIM, messages.reclaimed(job, account)
+        elif preemptor.shares_time(record):
+            reason = reasons.PREEMPT_TIME_SHARING
+            message = messages.stopped_for_time_sharing(job, record.attained)
         else:
             reason = reasons.PREEMPT_PRIORITY
             message = messages.preempted_for_priority(job, victim.priority_class)

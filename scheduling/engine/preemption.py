@@ -13,10 +13,15 @@ not expected to end within the minimum gain (below), and either
   preemptible, the victim is not protected, and J runs inside its guarantee or the
   victim is borrowed (a borrower never takes guaranteed GPUs of others), or
 - *reclaim*: J runs inside its tenant's guarantee and the victim, of another tenant,
-  runs on borrowed GPUs (whatever its class), and is not protected (below).
+  runs on borrowed GPUs (whatever its class), and is not protected (below), or
+- *time-sharing* (a queue's opt-in, see :mod:`.order`): J and the victim both time-share,
+  are of the same class, the victim is preemptible, not protected, of J's tenant or
+  borrowing, and has used more GPU-time (a higher level than J's); J has waited its
+  minimum wait (:func:`.order.sharing_floor`). Tried only once the rules above found
+  nothing (:meth:`.preempting.Preempting.share_time`).
 
-Every stop counts (DESIGN.md §6): a stop for a higher class and a reclaim of borrowed
-GPUs alike add one to the job's preemptions. A job preempted ``max_preemptions`` times
+Every stop counts (DESIGN.md §6): a stop for a higher class, a reclaim of borrowed GPUs
+and a time-sharing stop alike add one to the job's preemptions. A job preempted ``max_preemptions`` times
 already (> 0) is *protected* during its run: from its start for
 ``preemption_protection_seconds``, or for the whole run when that is 0 (the default:
 :func:`protected_until`). A protected job is stopped by nobody, neither for a higher
@@ -126,6 +131,11 @@ def protected_until(job: RunningJob) -> float:
     return job.started_at + job.preemption_protection_seconds
 
 
+def attained_service(job: RunningJob, now: float) -> float:
+    """GPU-seconds a running job has used by ``now``: its earlier runs' and this one's."""
+    return job.attained_gpu_seconds + len(job.gpu_ids) * max(now - job.started_at, 0.0)
+
+
 def lost_work(job: RunningJob, now: float) -> float:
     """GPU-seconds a running job would lose if stopped ``now``: its GPUs x the time since
     its last checkpoint in this run (its start when it has none, or none is known; with
@@ -188,6 +198,8 @@ class RunningRecord:
         "expected_end",
         "ending_from",
         "_gain",
+        "time_sharing",
+        "_attained",
     )
 
     def __init__(
@@ -238,6 +250,10 @@ class RunningRecord:
         self.expected_end = job.started_at + expected if expected > 0 else INF
         self._gain = gain
         self.ending_from = _ending_from(self.expected_end, job.grace_seconds, gain)
+        # Time-sharing: whether it takes part, and the GPU-seconds it has used by now
+        # (worked out on first use, as the work lost).
+        self.time_sharing = job.time_sharing
+        self._attained = -1.0
 
     def renew(self, now: float, account: Account, gain: float = 0.0) -> None:
         """Back to what a new record of the same running job at ``now`` would be (a
@@ -256,6 +272,7 @@ class RunningRecord:
         self._now = now
         self._lost = -1.0
         self._order_key = None
+        self._attained = -1.0
 
     @property
     def lost(self) -> float:
@@ -269,6 +286,13 @@ class RunningRecord:
                 self._now,
             )
         return self._lost
+
+    @property
+    def attained(self) -> float:
+        """GPU-seconds the job has used by now, over all its runs (fixed for the cycle)."""
+        if self._attained < 0:
+            self._attained = attained_service(self.job, self._now)
+        return self._attained
 
     @property
     def ending(self) -> bool:
@@ -311,7 +335,7 @@ class Rule:
     dataclass keeps the interpreted ``__init__`` (and ``__hash__``) ``dataclasses``
     generates."""
 
-    __slots__ = ("priority", "training", "within_guarantee", "tenant")
+    __slots__ = ("priority", "training", "within_guarantee", "tenant", "sharing", "attained")
 
     def __init__(
         self,
@@ -319,14 +343,25 @@ class Rule:
         training: bool,
         within_guarantee: bool,
         tenant: str | None,
+        sharing: int | None = None,  # time-sharing victims' class; None: no time-sharing
+        attained: float = INF,  # ... that have used at least this many GPU-seconds
     ) -> None:
         self.priority = priority
         self.training = training
         self.within_guarantee = within_guarantee
         self.tenant = tenant
+        self.sharing = sharing
+        self.attained = attained
 
-    def _fields(self) -> tuple[int | None, bool, bool, str | None]:
-        return (self.priority, self.training, self.within_guarantee, self.tenant)
+    def _fields(self) -> tuple[int | None, bool, bool, str | None, int | None, float]:
+        return (
+            self.priority,
+            self.training,
+            self.within_guarantee,
+            self.tenant,
+            self.sharing,
+            self.attained,
+        )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Rule):
@@ -337,9 +372,10 @@ class Rule:
         return hash(self._fields())
 
     def __repr__(self) -> str:
-        return "Rule(priority={!r}, training={!r}, within_guarantee={!r}, tenant={!r})".format(
-            *self._fields()
-        )
+        return (
+            "Rule(priority={!r}, training={!r}, within_guarantee={!r}, tenant={!r}, "
+            "sharing={!r}, attained={!r})"
+        ).format(*self._fields())
 
     def allows(self, record: RunningRecord) -> bool:
         """Whether ``record`` may be stopped (its age and GPUs are checked elsewhere)."""
@@ -354,11 +390,28 @@ class Rule:
                 return False  # a borrower never takes guaranteed GPUs of others
         # Own jobs, borrowed or not, and the rest: a lower, preemptible class, unless the
         # job is protected at its preemption limit.
-        return (
+        if (
             self.priority is not None
             and record.preemptible
             and record.priority < self.priority
             and not record.protected
+        ):
+            return True
+        return self.shares_time(record)
+
+    def shares_time(self, record: RunningRecord) -> bool:
+        """Whether ``record`` may be stopped for time-sharing: a time-sharing job of the
+        rule's class that has used more GPU-time (a higher level), preemptible and not
+        protected, of the preemptor's tenant or borrowing (a guarantee is never taken
+        from another tenant)."""
+        return (
+            self.sharing is not None
+            and record.time_sharing
+            and record.priority == self.sharing
+            and record.attained >= self.attained
+            and record.preemptible
+            and not record.protected
+            and (self.tenant is None or record.tenant == self.tenant or record.borrowed)
         )
 
 
@@ -367,7 +420,7 @@ class Preemptor:
     how much of the tenant's quota (``account``) the victims must free: ``quota_need``
     GPUs and ``jobs_need`` running-job slots (both 0 when the job fits already)."""
 
-    __slots__ = ("job", "within_guarantee", "account", "quota_need", "jobs_need")
+    __slots__ = ("job", "within_guarantee", "account", "quota_need", "jobs_need", "sharing")
 
     def __init__(
         self,
@@ -382,6 +435,18 @@ class Preemptor:
         self.account = account
         self.quota_need = quota_need
         self.jobs_need = jobs_need
+        # Time-sharing (see with_sharing): the attained GPU-seconds from which a
+        # time-sharing job of its class may be stopped for it; INF: none.
+        self.sharing = INF
+
+    def with_sharing(self, attained: float) -> Preemptor:
+        """The same preemptor, that may also stop time-sharing jobs of its class that have
+        used at least ``attained`` GPU-seconds (a higher level than its own)."""
+        twin = Preemptor(
+            self.job, self.within_guarantee, self.account, self.quota_need, self.jobs_need
+        )
+        twin.sharing = attained
+        return twin
 
     @classmethod
     def under(cls, job: PendingJob, account: Account, within_guarantee: bool) -> Preemptor:
@@ -410,7 +475,22 @@ class Preemptor:
             if below:
                 threshold = stats.priorities[below - 1] + 1
         training = job.workload_type in TRAINING_WORKLOADS and stats.has_inference
-        return Rule(threshold, training, self.within_guarantee, job.tenant if exact else None)
+        tenant = job.tenant if exact else None
+        if self.sharing < INF:
+            return Rule(
+                threshold, training, self.within_guarantee, tenant, job.priority, self.sharing
+            )
+        return Rule(threshold, training, self.within_guarantee, tenant)
+
+    def shares_time(self, record: RunningRecord) -> bool:
+        """Whether ``record``, stopped for this preemptor, is stopped for time-sharing
+        (not for a higher class, nor to reclaim borrowed GPUs)."""
+        if self.sharing == INF or self.is_reclaim(record):
+            return False
+        job = self.job
+        if job.can_preempt and record.priority < job.priority:
+            return False
+        return record.time_sharing and record.priority == job.priority
 
     def is_reclaim(self, record: RunningRecord) -> bool:
         """Reclaim: the job is inside its guarantee, the victim borrows (another tenant)."""
@@ -422,6 +502,10 @@ class Preemptor:
         job = self.job
         if job.can_preempt and stats.priorities and stats.priorities[0] < job.priority:
             return True
+        if self.sharing < INF:
+            for priority, attained in stats.sharing:
+                if priority == job.priority and attained >= self.sharing:
+                    return True
         # Reclaiming from other tenants frees none of the tenant's own quota.
         if self.short_of_quota:
             return False
@@ -437,6 +521,8 @@ class SliceStats:
     has_inference: bool
     # (tenant, job id) of borrowed jobs at their stop limit: nobody reclaims them.
     protected_borrowers: tuple[tuple[str, int], ...] = ()
+    # (class, most GPU-seconds attained) of the time-sharing jobs that may be stopped.
+    sharing: tuple[tuple[int, float], ...] = ()
 
 
 def slice_stats(slice_: SliceIndex) -> SliceStats:
@@ -447,6 +533,7 @@ def slice_stats(slice_: SliceIndex) -> SliceStats:
         borrowers = set()
         protected: list[tuple[str, int]] = []
         has_inference = False
+        sharing: dict[int, float] = {}
         for slot in slice_.slots:
             for record in slot.running:
                 if record.stopping:
@@ -457,11 +544,19 @@ def slice_stats(slice_: SliceIndex) -> SliceStats:
                     continue
                 if record.preemptible and not record.protected:
                     priorities.add(record.priority)
+                    if record.time_sharing:
+                        most = sharing.get(record.priority, -INF)
+                        if record.attained > most:
+                            sharing[record.priority] = record.attained
                 if record.borrowed and not record.protected:
                     borrowers.add(record.tenant)
                 has_inference |= record.inference
         stats = SliceStats(
-            sorted(priorities), frozenset(borrowers), has_inference, tuple(sorted(set(protected)))
+            sorted(priorities),
+            frozenset(borrowers),
+            has_inference,
+            tuple(sorted(set(protected))),
+            tuple(sorted(sharing.items())),
         )
         slice_.victim_stats = stats
     return stats

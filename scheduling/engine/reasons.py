@@ -35,3 +35,4 @@ NEVER_STARTS: Final = frozenset({QUEUE_CLOSED, HELD, NO_MATCHING_NODES, EXCEEDS_
 # Preemption reasons (Preemption.reason).
 PREEMPT_PRIORITY: Final = "priority"
 PREEMPT_RECLAIM: Final = "reclaim"
+PREEMPT_TIME_SHARING: Final = "time_sharing"

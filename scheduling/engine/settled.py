@@ -55,7 +55,8 @@ from collections import Counter
 from heapq import heapify, heappop
 from typing import TYPE_CHECKING, Final
 
-from .preemption import TRAINING_WORKLOADS
+from .order import sharing_floor
+from .preemption import TRAINING_WORKLOADS, slice_stats
 from .snapshot import PendingJob
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -90,6 +91,8 @@ class Remaining:
         "_non_training",
         "witness",
         "_witness_kept",
+        "_sharing",
+        "_sharing_kinds",
     )
 
     def __init__(self, pending: list[PendingJob]) -> None:
@@ -111,10 +114,19 @@ class Remaining:
         # changed that
         self.witness: tuple[str, NodeSlot, tuple[int, int], tuple, str] | None = None
         self._witness_kept = False
+        # Time-sharing jobs not considered: id -> (class, the GPU-seconds from which a
+        # running time-sharing job of that class is in a higher level), and how many of
+        # them of each such kind; built on first use
+        self._sharing: dict[int, tuple[int, float]] | None = None
+        self._sharing_kinds: Counter[tuple[int, float]] = Counter()
 
     def remove(self, job: PendingJob) -> None:
         """``job`` has been considered."""
         self._done.add(job.id)
+        if self._sharing:
+            kind = self._sharing.pop(job.id, None)
+            if kind is not None:
+                self._sharing_kinds[kind] -= 1
         if job.tenant in self._non_training and job.workload_type not in TRAINING_WORKLOADS:
             self._non_training[job.tenant] -= 1
         witness = self.witness
@@ -154,6 +166,34 @@ class Remaining:
             return False
         _, slot, version, known, _ = witness
         return (slot.version, slot.marks) == version and known == stamp
+
+    def may_share_time(self, cycle: CycleView) -> bool:
+        """Whether a remaining time-sharing job might stop a running one of its class in
+        a higher level (:mod:`.preemption`; any such job of any slice counts)."""
+        sharing = self._sharing
+        if sharing is None:
+            sharing = self._sharing = {}
+            now, policy = cycle.now, cycle.policy
+            for job in self._pending:
+                if job.time_sharing and job.id not in self._done:
+                    floor = sharing_floor(job, now, policy)
+                    if floor < INF:
+                        kind = (job.priority, floor)
+                        sharing[job.id] = kind
+                        self._sharing_kinds[kind] += 1
+        if not sharing:
+            return False
+        most: dict[int, float] = {}
+        for slice_ in cycle.slices():
+            for priority, attained in slice_stats(slice_).sharing:
+                if attained > most.get(priority, -INF):
+                    most[priority] = attained
+        if not most:
+            return False
+        return any(
+            count > 0 and most.get(kind[0], -INF) >= kind[1]
+            for kind, count in self._sharing_kinds.items()
+        )
 
     def shortest_runtime(self) -> float:
         """The shortest runtime limit among the remaining jobs (INF: none left)."""
@@ -309,6 +349,8 @@ def nothing_more_can_happen(cycle: CycleView, remaining: Remaining) -> bool:
                             return False
     if not policy.preemption:
         return True
+    if remaining.may_share_time(cycle):
+        return False
     return not _victims_left(cycle, remaining)
 
 

@@ -17,6 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Final
 
+from .defaults import (
+    TIME_SHARING_LEVELS,
+    TIME_SHARING_MIN_WAIT_SECONDS,
+    TIME_SHARING_PROMOTION_SECONDS,
+)
+
 if TYPE_CHECKING:  # pragma: no cover
     from .cluster import KeptCluster
     from .preemption import RunningRecord
@@ -167,6 +173,13 @@ class PendingJob:
     # and its policy's limit (0: none); at the limit it is admitted inside its guarantee.
     preemptions: int = 0
     max_preemptions: int = 0
+    # Time-sharing (see :mod:`.order`, least attained service): whether the job takes
+    # part (its queue opts in and the job checkpoints: preemptible, with a checkpoint
+    # directory and a grace period; the caller decides), the GPU-seconds it has used
+    # in its earlier runs, and when it last entered the queue (0: ``submitted_at``).
+    time_sharing: bool = False
+    attained_gpu_seconds: float = 0.0
+    queued_at: float = 0.0
     # (reserved_gpu_ids, their grouping by node, and on a kept cluster index the
     # locator and the placement found there): remembered by the planner (Locator)
     layout: tuple | None = field(default=None, init=False, repr=False, compare=False)
@@ -225,6 +238,9 @@ class PendingJob:
             self.max_wait_seconds,
             self.preemptions,
             self.max_preemptions,
+            time_sharing=self.time_sharing,
+            attained_gpu_seconds=self.attained_gpu_seconds,
+            queued_at=self.queued_at,
             topology_wait_seconds=self.topology_wait_seconds,
             topology_since=self.topology_since,
         )
@@ -271,6 +287,11 @@ class RunningJob:
     # prediction; 0: not known): the minimum preemption gain compares a preemption with
     # waiting for its victims' expected ends (see :mod:`.preemption`).
     expected_runtime_seconds: float = 0.0
+    # Time-sharing (see :mod:`.order`): whether the job takes part (as for
+    # ``PendingJob.time_sharing``) and the GPU-seconds it used in its earlier runs (the
+    # engine adds this run's: GPUs x the time since ``started_at``).
+    time_sharing: bool = False
+    attained_gpu_seconds: float = 0.0
     # (gpu_ids, their grouping by node, and on a kept cluster index the locator and the
     # placement found there): remembered by the planner (Locator)
     layout: tuple | None = field(default=None, init=False, repr=False, compare=False)
@@ -328,6 +349,14 @@ class Snapshot:
     # once, so such a job reserves once it has waited this long (0: at its maximum wait
     # only; see :mod:`.planner`, waiting to borrow).
     gang_borrower_reserve_seconds: float = 0.0
+    # Time-sharing (least attained service inside a class, for the jobs whose queue opts
+    # in and that checkpoint; see :mod:`.order`): the attained GPU-seconds at which each
+    # level after the first begins, ascending, and the wait since a job last entered the
+    # queue after which it is back in the first level (0: never), and the wait since then
+    # before which it stops nobody.
+    time_sharing_levels: tuple[float, ...] = TIME_SHARING_LEVELS
+    time_sharing_promotion_seconds: float = TIME_SHARING_PROMOTION_SECONDS
+    time_sharing_min_wait_seconds: float = TIME_SHARING_MIN_WAIT_SECONDS
     # A caller that plans the same nodes cycle after cycle (the simulator) may hand the
     # same :class:`~.cluster.KeptCluster` to each: the cluster index is then reset
     # instead of built anew (same plan; the dispatch loop builds it every cycle).
@@ -357,6 +386,9 @@ class Snapshot:
             self.class_aging_seconds,
             self.preemption_min_gain_seconds,
             self.gang_borrower_reserve_seconds,
+            self.time_sharing_levels,
+            self.time_sharing_promotion_seconds,
+            self.time_sharing_min_wait_seconds,
         )
         found = _POLICIES.get(key)
         if found is None:
@@ -400,6 +432,9 @@ class Policy:
     class_aging_seconds: float = 0.0
     preemption_min_gain_seconds: float = 0.0
     gang_borrower_reserve_seconds: float = 0.0
+    time_sharing_levels: tuple[float, ...] = TIME_SHARING_LEVELS
+    time_sharing_promotion_seconds: float = TIME_SHARING_PROMOTION_SECONDS
+    time_sharing_min_wait_seconds: float = TIME_SHARING_MIN_WAIT_SECONDS
 
     def __reduce__(self) -> tuple:
         return _by_constructor(self)

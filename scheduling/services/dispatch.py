@@ -45,7 +45,13 @@ from .enqueue import WAITING_VERSION_KEY, dispatch_on_commit
 from .leader import file_leader_lock
 from .lifecycle import jobs_transition_bulk
 from .messaging import send_node_messages
-from .pending_cache import PendingCache, PendingRow, epoch
+from .pending_cache import (
+    PendingCache,
+    PendingRow,
+    attained_service,
+    epoch,
+    takes_part_in_time_sharing,
+)
 from .pending_ranks import ranks_after
 from .sql import rows_update
 from .stopping import job_stop
@@ -96,6 +102,8 @@ class RunningRow:
     stop_reason: str
     preemption_count: int
     submitted_by_id: int | None
+    queue_time_sharing: bool = False
+    checkpoint_dir: str = ""
 
 
 def _load_running() -> dict[int, RunningRow]:
@@ -115,6 +123,8 @@ def _load_running() -> dict[int, RunningRow]:
         "stop_reason",
         "preemption_count",
         "submitted_by_id",
+        "queue__time_sharing",
+        "checkpoint_dir",
     )
     return {row[0]: RunningRow(*row) for row in rows.order_by()}
 
@@ -417,10 +427,22 @@ def load_snapshot(
     pending_cache = pending_cache or PendingCache()
     expected = _running_expected(running_jobs, pending_cache.running_expected)
     running, in_use = [], defaultdict(int)
+    sharing = {
+        job.id
+        for job in running_jobs.values()
+        if takes_part_in_time_sharing(
+            job.queue_time_sharing,
+            job.checkpoint_dir,
+            job.class_preemptible,
+            policies.get(job.workload_type),
+        )
+    }
+    attained = attained_service(sharing) if sharing else {}
     for job in running_jobs.values():
         allocs = alloc_by_job.get(job.id, [])
         policy = policies.get(job.workload_type)
         in_use[job.tenant] += len(allocs)
+        preemptible = job.class_preemptible and (policy.preemptible if policy else True)
         running.append(
             engine.RunningJob(
                 id=job.id,
@@ -429,7 +451,7 @@ def load_snapshot(
                 workload_type=job.workload_type,
                 priority=job.priority,
                 priority_class=job.priority_class,
-                preemptible=job.class_preemptible and (policy.preemptible if policy else True),
+                preemptible=preemptible,
                 gpu_ids=tuple(a[0] for a in allocs),
                 gpu_model=allocs[0][2] if allocs else "",
                 borrowed=any(a[1] for a in allocs),
@@ -448,6 +470,8 @@ def load_snapshot(
                 max_preemptions=policy.max_preemptions if policy else 0,
                 preemption_protection_seconds=policy.preemption_protection_seconds if policy else 0,
                 expected_runtime_seconds=expected.get(job.id, 0.0),
+                time_sharing=job.id in sharing and preemptible,
+                attained_gpu_seconds=attained.get(job.id, (0.0, 0.0))[0],
             )
         )
 

@@ -34,6 +34,14 @@ class Policy:
     # After how long a waiting job is ordered with the next class up (Snapshot); None:
     # the default (off).
     class_aging_seconds: float | None = None
+    # Time-sharing (see scheduling.engine.order): every queue opts in, so the jobs that
+    # checkpoint (training-like, preemptible; see snapshot.checkpoints) share GPUs inside
+    # their class by least attained service. Off but in ``sluice-timeshare``.
+    time_sharing: bool = False
+    # Time-sharing's settings (Snapshot); None: the engine's defaults.
+    time_sharing_first_level_gpu_seconds: float | None = None
+    time_sharing_promotion_seconds: float | None = None
+    time_sharing_min_wait_seconds: float | None = None
 
     def order_knobs(self) -> dict:
         """The order and preemption settings to pass to a Snapshot (only those this
@@ -43,6 +51,13 @@ class Policy:
             value = getattr(self, name)
             if value is not None:
                 knobs[name] = value
+        if self.time_sharing_promotion_seconds is not None:
+            knobs["time_sharing_promotion_seconds"] = self.time_sharing_promotion_seconds
+        if self.time_sharing_min_wait_seconds is not None:
+            knobs["time_sharing_min_wait_seconds"] = self.time_sharing_min_wait_seconds
+        first = self.time_sharing_first_level_gpu_seconds
+        if first is not None:  # the levels from there, each 16 times the one before
+            knobs["time_sharing_levels"] = (first, 16 * first)
         return knobs
 
 
@@ -55,6 +70,12 @@ KNOBS = (
     "preemption_min_gain_seconds",
     "gang_borrower_reserve_seconds",
     "class_aging_seconds",
+)
+# Time-sharing's settings ``--knob`` may set too (only policies that time-share read them).
+SHARING_KNOBS = (
+    "time_sharing_first_level_gpu_seconds",
+    "time_sharing_promotion_seconds",
+    "time_sharing_min_wait_seconds",
 )
 
 
@@ -119,6 +140,18 @@ POLICIES: dict[str, Policy] = {
             backfill=True,
             preemption=True,
             fair_share=True,
+        ),
+        _with(
+            ORDER_DEFAULTS,
+            name="sluice-timeshare",
+            description="Sluice's default with time-sharing on in every queue: inside a class, "
+            "jobs that checkpoint (training-like, preemptible) go by least attained GPU-time "
+            "in levels, a waiting one may stop a running one of a higher level (stop limit, "
+            "minimum run, promotion after a long wait)",
+            backfill=True,
+            preemption=True,
+            fair_share=True,
+            time_sharing=True,
         ),
         _with(
             ORDER_DEFAULTS,

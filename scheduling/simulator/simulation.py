@@ -47,7 +47,13 @@ from scheduling.engine import (
     promotions,
     reasons,
 )
-from scheduling.engine.preemption import INFERENCE_WORKLOAD, TRAINING_WORKLOADS, protected_until
+from scheduling.engine.defaults import TIME_SHARING_LEVELS, TIME_SHARING_MIN_WAIT_SECONDS
+from scheduling.engine.preemption import (
+    INFERENCE_WORKLOAD,
+    TRAINING_WORKLOADS,
+    attained_service,
+    protected_until,
+)
 from scheduling.engine.quota import fit_guarantee
 from scheduling.runtime_rule import HISTORY_JOBS, predicted_seconds, ratio_statistic
 
@@ -320,7 +326,7 @@ class Replay:
         self.policy = policy
         self.config = config or SimConfig()
         self.progress = progress
-        self.builder = builder or SnapshotBuilder(scenario)
+        self.builder = builder or SnapshotBuilder(scenario, policy.time_sharing)
         self.runs = [JobRun(job, self.builder.pending_job(job)) for job in scenario.jobs]
         self.by_id = {run.job.id: run for run in self.runs}
         self.pools = sorted(self.builder.nodes_by_pool)
@@ -345,6 +351,20 @@ class Replay:
         # Waiting jobs per pool counted by what decides whether they might preempt
         # (training-like, class may preempt, class, tenant, GPUs): see _preemptors.
         self.pending_kinds: dict[str, dict[tuple, int]] = defaultdict(lambda: defaultdict(int))
+        # Waiting time-sharing jobs per pool and class (see _might_share).
+        self.sharing: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+        self.sharing_from = INF  # GPU-seconds from which a running job may be stopped
+        # A waiting time-sharing job stops nobody before it has waited this long: a cycle
+        # is planned then (pool, time) (see _enqueue).
+        self.sharing_wait = 0.0
+        self.sharing_wakes: set[tuple[str, float]] = set()
+        if policy.time_sharing:
+            first = policy.time_sharing_first_level_gpu_seconds
+            if first is None:
+                first = TIME_SHARING_LEVELS[0] if TIME_SHARING_LEVELS else INF
+            self.sharing_from = first
+            wait = policy.time_sharing_min_wait_seconds
+            self.sharing_wait = TIME_SHARING_MIN_WAIT_SECONDS if wait is None else wait
         # ... and by what decides whether they might start (tenant, GPUs per node, GPUs,
         # preemptible): see _might_start.
         self.pending_shapes: dict[str, dict[tuple, int]] = defaultdict(lambda: defaultdict(int))
@@ -516,6 +536,13 @@ class Replay:
         self.pending[job.pool][job.id] = run
         self.pending_records[job.pool][job.id] = run.pending_record
         self.pending_kinds[job.pool][_preemptor_kind(run.pending_record)] += 1
+        if run.pending_record.time_sharing:
+            self.sharing[job.pool][run.pending_record.priority] += 1
+            if self.sharing_wait > 0:
+                wake = (job.pool, when + self.sharing_wait)
+                if wake not in self.sharing_wakes:
+                    self.sharing_wakes.add(wake)
+                    self._push(wake[1], WAKE, job.pool, 0)
         self.pending_shapes[job.pool][_shape(run.pending_record)] += 1
         if self.config.max_waiting_per_tenant:
             insort(self.groups[job.pool][(job.tenant, job.priority_class)], (job.submit, job.id))
@@ -528,6 +555,8 @@ class Replay:
         del self.pending[job.pool][job.id]
         del self.pending_records[job.pool][job.id]
         _count_down(self.pending_kinds[job.pool], _preemptor_kind(run.pending_record))
+        if run.pending_record.time_sharing:
+            _count_down(self.sharing[job.pool], run.pending_record.priority)
         _count_down(self.pending_shapes[job.pool], _shape(run.pending_record))
         if self.config.max_waiting_per_tenant:
             group = self.groups[job.pool][(job.tenant, job.priority_class)]
@@ -561,7 +590,9 @@ class Replay:
         run.remaining -= saved
         run.lost_gpu_seconds += (elapsed - saved) * len(run.gpu_ids)
         run.preemptions += 1
-        run.pending_record.preemptions = run.preemptions
+        record = run.pending_record
+        record.preemptions = run.preemptions
+        record.queued_at = when
         self.preemptions += 1
         if self.preemptions > self.preemption_budget:
             raise ReplayStalled(
@@ -571,12 +602,16 @@ class Replay:
                 "replay abandoned"
             )
         self._release(run, when)
+        record.attained_gpu_seconds = run.gpu_seconds  # every run's GPU-time so far
         run.epoch += 1
         self._enqueue(run, when)
 
     def _wake(self, pool: str, when: float) -> None:
         if self.wake_at.get(pool) == when:
             del self.wake_at[pool]
+            self._touch(pool, when)
+        if (pool, when) in self.sharing_wakes:
+            self.sharing_wakes.discard((pool, when))
             self._touch(pool, when)
 
     # -- starting and stopping jobs ------------------------------------------------------------
@@ -610,6 +645,7 @@ class Replay:
             preemptions=run.preemptions,
             checkpoint_interval=max(self.config.checkpoint_interval, 0.0),
             expected_runtime=self.learner.expected(job),
+            attained=run.gpu_seconds,
         )
         self.running[job.pool][job.id] = run
         self.running_records[job.pool][job.id] = run.running_record
@@ -647,6 +683,7 @@ class Replay:
             True,
             preemptor,
             preemptions=run.preemptions,
+            attained=run.gpu_seconds,
         )
         self.running_records[run.job.pool][run.job.id] = run.running_record
         stop_at = now + self.scenario.workload(run.job.workload_type).grace_seconds
@@ -881,7 +918,8 @@ class Replay:
         """Plan again when a running job that a waiting job might preempt becomes old
         enough to be preempted (the dispatch loop would notice within seconds)."""
         preemptors = self._preemptors(pool)
-        if preemptors is None:
+        sharing = self.sharing[pool] if self.policy.time_sharing else None
+        if preemptors is None and not sharing:
             return
         # The first time after now at which a running job may be stopped by a waiting
         # one; times up to now never come again (a job that ended or is stopping since
@@ -893,7 +931,9 @@ class Replay:
             record = run.running_record
             if run.epoch != epoch or run.stopping or record is None:
                 continue
-            if _may_stop(preemptors, record, protected):
+            if (preemptors is not None and _may_stop(preemptors, record, protected)) or (
+                sharing and self._may_share(sharing, record, ready, protected)
+            ):
                 soonest = ready
                 break
         if soonest == INF:
@@ -911,7 +951,7 @@ class Replay:
         record = run.running_record
         assert record is not None
         entries = self.ready[run.job.pool]
-        for ready, protected in stoppable_times(record, self.policy):
+        for ready, protected in stoppable_times(record, self.policy, self.sharing_from):
             if ready < INF:
                 insort(entries, (ready, next(self._seq), run, run.epoch, protected))
 
@@ -920,7 +960,8 @@ class Replay:
         a running job old enough to be preempted at ``now`` that a waiting job might stop
         (see :func:`_may_stop`)."""
         preemptors = self._preemptors(pool)
-        if preemptors is None:
+        sharing = self.sharing[pool] if self.policy.time_sharing else None
+        if preemptors is None and not sharing:
             return False
         for run in self.running[pool].values():
             if run.stopping:
@@ -928,9 +969,26 @@ class Replay:
             record = run.running_record
             if now - record.started_at < record.min_runtime_before_preemption:
                 continue
-            if _may_stop(preemptors, record, now < protected_until(record)):
+            protected = now < protected_until(record)
+            if preemptors is not None and _may_stop(preemptors, record, protected):
+                return True
+            if sharing and self._may_share(sharing, record, now, protected):
                 return True
         return False
+
+    def _may_share(
+        self, sharing: dict[int, int], record: RunningJob, now: float, protected: bool
+    ) -> bool:
+        """Whether a waiting time-sharing job of ``record``'s class might stop it at
+        ``now``: it time-shares, is not protected, and has used GPU-time enough to be past
+        the first level (every waiting job may be in the first level, by promotion)."""
+        return (
+            not protected
+            and record.time_sharing
+            and record.preemptible
+            and sharing.get(record.priority, 0) > 0
+            and attained_service(record, now) >= self.sharing_from
+        )
 
     def _preemptors(self, pool: str) -> tuple[list[float], list[set[str]]] | None:
         """What the waiting jobs of ``pool`` could stop, per kind of victim (0: not
@@ -989,14 +1047,21 @@ def _may_stop(
     return False
 
 
-def stoppable_times(record: RunningJob, policy: Policy) -> list[tuple[float, bool]]:
+def stoppable_times(
+    record: RunningJob, policy: Policy, sharing_from: float = INF
+) -> list[tuple[float, bool]]:
     """The times from which a running job may become a victim, each with whether it is
-    protected then: once old enough, once its protection is over, and, with a minimum
+    protected then: once old enough, once its protection is over, with a minimum
     gain, once it runs past its runtime prediction (until then it is expected to end
-    within the gain: nobody's victim, see preemption._ending_from)."""
+    within the gain: nobody's victim, see preemption._ending_from), and, for a job that
+    time-shares, once it has used ``sharing_from`` GPU-seconds (past the first level)."""
     seasoned = record.started_at + record.min_runtime_before_preemption
     until = protected_until(record)
     times = [(seasoned, seasoned < until), (max(seasoned, until), False)]
+    if record.time_sharing and sharing_from < INF and record.gpu_ids:
+        left = sharing_from - record.attained_gpu_seconds
+        past = max(seasoned, record.started_at + max(left, 0.0) / len(record.gpu_ids))
+        times.append((past, past < until))
     expected = record.expected_runtime_seconds
     if (policy.preemption_min_gain_seconds or 0) > 0 and expected > 0:
         overrun = record.started_at + expected

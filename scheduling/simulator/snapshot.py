@@ -29,6 +29,10 @@ from scheduling.engine import (
 from .model import ClassSpec, Scenario, SimJob
 from .policies import Policy
 
+# Simulated jobs that save checkpoints (every ``SimConfig.checkpoint_interval`` of a run):
+# training-like work; a trace without workload types ("") is of training jobs.
+CHECKPOINTING_WORKLOADS = frozenset({"", "training", "fine_tuning"})
+
 
 class SnapshotBuilder:
     """The static part of every snapshot of a scenario (cluster, quotas, queues), and the
@@ -38,8 +42,10 @@ class SnapshotBuilder:
     and GPU index of an id.
     """
 
-    def __init__(self, scenario: Scenario) -> None:
+    def __init__(self, scenario: Scenario, time_sharing: bool = False) -> None:
         self.scenario = scenario
+        # Whether every queue time-shares (the policy's): jobs that checkpoint take part.
+        self.time_sharing = time_sharing
         self.nodes_by_pool: dict[str, list[NodeInfo]] = defaultdict(list)
         self._labels: dict[int, tuple[str, int]] = {}
         self._models: dict[int, str] = {}
@@ -92,6 +98,15 @@ class SnapshotBuilder:
     def _class(self, job: SimJob) -> ClassSpec:
         return self.scenario.classes[job.priority_class]
 
+    def shares_time(self, job: SimJob) -> bool:
+        """Whether ``job`` takes part in time-sharing: its queue time-shares (the policy)
+        and it checkpoints (training-like, preemptible, with a grace period), as the
+        dispatch loop decides for a job with a checkpoint directory."""
+        if not self.time_sharing or job.workload_type not in CHECKPOINTING_WORKLOADS:
+            return False
+        workload = self.scenario.workload(job.workload_type)
+        return self._class(job).preemptible and workload.preemptible and workload.grace_seconds > 0
+
     def pending_job(self, job: SimJob, preemptions: int = 0) -> PendingJob:
         """The engine's record of ``job`` waiting (as ``load_snapshot`` builds it), after
         ``preemptions`` preemptions."""
@@ -117,6 +132,7 @@ class SnapshotBuilder:
             preemptions=preemptions,
             max_preemptions=workload.max_preemptions,
             topology_wait_seconds=float(workload.topology_wait_seconds),
+            time_sharing=self.shares_time(job),
         )
 
     def running_job(
@@ -131,6 +147,7 @@ class SnapshotBuilder:
         checkpointed_at: float | None = None,
         checkpoint_interval: float = 0.0,
         expected_runtime: float = 0.0,
+        attained: float = 0.0,
     ) -> RunningJob:
         """The engine's record of ``job`` holding ``gpu_ids`` since ``started_at``
         (``preempted_by``: the job a stopping job makes room for), preempted
@@ -163,6 +180,8 @@ class SnapshotBuilder:
             max_preemptions=workload.max_preemptions,
             preemption_protection_seconds=workload.preemption_protection_seconds,
             expected_runtime_seconds=expected_runtime,
+            time_sharing=self.shares_time(job),
+            attained_gpu_seconds=attained,
         )
 
     def snapshot(

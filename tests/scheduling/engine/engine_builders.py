@@ -18,7 +18,8 @@ from scheduling.engine import (
     plan,
     reasons,
 )
-from scheduling.engine.preemption import protected_until
+from scheduling.engine.order import level_of, sharing_level
+from scheduling.engine.preemption import attained_service, protected_until
 
 NOW = 1_000_000.0
 CLASSES = {"low": 10, "normal": 100, "high": 1000, "critical": 10000}
@@ -260,13 +261,29 @@ def check_plan(snap: Snapshot, result: Plan) -> None:
         by_priority = (
             preemptor.can_preempt and victim.preemptible and victim.priority < preemptor.priority
         )
-        assert by_priority or victim.borrowed, "victim neither of a lower class nor borrowed"
-        if victim.tenant == preemptor.tenant:
-            assert by_priority, "own-tenant victim not of a lower, preemptible class"
-        assert preemption.reason in (reasons.PREEMPT_PRIORITY, reasons.PREEMPT_RECLAIM)
+        assert preemption.reason in (
+            reasons.PREEMPT_PRIORITY,
+            reasons.PREEMPT_RECLAIM,
+            reasons.PREEMPT_TIME_SHARING,
+        )
+        if preemption.reason == reasons.PREEMPT_TIME_SHARING:
+            # Time-sharing: both take part, same class, the victim in a higher level
+            # (more GPU-time used), preemptible, of the preemptor's tenant or borrowing.
+            assert preemptor.time_sharing and victim.time_sharing and victim.preemptible
+            assert victim.priority == preemptor.priority
+            assert victim.tenant == preemptor.tenant or victim.borrowed
+            attained = attained_service(victim, snap.now)
+            level = sharing_level(preemptor, snap.now, snap.policy())
+            assert level < len(snap.time_sharing_levels)
+            assert attained >= snap.time_sharing_levels[level], "victim not in a higher level"
+            assert level_of(attained, snap.time_sharing_levels) > level
+        else:
+            assert by_priority or victim.borrowed, "victim neither of a lower class nor borrowed"
+            if victim.tenant == preemptor.tenant:
+                assert by_priority, "own-tenant victim not of a lower, preemptible class"
         if preemption.reason == reasons.PREEMPT_RECLAIM:
             assert victim.borrowed and victim.tenant != preemptor.tenant
-        else:
+        elif preemption.reason == reasons.PREEMPT_PRIORITY:
             assert by_priority
         preempting = result.pending[preemption.preemptor_id]
         assert preempting.code == reasons.WAITING_FOR_PREEMPTION

@@ -34,6 +34,9 @@ def _every_field_set() -> PendingJob:
         max_wait_seconds=43200.0,
         preemptions=3,
         max_preemptions=3,
+        time_sharing=True,
+        attained_gpu_seconds=7200.0,
+        queued_at=300.0,
         topology_wait_seconds=1800.0,
         topology_since=100.0,
     )

@@ -54,8 +54,34 @@ def stop_limits(draw) -> dict:
 
 
 @st.composite
+def sharing(draw, on: bool) -> dict:
+    """A job's time-sharing fields: taking part or not, and the GPU-seconds it used
+    before (set only where the snapshot's queues time-share)."""
+    if not on:
+        return {}
+    return {
+        "time_sharing": draw(st.booleans()),
+        "attained_gpu_seconds": draw(st.sampled_from([0.0, 0.0, 700.0, 6000.0, 90000.0])),
+    }
+
+
+@st.composite
+def sharing_levels(draw, on: bool) -> dict:
+    """The snapshot's time-sharing levels and promotion (set only where it time-shares)."""
+    if not on:
+        return {}
+    return {
+        "time_sharing_levels": draw(st.sampled_from([(600.0, 5000.0), (3000.0,), ()])),
+        "time_sharing_promotion_seconds": draw(st.sampled_from([0.0, 3000.0])),
+        "time_sharing_min_wait_seconds": draw(st.sampled_from([0.0, 0.0, 1000.0])),
+    }
+
+
+@st.composite
 def snapshots(draw) -> Snapshot:
     nodes = []
+    # Time-sharing in a third of the snapshots: the order and stops by attained service.
+    time_sharing = draw(st.integers(0, 2)) == 0
     gpu_id = 0
     for node_id in range(draw(st.integers(1, 5))):
         pool = draw(st.sampled_from(POOLS))
@@ -112,6 +138,7 @@ def snapshots(draw) -> Snapshot:
                     grace_seconds=draw(st.sampled_from([0, 30])),
                     expected_runtime_seconds=draw(st.sampled_from(PREDICTIONS)),
                     **draw(stop_limits()),
+                    **draw(sharing(time_sharing)),
                 )
             )
             del free[:size]
@@ -144,6 +171,7 @@ def snapshots(draw) -> Snapshot:
                 held=draw(st.integers(0, 19)) == 0,
                 topology_wait_seconds=draw(st.sampled_from(TOPOLOGY_WAITS)),
                 topology_since=draw(st.sampled_from([None, None, NOW - 100, NOW - 4000])),
+                **draw(sharing(time_sharing)),
             )
         )
     queues = [
@@ -167,13 +195,16 @@ def snapshots(draw) -> Snapshot:
         gang_borrower_reserve_seconds=draw(st.sampled_from(GANG_RESERVES)),
         class_aging_seconds=draw(st.sampled_from(CLASS_AGINGS)),
         max_wait_seconds=draw(st.sampled_from(MAX_WAITS)),
+        **draw(sharing_levels(time_sharing)),
     )
 
 
 @st.composite
 def crowded_tenants(draw) -> Snapshot:
     """One slice where tenants run lower work up to (or beyond) their quota while jobs of
-    higher classes of the same tenants wait: within-tenant preemption, mostly."""
+    higher classes of the same tenants wait: within-tenant preemption, mostly (and, in
+    a third of them, time-sharing inside a class)."""
+    time_sharing = draw(st.integers(0, 2)) == 0
     nodes = []
     for node_id in range(draw(st.integers(1, 3))):
         gpus = [
@@ -218,6 +249,7 @@ def crowded_tenants(draw) -> Snapshot:
                     grace_seconds=draw(st.sampled_from([0, 30, 30])),
                     expected_runtime_seconds=draw(st.sampled_from(PREDICTIONS)),
                     **draw(stop_limits()),
+                    **draw(sharing(time_sharing)),
                 )
             )
             del free[:size]
@@ -242,6 +274,7 @@ def crowded_tenants(draw) -> Snapshot:
                 min_gpu_memory_mb=0,
                 submitted_at=NOW - draw(st.integers(0, 10_000)),
                 max_runtime_seconds=draw(st.sampled_from([0, 3600, 7200])),
+                **draw(sharing(time_sharing)),
             )
         )
     return Snapshot(
@@ -257,6 +290,7 @@ def crowded_tenants(draw) -> Snapshot:
         gang_borrower_reserve_seconds=draw(st.sampled_from(GANG_RESERVES)),
         class_aging_seconds=draw(st.sampled_from(CLASS_AGINGS)),
         max_wait_seconds=draw(st.sampled_from(MAX_WAITS)),
+        **draw(sharing_levels(time_sharing)),
     )
 
 

@@ -29,7 +29,12 @@ def test_the_policy_carries_every_setting_of_the_snapshot():
     changed = {}
     for item in dataclasses.fields(Policy):
         default = item.default
-        changed[item.name] = (not default) if isinstance(default, bool) else default + 17.5
+        if isinstance(default, bool):
+            changed[item.name] = not default
+        elif isinstance(default, tuple):
+            changed[item.name] = (*default, 17.5e6)
+        else:
+            changed[item.name] = default + 17.5
     snap = dataclasses.replace(snapshot([node(1)], [quota("a", 8)], [job(1)]), **changed)
     policy = snap.policy()
     assert {name: getattr(policy, name) for name in changed} == changed
