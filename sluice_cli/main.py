@@ -402,6 +402,13 @@ SUBMIT_FLAGS: tuple[SpecFlag, ...] = (
     ),
     SpecFlag("working_dir", ("--workdir",), metavar="DIR"),
     SpecFlag(
+        "checkpoint_dir",
+        ("--checkpoint-dir",),
+        "where the job keeps its checkpoints (SLUICE_CHECKPOINT_DIR); a time-sharing queue "
+        "stops only jobs that have one",
+        metavar="DIR",
+    ),
+    SpecFlag(
         "image",
         ("--image",),
         "container image, e.g. registry.example.com/team/img:tag (pools that run images)",
