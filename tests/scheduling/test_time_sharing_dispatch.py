@@ -198,3 +198,22 @@ def _exit_preempted(job):
             "finished_at": timezone.now().timestamp(),
         }
     )
+
+
+def test_a_running_job_in_a_time_sharing_queue_says_whether_it_may_be_stopped(world, client):
+    gpus = list(world.nodes[0].gpus.order_by("index"))
+    with_dir = f.placed_job(
+        gpus=gpus[:1], queue=world.queue, project=world.project, checkpoint_dir="ckpt/a"
+    )
+    without = f.placed_job(gpus=gpus[1:2], queue=world.queue, project=world.project)
+    client.force_login(world.member)
+
+    def status(job):
+        return client.get(f"/jobs/{job.pk}/").content.decode()
+
+    assert 'id="time-sharing-status"' not in status(with_dir)  # the queue does not share
+    _sharing_queue(world)
+    body = status(with_dir)
+    assert 'id="time-sharing-status"' in body and "ckpt/a" in body
+    assert "has used less GPU-time may stop it" in body
+    assert "never stopped for time-sharing" in status(without)
