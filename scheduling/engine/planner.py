@@ -478,12 +478,14 @@ class Planner:
         if (
             slot is not None
             and not slot.releasing
-            and (self._overdue(job) or self._gang_waited_enough(job))
+            and (self._overdue(job) or self._gang_waited_enough(job) or topology)
         ):
             # Past its maximum wait a borrower reserves GPUs like guaranteed work does:
             # otherwise smaller work keeps taking the idle GPUs it waits for, and a job
             # bigger than its guarantee would never find enough of them idle at once.
-            # A job of several whole nodes may reserve sooner (see Snapshot).
+            # A job of several whole nodes may reserve sooner (see Snapshot), and one
+            # that waits for one topology block (the idle GPUs would hold it spread)
+            # reserves inside a block, so that the block drains for it while it waits.
             if not slot.positions:
                 self.placing.choose_positions(job, slot)
             reserved = self.reserving.reserve(job, slot, runtime)
