@@ -433,7 +433,9 @@ class Planner:
     ) -> tuple[str, float | None]:
         """Beyond its guarantee a job only borrows idle GPUs: it reserves none, except
         GPUs being freed for it by a preemption (or a lower class it preempts), and GPUs
-        it only waits to use for quota that stopping jobs of its tenant are freeing."""
+        it only waits to use for quota that stopping jobs of its tenant are freeing (and,
+        past its maximum wait or while it waits for one topology block, the GPUs it
+        waits for)."""
         topology = (
             self.explaining.topology_blocked(job, options, self.now + runtime)
             if job.nodes > 1
