@@ -435,7 +435,9 @@ class Planner:
     ) -> tuple[str, float | None]:
         """Beyond its guarantee a job only borrows idle GPUs: it reserves none, except
         GPUs being freed for it by a preemption (or a lower class it preempts), and GPUs
-        it only waits to use for quota that stopping jobs of its tenant are freeing."""
+        it only waits to use for quota that stopping jobs of its tenant are freeing (and,
+        past its maximum wait or while it waits for one topology block, the GPUs it
+        waits for)."""
         topology = (
             self.explaining.topology_blocked(job, options, self.now + runtime)
             if job.nodes > 1
@@ -484,12 +486,14 @@ class Planner:
         if (
             slot is not None
             and not slot.releasing
-            and (self._overdue(job) or self._gang_waited_enough(job))
+            and (self._overdue(job) or self._gang_waited_enough(job) or topology)
         ):
             # Past its maximum wait a borrower reserves GPUs like guaranteed work does:
             # otherwise smaller work keeps taking the idle GPUs it waits for, and a job
             # bigger than its guarantee would never find enough of them idle at once.
-            # A job of several whole nodes may reserve sooner (see Snapshot).
+            # A job of several whole nodes may reserve sooner (see Snapshot), and one
+            # that waits for one topology block (the idle GPUs would hold it spread)
+            # reserves inside a block, so that the block drains for it while it waits.
             if not slot.positions:
                 self.placing.choose_positions(job, slot)
             reserved = self.reserving.reserve(job, slot, runtime)

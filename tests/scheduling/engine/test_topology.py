@@ -147,6 +147,27 @@ def test_single_node_jobs_still_fit_best_inside_the_blocks_in_use():
     assert nodes_of(run_plan(snap), 1) == {4}
 
 
+def test_a_borrowing_gang_waiting_for_a_block_reserves_inside_it_so_that_it_drains():
+    # Tenant "a" borrows everything (no guarantee). Nodes 2 (b1) and 4 (b2) are idle:
+    # spread the gang would start now; node 1 (b1) is free in 20 minutes. The gang
+    # reserves b1, so the long single-node job behind it takes node 4, not node 2.
+    snap = snapshot(
+        blocks(2, 2),
+        [quota("a", 0, borrow=100)],
+        [
+            job(1, gpus=8, nodes=2, topology_wait=WAIT),
+            job(2, gpus=8, runtime=7200),
+        ],
+        [busy(1, 50, runtime=1800), busy(3, 51, runtime=7200)],
+    )
+    result = run_plan(snap)
+    info = result.pending[1]
+    assert info.code == reasons.WAITING_FOR_TOPOLOGY
+    assert {gpu // 100 for gpu in info.reserved_gpu_ids} == {1, 2}  # block b1
+    assert info.estimated_start == NOW + 1200
+    assert nodes_of(result, 2) == {4}
+
+
 def test_a_gang_stops_no_job_spread_over_blocks_while_it_may_wait_for_one():
     pending = [job(1, gpus=8, nodes=2, cls="high", topology_wait=WAIT)]
     run = [
