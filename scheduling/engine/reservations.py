@@ -174,7 +174,12 @@ class PreviousReservations:
         # GPUs idle now but held for jobs not considered yet (idle again at their turn).
         self.idle_held = 0
         jobs = [job for job in pending if job.reserved_gpu_ids]
-        # A GPU has a single "free from" time: it is held for its earliest reservation.
+        # A GPU has a single "free from" time: it is held for its earliest reservation,
+        # except that a bounded reservation holds every GPU of its own (bounded ones in
+        # start order, each after the one before on a GPU they share): a GPU it shares
+        # with an earlier reservation that is not bounded is held from the cycle's start
+        # all the same, or a bounded job considered before it could start there now and
+        # run past its start (that earlier job, not bounded, then makes a new one).
         jobs.sort(key=lambda job: (job.reserved_start or 0.0, job.id))
         seen: set[int] = set()  # GPU ids (one per slot and position)
         for job in jobs:
@@ -182,19 +187,20 @@ class PreviousReservations:
             if previous is None:
                 continue
             self._by_job[job.id] = previous
+            is_bounded = job.id in bounded
             numbers: list[int] = []
             mine: list[int] = []
             for number, slot in enumerate(previous.slots):
                 gpu_ids = slot.gpu_ids
                 for pos in previous.positions[number]:
                     gpu_id = gpu_ids[pos]
-                    if gpu_id not in seen:
+                    if is_bounded or gpu_id not in seen:
                         seen.add(gpu_id)
                         numbers.append(number)
                         mine.append(pos)
             if not mine:
                 continue
-            if job.id in bounded:
+            if is_bounded:
                 previous.bounded = True
                 self._bounded_to_hold.append((previous, numbers, mine))
             else:

@@ -2,6 +2,8 @@
 backfill that would delay it and against later jobs of every class that may not
 preempt (DESIGN.md §6; scheduling/engine/reservations.py)."""
 
+import dataclasses
+
 import pytest
 from engine_builders import (
     NOW,
@@ -138,3 +140,50 @@ def test_an_overdue_job_waiting_for_its_tenants_quota_is_bounded_too():
     pending = handed_back(pending, second)
     third = run_plan(make_snapshot(nodes, quotas, pending, [], now=NOW + 600))
     assert [p.job_id for p in third.placements] == [1]
+
+
+def _shared_gpu_cycle():
+    """Job 5 (8 GPUs, past its maximum wait) reserved node 1 from NOW + 890, GPU 107 right
+    after job 1 (two nodes, not past its maximum wait), which reserved it with GPU 200 for
+    NOW + 590 to NOW + 890; job 6 (past its maximum wait, one GPU for 900 s) reserved GPU
+    300 from NOW + 590. Every GPU is busy until NOW + 590 but GPU 107, idle now."""
+    nodes = [node(1, gpus=8), node(2, gpus=1), node(3, gpus=1)]
+    quotas = [quota("a", 16), quota("b", 16)]
+    run = [
+        running(10, "b", gpu_ids(1, 0, 1, 2, 3, 4, 5, 6), age=10, runtime=600),
+        running(11, "b", gpu_ids(2, 0), age=10, runtime=600),
+        running(12, "b", gpu_ids(3, 0), age=10, runtime=600),
+    ]
+    gang = job(1, "a", gpus=1, nodes=2, runtime=300, submitted=NOW)
+    big = job(5, "a", gpus=8, cls="low", runtime=300, submitted=NOW - 3000)
+    small = job(6, "a", gpus=1, cls="low", runtime=900, submitted=NOW - 3000)
+    pending = [
+        dataclasses.replace(
+            gang, reserved_gpu_ids=(107, 200), reserved_start=NOW + 590, previous_position=1
+        ),
+        dataclasses.replace(
+            big,
+            reserved_gpu_ids=gpu_ids(1, *range(8)),
+            reserved_start=NOW + 890,
+            previous_position=2,
+        ),
+        dataclasses.replace(
+            small, reserved_gpu_ids=(300,), reserved_start=NOW + 590, previous_position=3
+        ),
+    ]
+    snap = make_snapshot(nodes, quotas, pending, run, max_wait_seconds=900.0)
+    result = run_plan(snap)
+    check_plan(snap, result)
+    return result
+
+
+def test_a_bounded_gpu_reserved_first_for_an_earlier_job_is_held_for_the_bounded_job():
+    # GPU 107 is held for job 5 from the cycle's start although job 1 reserved it first:
+    # job 6, considered before job 5 (its bound is earlier), does not start there for
+    # 900 s, past job 5's bound (it would then start at NOW + 1200).
+    result = _shared_gpu_cycle()
+    for placement in result.placements:
+        assert 107 not in placement.gpu_ids, placement
+    assert result.pending[5].guaranteed_start <= NOW + 890  # it may only move earlier
+    assert set(result.pending[5].reserved_gpu_ids) == set(gpu_ids(1, *range(8)))
+    assert result.pending[6].guaranteed_start == NOW + 590
