@@ -171,17 +171,23 @@ class PreviousReservations:
         # their owner gets them back); pool -> {job id: class} of those not considered yet.
         self._bounded_to_hold: list[tuple[Previous, list[int], list[int]]] = []
         self._bounded_in: dict[str, dict[int, int]] = defaultdict(dict)
+        # GPUs of a bounded reservation that an earlier bounded one holds first: held for
+        # it as soon as that one's job has been considered (see :meth:`turn`); (the
+        # earlier job's id, reservation, slot number, position).
+        self._bounded_after: list[tuple[int, Previous, int, int]] = []
+        self._considered: set[int] = set()  # jobs whose turn came, while any wait above
         # GPUs idle now but held for jobs not considered yet (idle again at their turn).
         self.idle_held = 0
         jobs = [job for job in pending if job.reserved_gpu_ids]
         # A GPU has a single "free from" time: it is held for its earliest reservation,
-        # except that a bounded reservation holds every GPU of its own (bounded ones in
-        # start order, each after the one before on a GPU they share): a GPU it shares
-        # with an earlier reservation that is not bounded is held from the cycle's start
-        # all the same, or a bounded job considered before it could start there now and
-        # run past its start (that earlier job, not bounded, then makes a new one).
-        jobs.sort(key=lambda job: (job.reserved_start or 0.0, job.id))
-        seen: set[int] = set()  # GPU ids (one per slot and position)
+        # the bounded ones first: a GPU that a bounded reservation shares with an earlier
+        # one that is not bounded is held for the bounded job (held only at its class's
+        # turn, the other hold would leave it to the bounded jobs considered before, to
+        # start on now and run past the bound). One shared by two bounded reservations is
+        # held for the earlier, then for the later once the earlier job has been
+        # considered (its reservation made again by then, or gone).
+        jobs.sort(key=lambda job: (job.id not in bounded, job.reserved_start or 0.0, job.id))
+        seen: dict[int, int] = {}  # GPU id (one per slot and position) -> job holding it
         for job in jobs:
             previous = _parse(job, locator)
             if previous is None:
@@ -194,14 +200,18 @@ class PreviousReservations:
                 gpu_ids = slot.gpu_ids
                 for pos in previous.positions[number]:
                     gpu_id = gpu_ids[pos]
-                    if is_bounded or gpu_id not in seen:
-                        seen.add(gpu_id)
+                    first = seen.get(gpu_id)
+                    if first is None:
+                        seen[gpu_id] = job.id
                         numbers.append(number)
                         mine.append(pos)
+                    elif is_bounded:
+                        self._bounded_after.append((first, previous, number, pos))
+            if is_bounded:
+                previous.bounded = True
             if not mine:
                 continue
             if is_bounded:
-                previous.bounded = True
                 self._bounded_to_hold.append((previous, numbers, mine))
             else:
                 self._to_hold[job.priority].append((previous, numbers, mine))
@@ -282,13 +292,15 @@ class PreviousReservations:
                 earliest = ready
             if ready <= now:
                 idle += 1
-        self._waiting[job_id] = previous
         if previous.bounded:
             self._bounded_in[pool][job_id] = previous.priority
         else:
             heappush(self._waiting_in[pool], (previous.position, job_id))
             heappush(self._starts_in[pool], (previous.start, job_id))
         heappush(self._ready_in[pool], (earliest, job_id))
+        if self._waiting.get(job_id) is previous:
+            self.idle_held -= previous.idle_held  # held more GPUs: counted again
+        self._waiting[job_id] = previous
         previous.idle_held = idle
         self.idle_held += idle
 
@@ -296,6 +308,8 @@ class PreviousReservations:
         """The job is being considered: its held GPUs return to the timeline, except
         those an earlier job planned to use right after the hold (they stay held, as
         part of the job's reservation; see :meth:`slot_for`)."""
+        if self._bounded_after:
+            self._hold_bounded_after(job_id)
         previous = self._waiting.pop(job_id, None)
         if previous is None:
             return
@@ -337,6 +351,31 @@ class PreviousReservations:
                 previous.kept.add((number, pos))
         for number, (positions, readies, before) in by_slot.items():
             previous.slice.unhold(slots[number], positions, readies, before)
+
+    def _hold_bounded_after(self, job_id: int) -> None:
+        """Hold for its bounded reservation each GPU an earlier bounded reservation held
+        first, once that one's job has been considered (the job before ``job_id``, or
+        earlier): from now on no job takes it past the later bound."""
+        considered = self._considered
+        waiting: list[tuple[int, Previous, int, int]] = []
+        ready: dict[int, tuple[Previous, list[int], list[int]]] = {}
+        for entry in self._bounded_after:
+            first, previous, number, pos = entry
+            owner = previous.job_id
+            if owner == job_id or owner in considered:
+                continue  # its own turn: it finds the GPU as the earlier job left it
+            if first not in considered:
+                waiting.append(entry)
+                continue
+            batch = ready.get(owner)
+            if batch is None:
+                batch = ready[owner] = (previous, [], [])
+            batch[1].append(number)
+            batch[2].append(pos)
+        self._bounded_after = waiting
+        considered.add(job_id)
+        for previous, numbers, positions in ready.values():
+            self._hold(previous, numbers, positions)
 
     def holds_in(self, pool: str) -> bool:
         """Whether GPUs of ``pool`` are held for jobs not considered yet that a job could

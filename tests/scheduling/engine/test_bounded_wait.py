@@ -187,3 +187,34 @@ def test_a_bounded_gpu_reserved_first_for_an_earlier_job_is_held_for_the_bounded
     assert result.pending[5].guaranteed_start <= NOW + 890  # it may only move earlier
     assert set(result.pending[5].reserved_gpu_ids) == set(gpu_ids(1, *range(8)))
     assert result.pending[6].guaranteed_start == NOW + 590
+
+
+def test_a_bounded_gpu_shared_with_an_earlier_bounded_reservation_is_held_after_it():
+    # Jobs 1, 2 and 3 are past their maximum wait. Job 1 (2 GPUs on one node) reserved
+    # GPUs 106-107 from NOW + 590, job 3 (8 GPUs) node 1 from NOW + 890, right after it;
+    # job 2 (one GPU for 900 s) GPU 400 from NOW + 700. Job 1 starts now on node 3
+    # instead: GPU 107, idle now, is then held for job 3, and job 2, considered between
+    # them, does not start there to run past job 3's bound.
+    nodes = [node(1, gpus=8), node(3, gpus=2), node(4, gpus=1)]
+    run = [
+        running(10, "b", gpu_ids(1, 0, 1, 2, 3, 4, 5), age=10, runtime=900),
+        running(11, "b", gpu_ids(1, 6), age=10, runtime=600),
+        running(12, "b", gpu_ids(4, 0), age=10, runtime=710),
+    ]
+    first = job(1, "a", gpus=2, cls="low", runtime=300, submitted=NOW - 3000)
+    between = job(2, "a", gpus=1, cls="low", runtime=900, submitted=NOW - 3000)
+    big = job(3, "a", gpus=8, cls="low", runtime=300, submitted=NOW - 3000)
+    pending = [
+        dataclasses.replace(first, reserved_gpu_ids=gpu_ids(1, 6, 7), reserved_start=NOW + 590),
+        dataclasses.replace(between, reserved_gpu_ids=gpu_ids(4, 0), reserved_start=NOW + 700),
+        dataclasses.replace(big, reserved_gpu_ids=gpu_ids(1, *range(8)), reserved_start=NOW + 890),
+    ]
+    snap = make_snapshot(
+        nodes, [quota("a", 16), quota("b", 16)], pending, run, max_wait_seconds=900.0
+    )
+    result = run_plan(snap)
+    check_plan(snap, result)
+    assert {p.job_id: p.gpu_ids for p in result.placements} == {1: gpu_ids(3, 0, 1)}
+    assert result.pending[2].guaranteed_start == NOW + 700
+    assert result.pending[3].guaranteed_start == NOW + 890
+    assert set(result.pending[3].reserved_gpu_ids) == set(gpu_ids(1, *range(8)))
