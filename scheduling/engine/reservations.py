@@ -172,8 +172,9 @@ class PreviousReservations:
         self._bounded_to_hold: list[tuple[Previous, list[int], list[int]]] = []
         self._bounded_in: dict[str, dict[int, int]] = defaultdict(dict)
         # GPUs of a bounded reservation that an earlier bounded one holds first: held for
-        # it as soon as that one's job has been considered (see :meth:`turn`); (the
-        # earlier job's id, reservation, slot number, position).
+        # it as soon as the job of the bounded reservation just before it on the GPU has
+        # been considered (see :meth:`turn`); (that job's id, reservation, slot number,
+        # position).
         self._bounded_after: list[tuple[int, Previous, int, int]] = []
         self._considered: set[int] = set()  # jobs whose turn came, while any wait above
         # GPUs idle now but held for jobs not considered yet (idle again at their turn).
@@ -183,9 +184,9 @@ class PreviousReservations:
         # the bounded ones first: a GPU that a bounded reservation shares with an earlier
         # one that is not bounded is held for the bounded job (held only at its class's
         # turn, the other hold would leave it to the bounded jobs considered before, to
-        # start on now and run past the bound). One shared by two bounded reservations is
-        # held for the earlier, then for the later once the earlier job has been
-        # considered (its reservation made again by then, or gone).
+        # start on now and run past the bound). One shared by bounded reservations is
+        # held for the earliest, then for each next one once the job of the one before
+        # has been considered (its reservation made again by then, or gone).
         jobs.sort(key=lambda job: (job.id not in bounded, job.reserved_start or 0.0, job.id))
         seen: dict[int, int] = {}  # GPU id (one per slot and position) -> job holding it
         for job in jobs:
@@ -207,6 +208,7 @@ class PreviousReservations:
                         mine.append(pos)
                     elif is_bounded:
                         self._bounded_after.append((first, previous, number, pos))
+                        seen[gpu_id] = job.id  # the next bounded one waits for this one
             if is_bounded:
                 previous.bounded = True
             if not mine:
@@ -354,8 +356,9 @@ class PreviousReservations:
 
     def _hold_bounded_after(self, job_id: int) -> None:
         """Hold for its bounded reservation each GPU an earlier bounded reservation held
-        first, once that one's job has been considered (the job before ``job_id``, or
-        earlier): from now on no job takes it past the later bound."""
+        first, once the job of the one just before it on that GPU has been considered
+        (the job before ``job_id``, or earlier): from now on no job takes it past the
+        later bound."""
         considered = self._considered
         waiting: list[tuple[int, Previous, int, int]] = []
         ready: dict[int, tuple[Previous, list[int], list[int]]] = {}

@@ -218,3 +218,32 @@ def test_a_bounded_gpu_shared_with_an_earlier_bounded_reservation_is_held_after_
     assert result.pending[2].guaranteed_start == NOW + 700
     assert result.pending[3].guaranteed_start == NOW + 890
     assert set(result.pending[3].reserved_gpu_ids) == set(gpu_ids(1, *range(8)))
+
+
+def test_a_gpu_in_three_bounded_reservations_is_held_for_each_in_turn():
+    # GPU 103 is in the reservations of jobs 3 (now), 5 (all four GPUs, NOW + 300) and 6
+    # (NOW + 600), all past their maximum wait: held for job 6 only once job 5 has been
+    # considered, it does not cost job 5 its reservation.
+    nodes = [node(1, gpus=4)]
+    run = [running(10, "a", gpu_ids(1, 0, 1), age=310, runtime=600)]
+    now_job = job(3, "a", gpus=1, cls="low", runtime=300, submitted=NOW - 3000)
+    whole = job(5, "a", gpus=4, cls="low", runtime=300, submitted=NOW - 3000)
+    last = job(6, "b", gpus=1, cls="low", runtime=300, submitted=NOW - 3000)
+    other = job(4, "a", gpus=1, cls="low", runtime=300, submitted=NOW - 3000)
+    pending = [
+        dataclasses.replace(now_job, reserved_gpu_ids=gpu_ids(1, 3), reserved_start=NOW),
+        dataclasses.replace(
+            whole, reserved_gpu_ids=gpu_ids(1, 2, 0, 1, 3), reserved_start=NOW + 300
+        ),
+        dataclasses.replace(last, reserved_gpu_ids=gpu_ids(1, 3), reserved_start=NOW + 600),
+        dataclasses.replace(other, reserved_gpu_ids=gpu_ids(1, 2), reserved_start=NOW + 600),
+    ]
+    snap = make_snapshot(
+        nodes, [quota("a", 4), quota("b", 4)], pending, run, max_wait_seconds=300.0
+    )
+    result = run_plan(snap)
+    check_plan(snap, result)
+    assert result.pending[5].guaranteed_start == NOW + 300
+    assert set(result.pending[5].reserved_gpu_ids) == set(gpu_ids(1, 0, 1, 2, 3))
+    for placement in result.placements:  # nothing started now runs past NOW + 300
+        assert placement.job_id in (3, 4), placement
