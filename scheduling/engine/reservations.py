@@ -172,10 +172,9 @@ class PreviousReservations:
         self._bounded_to_hold: list[tuple[Previous, list[int], list[int]]] = []
         self._bounded_in: dict[str, dict[int, int]] = defaultdict(dict)
         # GPUs of a bounded reservation that an earlier bounded one holds first: held for
-        # it as soon as the job of the bounded reservation just before it on the GPU has
-        # been considered (see :meth:`turn`); (that job's id, reservation, slot number,
-        # position).
-        self._bounded_after: list[tuple[int, Previous, int, int]] = []
+        # it as soon as the jobs of the earlier bounded reservations of the GPU have been
+        # considered (see :meth:`turn`); (their ids, reservation, slot number, position).
+        self._bounded_after: list[tuple[list[int], Previous, int, int]] = []
         self._considered: set[int] = set()  # jobs whose turn came, while any wait above
         # GPUs idle now but held for jobs not considered yet (idle again at their turn).
         self.idle_held = 0
@@ -185,10 +184,12 @@ class PreviousReservations:
         # one that is not bounded is held for the bounded job (held only at its class's
         # turn, the other hold would leave it to the bounded jobs considered before, to
         # start on now and run past the bound). One shared by bounded reservations is
-        # held for the earliest, then for each next one once the job of the one before
-        # has been considered (its reservation made again by then, or gone).
+        # held for the earliest, then for each next one once the jobs of those before
+        # have been considered (their reservations made again by then, or gone).
         jobs.sort(key=lambda job: (job.id not in bounded, job.reserved_start or 0.0, job.id))
-        seen: dict[int, int] = {}  # GPU id (one per slot and position) -> job holding it
+        seen: set[int] = set()  # GPU ids (one per slot and position)
+        # GPU id -> the bounded jobs whose reservations have it, earliest first
+        claimed: dict[int, list[int]] = {}
         for job in jobs:
             previous = _parse(job, locator)
             if previous is None:
@@ -201,14 +202,16 @@ class PreviousReservations:
                 gpu_ids = slot.gpu_ids
                 for pos in previous.positions[number]:
                     gpu_id = gpu_ids[pos]
-                    first = seen.get(gpu_id)
-                    if first is None:
-                        seen[gpu_id] = job.id
+                    if gpu_id not in seen:
+                        seen.add(gpu_id)
                         numbers.append(number)
                         mine.append(pos)
+                        if is_bounded:
+                            claimed[gpu_id] = [job.id]
                     elif is_bounded:
-                        self._bounded_after.append((first, previous, number, pos))
-                        seen[gpu_id] = job.id  # the next bounded one waits for this one
+                        before = claimed[gpu_id]
+                        self._bounded_after.append((list(before), previous, number, pos))
+                        before.append(job.id)
             if is_bounded:
                 previous.bounded = True
             if not mine:
@@ -300,8 +303,6 @@ class PreviousReservations:
             heappush(self._waiting_in[pool], (previous.position, job_id))
             heappush(self._starts_in[pool], (previous.start, job_id))
         heappush(self._ready_in[pool], (earliest, job_id))
-        if self._waiting.get(job_id) is previous:
-            self.idle_held -= previous.idle_held  # held more GPUs: counted again
         self._waiting[job_id] = previous
         previous.idle_held = idle
         self.idle_held += idle
@@ -356,18 +357,18 @@ class PreviousReservations:
 
     def _hold_bounded_after(self, job_id: int) -> None:
         """Hold for its bounded reservation each GPU an earlier bounded reservation held
-        first, once the job of the one just before it on that GPU has been considered
-        (the job before ``job_id``, or earlier): from now on no job takes it past the
-        later bound."""
+        first, once the jobs of the earlier bounded reservations of that GPU have been
+        considered (before ``job_id``; a job of a class that may preempt may come before
+        them): from now on no job takes it past the later bound."""
         considered = self._considered
-        waiting: list[tuple[int, Previous, int, int]] = []
+        waiting: list[tuple[list[int], Previous, int, int]] = []
         ready: dict[int, tuple[Previous, list[int], list[int]]] = {}
         for entry in self._bounded_after:
-            first, previous, number, pos = entry
+            earlier, previous, number, pos = entry
             owner = previous.job_id
             if owner == job_id or owner in considered:
-                continue  # its own turn: it finds the GPU as the earlier job left it
-            if first not in considered:
+                continue  # its own turn: it finds the GPU as the earlier jobs left it
+            if job_id in earlier or any(other not in considered for other in earlier):
                 waiting.append(entry)
                 continue
             batch = ready.get(owner)
@@ -378,6 +379,8 @@ class PreviousReservations:
         self._bounded_after = waiting
         considered.add(job_id)
         for previous, numbers, positions in ready.values():
+            if self._waiting.get(previous.job_id) is previous:
+                self.idle_held -= previous.idle_held  # counted again with the new ones
             self._hold(previous, numbers, positions)
 
     def holds_in(self, pool: str) -> bool:
