@@ -43,7 +43,11 @@ arrivals of every class wait for it, except a job of a strictly higher class tha
 preempt (DESIGN.md §6 lets such a job stop lower work anyway: for it a bounded hold is
 given back like any other). The job keeps its reservation while its GPUs and quota are
 free by its start, so its estimate only moves earlier: the engine reports it as
-``PendingInfo.guaranteed_start``.
+``PendingInfo.guaranteed_start``. A GPU that a bounded reservation shares with earlier
+reservations is held for it all the same: before the reservations that are not bounded
+(they would hold it only from their class's turn, and a bounded job considered before
+could start there now and run past the bound), and after the earlier bounded ones, from
+the moment their jobs have been considered.
 """
 
 from __future__ import annotations
