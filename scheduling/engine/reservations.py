@@ -372,7 +372,7 @@ class PreviousReservations:
             owner = previous.job_id
             if owner == job_id or owner in considered:
                 continue  # its own turn: it finds the GPU as the earlier jobs left it
-            if job_id in earlier or any(other not in considered for other in earlier):
+            if not self._all_considered(earlier, job_id):
                 waiting.append(entry)
                 continue
             batch = ready.get(owner)
@@ -386,6 +386,14 @@ class PreviousReservations:
             if self._waiting.get(previous.job_id) is previous:
                 self.idle_held -= previous.idle_held  # counted again with the new ones
             self._hold(previous, numbers, positions)
+
+    def _all_considered(self, jobs: list[int], job_id: int) -> bool:
+        """Whether every job of ``jobs`` was considered before ``job_id`` and holds
+        nothing now (a hold given back at its turn may be taken again)."""
+        for other in jobs:
+            if other == job_id or other not in self._considered or other in self._waiting:
+                return False
+        return True
 
     def holds_in(self, pool: str) -> bool:
         """Whether GPUs of ``pool`` are held for jobs not considered yet that a job could
