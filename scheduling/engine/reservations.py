@@ -43,7 +43,11 @@ arrivals of every class wait for it, except a job of a strictly higher class tha
 preempt (DESIGN.md §6 lets such a job stop lower work anyway: for it a bounded hold is
 given back like any other). The job keeps its reservation while its GPUs and quota are
 free by its start, so its estimate only moves earlier: the engine reports it as
-``PendingInfo.guaranteed_start``.
+``PendingInfo.guaranteed_start``. A GPU that a bounded reservation shares with earlier
+reservations is held for it all the same: before the reservations that are not bounded
+(they would hold it only from their class's turn, and a bounded job considered before
+could start there now and run past the bound), and after the earlier bounded ones, from
+the moment their jobs have been considered.
 """
 
 from __future__ import annotations
@@ -171,17 +175,31 @@ class PreviousReservations:
         # their owner gets them back); pool -> {job id: class} of those not considered yet.
         self._bounded_to_hold: list[tuple[Previous, list[int], list[int]]] = []
         self._bounded_in: dict[str, dict[int, int]] = defaultdict(dict)
+        # GPUs of a bounded reservation that an earlier bounded one holds first: held for
+        # it as soon as the jobs of the earlier bounded reservations of the GPU have been
+        # considered (see :meth:`turn`); (their ids, reservation, slot number, position).
+        self._bounded_after: list[tuple[list[int], Previous, int, int]] = []
+        self._considered: set[int] = set()  # jobs whose turn came, while any wait above
         # GPUs idle now but held for jobs not considered yet (idle again at their turn).
         self.idle_held = 0
         jobs = [job for job in pending if job.reserved_gpu_ids]
-        # A GPU has a single "free from" time: it is held for its earliest reservation.
-        jobs.sort(key=lambda job: (job.reserved_start or 0.0, job.id))
+        # A GPU has a single "free from" time: it is held for its earliest reservation,
+        # the bounded ones first: a GPU that a bounded reservation shares with an earlier
+        # one that is not bounded is held for the bounded job (held only at its class's
+        # turn, the other hold would leave it to the bounded jobs considered before, to
+        # start on now and run past the bound). One shared by bounded reservations is
+        # held for the earliest, then for each next one once the jobs of those before
+        # have been considered (their reservations made again by then, or gone).
+        jobs.sort(key=lambda job: (job.id not in bounded, job.reserved_start or 0.0, job.id))
         seen: set[int] = set()  # GPU ids (one per slot and position)
+        # GPU id -> the bounded jobs whose reservations have it, earliest first
+        claimed: dict[int, list[int]] = {}
         for job in jobs:
             previous = _parse(job, locator)
             if previous is None:
                 continue
             self._by_job[job.id] = previous
+            is_bounded = job.id in bounded
             numbers: list[int] = []
             mine: list[int] = []
             for number, slot in enumerate(previous.slots):
@@ -192,10 +210,17 @@ class PreviousReservations:
                         seen.add(gpu_id)
                         numbers.append(number)
                         mine.append(pos)
+                        if is_bounded:
+                            claimed[gpu_id] = [job.id]
+                    elif is_bounded:
+                        before = claimed[gpu_id]
+                        self._bounded_after.append((list(before), previous, number, pos))
+                        before.append(job.id)
+            if is_bounded:
+                previous.bounded = True
             if not mine:
                 continue
-            if job.id in bounded:
-                previous.bounded = True
+            if is_bounded:
                 self._bounded_to_hold.append((previous, numbers, mine))
             else:
                 self._to_hold[job.priority].append((previous, numbers, mine))
@@ -276,13 +301,13 @@ class PreviousReservations:
                 earliest = ready
             if ready <= now:
                 idle += 1
-        self._waiting[job_id] = previous
         if previous.bounded:
             self._bounded_in[pool][job_id] = previous.priority
         else:
             heappush(self._waiting_in[pool], (previous.position, job_id))
             heappush(self._starts_in[pool], (previous.start, job_id))
         heappush(self._ready_in[pool], (earliest, job_id))
+        self._waiting[job_id] = previous
         previous.idle_held = idle
         self.idle_held += idle
 
@@ -290,6 +315,8 @@ class PreviousReservations:
         """The job is being considered: its held GPUs return to the timeline, except
         those an earlier job planned to use right after the hold (they stay held, as
         part of the job's reservation; see :meth:`slot_for`)."""
+        if self._bounded_after:
+            self._hold_bounded_after(job_id)
         previous = self._waiting.pop(job_id, None)
         if previous is None:
             return
@@ -331,6 +358,42 @@ class PreviousReservations:
                 previous.kept.add((number, pos))
         for number, (positions, readies, before) in by_slot.items():
             previous.slice.unhold(slots[number], positions, readies, before)
+
+    def _hold_bounded_after(self, job_id: int) -> None:
+        """Hold for its bounded reservation each GPU an earlier bounded reservation held
+        first, once the jobs of the earlier bounded reservations of that GPU have been
+        considered (before ``job_id``; a job of a class that may preempt may come before
+        them): from now on no job takes it past the later bound."""
+        considered = self._considered
+        waiting: list[tuple[list[int], Previous, int, int]] = []
+        ready: dict[int, tuple[Previous, list[int], list[int]]] = {}
+        for entry in self._bounded_after:
+            earlier, previous, number, pos = entry
+            owner = previous.job_id
+            if owner == job_id or owner in considered:
+                continue  # its own turn: it finds the GPU as the earlier jobs left it
+            if not self._all_considered(earlier, job_id):
+                waiting.append(entry)
+                continue
+            batch = ready.get(owner)
+            if batch is None:
+                batch = ready[owner] = (previous, [], [])
+            batch[1].append(number)
+            batch[2].append(pos)
+        self._bounded_after = waiting
+        considered.add(job_id)
+        for previous, numbers, positions in ready.values():
+            if self._waiting.get(previous.job_id) is previous:
+                self.idle_held -= previous.idle_held  # counted again with the new ones
+            self._hold(previous, numbers, positions)
+
+    def _all_considered(self, jobs: list[int], job_id: int) -> bool:
+        """Whether every job of ``jobs`` was considered before ``job_id`` and holds
+        nothing now (a hold given back at its turn may be taken again)."""
+        for other in jobs:
+            if other == job_id or other not in self._considered or other in self._waiting:
+                return False
+        return True
 
     def holds_in(self, pool: str) -> bool:
         """Whether GPUs of ``pool`` are held for jobs not considered yet that a job could

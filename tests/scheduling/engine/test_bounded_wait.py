@@ -2,6 +2,8 @@
 backfill that would delay it and against later jobs of every class that may not
 preempt (DESIGN.md §6; scheduling/engine/reservations.py)."""
 
+import dataclasses
+
 import pytest
 from engine_builders import (
     NOW,
@@ -138,3 +140,110 @@ def test_an_overdue_job_waiting_for_its_tenants_quota_is_bounded_too():
     pending = handed_back(pending, second)
     third = run_plan(make_snapshot(nodes, quotas, pending, [], now=NOW + 600))
     assert [p.job_id for p in third.placements] == [1]
+
+
+def _shared_gpu_cycle():
+    """Job 5 (8 GPUs, past its maximum wait) reserved node 1 from NOW + 890, GPU 107 right
+    after job 1 (two nodes, not past its maximum wait), which reserved it with GPU 200 for
+    NOW + 590 to NOW + 890; job 6 (past its maximum wait, one GPU for 900 s) reserved GPU
+    300 from NOW + 590. Every GPU is busy until NOW + 590 but GPU 107, idle now."""
+    nodes = [node(1, gpus=8), node(2, gpus=1), node(3, gpus=1)]
+    quotas = [quota("a", 16), quota("b", 16)]
+    run = [
+        running(10, "b", gpu_ids(1, 0, 1, 2, 3, 4, 5, 6), age=10, runtime=600),
+        running(11, "b", gpu_ids(2, 0), age=10, runtime=600),
+        running(12, "b", gpu_ids(3, 0), age=10, runtime=600),
+    ]
+    gang = job(1, "a", gpus=1, nodes=2, runtime=300, submitted=NOW)
+    big = job(5, "a", gpus=8, cls="low", runtime=300, submitted=NOW - 3000)
+    small = job(6, "a", gpus=1, cls="low", runtime=900, submitted=NOW - 3000)
+    pending = [
+        dataclasses.replace(
+            gang, reserved_gpu_ids=(107, 200), reserved_start=NOW + 590, previous_position=1
+        ),
+        dataclasses.replace(
+            big,
+            reserved_gpu_ids=gpu_ids(1, *range(8)),
+            reserved_start=NOW + 890,
+            previous_position=2,
+        ),
+        dataclasses.replace(
+            small, reserved_gpu_ids=(300,), reserved_start=NOW + 590, previous_position=3
+        ),
+    ]
+    snap = make_snapshot(nodes, quotas, pending, run, max_wait_seconds=900.0)
+    result = run_plan(snap)
+    check_plan(snap, result)
+    return result
+
+
+def test_a_bounded_gpu_reserved_first_for_an_earlier_job_is_held_for_the_bounded_job():
+    # GPU 107 is held for job 5 from the cycle's start although job 1 reserved it first:
+    # job 6, considered before job 5 (its bound is earlier), does not start there for
+    # 900 s, past job 5's bound (it would then start at NOW + 1200).
+    result = _shared_gpu_cycle()
+    for placement in result.placements:
+        assert 107 not in placement.gpu_ids, placement
+    assert result.pending[5].guaranteed_start <= NOW + 890  # it may only move earlier
+    assert set(result.pending[5].reserved_gpu_ids) == set(gpu_ids(1, *range(8)))
+    assert result.pending[6].guaranteed_start == NOW + 590
+
+
+def test_a_bounded_gpu_shared_with_an_earlier_bounded_reservation_is_held_after_it():
+    # Jobs 1, 2 and 3 are past their maximum wait. Job 1 (2 GPUs on one node) reserved
+    # GPUs 106-107 from NOW + 590, job 3 (8 GPUs) node 1 from NOW + 890, right after it;
+    # job 2 (one GPU for 900 s) GPU 400 from NOW + 700. Job 1 starts now on node 3
+    # instead: GPU 107, idle now, is then held for job 3, and job 2, considered between
+    # them, does not start there to run past job 3's bound.
+    nodes = [node(1, gpus=8), node(3, gpus=2), node(4, gpus=1)]
+    run = [
+        running(10, "b", gpu_ids(1, 0, 1, 2, 3, 4, 5), age=10, runtime=900),
+        running(11, "b", gpu_ids(1, 6), age=10, runtime=600),
+        running(12, "b", gpu_ids(4, 0), age=10, runtime=710),
+    ]
+    first = job(1, "a", gpus=2, cls="low", runtime=300, submitted=NOW - 3000)
+    between = job(2, "a", gpus=1, cls="low", runtime=900, submitted=NOW - 3000)
+    big = job(3, "a", gpus=8, cls="low", runtime=300, submitted=NOW - 3000)
+    pending = [
+        dataclasses.replace(first, reserved_gpu_ids=gpu_ids(1, 6, 7), reserved_start=NOW + 590),
+        dataclasses.replace(between, reserved_gpu_ids=gpu_ids(4, 0), reserved_start=NOW + 700),
+        dataclasses.replace(big, reserved_gpu_ids=gpu_ids(1, *range(8)), reserved_start=NOW + 890),
+    ]
+    snap = make_snapshot(
+        nodes, [quota("a", 16), quota("b", 16)], pending, run, max_wait_seconds=900.0
+    )
+    result = run_plan(snap)
+    check_plan(snap, result)
+    assert {p.job_id: p.gpu_ids for p in result.placements} == {1: gpu_ids(3, 0, 1)}
+    assert result.pending[2].guaranteed_start == NOW + 700
+    assert result.pending[3].guaranteed_start == NOW + 890
+    assert set(result.pending[3].reserved_gpu_ids) == set(gpu_ids(1, *range(8)))
+
+
+def test_a_gpu_in_three_bounded_reservations_is_held_for_each_in_turn():
+    # GPU 103 is in the reservations of jobs 3 (now), 5 (all four GPUs, NOW + 300) and 6
+    # (NOW + 600), all past their maximum wait: held for job 6 only once job 5 has been
+    # considered, it does not cost job 5 its reservation.
+    nodes = [node(1, gpus=4)]
+    run = [running(10, "a", gpu_ids(1, 0, 1), age=310, runtime=600)]
+    now_job = job(3, "a", gpus=1, cls="low", runtime=300, submitted=NOW - 3000)
+    whole = job(5, "a", gpus=4, cls="low", runtime=300, submitted=NOW - 3000)
+    last = job(6, "b", gpus=1, cls="low", runtime=300, submitted=NOW - 3000)
+    other = job(4, "a", gpus=1, cls="low", runtime=300, submitted=NOW - 3000)
+    pending = [
+        dataclasses.replace(now_job, reserved_gpu_ids=gpu_ids(1, 3), reserved_start=NOW),
+        dataclasses.replace(
+            whole, reserved_gpu_ids=gpu_ids(1, 2, 0, 1, 3), reserved_start=NOW + 300
+        ),
+        dataclasses.replace(last, reserved_gpu_ids=gpu_ids(1, 3), reserved_start=NOW + 600),
+        dataclasses.replace(other, reserved_gpu_ids=gpu_ids(1, 2), reserved_start=NOW + 600),
+    ]
+    snap = make_snapshot(
+        nodes, [quota("a", 4), quota("b", 4)], pending, run, max_wait_seconds=300.0
+    )
+    result = run_plan(snap)
+    check_plan(snap, result)
+    assert result.pending[5].guaranteed_start == NOW + 300
+    assert set(result.pending[5].reserved_gpu_ids) == set(gpu_ids(1, 0, 1, 2, 3))
+    for placement in result.placements:  # nothing started now runs past NOW + 300
+        assert placement.job_id in (3, 4), placement
