@@ -239,7 +239,7 @@ def _reconcile_jobs(
             key not in summaries
             and state in (JobState.RUNNING, JobState.STOPPING)
             and started_at is not None
-            and sent_at > started_at
+            and sent_at > started_at + STARTED_AT_RESOLUTION
             and (nodes == 1 or _started_on(key[0], node.name, admitted_at))
             and _reports_caught_up("missing", key, node, sent_at)
         ):
@@ -247,6 +247,12 @@ def _reconcile_jobs(
             repaired = True
     return repaired
 
+
+#: How coarse a start time from an executor may be: Slurm's StartTime and a Pod's start
+#: are whole seconds, truncated, so a heartbeat sent less than this after the start it
+#: reports may have been produced before the executor saw the job start; it says nothing
+#: about the job (a job really gone is found by the next heartbeat).
+STARTED_AT_RESOLUTION = timedelta(seconds=1)
 
 #: Set while heartbeats that travelled apart from the other reports are applied (see
 #: :func:`heartbeats_apart`), true while reports are waiting on the reports queue.

@@ -317,3 +317,18 @@ def test_multi_node_job_ends_when_its_last_node_reports_the_exit(world):
     job.refresh_from_db()
     assert job.state == JobState.SUCCEEDED and _active(job) == 0
     assert Job.objects.get(pk=job.pk).events.filter(kind="node_exited").count() == 1
+
+
+def test_heartbeat_within_a_second_of_a_whole_second_start_says_nothing_about_it(world):
+    """Slurm and Kubernetes give start times in whole seconds, truncated: a heartbeat sent
+    0.5 s after such a start may have been produced before the executor saw the job
+    start (heartbeats drained apart from the reports come after the ``started`` report),
+    so it must not make the job lost; one sent later does."""
+    job, node = _started_job(world, started_ago=30)
+    started = job.started_at
+    _heartbeat(node, [], sent_at=started + timedelta(seconds=0.5), batch=True)
+    job.refresh_from_db()
+    assert job.state == JobState.RUNNING and _active(job) == 2
+    _heartbeat(node, [], sent_at=started + timedelta(seconds=5), batch=True)
+    job.refresh_from_db()
+    assert job.state == JobState.PENDING and job.events.filter(kind="lost").count() == 1
