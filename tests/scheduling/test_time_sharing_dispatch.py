@@ -96,20 +96,19 @@ def test_a_time_sharing_queue_off_by_default(world):
     assert not record.time_sharing and record.attained_gpu_seconds == 0.0
 
 
-def test_a_time_sharing_stop_is_counted_and_shown_on_the_job_page(
-    world, client, django_capture_on_commit_callbacks
-):
+def _long_job_and_a_fresh_one(world, checkpoint_dir):
+    """nlp's long job (class low) has used 8 GPUs x 10 h before this run on node 0; vision
+    holds node 1; a fresh 8-GPU job of nlp has waited 2 h."""
     _sharing_queue(world)
     node0 = list(world.nodes[0].gpus.order_by("index"))
     node1 = list(world.nodes[1].gpus.order_by("index"))
-    # nlp's long job has used 8 GPUs x 10 h before this run; vision holds the other node.
     long = f.placed_job(
         gpus=node0,
         queue=world.queue,
         project=world.project,
         base_priority_class=world.low,
         priority_class=world.low,
-        checkpoint_dir="/ckpt/long",
+        checkpoint_dir=checkpoint_dir,
     )
     _earlier_run(long, node0, hours=10, ended_hours_ago=11)
     f.placed_job(
@@ -120,6 +119,13 @@ def test_a_time_sharing_stop_is_counted_and_shown_on_the_job_page(
         priority_class=world.low,
     )
     fresh = _job(world, gpus_per_node=8, submitted_at=timezone.now() - timedelta(hours=2))
+    return long, fresh
+
+
+def test_a_time_sharing_stop_is_counted_and_shown_on_the_job_page(
+    world, client, django_capture_on_commit_callbacks
+):
+    long, fresh = _long_job_and_a_fresh_one(world, "/ckpt/long")
 
     with django_capture_on_commit_callbacks(execute=True):
         dispatch_cycle()
@@ -145,26 +151,7 @@ def test_a_time_sharing_stop_is_counted_and_shown_on_the_job_page(
 
 
 def test_a_job_that_does_not_checkpoint_is_not_stopped(world, django_capture_on_commit_callbacks):
-    _sharing_queue(world)
-    node0 = list(world.nodes[0].gpus.order_by("index"))
-    node1 = list(world.nodes[1].gpus.order_by("index"))
-    long = f.placed_job(
-        gpus=node0,
-        queue=world.queue,
-        project=world.project,
-        base_priority_class=world.low,
-        priority_class=world.low,
-        checkpoint_dir="",
-    )
-    _earlier_run(long, node0, hours=10, ended_hours_ago=11)
-    f.placed_job(
-        gpus=node1,
-        queue=world.other_queue,
-        project=world.other_project,
-        base_priority_class=world.low,
-        priority_class=world.low,
-    )
-    _job(world, gpus_per_node=8, submitted_at=timezone.now() - timedelta(hours=2))
+    long, _fresh = _long_job_and_a_fresh_one(world, "")
 
     with django_capture_on_commit_callbacks(execute=True):
         dispatch_cycle()
