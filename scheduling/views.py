@@ -49,6 +49,7 @@ from .services import notifications as notification_services
 from .services import raises as raise_services
 from .services.config import NODE_RETIRED_LABEL
 from .services.jobs import JobSpec
+from .services.pending_cache import takes_part_in_time_sharing
 from .waits import job_wait
 
 log = logging.getLogger(__name__)
@@ -300,6 +301,11 @@ def _job_context(request, job) -> dict:
         "prediction": predict_runtime(job),
         "wait": job_wait(job, now),
         "order": _order_explanation(job, policy, now),
+        # Whether a waiting job may stop this one for time-sharing (the dispatcher's rule).
+        "takes_part_in_time_sharing": job.queue.time_sharing
+        and takes_part_in_time_sharing(
+            True, job.checkpoint_dir, job.priority_class.preemptible, policy
+        ),
         "events": selectors.job_events_of(job),
         "allocation_rows": selectors.allocations_by_node(selectors.job_allocations(job)),
         "can_manage": selectors.can_manage_job(request.user, job),

@@ -190,7 +190,12 @@ def _exit_preempted(job):
 def test_a_running_job_in_a_time_sharing_queue_says_whether_it_may_be_stopped(world, client):
     gpus = list(world.nodes[0].gpus.order_by("index"))
     with_dir = f.placed_job(
-        gpus=gpus[:1], queue=world.queue, project=world.project, checkpoint_dir="ckpt/a"
+        gpus=gpus[:1],
+        queue=world.queue,
+        project=world.project,
+        base_priority_class=world.low,  # preemptible
+        priority_class=world.low,
+        checkpoint_dir="ckpt/a",
     )
     without = f.placed_job(gpus=gpus[1:2], queue=world.queue, project=world.project)
     client.force_login(world.member)
