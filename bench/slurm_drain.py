@@ -1,13 +1,14 @@
 """A Slurm pool against Slurm itself, in the same run.
 
     sudo .venv/bin/python bench/slurm_drain.py [--jobs 1000] [--rounds 1] [--idle 10] [--keep]
+    sudo .venv/bin/python bench/slurm_drain.py --jobs 320 --runtime 30 --idle 3 --seq 0
 
 Starts an emulated Slurm cluster of 4 nodes × 8 fake GPUs (tools/slurm_cluster.py) and, on
 PostgreSQL + Redis, Sluice as ``bench/e2e.py`` does (gunicorn, the ``dispatcher`` worker, the
 ``worker`` with beat) but with the Slurm bridge (``python -m scheduling.executors.slurm``)
 serving the partition instead of agents. Then, in alternating rounds:
 
-* ``slurm``: N one-GPU jobs running ``true`` submitted straight to the partition with plain
+* ``slurm``: N one-GPU jobs running ``true`` (``sleep`` for ``--runtime`` seconds) submitted straight to the partition with plain
   ``sbatch`` (8 submitting threads, the jobs as ``nobody`` like Sluice's), timed from the
   first submission until the controller lists them all as ended (polled every 0.2 s);
 * ``sluice``: the same N jobs as one ``POST /api/v1/jobs/bulk``, dispatched by Sluice, sent
@@ -207,8 +208,20 @@ class SlurmSide:
         return result.stdout.strip()
 
 
-def slurm_drain(side: SlurmSide, jobs: int, round_no: int) -> dict:
+def job_command(runtime: float) -> list[str]:
+    """What each drained job runs: ``true``, or ``sleep`` for ``--runtime`` seconds."""
+    return ["sleep", f"{runtime:g}"] if runtime > 0 else ["true"]
+
+
+def drain_timeout(jobs: int, runtime: float) -> float:
+    """How long a drain may take: the fixed allowance, and the jobs' runtime spread over
+    the cluster's GPUs twice over."""
+    return 120 + jobs / 2 + 2 * jobs * runtime / (e2e.NODES * e2e.GPUS_PER_NODE)
+
+
+def slurm_drain(side: SlurmSide, jobs: int, round_no: int, runtime: float = 0.0) -> dict:
     name = f"straight-{round_no}-{os.getpid()}"
+    command = " ".join(job_command(runtime))
     todo = iter(range(jobs))
     lock = threading.Lock()
     errors: list[str] = []
@@ -219,7 +232,7 @@ def slurm_drain(side: SlurmSide, jobs: int, round_no: int) -> dict:
                 if next(todo, None) is None:
                     return
             try:
-                side.sbatch(name, "true")
+                side.sbatch(name, command)
             except subprocess.CalledProcessError as exc:
                 errors.append(exc.stderr.strip())
 
@@ -233,7 +246,7 @@ def slurm_drain(side: SlurmSide, jobs: int, round_no: int) -> dict:
     submitted = time.monotonic() - t0
     if errors:
         raise e2e.BenchError(f"sbatch failed {len(errors)} times: {errors[0]}")
-    deadline = t0 + 120 + jobs / 2
+    deadline = t0 + drain_timeout(jobs, runtime)
     while True:
         states = side.states(name)
         ended = sum(state in SLURM_ENDED for state in states.values())
@@ -253,9 +266,10 @@ def slurm_drain(side: SlurmSide, jobs: int, round_no: int) -> dict:
     }
 
 
-def sluice_drain(bench: e2e.Bench, jobs: int) -> dict:
+def sluice_drain(bench: e2e.Bench, jobs: int, runtime: float = 0.0) -> dict:
     bench.wait_idle()
-    specs = [e2e._spec(bench.world, "bulk", ["true"])] * jobs
+    specs = [e2e._spec(bench.world, "bulk", job_command(runtime))] * jobs
+    bench.drain_timeout = drain_timeout(jobs, runtime)
     before_ended = bench.ended("bulk")
     before = load()
     t0 = time.monotonic()
@@ -375,6 +389,12 @@ def main() -> int:
     parser.add_argument("--idle", type=int, default=10, help="idle submit→RUNNING samples")
     parser.add_argument("--seq", type=int, default=200, help="submissions in a row (0: none)")
     parser.add_argument(
+        "--runtime",
+        type=float,
+        default=0.0,
+        help="seconds each drained job runs (sleep; default 0: true)",
+    )
+    parser.add_argument(
         "--refresh", type=float, default=0.25, help="the bridge's --refresh (its default)"
     )
     parser.add_argument("--keep", action="store_true", help="keep the temp folder (logs)")
@@ -429,11 +449,11 @@ def main() -> int:
             log(f"round {round_no}: Slurm straight")
             wait_slurm_idle(side)
             bench.wait_idle()
-            straight = slurm_drain(side, args.jobs, round_no)
+            straight = slurm_drain(side, args.jobs, round_no, args.runtime)
             emit("slurm/drain", straight["rate"], "jobs/s", round=round_no, **straight)
             log(f"round {round_no}: through Sluice")
             wait_slurm_idle(side)
-            through = sluice_drain(bench, args.jobs)
+            through = sluice_drain(bench, args.jobs, args.runtime)
             emit("sluice/drain", through["rate"], "jobs/s", round=round_no, **through)
             results.append((straight, through))
         log("idle submit → RUNNING")
