@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/e2e.py [--backend auto|postgres|embedded] [--jobs 1000] [--big]
                                   [--skip FIGURE ...] [--clients-seconds 60] [--keep]
+                                  [--beside-slurm]
 
 Starts its own cluster, as ``make run``'s Procfile does but in a temporary folder with its
 own database: gunicorn (``portal.wsgi``, 2 workers × 4 threads, a free port), the
@@ -22,7 +23,11 @@ Figures (one JSON line each, then a table), jobs of one GPU running ``true``:
   the API shows RUNNING (the job polled every ~20 ms), median and max; ``idle_start_events``:
   the same from the job's own timestamps (``started_at`` − ``submitted_at``).
 * ``drain_bulk``: N jobs in one ``POST /api/v1/jobs/bulk``; jobs/s from the request to the
-  last job finished (read through the API every 0.2 s).
+  last job finished (read through the API every 0.2 s). With ``--beside-slurm`` (root,
+  Slurm and munge installed), an emulated Slurm cluster of the same size
+  (``tools/slurm_cluster.py``) drains the same N jobs straight after, as
+  ``bench/slurm_drain.py`` does (``sbatch`` from 8 threads): ``slurm_drain`` and
+  ``drain_ratio_to_slurm`` (Sluice's rate over Slurm's, same run; target ≥ 15).
 * ``drain_single``: N jobs as single ``POST /api/v1/jobs/`` from 8 client threads; drain
   jobs/s, and ``single_post_rate`` (jobs/s over the POSTs alone); ``single_post_seq``: 200
   single POSTs in a row from one client.
@@ -1095,6 +1100,56 @@ class Bench:
         return "\n".join("| " + " | ".join(row) + " |" for row in rows)
 
 
+class SlurmBeside:
+    """An emulated Slurm cluster of the bench's size beside Sluice's, for ``--beside-slurm``:
+    the same jobs drained straight to Slurm (``bench/slurm_drain.py``'s way), in the same
+    run, so that the drain's ratio to Slurm's compares like with like."""
+
+    def __init__(self, directory: Path) -> None:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+        import slurm_cluster  # the emulated cluster (tools/)
+        import slurm_drain  # the straight drain, timed as that bench times it
+
+        if not slurm_cluster.installed():
+            raise BenchError("--beside-slurm: Slurm and munge are not installed")
+        if os.geteuid() != 0:
+            raise BenchError("--beside-slurm: the emulated Slurm cluster needs root")
+        self._cluster, self._drain = slurm_cluster, slurm_drain
+        self.directory = directory
+        layout = slurm_cluster.start(
+            argparse.Namespace(
+                dir=str(directory),
+                nodes=NODES,
+                gpus=GPUS_PER_NODE,
+                gpu_type="h100",
+                prefix="sb",
+                partition=slurm_drain.PARTITION,
+                cluster="beside",
+            )
+        )
+        self.side = slurm_drain.SlurmSide(layout["slurm_conf"], directory.parent / "straight")
+        log(f"Slurm beside: {len(layout['nodes'])} nodes × {layout['gpus']} GPUs; warming up")
+        slurm_drain.slurm_drain(self.side, 8, 0)
+        slurm_drain.wait_slurm_idle(self.side)
+
+    def drain(self, bench: Bench) -> None:
+        """The bench's N jobs straight to Slurm, then the ratio to ``drain_bulk``."""
+        bench.wait_idle()
+        try:
+            self._drain.wait_slurm_idle(self.side)
+            straight = self._drain.slurm_drain(self.side, bench.jobs, 1)
+        except self._drain.e2e.BenchError as exc:  # that module's copy of this one
+            raise BenchError(str(exc)) from exc
+        bench.emit("slurm_drain", straight["rate"], "jobs/s", "", None, **straight)
+        ours = next((r for r in bench.results if r["figure"] == "drain_bulk"), None)
+        if ours is not None and straight["rate"] > 0:
+            ratio = ours["value"] / straight["rate"]
+            bench.emit("drain_ratio_to_slurm", ratio, "x", "≥ 15", ratio >= 15)
+
+    def stop(self) -> None:
+        self._cluster.stop(self.directory)
+
+
 def _revision() -> str:
     """The commit measured, and whether the working tree differs from it."""
     try:
@@ -1141,6 +1196,12 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the temp folder (logs)")
     parser.add_argument("--postgres", default="postgres://postgres@127.0.0.1:5432")
     parser.add_argument("--redis", default="redis://127.0.0.1:6379")
+    parser.add_argument(
+        "--beside-slurm",
+        action="store_true",
+        help="after drain_bulk, drain the same jobs on an emulated Slurm cluster of the same "
+        "size and print the ratio (root, Slurm and munge needed)",
+    )
     parser.add_argument("--seed-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.seed_only:
@@ -1160,8 +1221,11 @@ def main() -> int:
     tmp.chmod(0o711)  # job accounts reach their directories under var/agent/
     cluster = Cluster(backend, tmp)
     vacuumer: Vacuumer | None = None
+    slurm: SlurmBeside | None = None
     status = 1
     try:
+        if args.beside_slurm:
+            slurm = SlurmBeside(tmp / "slurm")
         log(f"backend {backend.name}; temp folder {tmp}")
         cluster.prepare_database()
         vacuumer = Vacuumer(backend, args.vacuum_every)
@@ -1192,6 +1256,8 @@ def main() -> int:
                 bench.idle_start()
             elif figure == "drain_bulk":
                 one_batch = bench.drain_bulk()
+                if slurm is not None:
+                    slurm.drain(bench)
             elif figure == "drain_single":
                 bench.drain_single()
             elif figure == "drain_10k":
@@ -1217,6 +1283,8 @@ def main() -> int:
         log("stopping the cluster")
         if vacuumer is not None:
             vacuumer.stop()
+        if slurm is not None:
+            slurm.stop()
         cluster.stop()
         try:
             cluster.drop()
