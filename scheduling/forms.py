@@ -328,13 +328,19 @@ class JobFilterForm(forms.Form):
             self.fields[name].widget.attrs["size"] = 12
 
     def order_by(self) -> list[str]:
-        """The sort the user asked for (``-name``: descending), newest first otherwise."""
+        """The sort the user asked for (``-name``: descending), newest first otherwise.
+        Ties go by id the same way as the column, so that one index on (column, id), read
+        forwards or backwards, serves both directions (job_state_gpus)."""
         value = (self.cleaned_data.get("sort") or "") if self.is_bound else ""
         descending = value.startswith("-")
         column = SORTS.get(value.lstrip("-"))
         if column is None:
             return ["-id"]
-        return [f"-{column}" if descending else column, "-id"]
+        if column == "id":
+            return ["-id" if descending else "id"]
+        if descending:
+            return [f"-{column}", "-id"]
+        return [column, "id"]
 
     def since_delta(self) -> timedelta | None:
         value = self.cleaned_data.get("since")

@@ -561,11 +561,19 @@ class Job(models.Model):
             models.Index(fields=["submitted_by", "-id"]),
             # Jobs that ended in a period (failures on the insights page, reviews, rules).
             models.Index(fields=["state", "finished_at"], name="job_state_finished"),
+            # The waiting jobs in scheduling order, per queue: positions are counted on it,
+            # index only (scheduling.positions).
             models.Index(
-                fields=["queue", "pending_rank"],
-                name="job_pending_rank",
-                condition=models.Q(pending_rank__isnull=False),
+                fields=["queue", "pending_rank", "id"],
+                name="job_waiting_rank",
+                condition=models.Q(
+                    pending_rank__isnull=False, state__in=[JobState.PENDING, JobState.HELD]
+                ),
             ),
+            # A tenant's jobs newest first, and its deep pages (a member's lists).
+            models.Index(fields=["tenant", "id"], name="job_tenant_id"),
+            # The jobs list filtered by state and sorted by GPUs (ties by id, the same way).
+            models.Index(fields=["state", "gpus_per_node", "id"], name="job_state_gpus"),
         ]
 
     def __str__(self) -> str:

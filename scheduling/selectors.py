@@ -167,6 +167,10 @@ def submission_targets(
 
 
 def jobs_visible_to(user) -> QuerySet[Job]:
+    """The jobs ``user`` may see. A member's tenants are read first and named in the query,
+    not a subquery: PostgreSQL then reads one tenant's jobs in id order from the index on
+    (tenant, id), where with a subquery it read and sorted all of them for a deep page
+    (page 2,000 of a tenant's 300,000 jobs: 400 ms against 50)."""
     qs = Job.objects.select_related(
         "tenant",
         "project",
@@ -176,7 +180,7 @@ def jobs_visible_to(user) -> QuerySet[Job]:
         "priority_class",
         "base_priority_class",
     )
-    return restrict(qs, user)
+    return restrict(qs, user, tenants_named=True)
 
 
 def serve_samples(job_ids, since=None, *, user=None) -> QuerySet[ServeSample]:

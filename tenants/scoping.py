@@ -111,6 +111,7 @@ def restrict(
     tenant_field: str | None = "tenant",
     *,
     cached_roles: bool = False,
+    tenants_named: bool = False,
 ) -> QuerySet:
     """``qs`` narrowed to the rows ``user`` may ``action`` (see the module's docstring).
 
@@ -120,6 +121,11 @@ def restrict(
     ``cached_roles``: take the user's tenants from the roles cached on the user (one query
     per request, shared with the permission checks that read them anyway) instead of a
     subquery, for the reads of one row on a path whose query count is fixed.
+
+    ``tenants_named``: read the user's tenants first (one query) and name them in the
+    query, with no subquery and no join: for lists of a table with a million rows, where
+    PostgreSQL then reads one tenant's rows in index order (a subquery's tenants are not
+    known when it plans; a join on the tenants for ``active`` costs a loop per row).
     """
     if action not in ACTION_ROLE:
         raise ValueError(f"Unknown action {action!r}: one of {', '.join(ACTION_ROLE)}.")
@@ -129,6 +135,9 @@ def restrict(
         return qs.none()
     prefix = "" if tenant_field is None else f"{tenant_field}__"
     key = "pk" if tenant_field is None else f"{tenant_field}_id"
+    if tenants_named:
+        named = sorted(row["tenant_id"] for row in tenant_ids_for(user, action))
+        return qs.filter(**{f"{key}__in": named}) if named else qs.none()
     if not cached_roles:
         return qs.filter(**{f"{key}__in": tenant_ids_for(user, action)})
     allowed = set(roles_for(action))

@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from portal.api.filters import IdFilter, path_id
+from portal.api.pagination import CountCappedPagination
 from portal.api.views import validated
 from portal.errors import BusinessError, NotFoundError
 from tenants.selectors import (
@@ -264,6 +265,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
 
     serializer_class = s.JobSerializer
     filterset_class = JobFilter
+    # Counted up to 10,000 jobs (``count_capped`` says when there are more).
+    pagination_class = CountCappedPagination
     # ``queue_position`` orders by the scheduling order's sort key (positions are counted
     # from it; see scheduling.positions).
     ordering_fields = ["id", "submitted_at", "queue_position", "state"]

@@ -63,8 +63,13 @@ def test_lists_document_the_pagination_envelope_and_strict_page_numbers(schema):
     assert size["schema"]["minimum"] == 1
     listed = jobs["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
     envelope = schema["components"]["schemas"][listed.rsplit("/", 1)[-1]]
-    assert set(envelope["properties"]) == {"count", "next", "previous", "results"}
+    # the jobs list counts up to a limit and says when it stopped; other lists count all
+    assert set(envelope["properties"]) == {"count", "count_capped", "next", "previous", "results"}
     assert envelope["properties"]["next"]["nullable"] is True
+    projects = schema["paths"]["/api/v1/projects/"]["get"]["responses"]["200"]["content"]
+    listed = projects["application/json"]["schema"]["$ref"]
+    envelope = schema["components"]["schemas"][listed.rsplit("/", 1)[-1]]
+    assert set(envelope["properties"]) == {"count", "next", "previous", "results"}
 
 
 def test_blank_and_null_values_the_api_returns_are_in_the_schema(schema):

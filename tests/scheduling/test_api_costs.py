@@ -39,10 +39,10 @@ URL = "/api/v1/jobs"
 # apart and reads the last hash on its own (it needs no lock), in a transaction (a
 # savepoint and its release in a test).
 SUBMIT_QUERIES = {"postgresql": 4, "sqlite": 9}
-# A page: token and user, count, the page's jobs (no joins), their names (tenants,
-# projects, queues, pools, submitters, classes), the GPUs they hold, runtime histories,
-# positions (their ranks and pools, the pools' estimates).
-LIST_QUERIES = 8
+# A page: token and user, the member's tenants, count, the page's jobs (no joins), their
+# names (tenants, projects, queues, pools, submitters, classes), the GPUs they hold,
+# runtime histories, positions (their ranks and pools, the pools' estimates).
+LIST_QUERIES = 9
 
 
 def spec(world, **overrides) -> dict:
@@ -166,8 +166,9 @@ def test_a_list_page_costs_a_fixed_number_of_queries(
 def test_a_page_of_ended_jobs_reads_no_gpus_positions_or_predictions(
     world, member_client, django_assert_num_queries
 ):
-    """Token and user, count, the page, the names: a history page reads nothing that only
-    jobs waiting or running have (a job leaving those states gives its GPUs back)."""
+    """Token and user, the member's tenants, count, the page, the names: a history page
+    reads nothing that only jobs waiting or running have (a job leaving those states gives
+    its GPUs back)."""
     now = timezone.now()
     for state in (JobState.SUCCEEDED, JobState.CANCELLED):
         f.JobFactory(
@@ -178,7 +179,7 @@ def test_a_page_of_ended_jobs_reads_no_gpus_positions_or_predictions(
             started_at=now - timedelta(minutes=5),
             finished_at=now,
         )
-    with django_assert_num_queries(4):
+    with django_assert_num_queries(5):
         response = member_client.get(URL)
     assert response.status_code == 200
     assert [job["allocations"] for job in response.json()["results"]] == [[], []]

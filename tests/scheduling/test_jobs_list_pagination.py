@@ -12,7 +12,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from portal.api.pagination import CountCappedPaginator, cursor_encode
+from portal.api.pagination import CountCappedPagination, CountCappedPaginator, cursor_encode
 from scheduling import views
 from scheduling.choices import JobState
 from scheduling.models import Job
@@ -86,7 +86,58 @@ def test_page_numbers_still_answer_the_count(world, api):
     _jobs(world, 5)
     answer = _follow(api(world.member), "/api/v1/jobs/?page_size=2&page=2")
     assert answer["count"] == 5 and len(answer["results"]) == 2
+    assert answer["count_capped"] is False
     assert "page=3" in answer["next"]
+
+
+# --- page numbers: counted up to a limit ----------------------------------------------------
+
+
+def test_the_api_counts_up_to_the_limit_and_says_when_it_stopped(world, api, monkeypatch):
+    monkeypatch.setattr(CountCappedPagination, "count_limit", 4)
+    jobs = _jobs(world, 4)
+    client = api(world.member)
+    answer = _follow(client, "/api/v1/jobs/?page_size=3")
+    assert answer["count"] == 4 and answer["count_capped"] is False
+    jobs += _jobs(world, 3)
+    answer = _follow(client, "/api/v1/jobs/?page_size=3")
+    assert answer["count"] == 4 and answer["count_capped"] is True
+    assert list(answer) == ["count", "count_capped", "next", "previous", "results"]
+    seen = _ids(answer)
+    while answer["next"]:  # next stays exact past the counted rows
+        answer = _follow(client, answer["next"])
+        seen += _ids(answer)
+    assert seen == sorted((j.pk for j in jobs), reverse=True)
+    assert len(answer["results"]) == 1 and "page=2" in answer["previous"]
+    assert client.get("/api/v1/jobs/", {"page_size": 3, "page": 4}).status_code == 404
+
+
+def test_the_api_refuses_the_last_page_of_a_list_counted_in_part(world, api, monkeypatch):
+    monkeypatch.setattr(CountCappedPagination, "count_limit", 2)
+    _jobs(world, 3)
+    response = api(world.member).get("/api/v1/jobs/", {"page": "last"})
+    assert response.status_code == 400, response.content
+    assert "page" in json.dumps(response.json())
+    monkeypatch.setattr(CountCappedPagination, "count_limit", 3)
+    answer = _follow(api(world.member), "/api/v1/jobs/?page=last&page_size=2")
+    assert answer["count"] == 3 and len(answer["results"]) == 1
+
+
+def test_a_deep_page_reads_the_keys_before_the_rows(world, api, monkeypatch):
+    monkeypatch.setattr(CountCappedPagination, "count_limit", 2)
+    jobs = _jobs(world, 5)
+    with CaptureQueriesContext(connection) as ctx:
+        answer = _follow(api(world.member), "/api/v1/jobs/?page_size=2&page=2")
+    assert _ids(answer) == [jobs[2].pk, jobs[1].pk] and answer["count_capped"] is True
+    offsets = [q["sql"] for q in ctx.captured_queries if "OFFSET" in q["sql"]]
+    assert len(offsets) == 1 and offsets[0].startswith('SELECT "scheduling_job"."id" AS "pk" FROM')
+
+
+def test_the_schema_documents_the_capped_count(world, api):
+    schema = api(world.member).get("/api/schema/", {"format": "json"}).json()
+    envelope = schema["components"]["schemas"]["PaginatedJobList"]["properties"]
+    assert envelope["count_capped"]["type"] == "boolean"
+    assert "10,000" in envelope["count"]["description"]
 
 
 def _garbage(text: str) -> str:
@@ -151,7 +202,8 @@ def test_a_cursor_page_costs_the_same_queries_for_few_and_many_jobs(world, api):
     _jobs(world, 30)
     _jobs(world, 20, state=JobState.PENDING, pending_rank=2.0)
     assert queries() == few
-    assert not any("COUNT(" in q["sql"] for q in _captured(client))
+    # no count of the list (the positions of the waiting jobs are counted, not the list)
+    assert not any('AS "__count"' in q["sql"] for q in _captured(client))
 
 
 def _captured(client):
@@ -207,3 +259,17 @@ def test_the_queue_page_shows_the_newest_running_jobs_and_links_to_all(world, cl
     assert f"job-row-{running[2].pk}" in text and f"job-row-{running[1].pk}" in text
     assert f"job-row-{running[0].pk}" not in text
     assert "The 2 newest of 3" in text and f"queue={world.queue.pk}&amp;state=RUNNING" in text
+
+
+@pytest.mark.parametrize("sort, ties", [("gpus", "oldest first"), ("-gpus", "newest first")])
+def test_the_job_list_breaks_ties_in_the_direction_of_its_sort(world, client, sort, ties):
+    small = _jobs(world, 2, gpus_per_node=1)
+    large = _jobs(world, 2, gpus_per_node=2)
+    client.force_login(world.member)
+    text = client.get("/jobs/", {"state": "", "sort": sort}).content.decode()
+    shown = sorted((j for j in small + large), key=lambda j: text.index(f"job-row-{j.pk}"))
+    if ties == "oldest first":
+        expected = [small[0], small[1], large[0], large[1]]
+    else:
+        expected = [large[1], large[0], small[1], small[0]]
+    assert [j.pk for j in shown] == [j.pk for j in expected]

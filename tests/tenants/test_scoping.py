@@ -93,6 +93,23 @@ def test_cached_roles_answer_as_the_subquery(world, tenants):
             ), (user.username, action)
 
 
+@pytest.mark.parametrize("mode", ["cached_roles", "tenants_named"])
+def test_the_other_modes_answer_as_the_subquery(world, tenants, mode):
+    for user in (world.member, world.viewer, world.outsider, world.platform_admin):
+        for action in ("view", "change", "admin"):
+            qs = Project.objects.all()
+            assert _visible(qs, user, action=action) == _visible(
+                qs, user, action=action, **{mode: True}
+            ), (user.username, action)
+
+
+def test_named_tenants_are_in_the_query_and_no_join(world, tenants):
+    sql = str(restrict(Project.objects.order_by(), world.member, tenants_named=True).query)
+    assert f"IN ({world.tenant.pk})" in sql
+    assert "tenants_membership" not in sql and "JOIN" not in sql
+    assert not restrict(Project.objects.all(), f.UserFactory(), tenants_named=True).exists()
+
+
 def test_tenant_ids_for_ignores_platform_rights(world):
     assert list(tenant_ids_for(world.platform_admin, "view")) == []
     assert [r["tenant_id"] for r in tenant_ids_for(world.tenant_admin, "admin")] == [
