@@ -16,8 +16,8 @@ Kept as they were:
 - **Delivery at least once.** A taken message is acknowledged once its reports are
   applied. The messages of a worker killed meanwhile go back to the queue (Redis: after the
   broker's visibility timeout, as the task's own message; kombu restores them at once when
-  the connection closes); a batch that fails puts its taken messages back at the head of
-  the queue before it raises. Every report is idempotent, so one applied twice is harmless.
+  the connection closes); a batch that fails puts its taken messages back on the queue,
+  in their order, before it raises. Every report is idempotent, so one applied twice is harmless.
 - **Order.** Reports are applied in the order they were queued: the received message's
   first, then the taken ones in queue order. One worker process at a time takes messages
   (:data:`REPORTS_BATCH_KEY`, held until its batch is acknowledged): two batches applied at
@@ -170,13 +170,12 @@ class _Batch:
             self.messages.pop(0).ack()
 
     def requeue(self) -> None:
-        """Put back what was taken and not acknowledged, in its order: at the head of the
-        queue on Redis (the last first), at its end on the filesystem broker (the first
-        first); should that fail, closing the connection puts them back."""
+        """Put back what was taken and not acknowledged, in its order, at the end of the
+        queue (where kombu puts a message given back, on Redis and on the filesystem);
+        should that fail, closing the connection puts them back."""
         try:
-            at_head = getattr(self.channel.connection, "driver_type", "") == "redis"
             while self.messages:
-                (self.messages.pop() if at_head else self.messages.pop(0)).requeue()
+                self.messages.pop(0).requeue()
         except Exception:
             log.exception("could not put taken reports back; the broker restores them")
             _reset()
@@ -244,7 +243,11 @@ def _reset() -> None:
 
 
 def _waiting(channel) -> bool:
-    """Whether messages wait on the reports queue."""
+    """Whether messages wait on the reports queue: on Redis one ``LLEN`` of its list
+    (report messages carry no priority, so kombu's priority lists stay empty), elsewhere
+    kombu's passive declaration."""
+    if getattr(channel.connection, "driver_type", "") == "redis":
+        return bool(channel.client.llen(REPORTS_QUEUE))
     try:
         return channel.queue_declare(queue=REPORTS_QUEUE, passive=True)[1] > 0
     except ChannelError:  # kombu's Redis transport: no such queue while its list is empty
