@@ -22,7 +22,9 @@ Kept as they were:
   first, then the taken ones in queue order. One worker process at a time takes messages
   (:data:`REPORTS_BATCH_KEY`, held until its batch is acknowledged): two batches applied at
   once could otherwise apply a job's ``exited`` before the ``started`` queued ahead of it.
-  A process that finds the key held applies its own message alone, as before.
+  A process that receives a message while another applies a batch taken before it waits
+  for that batch (its message came after all of the batch's); one received before the
+  batch was taken is older than the batch's messages and is applied at once, alone.
 - **Heartbeats drained apart.** A batch holds reports that no longer wait on the queue and
   are not yet applied; while the key is held the heartbeat drain counts the reports as
   waiting (``scheduling.services.heartbeats``), so that a heartbeat does not repair from
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import uuid
 from typing import Any
 
@@ -57,6 +60,12 @@ log = logging.getLogger(__name__)
 #: Messages taken behind the received one at most: a few seconds of a 1,000-node fleet's
 #: job reports, applied in about a second.
 MESSAGES_PER_BATCH = 200
+
+#: How long a received message waits at most for a batch taken before it (a batch older
+#: than this is taken for one whose worker was killed: its messages come back anyway).
+BATCH_WAIT_SECONDS = 60.0
+#: How often a waiting message looks whether that batch is done.
+BATCH_POLL_SECONDS = 0.02
 
 #: The task that records a probe of the reports queue (``nodes.reports_probe_record``).
 PROBE_TASK = "scheduling.reports_probe"
@@ -84,6 +93,8 @@ def reports_receive(
             agent_report_handle(report=report)
             return {"reports": 1}
         return _apply(reports, probes)
+    received_at = time.time()
+    _after_older_batch(received_at)
     batch = _Batch.open()
     if batch is None:
         if report is not None:  # alone, as such a report always was
@@ -133,7 +144,7 @@ class _Batch:
             log.warning("could not look at the reports queue (%s); a report applied alone", exc)
             _reset()
             return None
-        token = f"{os.getpid()}:{uuid.uuid4().hex}"
+        token = f"{time.time():.6f} {os.getpid()} {uuid.uuid4().hex}"
         if not cache.add(REPORTS_BATCH_KEY, token, timeout=settings.CELERY_TASK_TIME_LIMIT):
             return None
         return cls(channel, token)
@@ -183,6 +194,27 @@ class _Batch:
     def close(self) -> None:
         if cache.get(REPORTS_BATCH_KEY) == self.token:
             cache.delete(REPORTS_BATCH_KEY)
+
+
+def _after_older_batch(received_at: float) -> None:
+    """Wait while another process applies a batch it took before this message was received
+    (up to :data:`BATCH_WAIT_SECONDS` after it took it): this message came after all of
+    that batch's messages on the queue, and applied beside them it could put a job's
+    ``exited`` before its ``started``. A batch taken after the message was received holds
+    only later messages: no wait."""
+    while (held := cache.get(REPORTS_BATCH_KEY)) is not None:
+        taken_at = _taken_at(held)
+        if not taken_at < received_at or time.time() - taken_at > BATCH_WAIT_SECONDS:
+            return
+        time.sleep(BATCH_POLL_SECONDS)
+
+
+def _taken_at(token: Any) -> float:
+    """When the batch that holds the key took its messages (0 for a key it cannot read)."""
+    try:
+        return float(str(token).split()[0])
+    except (IndexError, ValueError):
+        return 0.0
 
 
 def _content(message) -> tuple[str, Any]:

@@ -6,6 +6,7 @@ Over the embedded filesystem broker (a folder of this test's own), through the a
 real sender: each agent's batch is a message of its own, as a fleet of agents sends.
 """
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -167,6 +168,45 @@ def test_only_one_process_takes_messages_at_a_time(world, send, broker, batches)
     assert batches == [1] and result["messages"] == 0
     assert _waiting(broker, REPORTS_QUEUE) == [waiting]
     assert cache.get(REPORTS_BATCH_KEY) == "another process"  # not ours to release
+
+
+def _held(taken_at):
+    cache.set(REPORTS_BATCH_KEY, f"{taken_at:.6f} 4242 other", timeout=60)
+
+
+def test_a_message_received_while_an_older_batch_applies_waits_for_it(
+    world, send, broker, batches, monkeypatch
+):
+    """Its message came after all of that batch's: applied beside them, a job's exit could
+    come before its start. It waits, then takes what waits behind it."""
+    (job, node), (other, other_node) = _jobs(world, 2)
+    send([_started(other_node, other)])
+    _held(time.time() - 1)
+    waited = []
+
+    def batch_done(seconds):
+        waited.append(seconds)
+        cache.delete(REPORTS_BATCH_KEY)  # the other process acknowledged its batch
+
+    monkeypatch.setattr(reports_queue.time, "sleep", batch_done)
+
+    result = _delivered(agent_reports, [_started(node, job)])
+
+    assert waited == [reports_queue.BATCH_POLL_SECONDS]
+    assert batches == [2] and result["messages"] == 1
+
+
+@pytest.mark.parametrize("taken", [+5, -(reports_queue.BATCH_WAIT_SECONDS + 5)])
+def test_no_wait_for_a_later_batch_nor_one_whose_worker_died(
+    world, send, broker, batches, monkeypatch, taken
+):
+    """A batch taken after the message was received holds only later messages; one taken
+    long ago is taken for dead (its messages come back anyway)."""
+    job, node = _placed_job(world)
+    _held(time.time() + taken)
+    monkeypatch.setattr(reports_queue.time, "sleep", lambda s: pytest.fail("waited"))
+    result = _delivered(agent_reports, [_started(node, job)])
+    assert batches == [1] and result["messages"] == 0
 
 
 def test_a_batch_that_fails_puts_its_messages_back_in_order(world, send, broker, monkeypatch):
