@@ -57,9 +57,11 @@ from .reports import agent_report_handle, agent_reports_process
 
 log = logging.getLogger(__name__)
 
-#: Messages taken behind the received one at most: a few seconds of a 1,000-node fleet's
-#: job reports, applied in about a second.
-MESSAGES_PER_BATCH = 200
+#: Messages taken behind the received one at most. About as many reports as one
+#: transaction applies together (``reports.REPORTS_PER_TRANSACTION``): a larger batch
+#: saves little more, and holds the worker process longer, ahead of the heartbeat drains
+#: and sweeps that wait for a free process.
+MESSAGES_PER_BATCH = 50
 
 #: How long a received message waits at most for a batch taken before it (a batch older
 #: than this is taken for one whose worker was killed: its messages come back anyway).
