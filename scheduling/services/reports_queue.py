@@ -147,7 +147,11 @@ class _Batch:
             _reset()
             return None
         token = f"{time.time():.6f} {os.getpid()} {uuid.uuid4().hex}"
-        if not cache.add(REPORTS_BATCH_KEY, token, timeout=settings.CELERY_TASK_TIME_LIMIT):
+        try:
+            if not cache.add(REPORTS_BATCH_KEY, token, timeout=settings.CELERY_TASK_TIME_LIMIT):
+                return None
+        except Exception as exc:  # no key, no batch: another process might take one too
+            log.warning("could not hold the reports batch key (%s); a report applied alone", exc)
             return None
         return cls(channel, token)
 
@@ -194,8 +198,11 @@ class _Batch:
             _reset()
 
     def close(self) -> None:
-        if cache.get(REPORTS_BATCH_KEY) == self.token:
-            cache.delete(REPORTS_BATCH_KEY)
+        try:
+            if cache.get(REPORTS_BATCH_KEY) == self.token:
+                cache.delete(REPORTS_BATCH_KEY)
+        except Exception:  # it expires with the task's time limit
+            log.warning("could not release the reports batch key", exc_info=True)
 
 
 def _after_older_batch(received_at: float) -> None:
@@ -204,11 +211,14 @@ def _after_older_batch(received_at: float) -> None:
     that batch's messages on the queue, and applied beside them it could put a job's
     ``exited`` before its ``started``. A batch taken after the message was received holds
     only later messages: no wait."""
-    while (held := cache.get(REPORTS_BATCH_KEY)) is not None:
-        taken_at = _taken_at(held)
-        if not taken_at < received_at or time.time() - taken_at > BATCH_WAIT_SECONDS:
-            return
-        time.sleep(BATCH_POLL_SECONDS)
+    try:
+        while (held := cache.get(REPORTS_BATCH_KEY)) is not None:
+            taken_at = _taken_at(held)
+            if not taken_at < received_at or time.time() - taken_at > BATCH_WAIT_SECONDS:
+                return
+            time.sleep(BATCH_POLL_SECONDS)
+    except Exception as exc:  # the received message must not fail for the cache's sake
+        log.warning("could not look at the reports batch key (%s)", exc)
 
 
 def _taken_at(token: Any) -> float:
