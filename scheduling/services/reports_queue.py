@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 import uuid
 from typing import Any
@@ -64,8 +65,11 @@ log = logging.getLogger(__name__)
 MESSAGES_PER_BATCH = 50
 
 #: How long a received message waits at most for a batch taken before it (a batch older
-#: than this is taken for one whose worker was killed: its messages come back anyway).
-BATCH_WAIT_SECONDS = 60.0
+#: than this is taken for one whose worker was killed: its messages come back anyway). A
+#: batch of 50 takes well under a second on an idle machine, a few seconds on a loaded one.
+BATCH_WAIT_SECONDS = 10.0
+#: How long the batch key outlives a worker killed while it held it.
+BATCH_KEY_SECONDS = 30
 #: How often a waiting message looks whether that batch is done.
 BATCH_POLL_SECONDS = 0.02
 
@@ -146,9 +150,9 @@ class _Batch:
             log.warning("could not look at the reports queue (%s); a report applied alone", exc)
             _reset()
             return None
-        token = f"{time.time():.6f} {os.getpid()} {uuid.uuid4().hex}"
+        token = f"{time.time():.6f} {socket.gethostname()} {os.getpid()} {uuid.uuid4().hex}"
         try:
-            if not cache.add(REPORTS_BATCH_KEY, token, timeout=settings.CELERY_TASK_TIME_LIMIT):
+            if not cache.add(REPORTS_BATCH_KEY, token, timeout=BATCH_KEY_SECONDS):
                 return None
         except Exception as exc:  # no key, no batch: another process might take one too
             log.warning("could not hold the reports batch key (%s); a report applied alone", exc)
@@ -201,7 +205,7 @@ class _Batch:
         try:
             if cache.get(REPORTS_BATCH_KEY) == self.token:
                 cache.delete(REPORTS_BATCH_KEY)
-        except Exception:  # it expires with the task's time limit
+        except Exception:  # it expires on its own (BATCH_KEY_SECONDS)
             log.warning("could not release the reports batch key", exc_info=True)
 
 
@@ -214,11 +218,30 @@ def _after_older_batch(received_at: float) -> None:
     try:
         while (held := cache.get(REPORTS_BATCH_KEY)) is not None:
             taken_at = _taken_at(held)
-            if not taken_at < received_at or time.time() - taken_at > BATCH_WAIT_SECONDS:
+            if (
+                not taken_at < received_at
+                or time.time() - taken_at > BATCH_WAIT_SECONDS
+                or _holder_gone(held)
+            ):
                 return
             time.sleep(BATCH_POLL_SECONDS)
     except Exception as exc:  # the received message must not fail for the cache's sake
         log.warning("could not look at the reports batch key (%s)", exc)
+
+
+def _holder_gone(token: Any) -> bool:
+    """Whether the process that holds the batch key ran on this host and is gone (a worker
+    killed and started again: its messages come back, there is nothing to wait for)."""
+    try:
+        _, host, pid, _ = str(token).split()
+        if host != socket.gethostname():
+            return False
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except (ValueError, PermissionError, OSError):
+        return False
+    return False
 
 
 def _taken_at(token: Any) -> float:

@@ -6,6 +6,9 @@ Over the embedded filesystem broker (a folder of this test's own), through the a
 real sender: each agent's batch is a message of its own, as a fleet of agents sends.
 """
 
+import os
+import socket
+import subprocess
 import time
 from datetime import timedelta
 
@@ -170,8 +173,10 @@ def test_only_one_process_takes_messages_at_a_time(world, send, broker, batches)
     assert cache.get(REPORTS_BATCH_KEY) == "another process"  # not ours to release
 
 
-def _held(taken_at):
-    cache.set(REPORTS_BATCH_KEY, f"{taken_at:.6f} 4242 other", timeout=60)
+def _held(taken_at, pid=None):
+    """The batch key, held by a process of this host (alive: this one) since ``taken_at``."""
+    token = f"{taken_at:.6f} {socket.gethostname()} {pid or os.getpid()} other"
+    cache.set(REPORTS_BATCH_KEY, token, timeout=60)
 
 
 def test_a_message_received_while_an_older_batch_applies_waits_for_it(
@@ -207,6 +212,18 @@ def test_no_wait_for_a_later_batch_nor_one_whose_worker_died(
     monkeypatch.setattr(reports_queue.time, "sleep", lambda s: pytest.fail("waited"))
     result = _delivered(agent_reports, [_started(node, job)])
     assert batches == [1] and result["messages"] == 0
+
+
+def test_no_wait_for_a_batch_whose_process_is_gone(world, broker, batches, monkeypatch):
+    """A worker killed while it held the key, started again on the same host: its messages
+    come back, nothing to wait for."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    job, node = _placed_job(world)
+    _held(time.time() - 1, pid=gone.pid)
+    monkeypatch.setattr(reports_queue.time, "sleep", lambda s: pytest.fail("waited"))
+    _delivered(agent_reports, [_started(node, job)])
+    assert batches == [1]
 
 
 def test_a_batch_that_fails_puts_its_messages_back_in_order(world, send, broker, monkeypatch):
