@@ -17,14 +17,15 @@ Kept as they were:
   applied. The messages of a worker killed meanwhile go back to the queue (Redis: after the
   broker's visibility timeout, as the task's own message; kombu restores them at once when
   the connection closes); a batch that fails puts its taken messages back on the queue,
-  in their order, before it raises. Every report is idempotent, so one applied twice is harmless.
+  in their order, before it raises. Every report is idempotent: applied twice, harmless.
 - **Order.** Reports are applied in the order they were queued: the received message's
   first, then the taken ones in queue order. One worker process at a time takes messages
   (:data:`REPORTS_BATCH_KEY`, held until its batch is acknowledged): two batches applied at
   once could otherwise apply a job's ``exited`` before the ``started`` queued ahead of it.
   A process that receives a message while another applies a batch taken before it waits
   for that batch (its message came after all of the batch's); one received before the
-  batch was taken is older than the batch's messages and is applied at once, alone.
+  batch was taken is older than the batch's messages and is applied at once, alone. A key
+  left by a killed worker is not waited on (:func:`_after_older_batch`).
 - **Heartbeats drained apart.** A batch holds reports that no longer wait on the queue and
   are not yet applied; while the key is held the heartbeat drain counts the reports as
   waiting (``scheduling.services.heartbeats``), so that a heartbeat does not repair from
@@ -32,9 +33,9 @@ Kept as they were:
 - **The embedded default.** Any kombu broker (Redis, the embedded filesystem one); eager
   tasks (the tests, ``CELERY_TASK_ALWAYS_EAGER``) and calls outside a worker take nothing.
 
-A message on the queue that is no report task (or one with an ETA) is put back where it
-was and ends the taking: a Celery worker runs it. One that cannot be decoded is dropped
-(Celery would drop it too).
+A message on the queue that is no report task (or one with an ETA) is put back (at the
+queue's end) and ends the taking: a Celery worker runs it. One that cannot be decoded is
+dropped (Celery would drop it too).
 """
 
 from __future__ import annotations
@@ -214,7 +215,8 @@ def _after_older_batch(received_at: float) -> None:
     (up to :data:`BATCH_WAIT_SECONDS` after it took it): this message came after all of
     that batch's messages on the queue, and applied beside them it could put a job's
     ``exited`` before its ``started``. A batch taken after the message was received holds
-    only later messages: no wait."""
+    only later messages, and one whose process is gone (a worker killed on this host) will
+    not be applied here: no wait."""
     try:
         while (held := cache.get(REPORTS_BATCH_KEY)) is not None:
             taken_at = _taken_at(held)
