@@ -18,20 +18,33 @@ def dispatch() -> dict:
     return dispatch_cycle()
 
 
-@shared_task(name="scheduling.agent_report", ignore_result=True)
-def agent_report(report: dict) -> None:
-    """One report from a node agent that does not batch (see scheduling.agent.protocol)."""
-    from .services.reports import agent_report_handle
+def _takes_waiting(task) -> bool:
+    """Whether ``task`` runs in a worker that received it from the reports queue: then it
+    also takes the report messages waiting behind it (scheduling.services.reports_queue).
+    Eager tasks and direct calls take nothing."""
+    from scheduling.agent.protocol import REPORTS_QUEUE
 
-    agent_report_handle(report=report)
+    request = task.request
+    info = request.delivery_info or {}
+    return not request.is_eager and info.get("routing_key") == REPORTS_QUEUE
 
 
-@shared_task(name="scheduling.agent_reports", ignore_result=True)
-def agent_reports(reports: list) -> dict:
-    """A batch of reports from one node agent, in the order it produced them."""
-    from .services.reports import agent_reports_process
+@shared_task(name="scheduling.agent_report", ignore_result=True, bind=True)
+def agent_report(self, report: dict) -> dict:
+    """One report from a node agent that does not batch (see scheduling.agent.protocol),
+    with the report messages waiting behind it."""
+    from .services.reports_queue import reports_receive
 
-    return agent_reports_process(reports=reports)
+    return reports_receive(report=report, take=_takes_waiting(self))
+
+
+@shared_task(name="scheduling.agent_reports", ignore_result=True, bind=True)
+def agent_reports(self, reports: list) -> dict:
+    """A batch of reports from one node agent, in the order it produced them, with the
+    report messages waiting behind it."""
+    from .services.reports_queue import reports_receive
+
+    return reports_receive(reports=reports, take=_takes_waiting(self))
 
 
 @shared_task(name="scheduling.heartbeats_drain", ignore_result=True)
@@ -42,12 +55,13 @@ def heartbeats_drain() -> dict:
     return drain()
 
 
-@shared_task(name="scheduling.reports_probe", ignore_result=True)
-def reports_probe(sent_at: float) -> None:
-    """The reports queue is flowing: everything queued before ``sent_at`` was handled."""
-    from .services.nodes import reports_probe_record
+@shared_task(name="scheduling.reports_probe", ignore_result=True, bind=True)
+def reports_probe(self, sent_at: float) -> dict:
+    """The reports queue is flowing: everything queued before ``sent_at`` was handled (and
+    the report messages waiting behind the probe are applied with it)."""
+    from .services.reports_queue import reports_receive
 
-    reports_probe_record(sent_at=sent_at)
+    return reports_receive(probe=sent_at, take=_takes_waiting(self))
 
 
 @shared_task(name="scheduling.control_sweep", ignore_result=True)

@@ -190,8 +190,11 @@ twice, so the control side must treat every report idempotently (``log`` by offs
 a job's reports in order (``started``, ``log``…, ``exited``) and a stopped job's ``exited``
 before the ``started`` of the job that waited for its GPUs, in order within a batch and
 batch after batch (the filesystem broker keeps the order one process wrote its messages
-in), but control workers run batches in parallel, so an ``exited`` may be handled before
-its ``started`` or its last ``log`` chunks when they went in different batches. A heartbeat
+in). A control worker applies the messages waiting on the reports queue together, in
+their order (``scheduling.services.reports_queue``), one process at a time; another
+process may meanwhile handle the one message it received, so an ``exited`` may still be
+handled before its ``started`` or its last ``log`` chunks when they went in different
+messages handled side by side. A heartbeat
 on the heartbeats queue may be handled before reports its agent sent earlier; the control
 side then repairs from it only what those reports did not do once handled
 (``scheduling.services.nodes.heartbeats_apart``). Messages

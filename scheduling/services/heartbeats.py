@@ -22,8 +22,9 @@ others; the node's next heartbeat, one interval later, repairs what it would hav
 
 A heartbeat drained here may overtake a ``started`` or ``exited`` report of its node still
 waiting on the reports queue. When reports were waiting there as the heartbeats were
-taken, what a heartbeat would repair of a job (started, ended, LOST) waits until the
-reports sent before it are known to be handled: the report, if any, does it meanwhile
+taken (or taken off it by a worker and not yet applied: ``scheduling.services.reports_queue``),
+what a heartbeat would repair of a job (started, ended, LOST) waits until the reports sent
+before it are known to be handled: the report, if any, does it meanwhile
 (``nodes.heartbeats_apart``). When none were waiting, it repairs at once.
 
 Reports of other types on the queue (none is sent there) are applied in their order with
@@ -47,7 +48,7 @@ from scheduling.agent.protocol import (
     REPORTS_TASK,
 )
 
-from .nodes import HEARTBEATS_DRAINED_KEY, heartbeats_apart
+from .nodes import HEARTBEATS_DRAINED_KEY, REPORTS_BATCH_KEY, heartbeats_apart
 from .reports import agent_reports_process
 
 log = logging.getLogger(__name__)
@@ -106,8 +107,12 @@ def heartbeats_drain(*, queue: str = HEARTBEATS_QUEUE) -> dict[str, Any]:
 
 
 def _reports_waiting(conn) -> bool:
-    """Whether messages wait on the reports queue (looked at before the heartbeats are
-    taken: a report their agents sent before them may be among those)."""
+    """Whether reports wait to be applied (looked at before the heartbeats are taken: a
+    report their agents sent before them may be among those): messages on the reports
+    queue, or messages a worker took off it as a batch and has not applied yet
+    (``REPORTS_BATCH_KEY``, scheduling.services.reports_queue)."""
+    if cache.get(REPORTS_BATCH_KEY) is not None:
+        return True
     try:
         return conn.default_channel.queue_declare(queue=REPORTS_QUEUE, passive=True)[1] > 0
     except Exception:  # kombu's Redis transport: no such queue while its list is empty

@@ -1303,6 +1303,9 @@ REPORTS_PROBE_KEY = "sluice:reports:probe"
 #: When the last drain of the heartbeats queue that emptied it began (unix time): every
 #: heartbeat sent before then was applied (scheduling.services.heartbeats).
 HEARTBEATS_DRAINED_KEY = "sluice:heartbeats:drained"
+#: Held while a worker process applies report messages it took off the reports queue
+#: (scheduling.services.reports_queue): they wait no longer there and are not yet applied.
+REPORTS_BATCH_KEY = "sluice:reports:batch"
 
 
 def reports_probe_record(*, sent_at: float) -> None:
