@@ -40,11 +40,8 @@ level in the order above (fair share, size, maximum wait). Every other job is in
 A time-sharing job that has waited ``time_sharing_promotion_seconds`` since it last
 entered the queue is promoted back to level 0, so that a job stopped for others does not
 starve. A waiting time-sharing job may stop a running time-sharing job of its class and
-pool in a higher level by the GPU-time each has used (promotion orders a job, it gives no
-right to stop), once the waiting job has waited ``time_sharing_min_wait_seconds`` since it
-last entered the queue and the running job has run as long since its last start (its
-turn; see :mod:`.preemption`). With no time-sharing job the order is exactly the one
-above.
+pool in a higher level (see :mod:`.preemption`). With no time-sharing job the order is
+exactly the one above.
 
 **Class aging** (``Snapshot.class_aging_seconds``, off by default; :func:`age_classes`).
 A job whose class may not preempt, once it has waited that long since its submission, is
@@ -122,27 +119,17 @@ def sharing_level(job: PendingJob, now: float, policy: Policy) -> int:
 
 def sharing_floor(job: PendingJob, now: float, policy: Policy) -> float:
     """The attained GPU-seconds from which a running time-sharing job of ``job``'s class
-    is in a higher level than ``job`` by the GPU-time each has used (INF: ``job`` does
-    not time-share, has not waited ``time_sharing_min_wait_seconds`` since it last
-    entered the queue, or has used GPU-time of the last level already). Promotion orders
-    a job that waited long with the first level, but gives it no right to stop a job
-    that has used no more than it: that stop would only move a wait from one long job
-    to another, at the cost of the work since a checkpoint."""
+    is in a higher level than ``job`` (INF: ``job`` does not time-share, has not waited
+    ``time_sharing_min_wait_seconds`` since it last entered the queue, or is in the last
+    level already)."""
     if not job.time_sharing:
         return INF
     queued = job.queued_at if job.queued_at > 0 else job.submitted_at
     if now - queued < policy.time_sharing_min_wait_seconds:
         return INF
     thresholds = policy.time_sharing_levels
-    level = level_of(job.attained_gpu_seconds, thresholds)
+    level = sharing_level(job, now, policy)
     return thresholds[level] if level < len(thresholds) else INF
-
-
-def sharing_started_by(now: float, policy: Policy) -> float:
-    """The latest start of a running job that may be stopped for time-sharing at ``now``:
-    a job runs at least ``time_sharing_min_wait_seconds`` (its turn) before a job of a
-    lower level stops it, as a waiting job waits that long before it stops anyone."""
-    return now - policy.time_sharing_min_wait_seconds
 
 
 def sharing_levels(pending: Iterable[PendingJob], now: float, policy: Policy) -> dict[int, int]:

@@ -16,7 +16,7 @@ from typing import Final
 from . import messages, reasons
 from .cycle import CycleState
 from .explaining import Explaining
-from .order import sharing_floor, sharing_started_by
+from .order import sharing_floor
 from .placing import Option, Slot, block_patience
 from .preemption import Preemptor, RunningRecord, VictimChoice, VictimFinder
 from .quota import Account
@@ -177,17 +177,13 @@ class Preempting:
         slot: Slot | None,
     ) -> tuple[str, float] | None:
         """Time-sharing (see :mod:`.order`): stop running time-sharing jobs of the job's
-        class in a higher level (more GPU-time used) that have had their turn for it, if
-        that gets it running sooner, as :meth:`preempt` does for a higher class. Nothing
-        for a job that does not time-share."""
-        now, policy = self.state.now, self.state.policy
-        floor = sharing_floor(job, now, policy)
+        class in a higher level (more GPU-time used) for it, if that gets it running
+        sooner, as :meth:`preempt` does for a higher class. Nothing for a job that does
+        not time-share."""
+        floor = sharing_floor(job, self.state.now, self.state.policy)
         if floor == INF:
             return None
-        started_by = sharing_started_by(now, policy)
-        sharing = [
-            (option, preemptor.with_sharing(floor, started_by)) for option, preemptor in preemptors
-        ]
+        sharing = [(option, preemptor.with_sharing(floor)) for option, preemptor in preemptors]
         return self.preempt(job, sharing, runtime, slot, sharing=True)
 
     def _stop(

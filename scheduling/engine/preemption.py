@@ -16,11 +16,9 @@ not expected to end within the minimum gain (below), and either
   runs on borrowed GPUs (whatever its class), and is not protected (below), or
 - *time-sharing* (a queue's opt-in, see :mod:`.order`): J and the victim both time-share,
   are of the same class, the victim is preemptible, not protected, of J's tenant or
-  borrowing, has used more GPU-time (a higher level than J's by the GPU-time used, not
-  by J's promotion) and has run its turn (the minimum wait) since its last start; J has
-  waited its minimum wait (:func:`.order.sharing_floor`,
-  :func:`.order.sharing_started_by`). Tried only once the rules above found nothing
-  (:meth:`.preempting.Preempting.share_time`).
+  borrowing, and has used more GPU-time (a higher level than J's); J has waited its
+  minimum wait (:func:`.order.sharing_floor`). Tried only once the rules above found
+  nothing (:meth:`.preempting.Preempting.share_time`).
 
 Every stop counts (DESIGN.md §6): a stop for a higher class, a reclaim of borrowed GPUs
 and a time-sharing stop alike add one to the job's preemptions. A job preempted ``max_preemptions`` times
@@ -337,15 +335,7 @@ class Rule:
     dataclass keeps the interpreted ``__init__`` (and ``__hash__``) ``dataclasses``
     generates."""
 
-    __slots__ = (
-        "priority",
-        "training",
-        "within_guarantee",
-        "tenant",
-        "sharing",
-        "attained",
-        "started_by",
-    )
+    __slots__ = ("priority", "training", "within_guarantee", "tenant", "sharing", "attained")
 
     def __init__(
         self,
@@ -355,7 +345,6 @@ class Rule:
         tenant: str | None,
         sharing: int | None = None,  # time-sharing victims' class; None: no time-sharing
         attained: float = INF,  # ... that have used at least this many GPU-seconds
-        started_by: float = INF,  # ... and started their run by this time (their turn)
     ) -> None:
         self.priority = priority
         self.training = training
@@ -363,9 +352,8 @@ class Rule:
         self.tenant = tenant
         self.sharing = sharing
         self.attained = attained
-        self.started_by = started_by
 
-    def _fields(self) -> tuple[int | None, bool, bool, str | None, int | None, float, float]:
+    def _fields(self) -> tuple[int | None, bool, bool, str | None, int | None, float]:
         return (
             self.priority,
             self.training,
@@ -373,7 +361,6 @@ class Rule:
             self.tenant,
             self.sharing,
             self.attained,
-            self.started_by,
         )
 
     def __eq__(self, other: object) -> bool:
@@ -387,7 +374,7 @@ class Rule:
     def __repr__(self) -> str:
         return (
             "Rule(priority={!r}, training={!r}, within_guarantee={!r}, tenant={!r}, "
-            "sharing={!r}, attained={!r}, started_by={!r})"
+            "sharing={!r}, attained={!r})"
         ).format(*self._fields())
 
     def allows(self, record: RunningRecord) -> bool:
@@ -414,16 +401,14 @@ class Rule:
 
     def shares_time(self, record: RunningRecord) -> bool:
         """Whether ``record`` may be stopped for time-sharing: a time-sharing job of the
-        rule's class that has used more GPU-time (a higher level) and had its turn (run
-        since ``started_by`` at least), preemptible and not protected, of the
-        preemptor's tenant or borrowing (a guarantee is never taken from another
-        tenant)."""
+        rule's class that has used more GPU-time (a higher level), preemptible and not
+        protected, of the preemptor's tenant or borrowing (a guarantee is never taken
+        from another tenant)."""
         return (
             self.sharing is not None
             and record.time_sharing
             and record.priority == self.sharing
             and record.attained >= self.attained
-            and record.started_at <= self.started_by
             and record.preemptible
             and not record.protected
             and (self.tenant is None or record.tenant == self.tenant or record.borrowed)
@@ -435,15 +420,7 @@ class Preemptor:
     how much of the tenant's quota (``account``) the victims must free: ``quota_need``
     GPUs and ``jobs_need`` running-job slots (both 0 when the job fits already)."""
 
-    __slots__ = (
-        "job",
-        "within_guarantee",
-        "account",
-        "quota_need",
-        "jobs_need",
-        "sharing",
-        "sharing_started_by",
-    )
+    __slots__ = ("job", "within_guarantee", "account", "quota_need", "jobs_need", "sharing")
 
     def __init__(
         self,
@@ -459,20 +436,16 @@ class Preemptor:
         self.quota_need = quota_need
         self.jobs_need = jobs_need
         # Time-sharing (see with_sharing): the attained GPU-seconds from which a
-        # time-sharing job of its class may be stopped for it; INF: none. Such a job
-        # must have started its run by sharing_started_by.
+        # time-sharing job of its class may be stopped for it; INF: none.
         self.sharing = INF
-        self.sharing_started_by = INF
 
-    def with_sharing(self, attained: float, started_by: float = INF) -> Preemptor:
+    def with_sharing(self, attained: float) -> Preemptor:
         """The same preemptor, that may also stop time-sharing jobs of its class that have
-        used at least ``attained`` GPU-seconds (a higher level than its own) and started
-        their run by ``started_by``."""
+        used at least ``attained`` GPU-seconds (a higher level than its own)."""
         twin = Preemptor(
             self.job, self.within_guarantee, self.account, self.quota_need, self.jobs_need
         )
         twin.sharing = attained
-        twin.sharing_started_by = started_by
         return twin
 
     @classmethod
@@ -505,13 +478,7 @@ class Preemptor:
         tenant = job.tenant if exact else None
         if self.sharing < INF:
             return Rule(
-                threshold,
-                training,
-                self.within_guarantee,
-                tenant,
-                job.priority,
-                self.sharing,
-                self.sharing_started_by,
+                threshold, training, self.within_guarantee, tenant, job.priority, self.sharing
             )
         return Rule(threshold, training, self.within_guarantee, tenant)
 

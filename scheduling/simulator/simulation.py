@@ -951,8 +951,7 @@ class Replay:
         record = run.running_record
         assert record is not None
         entries = self.ready[run.job.pool]
-        times = stoppable_times(record, self.policy, self.sharing_from, self.sharing_wait)
-        for ready, protected in times:
+        for ready, protected in stoppable_times(record, self.policy, self.sharing_from):
             if ready < INF:
                 insort(entries, (ready, next(self._seq), run, run.epoch, protected))
 
@@ -981,14 +980,13 @@ class Replay:
         self, sharing: dict[int, int], record: RunningJob, now: float, protected: bool
     ) -> bool:
         """Whether a waiting time-sharing job of ``record``'s class might stop it at
-        ``now``: it time-shares, is not protected, has had its turn (run the minimum wait
-        since its start) and has used GPU-time enough to be past the first level."""
+        ``now``: it time-shares, is not protected, and has used GPU-time enough to be past
+        the first level (every waiting job may be in the first level, by promotion)."""
         return (
             not protected
             and record.time_sharing
             and record.preemptible
             and sharing.get(record.priority, 0) > 0
-            and now - record.started_at >= self.sharing_wait
             and attained_service(record, now) >= self.sharing_from
         )
 
@@ -1050,24 +1048,19 @@ def _may_stop(
 
 
 def stoppable_times(
-    record: RunningJob, policy: Policy, sharing_from: float = INF, turn: float = 0.0
+    record: RunningJob, policy: Policy, sharing_from: float = INF
 ) -> list[tuple[float, bool]]:
     """The times from which a running job may become a victim, each with whether it is
     protected then: once old enough, once its protection is over, with a minimum
     gain, once it runs past its runtime prediction (until then it is expected to end
     within the gain: nobody's victim, see preemption._ending_from), and, for a job that
-    time-shares, once it has used ``sharing_from`` GPU-seconds (past the first level)
-    and run its ``turn`` (time-sharing's minimum wait)."""
+    time-shares, once it has used ``sharing_from`` GPU-seconds (past the first level)."""
     seasoned = record.started_at + record.min_runtime_before_preemption
     until = protected_until(record)
     times = [(seasoned, seasoned < until), (max(seasoned, until), False)]
     if record.time_sharing and sharing_from < INF and record.gpu_ids:
         left = sharing_from - record.attained_gpu_seconds
-        past = max(
-            seasoned,
-            record.started_at + turn,
-            record.started_at + max(left, 0.0) / len(record.gpu_ids),
-        )
+        past = max(seasoned, record.started_at + max(left, 0.0) / len(record.gpu_ids))
         times.append((past, past < until))
     expected = record.expected_runtime_seconds
     if (policy.preemption_min_gain_seconds or 0) > 0 and expected > 0:

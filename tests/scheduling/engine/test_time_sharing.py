@@ -101,40 +101,13 @@ def test_a_job_at_its_stop_limit_runs_on():
     assert [p.victim_id for p in run_plan(contended(sharing_job(1), below)).preemptions] == [50]
 
 
-def test_a_job_that_waited_long_is_promoted_to_the_first_level_of_the_order():
-    # The waiting job has used 20 GPU-hours (level 2), the other waiting one 2 (level 1).
-    waiting = sharing_job(1, attained=20 * HOUR, gpus=1)
-    other = sharing_job(2, attained=2 * HOUR, gpus=1)
-    snap = snapshot([node(1)], [quota("a", 8)], [waiting, other], **LEVELS)
-    assert [job.id for job in Planner(snap).order()] == [2, 1]
-    waiting.queued_at = NOW - 3 * HOUR  # past the 2 h promotion
-    assert [job.id for job in Planner(snap).order()] == [1, 2]
-
-
-def test_promotion_gives_no_right_to_stop_a_job_that_used_no_more():
-    # Both in level 2 by the GPU-time used (20 GPU-hours; 12 + 16): no stop, even once the
-    # waiting one is ordered with the first level: it would only move the wait from one
-    # long job to the other, and cost the work since a checkpoint.
+def test_a_job_that_waited_long_is_promoted_to_the_first_level():
+    # The waiting job has used 20 GPU-hours (level 2), the running one 16 + 12 (level 2).
     waiting = sharing_job(1, attained=20 * HOUR)
     run = sharing_running(50, attained=12 * HOUR)
     assert run_plan(contended(waiting, run)).preemptions == []
     waiting.queued_at = NOW - 3 * HOUR  # past the 2 h promotion
-    assert run_plan(contended(waiting, run)).preemptions == []
-    # In level 1 by what it used (2 GPU-hours), it stops the level-2 job.
-    waiting.attained_gpu_seconds = 2 * HOUR
     assert [p.victim_id for p in run_plan(contended(waiting, run)).preemptions] == [50]
-
-
-def test_a_running_job_has_its_turn_before_it_is_stopped():
-    # With a 1 h minimum wait a job that started 30 minutes ago (its 8 GPUs x 30 min and
-    # 12 earlier GPU-hours: level 2) runs on; one that started 2 h ago is stopped.
-    waiting = sharing_job(1)
-    waiting.queued_at = NOW - 2 * HOUR
-    turn = {"time_sharing_min_wait_seconds": HOUR}
-    young = sharing_running(50, attained=12 * HOUR, age=HOUR / 2)
-    assert run_plan(contended(waiting, young, **turn)).preemptions == []
-    older = sharing_running(50, attained=12 * HOUR, age=2 * HOUR)
-    assert [p.victim_id for p in run_plan(contended(waiting, older, **turn)).preemptions] == [50]
 
 
 def test_a_job_stops_nobody_before_its_minimum_wait():
