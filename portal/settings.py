@@ -29,6 +29,37 @@ def env_float(name: str, default: float) -> float:
         raise ImproperlyConfigured(f"{name} must be a number, got {raw!r}") from None
 
 
+def env_seconds(name: str, default: float) -> float:
+    """A number of seconds, 0 or more (ImproperlyConfigured otherwise)."""
+    value = env_float(name, default)
+    if not 0 <= value < float("inf"):
+        raise ImproperlyConfigured(f"{name} must be a number of seconds, 0 or more.")
+    return value
+
+
+def time_sharing_levels(
+    name: str, raw: str | None, default: tuple[float, ...]
+) -> tuple[float, ...]:
+    """Time-sharing's level thresholds in GPU-hours from ``raw`` (``"64,1024"``; None or
+    blank: ``default``): one or more positive numbers, strictly ascending."""
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        levels = tuple(float(part) for part in raw.split(","))
+    except ValueError:
+        levels = ()
+    if (
+        not levels
+        or not all(0 < level < float("inf") for level in levels)
+        or any(low >= high for low, high in zip(levels, levels[1:], strict=False))
+    ):
+        raise ImproperlyConfigured(
+            f"{name} must be one or more positive GPU-hours, ascending and comma-separated "
+            f"(e.g. 64,1024), got {raw!r}"
+        )
+    return levels
+
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("SLUICE_VAR_DIR", str(BASE_DIR / "var")))
 # What the portal writes (database, broker messages with job secrets, logs, keys) is its
@@ -524,6 +555,25 @@ SLUICE_CLASS_AGING_SECONDS = env_int(
 )
 if SLUICE_CLASS_AGING_SECONDS < 0:
     raise ImproperlyConfigured("SLUICE_CLASS_AGING_SECONDS must be 0 or more.")
+# Time-sharing, for the queues that opt in (docs/concepts/time-sharing.md):
+# - SLUICE_TIME_SHARING_LEVELS_GPU_HOURS (64,1024): the GPU-hours a job that takes part
+#   has used (GPUs x time run, over all its runs) at which each level after the first
+#   begins, ascending. A waiting job may stop a running one of its class in a higher level.
+# - SLUICE_TIME_SHARING_PROMOTION_SECONDS (28800; 0: never): a job that has waited this
+#   long since it last entered the queue is back in the first level.
+# - SLUICE_TIME_SHARING_MIN_WAIT_SECONDS (3600): a waiting job stops nobody before it has
+#   waited this long since it last entered the queue.
+SLUICE_TIME_SHARING_LEVELS_GPU_HOURS = time_sharing_levels(
+    "SLUICE_TIME_SHARING_LEVELS_GPU_HOURS",
+    os.environ.get("SLUICE_TIME_SHARING_LEVELS_GPU_HOURS"),
+    tuple(seconds / 3600 for seconds in _order_defaults.TIME_SHARING_LEVELS),
+)
+SLUICE_TIME_SHARING_PROMOTION_SECONDS = env_seconds(
+    "SLUICE_TIME_SHARING_PROMOTION_SECONDS", _order_defaults.TIME_SHARING_PROMOTION_SECONDS
+)
+SLUICE_TIME_SHARING_MIN_WAIT_SECONDS = env_seconds(
+    "SLUICE_TIME_SHARING_MIN_WAIT_SECONDS", _order_defaults.TIME_SHARING_MIN_WAIT_SECONDS
+)
 SLUICE_NODE_LOST_SECONDS = env_int("SLUICE_NODE_LOST_SECONDS", 60)
 SLUICE_STUCK_LAUNCH_SECONDS = env_int("SLUICE_STUCK_LAUNCH_SECONDS", 300)
 SLUICE_LOG_DIR = Path(env_str("SLUICE_LOG_DIR", str(VAR_DIR / "logs")))

@@ -48,6 +48,14 @@ TIME_SHARING_PROMOTION_SECONDS: Final = 8 * 3600.0
 #: entered the queue: work that would start soon anyway stops nobody (fewer stops).
 TIME_SHARING_MIN_WAIT_SECONDS: Final = 3600.0
 
+#: Time-sharing's settings, by the name of the Snapshot field (the portal's
+#: SLUICE_TIME_SHARING_* settings; only jobs whose queue time-shares read them).
+SHARING_DEFAULTS: Final[dict[str, float | tuple[float, ...]]] = {
+    "time_sharing_levels": TIME_SHARING_LEVELS,
+    "time_sharing_promotion_seconds": TIME_SHARING_PROMOTION_SECONDS,
+    "time_sharing_min_wait_seconds": TIME_SHARING_MIN_WAIT_SECONDS,
+}
+
 #: The same, by the name of the Snapshot field (and of the simulator's policy knob).
 ORDER_DEFAULTS: Final[dict[str, float | bool]] = {
     "size_order": SIZE_ORDER,

@@ -341,9 +341,9 @@ def _previous_reservation(entry) -> tuple[tuple[int, ...], float | None, tuple[i
 
 
 def order_settings() -> dict:
-    """The engine's ordering knobs and the minimum preemption gain from the settings (see
-    SLUICE_SIZE_ORDER, SLUICE_PREEMPTION_MIN_GAIN_SECONDS and SLUICE_CLASS_AGING_SECONDS
-    in portal/settings.py)."""
+    """The engine's ordering knobs, the minimum preemption gain and time-sharing's
+    settings from the settings (see SLUICE_SIZE_ORDER, SLUICE_PREEMPTION_MIN_GAIN_SECONDS,
+    SLUICE_CLASS_AGING_SECONDS and SLUICE_TIME_SHARING_* in portal/settings.py)."""
     return {
         "size_order": settings.SLUICE_SIZE_ORDER,
         "size_halving_seconds": float(settings.SLUICE_SIZE_HALVING_SECONDS),
@@ -352,6 +352,11 @@ def order_settings() -> dict:
         "preemption_min_gain_seconds": float(settings.SLUICE_PREEMPTION_MIN_GAIN_SECONDS),
         "gang_borrower_reserve_seconds": float(settings.SLUICE_GANG_BORROWER_RESERVE_SECONDS),
         "class_aging_seconds": float(settings.SLUICE_CLASS_AGING_SECONDS),
+        "time_sharing_levels": tuple(
+            3600.0 * float(hours) for hours in settings.SLUICE_TIME_SHARING_LEVELS_GPU_HOURS
+        ),
+        "time_sharing_promotion_seconds": float(settings.SLUICE_TIME_SHARING_PROMOTION_SECONDS),
+        "time_sharing_min_wait_seconds": float(settings.SLUICE_TIME_SHARING_MIN_WAIT_SECONDS),
     }
 
 

@@ -6,6 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from portal.settings import env_seconds, time_sharing_levels
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -90,3 +95,49 @@ def test_postgresql_prepares_its_frequent_statements_unless_turned_off(tmp_path)
     assert default.stdout.split() == ["True", "5"], default.stderr
     assert off.stdout.split() == ["None", "None"], off.stderr
     assert sqlite.stdout.split() == ["None", "None"], sqlite.stderr
+
+
+def test_time_sharing_settings_are_read_from_the_environment(tmp_path):
+    show = (
+        "import portal.settings as s; print(s.SLUICE_TIME_SHARING_LEVELS_GPU_HOURS, "
+        "s.SLUICE_TIME_SHARING_PROMOTION_SECONDS, s.SLUICE_TIME_SHARING_MIN_WAIT_SECONDS)"
+    )
+    default = _run(["-c", show], tmp_path)
+    chosen = _run(
+        ["-c", show],
+        tmp_path,
+        SLUICE_TIME_SHARING_LEVELS_GPU_HOURS="16, 256,4096",
+        SLUICE_TIME_SHARING_PROMOTION_SECONDS="0",
+        SLUICE_TIME_SHARING_MIN_WAIT_SECONDS="1800",
+    )
+
+    assert default.stdout.split() == ["(64.0,", "1024.0)", "28800.0", "3600.0"], default.stderr
+    assert chosen.stdout.split() == ["(16.0,", "256.0,", "4096.0)", "0.0", "1800.0"]
+
+
+def test_bad_time_sharing_settings_stop_the_start(tmp_path):
+    result = _run(
+        ["-c", "import portal.settings"], tmp_path, SLUICE_TIME_SHARING_LEVELS_GPU_HOURS="1024,64"
+    )
+
+    assert result.returncode != 0
+    assert "ImproperlyConfigured: SLUICE_TIME_SHARING_LEVELS_GPU_HOURS" in result.stderr
+
+
+@pytest.mark.parametrize("raw", ["1024,64", "64,64", "0,64", "-1", "a,b", ",", "64,inf"])
+def test_time_sharing_levels_must_be_positive_and_ascending(raw):
+    with pytest.raises(ImproperlyConfigured, match="SLUICE_TIME_SHARING_LEVELS_GPU_HOURS"):
+        time_sharing_levels("SLUICE_TIME_SHARING_LEVELS_GPU_HOURS", raw, (64.0,))
+
+
+def test_time_sharing_levels_default_when_unset_or_blank():
+    assert time_sharing_levels("X", None, (64.0, 1024.0)) == (64.0, 1024.0)
+    assert time_sharing_levels("X", " ", (64.0,)) == (64.0,)
+    assert time_sharing_levels("X", "0.5, 8", (64.0,)) == (0.5, 8.0)
+
+
+@pytest.mark.parametrize("raw", ["-1", "soon", "inf", "nan"])
+def test_time_sharing_seconds_must_be_0_or_more(monkeypatch, raw):
+    monkeypatch.setenv("SLUICE_TIME_SHARING_MIN_WAIT_SECONDS", raw)
+    with pytest.raises(ImproperlyConfigured, match="SLUICE_TIME_SHARING_MIN_WAIT_SECONDS"):
+        env_seconds("SLUICE_TIME_SHARING_MIN_WAIT_SECONDS", 3600.0)

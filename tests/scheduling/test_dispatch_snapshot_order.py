@@ -142,10 +142,17 @@ def test_with_a_minimum_gain_running_jobs_carry_their_prediction(world):
     SLUICE_FAIR_SHARE_BAND=0.5,
     SLUICE_GANG_BORROWER_RESERVE_SECONDS=14400,
     SLUICE_CLASS_AGING_SECONDS=3600,
+    SLUICE_TIME_SHARING_LEVELS_GPU_HOURS=(16.0, 256.0, 4096.0),
+    SLUICE_TIME_SHARING_PROMOTION_SECONDS=0.0,
+    SLUICE_TIME_SHARING_MIN_WAIT_SECONDS=1800.0,
 )
 def test_the_ordering_knobs_come_from_the_settings(world):
     snapshot = _snapshot()
     assert snapshot.class_aging_seconds == 3600.0
+    # Time-sharing's levels are set in GPU-hours and reach the engine in GPU-seconds.
+    assert snapshot.time_sharing_levels == (16 * 3600.0, 256 * 3600.0, 4096 * 3600.0)
+    assert snapshot.time_sharing_promotion_seconds == 0.0
+    assert snapshot.time_sharing_min_wait_seconds == 1800.0
 
     assert (snapshot.size_order, snapshot.size_halving_seconds) == (False, 900.0)
     assert (snapshot.max_wait_seconds, snapshot.fair_share_band) == (7200.0, 0.5)
@@ -162,6 +169,9 @@ def test_default_ordering_knobs(world):
     assert snapshot.preemption_min_gain_seconds == 0.0  # a higher class preempts for any gain
     assert snapshot.gang_borrower_reserve_seconds == 0.0
     assert snapshot.class_aging_seconds == 0.0
+    assert snapshot.time_sharing_levels == (64 * 3600.0, 1024 * 3600.0)
+    assert snapshot.time_sharing_promotion_seconds == 8 * 3600.0
+    assert snapshot.time_sharing_min_wait_seconds == 3600.0
 
 
 def _count_load_queries() -> int:

@@ -150,6 +150,32 @@ def test_a_time_sharing_stop_is_counted_and_shown_on_the_job_page(
     assert 'id="time-sharing"' in body  # the order it waits in says the queue time-shares
 
 
+@pytest.mark.parametrize(
+    "setting",
+    [
+        # The long job's 80 GPU-hours and more are in the first level: nobody is above.
+        {"SLUICE_TIME_SHARING_LEVELS_GPU_HOURS": (100.0, 1000.0)},
+        # The fresh job has waited 2 h, less than this minimum wait.
+        {"SLUICE_TIME_SHARING_MIN_WAIT_SECONDS": 3 * 3600.0},
+    ],
+)
+def test_the_time_sharing_settings_reach_the_dispatch_loop(
+    world, settings, setting, django_capture_on_commit_callbacks
+):
+    long, fresh = _long_job_and_a_fresh_one(world, "/ckpt/long")
+    for name, value in setting.items():
+        setattr(settings, name, value)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        dispatch_cycle()
+
+    long.refresh_from_db()
+    fresh.refresh_from_db()
+    assert long.state == JobState.RUNNING
+    assert fresh.state == JobState.PENDING
+    assert fresh.pending_reason_code != "WAITING_FOR_PREEMPTION"
+
+
 def test_a_job_that_does_not_checkpoint_is_not_stopped(world, django_capture_on_commit_callbacks):
     long, _fresh = _long_job_and_a_fresh_one(world, "")
 

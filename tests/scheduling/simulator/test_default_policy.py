@@ -23,13 +23,24 @@ def test_the_sluice_policy_is_the_portals_default():
     assert sluice.order_knobs() == defaults.ORDER_DEFAULTS
     # The dispatch loop hands the engine exactly these settings when no SLUICE_* variable
     # overrides them (the test settings set none).
-    assert order_settings() == defaults.ORDER_DEFAULTS
+    assert order_settings() == {**defaults.ORDER_DEFAULTS, **defaults.SHARING_DEFAULTS}
     assert settings.SLUICE_MAX_WAIT_SECONDS == defaults.MAX_WAIT_SECONDS
     assert settings.SLUICE_FAIR_SHARE_BAND == defaults.FAIR_SHARE_BAND
     assert settings.SLUICE_PREEMPTION_MIN_GAIN_SECONDS == defaults.PREEMPTION_MIN_GAIN_SECONDS
     # A new workload policy's maximum wait is the same default.
     assert WorkloadPolicy().max_wait_seconds == defaults.MAX_WAIT_SECONDS
     assert sluice.backfill and sluice.preemption and sluice.fair_share
+
+
+def test_the_time_sharing_defaults_are_the_engines_and_the_simulators():
+    names = {field.name for field in dataclasses.fields(Snapshot)}
+    assert set(defaults.SHARING_DEFAULTS) <= names
+    snapshot = Snapshot(now=0.0, nodes=[], quotas=[], queues=[], running=[], pending=[])
+    for name, value in defaults.SHARING_DEFAULTS.items():
+        assert getattr(snapshot, name) == value
+    sharing = POLICIES["sluice-timeshare"]
+    assert sharing.time_sharing and sharing.order_knobs() == defaults.ORDER_DEFAULTS
+    assert settings.SLUICE_TIME_SHARING_LEVELS_GPU_HOURS == (64.0, 1024.0)
 
 
 def test_the_best_measured_settings_are_the_default_and_the_earlier_ones_stay_to_compare():
