@@ -454,7 +454,7 @@ class Replay:
             elif kind == STOPPED:
                 self._stopped(subject, when, epoch)
             elif kind == SPREAD:
-                self._touch(subject, when)
+                self._spread(subject, when)
             else:
                 self._wake(subject, when)
             self._record(when)
@@ -861,9 +861,25 @@ class Replay:
                 continue
             if since is None:
                 record.topology_since = now
-                self._push(now + record.topology_wait_seconds, SPREAD, pool, 0)
+                self._push(now + record.topology_wait_seconds, SPREAD, job_id, 0)
             elif paused.pop(job_id, None) is not None:
-                self._push(since + record.topology_wait_seconds, SPREAD, pool, 0)
+                self._push(since + record.topology_wait_seconds, SPREAD, job_id, 0)
+
+    def _spread(self, job_id: int, when: float) -> None:
+        """Plan the pool of a job whose topology wait is over at ``when``, if it still
+        waits for one block: not if it started, or if its wait was paused since (the
+        event pushed when it resumed is the one that counts)."""
+        run = self.by_id[job_id]
+        pool = run.job.pool
+        record = run.pending_record
+        since = record.topology_since
+        if (
+            job_id in self.pending[pool]
+            and since is not None
+            and job_id not in self.topology_paused[pool]
+            and since + record.topology_wait_seconds <= when
+        ):
+            self._touch(pool, when)
 
     def _worth_a_cycle(self, pool: str, now: float) -> bool:
         """A cheap necessary condition for a cycle to start or stop anything; a cycle
