@@ -23,9 +23,17 @@ the nodes of one block that can hold it now (the block left with the fewest idle
 first); with patience left it waits for one otherwise, and its reservation is inside one
 block; with none left it is spread over blocks where no block is as early. A single-node
 job takes a node of a block already partly in use (or of no block) before one of a
-block wholly idle, so that whole blocks stay free for the jobs of several nodes. These
-searches scan the slice's nodes instead of the heaps; a slice without blocks, and a
-slice whose blocks cannot hold the job, answer exactly as before.
+block wholly idle, so that whole blocks stay free for the jobs of several nodes.
+
+These searches cost about what the heaps' do. A single-node job's takes the af heap's
+best fits in order, passing over those of wholly idle blocks (each block's idle GPUs are
+counted at every change). Each block keeps a *view* per job size (its idle GPUs, its
+slots' free-from times best first, its holes), worked out again only after one of its
+slots changed (``block_stamp``); two lazy-deletion heaps per job shape order the blocks
+by those views, and take in only the blocks changed since the shape last asked:
+(idle GPUs, block) for a start now, (when ``nodes`` slots are free, idle GPUs, block)
+for the earliest. A slice without blocks, and a slice whose blocks cannot hold the job,
+answer exactly as without topology.
 """
 
 from __future__ import annotations
@@ -183,6 +191,24 @@ class NodeSlot:
         return count
 
 
+class _BlockView:
+    """What one block offers jobs of one size per node (``gpus``), as of one state of
+    its node slots (``stamp``, see :attr:`SliceIndex.block_stamp`): ``idle``, its GPUs
+    idle and unreserved now; ``timed``, (free-from time of ``gpus`` GPUs, GPUs free by
+    then, slot) of each slot that ever has them, best first (as the af heap orders
+    them), of which the first ``ready`` have them now; ``holes``, (-window, slot) of the
+    slots that have them now only by using holes, longest window first."""
+
+    __slots__ = ("stamp", "idle", "ready", "timed", "holes")
+
+    def __init__(self, stamp: int) -> None:
+        self.stamp = stamp
+        self.idle = 0
+        self.ready = 0
+        self.timed: list[tuple[float, int, int]] = []
+        self.holes: list[tuple[float, int]] = []
+
+
 class SliceIndex:
     """All node slots of one (pool, GPU model, memory) slice, with the query heaps."""
 
@@ -209,6 +235,15 @@ class SliceIndex:
         "blocks",
         "_block_names",
         "_block_holds",
+        "block_gpus",
+        "block_idle",
+        "block_stamp",
+        "_slot_idle",
+        "_block_views",
+        "_no_block_fit",
+        "_block_heaps",
+        "block_dirty",
+        "_block_dirty_at",
     )
 
     def __init__(self, pool: str, model: str, memory_mb: int, now: float) -> None:
@@ -245,6 +280,22 @@ class SliceIndex:
         self.blocks: list[list[int]] = []
         self._block_names: dict[str, int] = {}
         self._block_holds: dict[tuple[int, int], bool] = {}
+        # Per block: its GPUs, those idle and unreserved now (the sum of its slots' own,
+        # ``_slot_idle``; all of them: the block is wholly idle), and a stamp bumped at
+        # every change of one of its slots, which tells whether a view of it is current.
+        self.block_gpus: list[int] = []
+        self.block_idle: list[int] = []
+        self.block_stamp: list[int] = []
+        self._slot_idle: list[int] = []
+        # job size -> per block its last view (see _block_view), made when first asked
+        self._block_views: dict[int, list[_BlockView | None]] = {}
+        # (gpus, nodes) -> shortest end for which no block could run it now (as _no_fit)
+        self._no_block_fit: dict[tuple[int, int], float] = {}
+        # (gpus, nodes) -> the block heaps of that shape (see _block_heaps_of), and the
+        # blocks changed since the first were made, in order (as dirty for the slots).
+        self._block_heaps: dict[tuple[int, int], tuple[list, list, list[int]]] = {}
+        self.block_dirty: list[int] = []
+        self._block_dirty_at: list[int] = []
 
     # -- building -------------------------------------------------------------------
 
@@ -257,6 +308,10 @@ class SliceIndex:
         self.hole_owners = []
         self.victim_stats = None
         self._no_fit = {}
+        self._no_block_fit = {}
+        self._block_views = {}
+        self._block_heaps = {}
+        self.block_dirty = []
         self.epoch = 0
         self.grown = []
         self.dirty = []
@@ -279,7 +334,14 @@ class SliceIndex:
                 self.blocks.append([])
             number = found
             self.blocks[number].append(slot.idx)
+            if number == len(self.block_gpus):
+                self.block_gpus.append(0)
+                self.block_idle.append(0)
+                self.block_stamp.append(0)
+                self._block_dirty_at.append(0)
+            self.block_gpus[number] += len(gpu_ids)
         self.block_of.append(number)
+        self._slot_idle.append(0)
         return slot
 
     def build(self) -> None:
@@ -307,6 +369,18 @@ class SliceIndex:
             buckets[free] += 1
             idle += free
         self.idle += idle
+        if self.blocks:
+            block_idle = self.block_idle
+            for number in range(len(block_idle)):
+                block_idle[number] = 0
+            slot_idle, block_of = self._slot_idle, self.block_of
+            for slot in self.slots:
+                # GPUs free from now or before, as _state counts them (counted above).
+                free = slot.free_total
+                slot_idle[slot.idx] = free
+                number = block_of[slot.idx]
+                if number >= 0:
+                    block_idle[number] += free
 
     def _heaps(self, size: int) -> tuple[list, list]:
         """The (af, hole) heaps for jobs of ``size`` GPUs per node, built on first use,
@@ -409,6 +483,15 @@ class SliceIndex:
         self.buckets[total] += 1
         self.idle += total - slot.free_total
         slot.free_total = total
+        if self.blocks:
+            number = self.block_of[slot.idx]
+            if number >= 0:
+                self.block_stamp[number] += 1
+                self.block_idle[number] += free - self._slot_idle[slot.idx]
+                if self._block_heaps:  # pushed when a shape next asks (_block_heaps_of)
+                    self._block_dirty_at[number] = len(self.block_dirty)
+                    self.block_dirty.append(number)
+            self._slot_idle[slot.idx] = free
 
     def _top(self, heap: list):
         """The best current entry of ``heap``, dropping stale entries (None if empty)."""
@@ -455,7 +538,13 @@ class SliceIndex:
         elif nodes == 1:
             found = self._pack_now(gpus, end)
         elif patience >= 0 and self.block_could_hold(gpus, nodes):
-            found = self._block_now(gpus, nodes, end)
+            # As no_fit, for the search inside one block.
+            no_block = self._no_block_fit.get((gpus, nodes))
+            found = None
+            if no_block is None or end < no_block:
+                found = self._block_now(gpus, nodes, end)
+                if found is None:
+                    self._no_block_fit[(gpus, nodes)] = end
             if found is None:
                 if patience > 0:
                     return None  # waits for a block (not a failure of the search)
@@ -559,115 +648,197 @@ class SliceIndex:
     def most_free_in_block(self, gpus: int) -> int:
         """The most nodes of one block with ``gpus`` GPUs idle and unreserved now."""
         most = 0
-        slots = self.slots
-        for members in self.blocks:
-            count = 0
-            for idx in members:
-                if self._state(slots[idx])[1] >= gpus:
-                    count += 1
-            if count > most:
-                most = count
+        for number in range(len(self.blocks)):
+            ready = self._block_view(number, gpus).ready
+            if ready > most:
+                most = ready
         return most
+
+    def _block_view(self, number: int, gpus: int) -> _BlockView:
+        """What block ``number`` offers jobs of ``gpus`` GPUs per node, as of its last
+        change (worked out again only after one: see ``block_stamp``)."""
+        views: list[_BlockView | None] | None = self._block_views.get(gpus)
+        if views is None:
+            views = [None] * len(self.blocks)
+            self._block_views[gpus] = views
+        view = views[number]
+        stamp = self.block_stamp[number]
+        if view is not None and view.stamp == stamp:
+            return view
+        view = views[number] = _BlockView(stamp)
+        slots = self.slots
+        now = self.now
+        for idx in self.blocks[number]:
+            ordered, free, windows = self._state(slots[idx])
+            view.idle += free
+            if len(ordered) < gpus:
+                continue
+            at = ordered[gpus - 1]
+            if at != INF:
+                view.timed.append((at, _free_by(ordered, gpus, at), idx))
+                if at <= now:
+                    view.ready += 1
+            if free < gpus <= free + len(windows):
+                view.holes.append((-windows[gpus - free - 1], idx))
+        view.timed.sort()
+        view.holes.sort()
+        return view
 
     def _pack_now(self, gpus: int, end: float) -> list[NodeSlot] | None:
         """One slot that can run ``gpus`` GPUs now until ``end``: a hole first (as
         :meth:`_find_now`), else idle GPUs on a node of a block already partly in use
-        or of no block before one of a block wholly idle, best fit inside each."""
-        hole_heap = self._heaps(gpus)[1]
+        or of no block before one of a block wholly idle, best fit inside each.
+
+        The best fits come from the af heap in its order (best fit first); those of
+        wholly idle blocks are passed over (the first kept in case no other fits), and
+        put back with the others looked at."""
+        af_heap, hole_heap = self._heaps(gpus)
         entry = self._top(hole_heap)
         if entry is not None and -entry[0] >= end:
             return [self.slots[entry[1]]]
         now = self.now
         slots = self.slots
-        whole: list[bool] = []
-        for members in self.blocks:
-            idle = True
-            for idx in members:
-                for value in slots[idx].af:
-                    if value > now:
-                        idle = False
-                        break
-                if not idle:
-                    break
-            whole.append(idle)
-        best: NodeSlot | None = None
-        best_key: tuple[int, float, int, int] | None = None
-        block_of = self.block_of
-        for slot in slots:
-            if len(slot.gpu_ids) < gpus:
-                continue
-            ordered, free, _ = self._state(slot)
-            if free < gpus:
-                continue
-            number = block_of[slot.idx]
-            rank = 1 if number >= 0 and whole[number] else 0
-            at = ordered[gpus - 1]
-            key = (rank, at, _free_by(ordered, gpus, at), slot.idx)
-            if best_key is None or key < best_key:
-                best_key = key
-                best = slot
-        return None if best is None else [best]
+        block_of, block_idle, block_gpus = self.block_of, self.block_idle, self.block_gpus
+        found: NodeSlot | None = None
+        whole: NodeSlot | None = None  # the best fit of a wholly idle block
+        popped: list = []
+        while af_heap:
+            entry = heappop(af_heap)
+            idx: int = entry[2]
+            slot = slots[idx]
+            if slot.version != entry[3]:
+                continue  # stale: dropped, as _top does
+            popped.append(entry)
+            if entry[0] > now:
+                break  # heap order: no node further on has the GPUs idle now
+            number = block_of[idx]
+            if number < 0 or block_idle[number] != block_gpus[number]:
+                found = slot
+                break
+            if whole is None:
+                whole = slot
+        for entry in popped:
+            heappush(af_heap, entry)
+        if found is None:
+            found = whole
+        return None if found is None else [found]
+
+    def _block_heaps_of(self, gpus: int, nodes: int) -> tuple[list, list]:
+        """The block heaps of jobs of ``nodes`` x ``gpus``, brought up to date with the
+        blocks changed since they were last asked (each block's one current entry;
+        older ones are stale, as in the slot heaps):
+
+        - now: (GPUs idle now, first slot, block, stamp) of the blocks with enough
+          slots that have the GPUs idle or in holes now (holes long enough for a job
+          or not: that is for the search to tell);
+        - earliest: (when ``nodes`` of its slots have the GPUs free for good, GPUs
+          idle now, first slot, block, stamp)."""
+        key = (gpus, nodes)
+        heaps = self._block_heaps.get(key)
+        if heaps is None:
+            heaps = ([], [], [len(self.block_dirty)])
+            self._block_heaps[key] = heaps
+            for number in range(len(self.blocks)):
+                self._push_block(number, gpus, nodes, heaps[0], heaps[1])
+            heapify(heaps[0])
+            heapify(heaps[1])
+            return heaps[0], heaps[1]
+        synced = heaps[2]
+        dirty, dirty_at = self.block_dirty, self._block_dirty_at
+        for at in range(synced[0], len(dirty)):
+            number = dirty[at]
+            if dirty_at[number] == at:  # its last change: the entries of its state now
+                self._push_block(number, gpus, nodes, heaps[0], heaps[1], True)
+        synced[0] = len(dirty)
+        return heaps[0], heaps[1]
+
+    def _push_block(
+        self,
+        number: int,
+        gpus: int,
+        nodes: int,
+        now_heap: list,
+        earliest_heap: list,
+        push: bool = False,
+    ) -> None:
+        """Enter block ``number``'s current entries in the block heaps (``push``: with
+        heappush, else appended for a heapify)."""
+        members = self.blocks[number]
+        if len(members) < nodes:
+            return
+        view = self._block_view(number, gpus)
+        stamp = view.stamp
+        if view.ready + len(view.holes) >= nodes:
+            entry = (view.idle, members[0], number, stamp)
+            if push:
+                heappush(now_heap, entry)
+            else:
+                now_heap.append(entry)
+        timed = view.timed
+        if len(timed) >= nodes:
+            later = (timed[nodes - 1][0], view.idle, members[0], number, stamp)
+            if push:
+                heappush(earliest_heap, later)
+            else:
+                earliest_heap.append(later)
 
     def _block_now(self, gpus: int, nodes: int, end: float) -> list[NodeSlot] | None:
         """``nodes`` slots of one block that can run ``gpus`` GPUs each now until
-        ``end`` (holes first, then best-fit idle GPUs), in the block left with the
-        fewest idle GPUs; None if no block can now."""
+        ``end`` (holes first, longest first, then best-fit idle GPUs), in the block left
+        with the fewest idle GPUs (the first block on a tie); None if no block can now.
+        The blocks come from the block heap in that order; those that could hold it
+        only with holes too short for it are passed over (and put back)."""
+        heap = self._block_heaps_of(gpus, nodes)[0]
+        stamps = self.block_stamp
+        best: _BlockView | None = None
+        popped: list = []
+        while heap:
+            entry = heappop(heap)
+            number: int = entry[2]
+            if stamps[number] != entry[3]:
+                continue  # stale: dropped
+            popped.append(entry)
+            view = self._block_view(number, gpus)
+            count = view.ready
+            if count < nodes:
+                for hole in view.holes:  # longest window first
+                    if -hole[0] < end:
+                        break
+                    count += 1
+            if count >= nodes:
+                best = view
+                break
+        for entry in popped:
+            heappush(heap, entry)
+        if best is None:
+            return None
         slots = self.slots
-        best: list[NodeSlot] | None = None
-        best_key: tuple[int, int] | None = None
-        for members in self.blocks:
-            if len(members) < nodes:
-                continue
-            found: list[tuple[int, float, int, int]] = []
-            idle = 0
-            for idx in members:
-                slot = slots[idx]
-                ordered, free, windows = self._state(slot)
-                idle += free
-                if len(slot.gpu_ids) < gpus:
-                    continue
-                if free >= gpus:
-                    at = ordered[gpus - 1]
-                    found.append((1, at, _free_by(ordered, gpus, at), idx))
-                elif gpus <= free + len(windows) and windows[gpus - free - 1] >= end:
-                    found.append((0, -windows[gpus - free - 1], 0, idx))
-            if len(found) < nodes:
-                continue
-            key = (idle - gpus * nodes, members[0])
-            if best_key is None or key < best_key:
-                found.sort()
-                best_key = key
-                best = [slots[item[3]] for item in found[:nodes]]
-        return best
+        chosen: list[NodeSlot] = []
+        for hole in best.holes:
+            if len(chosen) == nodes or -hole[0] < end:
+                break
+            chosen.append(slots[hole[1]])
+        for item in best.timed:
+            if len(chosen) == nodes:
+                break
+            chosen.append(slots[item[2]])
+        return chosen
 
     def _block_earliest(self, gpus: int, nodes: int) -> tuple[float, list[NodeSlot]] | None:
         """Earliest time ``nodes`` slots of one block each have ``gpus`` GPUs free for
-        good, and those slots (the block with the fewest idle GPUs on a tie)."""
-        slots = self.slots
-        best: tuple[float, list[NodeSlot]] | None = None
-        best_key: tuple[float, int, int] | None = None
-        for members in self.blocks:
-            if len(members) < nodes:
-                continue
-            found: list[tuple[float, int, int]] = []
-            idle = 0
-            for idx in members:
-                slot = slots[idx]
-                ordered, free, _ = self._state(slot)
-                idle += free
-                if len(ordered) < gpus:
-                    continue
-                at = ordered[gpus - 1]
-                if at != INF:
-                    found.append((at, _free_by(ordered, gpus, at), idx))
-            if len(found) < nodes:
-                continue
-            found.sort()
-            key = (found[nodes - 1][0], idle, members[0])
-            if best_key is None or key < best_key:
-                best_key = key
-                best = (key[0], [slots[item[2]] for item in found[:nodes]])
-        return best
+        good, and those slots (the block with the fewest idle GPUs on a tie, then the
+        first): the top of the block heap."""
+        heap = self._block_heaps_of(gpus, nodes)[1]
+        stamps = self.block_stamp
+        while heap:
+            entry = heap[0]
+            number: int = entry[3]
+            if stamps[number] == entry[4]:
+                slots = self.slots
+                timed = self._block_view(number, gpus).timed
+                return entry[0], [slots[item[2]] for item in timed[:nodes]]
+            heappop(heap)
+        return None
 
     def fits_ignoring_reservations(self, gpus: int, nodes: int) -> bool:
         """Whether the job would fit on the GPUs idle now if nothing were reserved."""
@@ -769,6 +940,7 @@ class SliceIndex:
             releasing_[pos] = releasing and not busy_until
         self.epoch += 1
         self._no_fit.clear()
+        self._no_block_fit.clear()
         self.refresh(slot)
         self.grown.append(slot.idx)
 
@@ -781,6 +953,7 @@ class SliceIndex:
         slot.marks += 1
         self.epoch += 1
         self._no_fit.clear()
+        self._no_block_fit.clear()
         self.grown.append(slot.idx)
 
     def release_at(
@@ -793,6 +966,7 @@ class SliceIndex:
             slot.releasing[pos] = releasing
         if when <= self.now:
             self._no_fit.clear()  # idle now: a size that did not fit now may
+            self._no_block_fit.clear()
         self.refresh(slot)
 
 

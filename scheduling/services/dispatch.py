@@ -64,8 +64,12 @@ log = logging.getLogger(__name__)
 # stay upper bounds. Derived scheduler state, not business data: losing it (cache flush,
 # restart) only makes the next cycle compute reservations afresh.
 RESERVATIONS_KEY = "sluice:dispatch:reservations"
-#: When each waiting job first waited for one topology block (epoch seconds, by job id).
+#: When each waiting job first waited for one topology block (epoch seconds, by job id),
+#: moved later by the time it since waited for something else (see TOPOLOGY_PAUSED_KEY).
 TOPOLOGY_WAITS_KEY = "sluice:dispatch:topology-waits"
+#: Since when a job of TOPOLOGY_WAITS_KEY waits for something else than one block (quota,
+#: GPUs, its turn): its topology wait does not count meanwhile (epoch seconds, by job id).
+TOPOLOGY_PAUSED_KEY = "sluice:dispatch:topology-paused"
 _LEADER_LOCK_KEY = 0x51_1CE_D15
 #: The waiting jobs as the dispatch leader last read them (see pending_cache).
 LEADER_CACHE = PendingCache()
@@ -316,19 +320,44 @@ def _waiting_to_read(monotonic: float) -> bool:
 
 def _remember_topology_waits(plan: engine.Plan, loaded: Loaded) -> None:
     """Keep, for the next cycles, when each waiting job first waited for one topology
-    block (``engine.PendingJob.topology_since``): its topology wait counts from then. A
-    job keeps it while it waits, whatever its later reasons; a job that started (or
-    stopped waiting) drops it."""
+    block (``engine.PendingJob.topology_since``): its topology wait counts from then, but
+    only while it waits for one block. A cycle that gives it another reason (quota, GPUs
+    for it anywhere, its turn) pauses the count (``TOPOLOGY_PAUSED_KEY``): the time it
+    waits for something else is no delay of the topology's, and would otherwise spend its
+    topology wait, so that it would be spread at once when its turn came. The count
+    resumes (its start moved later by the pause) when it waits for one block again. A job
+    that started (or stopped waiting) drops both."""
     now = loaded.snapshot.now
     previous = cache.get(TOPOLOGY_WAITS_KEY) or {}
-    waits = {job_id: since for job_id, since in previous.items() if job_id in loaded.pending}
+    previous_paused = cache.get(TOPOLOGY_PAUSED_KEY) or {}
+    pending = loaded.pending
+    waits = {job_id: since for job_id, since in previous.items() if job_id in pending}
+    paused = {job_id: at for job_id, at in previous_paused.items() if job_id in waits}
     for job_id in (p.job_id for p in plan.placements):
         waits.pop(job_id, None)
+        paused.pop(job_id, None)
     for job_id, info in plan.pending.items():
         if info.code == engine.reasons.WAITING_FOR_TOPOLOGY:
+            at = paused.pop(job_id, None)
+            if at is not None and job_id in waits:
+                waits[job_id] += now - at
             waits.setdefault(job_id, now)
+        elif job_id in waits:
+            paused.setdefault(job_id, now)
     if waits or previous:
         cache.set(TOPOLOGY_WAITS_KEY, waits, timeout=24 * 3600)
+    if paused or previous_paused:
+        cache.set(TOPOLOGY_PAUSED_KEY, paused, timeout=24 * 3600)
+
+
+def topology_since(waits: dict, paused: dict, job_id: int, now: float) -> float | None:
+    """When a job's topology wait counts from in a cycle at ``now`` (see
+    :func:`_remember_topology_waits`): moved later by a pause still going on."""
+    since = waits.get(job_id)
+    if since is None:
+        return None
+    at = paused.get(job_id)
+    return since if at is None else since + (now - at)
 
 
 def _previous_reservation(entry) -> tuple[tuple[int, ...], float | None, tuple[int, ...]]:
@@ -484,6 +513,8 @@ def load_snapshot(
     previous = pending_cache.previous_positions(pending_rows)
     reservations = cache.get(RESERVATIONS_KEY) or {}
     topology_waits = cache.get(TOPOLOGY_WAITS_KEY) or {}
+    topology_paused = (cache.get(TOPOLOGY_PAUSED_KEY) or {}) if topology_waits else {}
+    epoch_now = now.timestamp()
     for job in pending:
         # Last cycle's pool position: a job that overtakes another one does not wait for
         # that one's held reservation (engine/reservations.py). The records are the
@@ -492,7 +523,7 @@ def load_snapshot(
         (job.reserved_gpu_ids, job.reserved_start, job.claimed_gpu_ids) = _previous_reservation(
             reservations.get(job.id)
         )
-        job.topology_since = topology_waits.get(job.id)
+        job.topology_since = topology_since(topology_waits, topology_paused, job.id, epoch_now)
     usage = _update_usage(now, in_use) if update_usage else {}
     snapshot = engine.Snapshot(
         now=now.timestamp(),

@@ -345,6 +345,9 @@ class Replay:
             for pool, nodes in self.builder.nodes_by_pool.items()
             if any(node.block for node in nodes)
         }
+        # Per pool: the jobs whose topology wait is paused (they wait for something else
+        # than one block), and since when (see _keep_topology_waits).
+        self.topology_paused: dict[str, dict[int, float]] = defaultdict(dict)
         # Each pool's cluster index, reset for each cycle instead of built anew.
         self.kept_clusters = {pool: KeptCluster() for pool in self.pools}
         self.pending: dict[str, dict[int, JobRun]] = defaultdict(dict)
@@ -451,7 +454,7 @@ class Replay:
             elif kind == STOPPED:
                 self._stopped(subject, when, epoch)
             elif kind == SPREAD:
-                self._touch(subject, when)
+                self._spread(subject, when)
             else:
                 self._wake(subject, when)
             self._record(when)
@@ -549,6 +552,7 @@ class Replay:
         self.waiting += 1
         self._touch(job.pool, when)
         run.pending_record.topology_since = None  # a requeued job waits for a block anew
+        self.topology_paused[job.pool].pop(job.id, None)
 
     def _dequeue(self, run: JobRun) -> None:
         job = run.job
@@ -558,6 +562,7 @@ class Replay:
         if run.pending_record.time_sharing:
             _count_down(self.sharing[job.pool], run.pending_record.priority)
         _count_down(self.pending_shapes[job.pool], _shape(run.pending_record))
+        self.topology_paused[job.pool].pop(job.id, None)
         if self.config.max_waiting_per_tenant:
             group = self.groups[job.pool][(job.tenant, job.priority_class)]
             del group[bisect_left(group, (job.submit, job.id))]
@@ -796,6 +801,14 @@ class Replay:
 
     def _cycle(self, pool: str, now: float, selected: Iterable[JobRun]) -> Plan:
         """Build the pool's snapshot and let the engine plan it."""
+        paused = self.topology_paused[pool]
+        if paused:
+            by_id = self.by_id
+            for job_id, since in paused.items():
+                record = by_id[job_id].pending_record
+                if record.topology_since is not None:
+                    record.topology_since += now - since
+                paused[job_id] = now
         snapshot = self._snapshot(pool, now, selected, not self.config.full_cycles)
         started = time.perf_counter()
         result = plan(snapshot)
@@ -829,17 +842,44 @@ class Replay:
         return bool(hopeless)
 
     def _keep_topology_waits(self, infos: dict[int, PendingInfo], now: float, pool: str) -> None:
-        """Remember when each job first waited for one topology block (as the dispatch
-        loop does), and plan the pool again when that wait is over: the job may then be
-        spread over blocks."""
+        """Remember when each job first waited for one topology block, pausing that wait
+        while the job waits for something else (as the dispatch loop does: the start of
+        the wait is moved later by each pause, see _cycle), and plan the pool again when
+        the wait is over: the job may then be spread over blocks."""
         by_id = self.by_id
+        paused = self.topology_paused[pool]
         for job_id, info in infos.items():
-            if info.code != reasons.WAITING_FOR_TOPOLOGY:
-                continue
             record = by_id[job_id].pending_record
-            if record.topology_since is None:
+            since = record.topology_since
+            if info.code != reasons.WAITING_FOR_TOPOLOGY:
+                if (
+                    since is not None
+                    and job_id not in paused
+                    and now - since < record.topology_wait_seconds
+                ):
+                    paused[job_id] = now
+                continue
+            if since is None:
                 record.topology_since = now
-                self._push(now + record.topology_wait_seconds, SPREAD, pool, 0)
+                self._push(now + record.topology_wait_seconds, SPREAD, job_id, 0)
+            elif paused.pop(job_id, None) is not None:
+                self._push(since + record.topology_wait_seconds, SPREAD, job_id, 0)
+
+    def _spread(self, job_id: int, when: float) -> None:
+        """Plan the pool of a job whose topology wait is over at ``when``, if it still
+        waits for one block: not if it started, or if its wait was paused since (the
+        event pushed when it resumed is the one that counts)."""
+        run = self.by_id[job_id]
+        pool = run.job.pool
+        record = run.pending_record
+        since = record.topology_since
+        if (
+            job_id in self.pending[pool]
+            and since is not None
+            and job_id not in self.topology_paused[pool]
+            and since + record.topology_wait_seconds <= when
+        ):
+            self._touch(pool, when)
 
     def _worth_a_cycle(self, pool: str, now: float) -> bool:
         """A cheap necessary condition for a cycle to start or stop anything; a cycle

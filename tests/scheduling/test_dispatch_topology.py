@@ -7,7 +7,7 @@ from django.core.cache import cache
 
 from scheduling.choices import JobState
 from scheduling.models import Allocation, Quota
-from scheduling.services.dispatch import TOPOLOGY_WAITS_KEY, dispatch_cycle
+from scheduling.services.dispatch import TOPOLOGY_PAUSED_KEY, TOPOLOGY_WAITS_KEY, dispatch_cycle
 from tests import factories as f
 
 LABEL = "topology.sluice.io/block"
@@ -98,6 +98,39 @@ def test_past_its_topology_wait_the_gang_is_spread(
     )
     assert nodes == {n.name for n in four_nodes}
     assert job.pk not in (cache.get(TOPOLOGY_WAITS_KEY) or {})
+
+
+def test_the_topology_wait_does_not_count_while_the_gang_waits_for_something_else(
+    world, four_nodes, django_capture_on_commit_callbacks
+):
+    job = _gang(world)
+    with django_capture_on_commit_callbacks(execute=True):
+        dispatch_cycle()
+    # Its tenant's quota cut below the gang: it waits for quota, its topology wait paused.
+    quota = Quota.objects.get(pool=world.pool, tenant=world.tenant)
+    quota.guaranteed_gpus = 8
+    quota.save(update_fields=["guaranteed_gpus"])
+    with django_capture_on_commit_callbacks(execute=True):
+        dispatch_cycle()
+    job.refresh_from_db()
+    assert job.pending_reason_code != "WAITING_FOR_TOPOLOGY"
+    waits, paused = cache.get(TOPOLOGY_WAITS_KEY), cache.get(TOPOLOGY_PAUSED_KEY)
+    assert job.pk in paused
+    # An hour later (it first waited for one block just before the pause), the quota back:
+    # it waits for one block again, with almost all its topology wait left.
+    waits[job.pk] -= 3600
+    paused[job.pk] -= 3600
+    cache.set(TOPOLOGY_WAITS_KEY, waits)
+    cache.set(TOPOLOGY_PAUSED_KEY, paused)
+    quota.guaranteed_gpus = 32
+    quota.save(update_fields=["guaranteed_gpus"])
+    with django_capture_on_commit_callbacks(execute=True):
+        dispatch_cycle()
+    job.refresh_from_db()
+    assert job.state == JobState.PENDING
+    assert job.pending_reason_code == "WAITING_FOR_TOPOLOGY"
+    assert "spread over blocks in 30 min" in job.pending_reason_message
+    assert job.pk not in (cache.get(TOPOLOGY_PAUSED_KEY) or {})
 
 
 def test_a_pool_without_a_topology_label_spreads_at_once(world, four_nodes):

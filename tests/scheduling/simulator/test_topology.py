@@ -80,6 +80,33 @@ def test_a_gang_waits_for_one_block_then_is_spread_when_its_wait_is_over():
     assert nodes_of(4) == {"n2", "n4"}
 
 
+def test_the_topology_wait_does_not_count_while_the_gang_waits_for_other_gpus():
+    # As above, the gang waits for one block from 110. At 120 and 121 two jobs of
+    # 3,000 s take n2 (in a hole of the gang's reservation in b1) and n4: from 120 the
+    # gang waits for GPUs, which it would do without blocks too. They end at 3,120 and
+    # 3,121: n2 and n4 are idle again, in two blocks, and the gang waits for one block
+    # for what is left of its topology wait (1,800 - 10 s), not a moment: spread at 4,911.
+    jobs = [
+        sim_job(1, 0, 10_000, 4),
+        sim_job(2, 1, 100, 4),
+        sim_job(3, 2, 10_000, 4),
+        sim_job(4, 110, 5_000, 4, nodes=2),
+        sim_job(5, 120, 3_000, 4),
+        sim_job(6, 121, 3_000, 4),
+    ]
+    sc = _blocks(scenario(jobs, nodes=4), 2)
+    result = replay(sc, ANY_GAIN["sluice"], EXACT)
+    runs = {run.job.id: run for run in result.runs}
+    builder = SnapshotBuilder(sc)
+
+    def nodes_of(job_id):
+        return {builder.gpu_label(g)[0] for g in runs[job_id].attempts[0][2]}
+
+    assert (nodes_of(5), nodes_of(6)) == ({"n2"}, {"n4"})
+    assert runs[4].first_start == 121 + 3_000 + 1_800 - 10
+    assert nodes_of(4) == {"n2", "n4"}
+
+
 def test_with_a_topology_wait_of_zero_the_gang_is_spread_at_once():
     jobs = [
         sim_job(1, 0, 10_000, 4),
