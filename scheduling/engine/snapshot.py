@@ -190,7 +190,8 @@ class PendingJob:
     # block to hold it whole, once the idle GPUs would hold it spread over blocks, before
     # it is spread (<= 0: spread at once when no block can hold it now); and since when
     # it waits so (None: it has not yet): the caller keeps the time of the first cycle
-    # that gave the job ``reasons.WAITING_FOR_TOPOLOGY``, as it keeps reservations.
+    # that gave the job ``reasons.WAITING_FOR_TOPOLOGY``, as it keeps reservations,
+    # moved later by the time it since waited for something else (another reason).
     topology_wait_seconds: float = 0.0
     topology_since: float | None = None
 
