@@ -13,7 +13,7 @@ from django.utils import timezone
 from kombu import Exchange, Queue
 
 from scheduling.agent.protocol import HEARTBEATS_QUEUE, REPORT_TASK, REPORTS_QUEUE
-from scheduling.agent.transport import CeleryReportSender, broker_connection
+from scheduling.agent.transport import broker_connection
 from scheduling.choices import JobState, NodeState
 from scheduling.models import Gpu, Node
 from scheduling.services import heartbeats as heartbeats_service
@@ -36,29 +36,6 @@ def _marks():
     cache.clear()
     yield
     cache.clear()
-
-
-@pytest.fixture
-def broker(settings, tmp_path):
-    """The embedded broker in a folder of the test's own, for the drain and the senders."""
-    settings.CELERY_BROKER_URL = "filesystem://"
-    settings.SLUICE_BROKER_DIR = str(tmp_path / "broker")
-    return settings.SLUICE_BROKER_DIR
-
-
-@pytest.fixture
-def send(broker):
-    """``send(reports)``: one agent's batch, as its sender publishes it."""
-    senders = []
-
-    def publish(reports, **options):
-        sender = CeleryReportSender("filesystem://", broker, **options)
-        senders.append(sender)
-        sender.send_batch(reports)
-
-    yield publish
-    for sender in senders:
-        sender.close()
 
 
 def _waiting(broker, queue):

@@ -18,7 +18,7 @@ from django.utils import timezone
 from kombu import Exchange, Queue
 
 from scheduling.agent.protocol import REPORTS_QUEUE
-from scheduling.agent.transport import CeleryReportSender, broker_connection
+from scheduling.agent.transport import broker_connection
 from scheduling.choices import JobState
 from scheduling.services import reports_queue
 from scheduling.services.nodes import REPORTS_BATCH_KEY, REPORTS_PROBE_KEY
@@ -38,29 +38,6 @@ def _marks(settings, tmp_path):
     yield
     cache.clear()
     reports_queue._reset()
-
-
-@pytest.fixture
-def broker(settings, tmp_path):
-    """The embedded broker in a folder of the test's own."""
-    settings.CELERY_BROKER_URL = "filesystem://"
-    settings.SLUICE_BROKER_DIR = str(tmp_path / "broker")
-    return settings.SLUICE_BROKER_DIR
-
-
-@pytest.fixture
-def send(broker):
-    """``send(reports)``: one agent's batch, as its sender publishes it."""
-    senders = []
-
-    def publish(reports):
-        sender = CeleryReportSender("filesystem://", broker)
-        senders.append(sender)
-        sender.send_batch(reports)
-
-    yield publish
-    for sender in senders:
-        sender.close()
 
 
 def _delivered(task, *args):
